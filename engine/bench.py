@@ -1,0 +1,197 @@
+"""Benchmark one mode of one workload: check it against eager, then time inference and training steps.
+
+For every (phase, batch size): a fresh copy of the same seeded model, the mode's prepare, one timed first call
+(trace/compile cost), a comparison with eager (the run fails if it is off tolerance), warm-up, then N timed calls.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine import nvtx_ranges
+from engine.envinfo import capture_env
+from engine.modes import Mode, get_mode
+from engine.store import Artifact, Metric, RunResult, Samples
+from engine.timing import time_first_call, time_fn
+from engine.workloads import Workload, get_workload
+
+Progress = Callable[[float, str], None]
+PHASES = ("infer", "train")
+
+
+class ToleranceError(AssertionError):
+    """A mode's output differs from eager's by more than the workload's tolerance."""
+
+
+@dataclass
+class BenchConfig:
+    workload: str = "house_price"
+    mode: str = "eager"
+    device: str = "cpu"
+    phases: tuple[str, ...] = PHASES
+    batch_sizes: tuple[int, ...] | None = None  # inference; None: the workload's defaults
+    train_batch_sizes: tuple[int, ...] | None = None
+    warmup: int = 10
+    iters: int = 100
+    artifacts_dir: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def compare(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float, what: str) -> tuple[float, float]:
+    """Max abs and rel error of `actual` against `expected`; raises ToleranceError when allclose fails."""
+    actual, expected = actual.detach().float().cpu(), expected.detach().float().cpu()
+    if actual.shape != expected.shape:
+        raise ToleranceError(f"{what}: shape {tuple(actual.shape)} differs from eager's {tuple(expected.shape)}")
+    diff = (actual - expected).abs()
+    max_abs = float(diff.max()) if diff.numel() else 0.0
+    max_rel = float((diff / expected.abs().clamp_min(1e-12)).max()) if diff.numel() else 0.0
+    if not torch.isfinite(actual).all():
+        raise ToleranceError(f"{what}: output has NaN or inf")
+    if not torch.allclose(actual, expected, rtol=rtol, atol=atol):
+        raise ToleranceError(f"{what}: differs from eager (max abs err {max_abs:.3g}, max rel err {max_rel:.3g}; "
+                             f"tolerance rtol={rtol:g}, atol={atol:g})")
+    return max_abs, max_rel
+
+
+def _dynamo_counts() -> tuple[int, int]:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _train_step_fn(fn: Callable, model: torch.nn.Module, workload: Workload, inputs: tuple, target: torch.Tensor,
+                   before_step: Callable | None) -> tuple[Callable[[], torch.Tensor], torch.optim.Optimizer]:
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step() -> torch.Tensor:
+        if before_step:
+            before_step()
+        optimizer.zero_grad(set_to_none=True)
+        with nvtx_ranges.range("forward"):
+            loss = workload.loss_fn(fn(*inputs), target)
+        with nvtx_ranges.range("backward"):
+            loss.backward()
+        with nvtx_ranges.range("optimizer_step"):
+            optimizer.step()
+        return loss
+
+    return step, optimizer
+
+
+def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, phase: str, batch_size: int,
+                cfg: BenchConfig, result: RunResult, progress: Progress, frac: tuple[float, float]) -> None:
+    device = cfg.device
+    inputs, target = workload.make_batch(batch_size, device)
+    lo, hi = frac
+    progress(lo, f"{phase} B={batch_size}: preparing {mode.name}")
+    tag = dict(phase=phase, batch_size=batch_size)
+    graphs_before, breaks_before = _dynamo_counts()
+
+    if phase == "infer":
+        reference_model = copy.deepcopy(base_model).eval()
+        model = copy.deepcopy(base_model).eval()
+        with torch.no_grad():
+            expected = reference_model(*inputs)
+            prepared = mode.prepare(model, inputs, False)
+
+            def call() -> torch.Tensor:
+                if prepared.before_step:
+                    prepared.before_step()
+                return prepared.fn(*inputs)
+
+            with nvtx_ranges.range(f"first_call {phase} B={batch_size}"):
+                first_out: list[torch.Tensor] = []
+                first_us = time_first_call(lambda: first_out.append(call().clone()), device)
+            max_abs, max_rel = compare(first_out[0], expected, workload.rtol, workload.atol,
+                                       f"{mode.name} inference at batch {batch_size}")
+            progress(lo + 0.2 * (hi - lo), f"{phase} B={batch_size}: timing")
+            with nvtx_ranges.range(f"timed {phase} B={batch_size}"):
+                m = time_fn(call, device, warmup=cfg.warmup, iters=cfg.iters, first_call=False)
+    else:
+        # Correctness: one step from identical weights, in eager and in the mode, must give the same loss and weights.
+        reference_model = copy.deepcopy(base_model).train()
+        model = copy.deepcopy(base_model).train()
+        ref_step, _ = _train_step_fn(reference_model, reference_model, workload, inputs, target, None)
+        expected_loss = ref_step().detach()
+        prepared = mode.prepare(model, inputs, True)
+        step, _ = _train_step_fn(prepared.fn, model, workload, inputs, target, prepared.before_step)
+        with nvtx_ranges.range(f"first_call {phase} B={batch_size}"):
+            losses: list[torch.Tensor] = []
+            first_us = time_first_call(lambda: losses.append(step().detach().clone()), device)
+        what = f"{mode.name} training step at batch {batch_size}"
+        max_abs, max_rel = compare(losses[0], expected_loss, workload.rtol, workload.atol, what + " (loss)")
+        for (name, p), (_, p_ref) in zip(model.named_parameters(), reference_model.named_parameters()):
+            a, r = compare(p, p_ref, workload.rtol, workload.atol, f"{what} (weight {name} after the step)")
+            max_abs, max_rel = max(max_abs, a), max(max_rel, r)
+        progress(lo + 0.2 * (hi - lo), f"{phase} B={batch_size}: timing")
+        with nvtx_ranges.range(f"timed {phase} B={batch_size}"):
+            m = time_fn(step, device, warmup=cfg.warmup, iters=cfg.iters, first_call=False)
+    _sync(device)
+
+    stats = m.stats
+    result.samples.append(Samples(phase=phase, batch_size=batch_size, values=m.samples_us, unit="us"))
+    for name in ("median", "p10", "p90", "p25", "p75", "iqr", "mean", "std", "min", "max"):
+        result.metrics.append(Metric(name, getattr(stats, name), "us", **tag))
+    result.metrics.append(Metric("first_call", first_us, "us", **tag))
+    result.metrics.append(Metric("max_abs_err", max_abs, "", **tag))
+    result.metrics.append(Metric("max_rel_err", max_rel, "", **tag))
+    result.metrics.append(Metric("throughput", batch_size / (stats.median * 1e-6), "samples/s", **tag))
+    if mode.compiles:
+        graphs_after, breaks_after = _dynamo_counts()
+        graphs = graphs_after - graphs_before
+        # One graph per phase is expected (backward is compiled with the forward); more means dynamo recompiled.
+        result.metrics.append(Metric("graphs_compiled", graphs, "", **tag))
+        result.metrics.append(Metric("recompiles", max(0, graphs - 1), "", **tag))
+        result.metrics.append(Metric("graph_breaks", breaks_after - breaks_before, "", **tag))
+    for name, text in prepared.artifacts.items():
+        if cfg.artifacts_dir and not any(a.name == name for a in result.artifacts):
+            path = Path(cfg.artifacts_dir) / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            result.artifacts.append(Artifact(kind="text", name=name, path=str(path)))
+    for note in prepared.notes:
+        if note not in result.notes:
+            result.notes.append(note)
+
+
+def bench_mode(cfg: BenchConfig, progress: Progress = lambda f, msg: None) -> RunResult:
+    """Run the whole benchmark of one mode; raises on unavailability or a correctness failure."""
+    workload = get_workload(cfg.workload)
+    mode = get_mode(cfg.mode)
+    ok, reason = mode.available(cfg.device)
+    if not ok:
+        raise RuntimeError(f"mode {mode.name} is not available on {cfg.device}: {reason}")
+    result = RunResult(env=capture_env(cfg.device))
+    # Ranges name every phase in Nsight timelines; on CPU nothing reads them, so they stay out of the timed loop.
+    nvtx_ranges.enable(cfg.device.startswith("cuda"))
+    base_model = workload.make_model().to(cfg.device)
+    plan = []
+    if "infer" in cfg.phases:
+        plan += [("infer", b) for b in (cfg.batch_sizes or workload.default_batch_sizes)]
+    if "train" in cfg.phases:
+        plan += [("train", b) for b in (cfg.train_batch_sizes or workload.default_train_batch_sizes)]
+    if not plan:
+        raise ValueError("nothing to benchmark: no phases or batch sizes")
+    for i, (phase, batch_size) in enumerate(plan):
+        with nvtx_ranges.range(f"{mode.name} {phase} B={batch_size}"):
+            bench_phase(workload, mode, base_model, phase, batch_size, cfg, result, progress,
+                        (i / len(plan), (i + 1) / len(plan)))
+    progress(1.0, "done")
+    return result
+
+
+def bench_job(params: dict, progress: Progress) -> RunResult:
+    """Job-runner entry point (engine.jobs calls this in a worker process)."""
+    known = set(BenchConfig.__dataclass_fields__)
+    cfg = BenchConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in params.items() if k in known})
+    return bench_mode(cfg, progress)

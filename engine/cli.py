@@ -1,0 +1,335 @@
+"""Command line: `python -m engine <command> --help`. Same store and job runner as the dashboard."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine.store import Store, StoreError, default_db_path
+
+
+class CliError(Exception):
+    """A bad argument or state, reported as one line and exit code 2."""
+
+
+def _positive_ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or any(v < 1 or v > 1 << 20 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: batch sizes must be between 1 and {1 << 20}")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def _device(text: str) -> str:
+    text = text.strip().lower()
+    if text == "cpu" or text == "cuda" or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not a device; use cpu, cuda or cuda:N")
+
+
+def check_device(device: str) -> None:
+    if device == "cpu":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise CliError(f"--device {device}: torch {torch.__version__} sees no CUDA device on this machine "
+                       f"(built with CUDA {torch.version.cuda}); use --device cpu")
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        raise CliError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
+
+
+def _store(args: argparse.Namespace) -> Store:
+    store = Store(args.db)
+    try:
+        store.init()
+    except StoreError as exc:
+        raise CliError(str(exc)) from exc
+    stale = store.fail_stale_runs()
+    if stale:
+        print(f"marked {len(stale)} interrupted run(s) as failed: {stale}", file=sys.stderr)
+    return store
+
+
+class _Bars:
+    """One tqdm bar per run, fed by the supervisor's progress callback."""
+
+    def __init__(self, labels: dict[int, str]):
+        self.labels = labels
+        self.bars: dict[int, object] = {}
+
+    def __call__(self, run_id: int, frac: float, message: str) -> None:
+        from tqdm import tqdm
+
+        if not sys.stderr.isatty():  # logs and CI get one line per finished run, not carriage-return noise
+            if frac >= 1.0:
+                print(f"{self.labels.get(run_id, run_id)}: {message}", file=sys.stderr)
+            return
+        bar = self.bars.get(run_id)
+        if bar is None:
+            bar = self.bars[run_id] = tqdm(total=100, desc=self.labels.get(run_id, str(run_id)), unit="%",
+                                           bar_format="{desc:<28} {percentage:3.0f}%|{bar:24}| {postfix}",
+                                           file=sys.stderr, leave=True)
+        bar.n = int(frac * 100)
+        bar.set_postfix_str(message[:60], refresh=True)
+        if frac >= 1.0:
+            bar.close()
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from engine.jobs import JobSpec, create_runs, run_jobs
+    from engine.modes import resolve_modes
+    from engine.workloads import get_workload
+
+    try:
+        get_workload(args.workload)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    check_device(args.device)
+    try:
+        modes, skipped = resolve_modes(args.mode, args.device)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    if skipped and args.mode.strip() != "all":
+        raise CliError("; ".join(f"mode {m} is not available on {args.device}: {r}" for m, r in skipped.items()))
+    for name, reason in skipped.items():
+        print(f"skipping {name}: {reason}", file=sys.stderr)
+    store = _store(args)
+    params = {"workload": args.workload, "device": args.device, "phases": list(args.phases), "warmup": args.warmup,
+              "iters": args.iters}
+    if args.batch_sizes:
+        params["batch_sizes"] = list(args.batch_sizes)
+    if args.train_batch_sizes:
+        params["train_batch_sizes"] = list(args.train_batch_sizes)
+    specs = [JobSpec("bench", args.workload, m.name, args.device, {**params, "mode": m.name}, timeout_s=args.timeout)
+             for m in modes]
+    ids = create_runs(store, specs, group_id=uuid.uuid4().hex[:12])
+    statuses = run_jobs(store, ids, _Bars({i: f"bench {m.name}" for i, m in zip(ids, modes)}))
+    print_bench_table(store, ids)
+    for run_id, status in statuses.items():
+        if status != "ok":
+            run = store.run(run_id)
+            print(f"\nrun {run_id} ({run['mode']}) failed: {run['error']}", file=sys.stderr)
+    print(f"\nstored in {store.path} (runs {ids[0]}–{ids[-1]})")
+    return 0 if all(s == "ok" for s in statuses.values()) else 1
+
+
+def print_bench_table(store: Store, run_ids: Sequence[int]) -> None:
+    from engine.report import bench_table
+
+    frame = bench_table(store, run_ids)
+    if frame.empty:
+        return
+    print()
+    print(frame.to_string(index=False))
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from engine.jobs import JobSpec, create_runs, run_jobs
+    from engine.modes import get_mode
+
+    try:
+        mode = get_mode(args.mode)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    check_device(args.device)
+    ok, reason = mode.available(args.device)
+    if not ok:
+        raise CliError(f"mode {args.mode} is not available on {args.device}: {reason}")
+    if args.csv:
+        from engine.data import DatasetError, load_housing_csv
+
+        try:
+            load_housing_csv(args.csv)  # fail here, with the reason, rather than in a worker
+        except DatasetError as exc:
+            raise CliError(f"--csv {args.csv}: {exc}") from exc
+    store = _store(args)
+    params = {"mode": args.mode, "device": args.device, "epochs": args.epochs, "batch_size": args.batch_size,
+              "lr": args.lr, "csv": str(Path(args.csv).resolve()) if args.csv else None}
+    ids = create_runs(store, [JobSpec("train", "house_price", args.mode, args.device, params, timeout_s=args.timeout)])
+    statuses = run_jobs(store, ids, _Bars({ids[0]: f"train {args.mode}"}))
+    run = store.run(ids[0])
+    if statuses[ids[0]] != "ok":
+        print(f"run {ids[0]} failed: {run['error']}", file=sys.stderr)
+        return 1
+    metrics = store.metrics(ids).set_index("name")["value"]
+    weights = store.artifacts(ids[0]).query("kind == 'weights'")["path"].iloc[0]
+    print(f"trained {args.mode} on {args.device}: {int(metrics['steps'])} steps in {metrics['train_seconds']:.1f} s, "
+          f"validation MAE ${metrics['val_mae_usd']:,.0f}, RMSE ${metrics['val_rmse_usd']:,.0f}")
+    print(f"weights: {weights}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from engine.data import FEATURE_NAMES
+    from engine.predict import InvalidInputError, WeightLoadError, list_weights, load_trained, predict
+    from engine.train import models_dir
+
+    weights = list_weights(models_dir(args.db or default_db_path()))
+    if args.mode not in weights:
+        known = ", ".join(weights) or "none"
+        raise CliError(f"no trained weights for mode {args.mode!r} (trained: {known}); run "
+                       f"`python -m engine train --mode {args.mode}` first")
+    try:
+        trained = load_trained(weights[args.mode])
+        result = predict(trained, {name: getattr(args, name) for name in FEATURE_NAMES})
+    except (WeightLoadError, InvalidInputError) as exc:
+        raise CliError(str(exc)) from exc
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"${result.price_usd:,.0f}")
+    return 0
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    store = _store(args)
+    frame = store.runs(kind=args.kind, status=[args.status] if args.status else None, limit=args.limit)
+    if frame.empty:
+        print("no runs")
+        return 0
+    cols = ["id", "kind", "workload", "mode", "device", "status", "created_at", "error"]
+    frame = frame[cols].copy()
+    frame["error"] = frame["error"].fillna("").str.split("\n").str[0].str[:70]
+    print(frame.to_string(index=False))
+    return 0
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    store = Store(args.db)
+    if not store.path.exists():
+        raise CliError(f"no results database at {store.path}")
+    try:
+        frame = store.query(args.query)
+    except Exception as exc:  # noqa: BLE001 - duckdb's parser/binder errors are the message the user needs
+        raise CliError(f"query failed: {exc}") from exc
+    print(frame.to_string(index=False) if not frame.empty else "(no rows)")
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from engine.data import DEFAULT_CSV, ensure_default_dataset, generate_housing
+
+    if args.out is None and args.rows is None:
+        path = ensure_default_dataset(DEFAULT_CSV)
+        print(f"dataset: {path}")
+        return 0
+    out = Path(args.out or DEFAULT_CSV)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    generate_housing(n=args.rows or 5000, seed=args.seed).to_csv(out, index=False)
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from engine.envinfo import capture_env, device_report
+
+    print(json.dumps({"env": capture_env("cpu"), "devices": device_report()}, indent=2, default=str))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine", description="Mode Lab engine: benchmark, train and "
+                                     "predict with PyTorch execution modes; every run lands in DuckDB.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--db", default=None, help=f"results database (default: $RESULTS_DB or {default_db_path()})")
+
+    p = sub.add_parser("bench", help="benchmark execution modes (each in a worker process)")
+    p.add_argument("--workload", default="house_price")
+    p.add_argument("--mode", default="all", help="'all' or a comma list, e.g. eager,fx,compile (default: all)")
+    p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    p.add_argument("--phases", type=lambda s: tuple(x.strip() for x in s.split(",")), default=("infer", "train"),
+                   help="infer,train (default: both)")
+    p.add_argument("--batch-sizes", type=_positive_ints, default=None,
+                   help="inference batch sizes, comma-separated (default: the workload's, 1,64,1024)")
+    p.add_argument("--train-batch-sizes", type=_positive_ints, default=None,
+                   help="training-step batch sizes (default: 64)")
+    p.add_argument("--iters", type=_positive_int, default=100, help="timed iterations (default: 100)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed warm-up iterations (default: 10)")
+    p.add_argument("--timeout", type=_positive_float, default=1800, help="seconds before a run counts as hung")
+    common(p)
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("train", help="train the house-price model in one mode and save its weights")
+    p.add_argument("--mode", default="eager")
+    p.add_argument("--device", type=_device, default="cpu")
+    p.add_argument("--epochs", type=_positive_int, default=30)
+    p.add_argument("--batch-size", type=_positive_int, default=64)
+    p.add_argument("--lr", type=_positive_float, default=1e-3)
+    p.add_argument("--csv", default=None, help="training CSV (default: the embedded data/housing.csv)")
+    p.add_argument("--timeout", type=_positive_float, default=1800)
+    common(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("predict", help="predict a price with trained weights")
+    p.add_argument("--mode", default="eager", help="which trained weights to use")
+    from engine.data import FEATURES
+
+    for spec in FEATURES:
+        p.add_argument(f"--{spec.name.replace('_', '-')}", dest=spec.name, type=float, required=True,
+                       help=f"{spec.label} ({spec.unit}); trained on {spec.train_min:g}–{spec.train_max:g}")
+    common(p)
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("runs", help="list recent runs")
+    p.add_argument("--kind", default=None)
+    p.add_argument("--status", choices=["queued", "running", "ok", "failed"], default=None)
+    p.add_argument("--limit", type=_positive_int, default=30)
+    common(p)
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("sql", help="run a read-only SQL query against the store")
+    p.add_argument("query")
+    common(p)
+    p.set_defaults(func=cmd_sql)
+
+    p = sub.add_parser("data", help="write the embedded synthetic housing dataset (data/housing.csv)")
+    p.add_argument("--out", default=None)
+    p.add_argument("--rows", type=_positive_int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_data)
+
+    p = sub.add_parser("env", help="print the environment a run would record")
+    p.set_defaults(func=cmd_env)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

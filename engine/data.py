@@ -1,0 +1,264 @@
+"""The house-price dataset: a deterministic synthetic generator, a strict CSV loader, and z-score normalisation.
+
+Price formula (US dollars), before noise:
+
+    price = 50_000 + 120·sqft + 8_000·bedrooms + 12_000·bathrooms − 900·age_years
+            + 180_000·exp(−distance_km / 8) + 0.004·sqft²·exp(−distance_km / 20)
+
+The last term is a mild nonlinearity (big houses near the centre are worth more than the sum of their parts).
+The result is multiplied by a Gaussian factor N(1, 0.06) and clipped at $20,000. Seed 0, 5,000 rows by default.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CSV = REPO_ROOT / "data" / "housing.csv"
+TARGET = "price"
+MIN_ROWS = 32
+MAX_PROBLEMS = 10
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    name: str
+    label: str
+    unit: str
+    train_min: float  # the generator's range: predictions outside it are extrapolations
+    train_max: float
+    hard_min: float  # beyond these a value is absurd and refused
+    hard_max: float
+    step: float
+    default: float
+
+
+FEATURES: tuple[FeatureSpec, ...] = (
+    FeatureSpec("sqft", "Living area", "ft²", 500, 5000, 100, 50_000, 50, 1800),
+    FeatureSpec("bedrooms", "Bedrooms", "rooms", 1, 6, 0, 50, 1, 3),
+    FeatureSpec("bathrooms", "Bathrooms", "rooms", 1, 4, 0, 50, 0.5, 2),
+    FeatureSpec("age_years", "Age", "years", 0, 100, 0, 500, 1, 20),
+    FeatureSpec("distance_km", "Distance to city centre", "km", 0.5, 50, 0, 1000, 0.5, 8),
+)
+FEATURE_NAMES: tuple[str, ...] = tuple(f.name for f in FEATURES)
+FEATURE_BY_NAME: dict[str, FeatureSpec] = {f.name: f for f in FEATURES}
+
+
+class DatasetError(ValueError):
+    """A CSV that cannot be used for training; the message says exactly what is wrong."""
+
+
+def price_formula(sqft, bedrooms, bathrooms, age_years, distance_km):
+    """Noise-free price in dollars (numpy arrays or scalars)."""
+    return (50_000 + 120 * sqft + 8_000 * bedrooms + 12_000 * bathrooms - 900 * age_years
+            + 180_000 * np.exp(-distance_km / 8) + 0.004 * sqft**2 * np.exp(-distance_km / 20))
+
+
+def generate_housing(n: int = 5000, seed: int = 0) -> pd.DataFrame:
+    """Deterministic synthetic housing data: same (n, seed), same frame."""
+    if n < 1:
+        raise ValueError("n must be at least 1")
+    rng = np.random.default_rng(seed)
+    sqft = np.clip(rng.lognormal(math.log(1800), 0.4, n), 500, 5000).round()
+    # Bigger houses have more rooms: bedrooms follow area, with spread.
+    bedrooms = np.clip(np.round(sqft / 650 + rng.normal(0, 0.7, n)), 1, 6)
+    bathrooms = np.clip(np.round((bedrooms * 0.6 + rng.normal(0.3, 0.5, n)) * 2) / 2, 1, 4)
+    age_years = np.clip(rng.gamma(2.0, 15.0, n), 0, 100).round()
+    distance_km = np.clip(rng.lognormal(math.log(10), 0.7, n), 0.5, 50).round(1)
+    price = price_formula(sqft, bedrooms, bathrooms, age_years, distance_km) * rng.normal(1.0, 0.06, n)
+    return pd.DataFrame({
+        "sqft": sqft, "bedrooms": bedrooms, "bathrooms": bathrooms, "age_years": age_years,
+        "distance_km": distance_km, TARGET: np.clip(price, 20_000, None).round(),
+    })
+
+
+def ensure_default_dataset(path: Path = DEFAULT_CSV) -> Path:
+    """Write the default CSV if it is missing (atomically, so a concurrent reader never sees half a file)."""
+    path = Path(path)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        generate_housing().to_csv(tmp, index=False)
+        os.replace(tmp, path)
+    return path
+
+
+def _rows(index: pd.Index) -> str:
+    rows = [str(i + 1) for i in index[:5]]
+    more = f" and {len(index) - 5} more" if len(index) > 5 else ""
+    return ", ".join(rows) + more
+
+
+def load_housing_csv(source: str | os.PathLike[str] | io.IOBase | bytes) -> pd.DataFrame:
+    """Read and validate a housing CSV; returns FEATURE_NAMES + price as float64, or raises DatasetError.
+
+    Row numbers in messages count data rows from 1 (the header is not a row).
+    """
+    if isinstance(source, bytes):
+        source = io.BytesIO(source)
+    name = getattr(source, "name", None) or (str(source) if isinstance(source, (str, os.PathLike)) else "the CSV")
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.is_file():
+            raise DatasetError(f"no file at {path}")
+    try:
+        raw = pd.read_csv(source, dtype=str, keep_default_na=False, skipinitialspace=True)
+    except pd.errors.EmptyDataError:
+        raise DatasetError(f"{name} is empty: expected a header line with {', '.join(FEATURE_NAMES)}, {TARGET}")
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"{name} is not a readable CSV file: {str(exc).strip()[:200]}") from exc
+    except OSError as exc:
+        raise DatasetError(f"cannot read {name}: {exc}") from exc
+
+    raw.columns = [str(c).strip() for c in raw.columns]
+    expected = [*FEATURE_NAMES, TARGET]
+    missing = [c for c in expected if c not in raw.columns]
+    if missing:
+        raise DatasetError(f"missing column(s) {', '.join(missing)}; a housing CSV needs the columns "
+                           f"{', '.join(expected)} (found: {', '.join(raw.columns) or 'none'})")
+    raw = raw[expected]
+    if len(raw) < MIN_ROWS:
+        raise DatasetError(f"{len(raw)} data rows; training needs at least {MIN_ROWS}")
+
+    problems: list[str] = []
+    columns: dict[str, pd.Series] = {}
+    for column in expected:
+        text = raw[column].str.strip()
+        values = pd.to_numeric(text, errors="coerce")
+        empty = text == ""
+        bad = values.isna() & ~empty & ~text.str.lower().isin(["nan", "inf", "-inf", "infinity", "-infinity"])
+        for i in bad[bad].index[:3]:
+            problems.append(f"column '{column}', row {i + 1}: {raw[column][i]!r} is not a number")
+        numeric = text.str.lower().map(lambda t: {"inf": math.inf, "infinity": math.inf, "-inf": -math.inf,
+                                                  "-infinity": -math.inf}.get(t)).astype(float)
+        values = values.where(~numeric.notna(), numeric)
+        nan = empty | (values.isna() & ~bad)
+        if nan.any():
+            problems.append(f"column '{column}': empty or NaN in row(s) {_rows(nan[nan].index)}")
+        inf = values.isin([math.inf, -math.inf])
+        if inf.any():
+            problems.append(f"column '{column}': infinite value in row(s) {_rows(inf[inf].index)}")
+        finite = values[np.isfinite(values)]
+        negative = finite < 0
+        if negative.any():
+            problems.append(f"column '{column}': negative value in row(s) {_rows(negative[negative].index)}")
+        spec = FEATURE_BY_NAME.get(column)
+        if spec is not None:
+            absurd = (finite > spec.hard_max) | ((finite < spec.hard_min) & (finite >= 0))
+            if absurd.any():
+                problems.append(f"column '{column}': value(s) outside {spec.hard_min:g}–{spec.hard_max:g} "
+                                f"{spec.unit} in row(s) {_rows(absurd[absurd].index)}")
+        columns[column] = values
+    if problems:
+        shown = problems[:MAX_PROBLEMS]
+        more = f"\n… and {len(problems) - MAX_PROBLEMS} more problem(s)" if len(problems) > MAX_PROBLEMS else ""
+        raise DatasetError(f"{name} has {len(problems)} problem(s):\n" + "\n".join(shown) + more)
+    return pd.DataFrame(columns).astype("float64")
+
+
+def validate_features(values: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """(errors, warnings) for one prediction input; errors make it unusable, warnings flag extrapolation."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    for spec in FEATURES:
+        what = f"{spec.label} ({spec.unit})"
+        if spec.name not in values or values[spec.name] is None or values[spec.name] == "":
+            errors.append(f"{what} is missing")
+            continue
+        try:
+            value = float(values[spec.name])
+        except (TypeError, ValueError):
+            errors.append(f"{what}: {values[spec.name]!r} is not a number")
+            continue
+        if math.isnan(value):
+            errors.append(f"{what} is NaN; enter a number")
+        elif math.isinf(value):
+            errors.append(f"{what} is infinite; enter a finite number")
+        elif value < 0:
+            errors.append(f"{what} cannot be negative (got {value:g})")
+        elif not spec.hard_min <= value <= spec.hard_max:
+            errors.append(f"{what} = {value:g} is not plausible; allowed {spec.hard_min:g}–{spec.hard_max:g}")
+        elif not spec.train_min <= value <= spec.train_max:
+            warnings.append(f"{what} = {value:g} is outside the training range {spec.train_min:g}–"
+                            f"{spec.train_max:g} {spec.unit}; the prediction is an extrapolation")
+    return errors, warnings
+
+
+@dataclass
+class Normalizer:
+    """z-score statistics of features and target, saved with the weights and applied at inference."""
+    x_mean: list[float]
+    x_std: list[float]
+    y_mean: float
+    y_std: float
+
+    @classmethod
+    def fit(cls, frame: pd.DataFrame) -> Normalizer:
+        x = frame[list(FEATURE_NAMES)].to_numpy(dtype=np.float64)
+        y = frame[TARGET].to_numpy(dtype=np.float64)
+        x_std = x.std(axis=0)
+        y_std = float(y.std())
+        return cls(
+            x_mean=[float(v) for v in x.mean(axis=0)],
+            x_std=[float(v) if v > 0 else 1.0 for v in x_std],  # a constant column must not divide by zero
+            y_mean=float(y.mean()),
+            y_std=y_std if y_std > 0 else 1.0,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"x_mean": list(map(float, self.x_mean)), "x_std": list(map(float, self.x_std)),
+                "y_mean": float(self.y_mean), "y_std": float(self.y_std)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Normalizer:
+        try:
+            x_mean, x_std = [float(v) for v in d["x_mean"]], [float(v) for v in d["x_std"]]
+            y_mean, y_std = float(d["y_mean"]), float(d["y_std"])
+        except KeyError as exc:
+            raise ValueError(f"normalizer is missing {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"normalizer has a non-numeric value: {exc}") from None
+        n = len(FEATURE_NAMES)
+        if len(x_mean) != n or len(x_std) != n:
+            raise ValueError(f"normalizer has {len(x_mean)} means and {len(x_std)} stds; expected {n} each")
+        values = [*x_mean, *x_std, y_mean, y_std]
+        if not all(math.isfinite(v) for v in values):
+            raise ValueError("normalizer contains NaN or inf")
+        if min(*x_std, y_std) <= 0:
+            raise ValueError("normalizer standard deviations must be positive")
+        return cls(x_mean, x_std, y_mean, y_std)
+
+    def _like(self, values: list[float], ref: Any) -> Any:
+        if isinstance(ref, np.ndarray):
+            return np.asarray(values, dtype=ref.dtype if ref.dtype.kind == "f" else np.float64)
+        import torch
+
+        return torch.tensor(values, dtype=ref.dtype if ref.is_floating_point() else torch.float32, device=ref.device)
+
+    def transform_x(self, x: Any) -> Any:
+        return (x - self._like(self.x_mean, x)) / self._like(self.x_std, x)
+
+    def transform_y(self, y: Any) -> Any:
+        return (y - self.y_mean) / self.y_std
+
+    def inverse_y(self, y: Any) -> Any:
+        return y * self.y_std + self.y_mean
+
+
+def to_tensors(frame: pd.DataFrame, normalizer: Normalizer):
+    """Normalised float32 tensors: X (N, 5) and y (N, 1)."""
+    import torch
+
+    x = normalizer.transform_x(frame[list(FEATURE_NAMES)].to_numpy(dtype=np.float64))
+    y = normalizer.transform_y(frame[TARGET].to_numpy(dtype=np.float64))
+    return (torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
+            torch.from_numpy(np.ascontiguousarray(y, dtype=np.float32)).unsqueeze(1))

@@ -1,0 +1,280 @@
+"""The job runner: every run executes in a worker process, watched by a supervisor that owns its record.
+
+    dashboard / CLI ──create runs (queued)──▶ store
+         │ submit(): detached supervisor          run_jobs(): the CLI itself supervises
+         ▼
+    supervisor ── takes the device lock ── starts `python -m engine.worker job.json` ── reads progress lines
+         │                                   (own session, PDEATHSIG)                 writes progress to store
+         └── exit 0 + result.json → record_result (one transaction, status ok)
+             anything else (exception, signal, timeout) → status failed with the reason and the log's tail
+
+A segfault, CUDA error, OOM kill or hang therefore only ends the worker; the dashboard never imports the code that
+crashed. A run whose supervisor is killed (kill -9) stays 'running' until `Store.fail_stale_runs` sees its pid gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.store import REPO_ROOT, Artifact, RunResult, Store
+
+TARGETS = {"bench": "engine.bench:bench_job", "train": "engine.train:train_job"}
+DEFAULT_TIMEOUT_S = 1800.0
+OnProgress = Callable[[int, float, str], None]
+
+
+@dataclass
+class JobSpec:
+    kind: str
+    workload: str
+    mode: str
+    device: str
+    params: dict[str, Any] = field(default_factory=dict)
+    target: str | None = None  # "module:function"; defaults to TARGETS[kind]
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+
+def artifacts_root(store: Store) -> Path:
+    return Path(os.environ.get("ARTIFACTS_DIR") or store.path.parent / "artifacts")
+
+
+def lock_dir() -> Path:
+    return Path(os.environ.get("MODELAB_LOCK_DIR") or tempfile.gettempdir())
+
+
+def lock_path(device: str) -> Path:
+    name = device if ":" in device else (device + ":0" if device == "cuda" else device)
+    return lock_dir() / f"modelab-device-{name.replace(':', '')}.lock"
+
+
+@contextmanager
+def device_lock(device: str, on_wait: Callable[[str], None] | None = None, poll_s: float = 0.2) -> Iterator[None]:
+    """Exclusive, machine-wide lock on a device; the kernel drops it if the holder dies, so it never goes stale."""
+    path = lock_path(device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+    try:
+        waited = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if on_wait and not waited:
+                    holder = Path(path).read_text().strip() or "another process"
+                    on_wait(f"waiting for {device}: held by {holder}")
+                waited = True
+                time.sleep(poll_s)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def create_runs(store: Store, specs: Sequence[JobSpec], group_id: str | None = None) -> list[int]:
+    store.init()
+    ids = []
+    for spec in specs:
+        target = spec.target or TARGETS[spec.kind]
+        params = {**spec.params, "_target": target, "_timeout_s": spec.timeout_s}
+        ids.append(store.create_run(spec.kind, spec.workload, spec.mode, spec.device, params, group_id))
+    return ids
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    threading.Thread(target=proc.wait, daemon=True).start()  # no zombies in a long-lived dashboard
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def submit(store: Store, specs: Sequence[JobSpec], group_id: str | None = None) -> list[int]:
+    """Queue runs and return at once; a detached supervisor process runs them one after another."""
+    ids = create_runs(store, specs, group_id)
+    root = artifacts_root(store)
+    root.mkdir(parents=True, exist_ok=True)
+    log = open(root / f"supervisor-{ids[0]}.log", "ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine.jobs", "--db", str(store.path), *map(str, ids)],
+        cwd=REPO_ROOT, env=_child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,  # a Ctrl-C or reload of the dashboard does not kill running jobs
+    )
+    log.close()
+    store.set_owner(ids, proc.pid)
+    _reap(proc)
+    return ids
+
+
+def describe_exit(returncode: int, timed_out: bool, timeout_s: float) -> str:
+    if timed_out:
+        return f"timed out: no result after {timeout_s:.0f} s (hang?); the worker was killed"
+    if returncode < 0:
+        sig = signal.Signals(-returncode)
+        why = {
+            signal.SIGSEGV: "segmentation fault",
+            signal.SIGKILL: "killed: out of memory (the kernel's OOM killer) or kill -9",
+            signal.SIGABRT: "aborted (a C++ assertion or a CUDA error)",
+            signal.SIGBUS: "bus error",
+            signal.SIGFPE: "floating-point exception",
+        }.get(sig, "terminated by a signal")
+        return f"worker crashed with {sig.name}: {why}"
+    return f"worker exited with code {returncode} without a result"
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    # faulthandler's one-line list of extension modules is noise next to the stack.
+    kept = [line for line in text if not line.startswith("Extension modules:")]
+    return "\n".join(kept[-lines:])
+
+
+def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None) -> str:
+    """Supervise one queued run to its end; returns the final status ('ok' or 'failed')."""
+    run = store.run(run_id)
+    if run is None:
+        raise ValueError(f"no run {run_id} in {store.path}")
+    if run["status"] != "queued":
+        return str(run["status"])
+    params = dict(run["params"])
+    target = params.pop("_target", None) or TARGETS[run["kind"]]
+    timeout_s = float(params.pop("_timeout_s", DEFAULT_TIMEOUT_S))
+    device = run["device"]
+    workdir = artifacts_root(store) / f"run_{run_id}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    params.setdefault("artifacts_dir", str(workdir))
+    params.setdefault("db", str(store.path))
+
+    def report(frac: float, message: str) -> None:
+        if on_progress:
+            on_progress(run_id, frac, message)
+
+    def waiting(message: str) -> None:
+        store.update_progress(run_id, 0.0, message)
+        report(0.0, message)
+
+    with device_lock(device, on_wait=waiting):
+        store.start_run(run_id, "starting worker")
+        report(0.0, "starting worker")
+        spec_file, result_file, log_file = workdir / "job.json", workdir / "result.json", workdir / "worker.log"
+        error_file = workdir / "error.json"
+        result_file.unlink(missing_ok=True)
+        error_file.unlink(missing_ok=True)
+        spec_file.write_text(json.dumps({"run_id": run_id, "target": target, "params": params,
+                                         "result_file": str(result_file)}))
+        with open(log_file, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "engine.worker", str(spec_file)],
+                cwd=REPO_ROOT, env=_child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
+                start_new_session=True, text=True, bufsize=1,
+            )
+        lines: queue.Queue[str] = queue.Queue()
+        reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True)
+        reader.start()
+        deadline = time.monotonic() + timeout_s
+        timed_out = False
+        last_write = 0.0
+        pending: tuple[float, str] | None = None
+        while True:
+            try:
+                proc.wait(timeout=0.1)
+                finished = True
+            except subprocess.TimeoutExpired:
+                finished = False
+            while not lines.empty():
+                try:
+                    msg = json.loads(lines.get_nowait())
+                    pending = (float(msg["progress"]), str(msg["message"]))
+                    report(*pending)
+                except (ValueError, KeyError, TypeError):
+                    continue
+            # Throttled: the dashboard polls about once a second; more writes only contend for the file lock.
+            if pending and time.monotonic() - last_write > 0.5:
+                store.update_progress(run_id, *pending)
+                last_write, pending = time.monotonic(), None
+            if finished:
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                break
+        reader.join(timeout=2)
+
+    if proc.returncode == 0 and result_file.exists():
+        try:
+            result = RunResult.from_json(result_file.read_text())
+        except (ValueError, TypeError) as exc:
+            store.fail_run(run_id, f"worker wrote an unreadable result: {exc}")
+            return "failed"
+        result.artifacts.append(Artifact(kind="log", name="worker.log", path=str(log_file)))
+        store.record_result(run_id, result)
+        report(1.0, "done")
+        return "ok"
+
+    error = describe_exit(proc.returncode, timed_out, timeout_s)
+    caught = None
+    if error_file.exists() and not timed_out:  # the worker caught an exception and wrote it down
+        try:
+            caught = json.loads(error_file.read_text())
+            error = f"{caught['error']}\n--- traceback (full log: {log_file}) ---\n{caught.get('traceback', '')}"
+        except (ValueError, KeyError, TypeError):
+            caught = None
+    if caught is None:
+        tail = _tail(log_file)
+        if tail:
+            error += f"\n--- last lines of {log_file} ---\n{tail}"
+    store.fail_run(run_id, error)
+    report(1.0, "failed")
+    return "failed"
+
+
+def run_jobs(store: Store, run_ids: Sequence[int], on_progress: OnProgress | None = None) -> dict[int, str]:
+    """Supervise runs one after another in this process (the CLI's path; `submit` runs this detached)."""
+    store.set_owner(run_ids, os.getpid())
+    statuses = {}
+    for run_id in run_ids:
+        try:
+            statuses[run_id] = run_one(store, run_id, on_progress)
+        except Exception as exc:  # the supervisor must leave no run behind in 'running'
+            store.fail_run(run_id, f"supervisor error: {type(exc).__name__}: {exc}")
+            statuses[run_id] = "failed"
+    return statuses
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.jobs", description="Supervise queued runs (internal).")
+    parser.add_argument("--db", required=True)
+    parser.add_argument("run_ids", nargs="+", type=int)
+    args = parser.parse_args(argv)
+    store = Store(args.db)
+    statuses = run_jobs(store, args.run_ids)
+    print(json.dumps(statuses))
+    return 0 if all(s == "ok" for s in statuses.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,448 @@
+"""The results store: one DuckDB file, a versioned schema, and short-lived connections.
+
+DuckDB lets one process hold a database file for writing, and no other process may open it (even read-only) while
+that lasts. The dashboard reads, workers' supervisors write, and a CLI may run beside both, so nobody keeps a
+connection open: every call opens, does its work in one transaction, and closes, retrying while another process
+holds the lock. Writes are small and fast (a run's results land in one transaction), so waits stay short.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+STATUSES = ("queued", "running", "ok", "failed")
+
+
+def default_db_path() -> Path:
+    """`RESULTS_DB` if set, else results.duckdb in the repository root."""
+    return Path(os.environ.get("RESULTS_DB") or REPO_ROOT / "results.duckdb")
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+class StoreBusyError(StoreError):
+    """Another process held the database past our patience."""
+
+
+# Each migration is applied once, in order, inside one transaction; never edit a released one, append a new one.
+MIGRATIONS: list[tuple[int, str, list[str]]] = [
+    (1, "runs, metrics and raw samples", [
+        "CREATE SEQUENCE run_id_seq START 1",
+        """CREATE TABLE runs (
+            id BIGINT PRIMARY KEY DEFAULT nextval('run_id_seq'),
+            group_id VARCHAR,
+            kind VARCHAR NOT NULL,
+            workload VARCHAR NOT NULL,
+            mode VARCHAR NOT NULL,
+            device VARCHAR NOT NULL,
+            status VARCHAR NOT NULL,
+            error VARCHAR,
+            params VARCHAR,
+            progress DOUBLE DEFAULT 0,
+            message VARCHAR,
+            pid INTEGER,
+            host VARCHAR,
+            created_at TIMESTAMP NOT NULL,
+            started_at TIMESTAMP,
+            finished_at TIMESTAMP
+        )""",
+        """CREATE TABLE metrics (
+            run_id BIGINT NOT NULL,
+            phase VARCHAR,
+            batch_size INTEGER,
+            name VARCHAR NOT NULL,
+            value DOUBLE,
+            unit VARCHAR
+        )""",
+        """CREATE TABLE samples (
+            run_id BIGINT NOT NULL,
+            phase VARCHAR NOT NULL,
+            batch_size INTEGER,
+            idx INTEGER NOT NULL,
+            value DOUBLE NOT NULL,
+            unit VARCHAR
+        )""",
+    ]),
+    (2, "environment per run, artifacts, notes, indexes", [
+        """CREATE TABLE environments (
+            run_id BIGINT PRIMARY KEY,
+            python VARCHAR, torch VARCHAR, triton VARCHAR, cuda VARCHAR,
+            device_name VARCHAR, cpu_model VARCHAR, threads INTEGER,
+            git_commit VARCHAR, hostname VARCHAR, platform VARCHAR
+        )""",
+        """CREATE TABLE artifacts (
+            run_id BIGINT NOT NULL,
+            kind VARCHAR NOT NULL,
+            name VARCHAR NOT NULL,
+            path VARCHAR NOT NULL,
+            bytes BIGINT,
+            created_at TIMESTAMP
+        )""",
+        "ALTER TABLE runs ADD COLUMN notes VARCHAR",
+        "CREATE INDEX runs_status_idx ON runs(status)",
+        "CREATE INDEX metrics_run_idx ON metrics(run_id)",
+        "CREATE INDEX samples_run_idx ON samples(run_id)",
+    ]),
+]
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+@dataclass
+class Metric:
+    name: str
+    value: float
+    unit: str = ""
+    phase: str | None = None
+    batch_size: int | None = None
+
+
+@dataclass
+class Samples:
+    """Every raw sample of one series (latencies in µs, or a loss per step)."""
+    phase: str
+    values: list[float]
+    unit: str = "us"
+    batch_size: int | None = None
+
+
+@dataclass
+class Artifact:
+    kind: str
+    name: str
+    path: str
+
+
+@dataclass
+class RunResult:
+    """What a worker hands back: everything a run produced, persisted in one transaction."""
+    metrics: list[Metric] = field(default_factory=list)
+    samples: list[Samples] = field(default_factory=list)
+    artifacts: list[Artifact] = field(default_factory=list)
+    env: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "metrics": [m.__dict__ for m in self.metrics],
+            "samples": [s.__dict__ for s in self.samples],
+            "artifacts": [a.__dict__ for a in self.artifacts],
+            "env": self.env,
+            "notes": self.notes,
+        })
+
+    @classmethod
+    def from_json(cls, text: str) -> RunResult:
+        d = json.loads(text)
+        return cls(
+            metrics=[Metric(**m) for m in d.get("metrics", [])],
+            samples=[Samples(**s) for s in d.get("samples", [])],
+            artifacts=[Artifact(**a) for a in d.get("artifacts", [])],
+            env=d.get("env", {}),
+            notes=d.get("notes", []),
+        )
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def _is_lock_error(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "lock" in text or "conflicting" in text
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0) but will never write again.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class Store:
+    """All reads and writes of the results database. Cheap to construct; holds no connection."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, busy_timeout_s: float = 60.0):
+        self.path = Path(path) if path is not None else default_db_path()
+        self.busy_timeout_s = busy_timeout_s
+
+    # -- connections -------------------------------------------------------------------------------------------
+    @contextmanager
+    def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Open, yield, close; retry with backoff while another process holds the file."""
+        if read_only and not self.path.exists():
+            raise StoreError(f"no results database at {self.path} (it is created by the first run)")
+        deadline = time.monotonic() + self.busy_timeout_s
+        delay = 0.005
+        while True:
+            try:
+                con = duckdb.connect(str(self.path), read_only=read_only)
+                break
+            except (duckdb.IOException, duckdb.ConnectionException) as exc:
+                if not _is_lock_error(exc):
+                    raise StoreError(f"cannot open {self.path}: {exc}") from exc
+                if time.monotonic() > deadline:
+                    raise StoreBusyError(
+                        f"{self.path} stayed locked by another process for {self.busy_timeout_s:.0f} s: {exc}"
+                    ) from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+        try:
+            yield con
+        finally:
+            con.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        with self.connect() as con:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                yield con
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
+
+    # -- schema ------------------------------------------------------------------------------------------------
+    def init(self, upto: int | None = None) -> int:
+        """Create the database if needed and apply pending migrations (up to `upto`, for tests). Returns the version."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        target = SCHEMA_VERSION if upto is None else upto
+        with self.connect() as con:
+            con.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, description VARCHAR, "
+                "applied_at TIMESTAMP)"
+            )
+            current = con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
+            if current > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} has schema version {current}, newer than this code's {SCHEMA_VERSION}; "
+                    "update Mode Lab or point RESULTS_DB elsewhere"
+                )
+            for version, description, statements in MIGRATIONS:
+                if current < version <= target:
+                    con.execute("BEGIN TRANSACTION")
+                    try:
+                        for sql in statements:
+                            con.execute(sql)
+                        con.execute("INSERT INTO schema_version VALUES (?, ?, ?)", [version, description, _now()])
+                    except BaseException:
+                        con.execute("ROLLBACK")
+                        raise
+                    con.execute("COMMIT")
+                    current = version
+        return current
+
+    def schema_version(self) -> int:
+        with self.connect(read_only=True) as con:
+            return con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
+
+    # -- run lifecycle -----------------------------------------------------------------------------------------
+    def create_run(self, kind: str, workload: str, mode: str, device: str, params: dict[str, Any] | None = None,
+                   group_id: str | None = None, pid: int | None = None) -> int:
+        with self.connect() as con:
+            row = con.execute(
+                "INSERT INTO runs (group_id, kind, workload, mode, device, status, params, message, pid, host, "
+                "created_at) VALUES (?, ?, ?, ?, ?, 'queued', ?, 'queued', ?, ?, ?) RETURNING id",
+                [group_id, kind, workload, mode, device, json.dumps(params or {}), pid or os.getpid(),
+                 socket.gethostname(), _now()],
+            ).fetchone()
+        return int(row[0])
+
+    def set_owner(self, run_ids: Sequence[int], pid: int) -> None:
+        """Record which process is responsible for these runs (for the stale-run check)."""
+        with self.connect() as con:
+            con.execute(f"UPDATE runs SET pid = ? WHERE id IN ({','.join('?' * len(run_ids))})", [pid, *run_ids])
+
+    def start_run(self, run_id: int, message: str = "starting") -> None:
+        with self.connect() as con:
+            con.execute(
+                "UPDATE runs SET status = 'running', started_at = ?, progress = 0, message = ? WHERE id = ?",
+                [_now(), message, run_id],
+            )
+
+    def update_progress(self, run_id: int, progress: float, message: str) -> None:
+        with self.connect() as con:
+            con.execute("UPDATE runs SET progress = ?, message = ? WHERE id = ?",
+                        [max(0.0, min(1.0, progress)), message[:500], run_id])
+
+    def fail_run(self, run_id: int, error: str) -> None:
+        with self.connect() as con:
+            con.execute(
+                "UPDATE runs SET status = 'failed', error = ?, message = 'failed', finished_at = ? WHERE id = ?",
+                [error[-8000:], _now(), run_id],
+            )
+
+    def record_result(self, run_id: int, result: RunResult) -> None:
+        """Persist everything a run produced and mark it ok, atomically."""
+        with self.transaction() as con:
+            if result.metrics:
+                con.executemany(
+                    "INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
+                    [[run_id, m.phase, m.batch_size, m.name, float(m.value), m.unit] for m in result.metrics],
+                )
+            for s in result.samples:
+                if s.values:
+                    frame = pd.DataFrame({
+                        "run_id": run_id, "phase": s.phase, "batch_size": s.batch_size,
+                        "idx": range(len(s.values)), "value": s.values, "unit": s.unit,
+                    })
+                    con.register("new_samples", frame)
+                    con.execute("INSERT INTO samples SELECT run_id, phase, batch_size, idx, value, unit "
+                                "FROM new_samples")
+                    con.unregister("new_samples")
+            for a in result.artifacts:
+                size = Path(a.path).stat().st_size if Path(a.path).exists() else None
+                con.execute("INSERT INTO artifacts VALUES (?, ?, ?, ?, ?, ?)",
+                            [run_id, a.kind, a.name, a.path, size, _now()])
+            env = result.env
+            if env:
+                con.execute(
+                    "INSERT OR REPLACE INTO environments VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [run_id, env.get("python"), env.get("torch"), env.get("triton"), env.get("cuda"),
+                     env.get("device_name"), env.get("cpu_model"), env.get("threads"), env.get("git_commit"),
+                     env.get("hostname"), env.get("platform")],
+                )
+            con.execute(
+                "UPDATE runs SET status = 'ok', progress = 1, message = 'done', error = NULL, notes = ?, "
+                "finished_at = ? WHERE id = ?",
+                [json.dumps(result.notes) if result.notes else None, _now(), run_id],
+            )
+
+    def fail_stale_runs(self) -> list[int]:
+        """Mark failed the queued/running runs of this host whose owning process is gone (kill -9, reboot)."""
+        if not self.path.exists():
+            return []
+        host = socket.gethostname()
+        with self.connect(read_only=True) as con:
+            rows = con.execute(
+                "SELECT id, pid FROM runs WHERE status IN ('queued', 'running') AND host = ?", [host]
+            ).fetchall()
+        stale = [(rid, pid) for rid, pid in rows if not pid_alive(pid)]
+        for rid, pid in stale:
+            self.fail_run(rid, f"interrupted: the process that ran it (pid {pid}) is gone — killed or the machine "
+                               "restarted before it finished")
+        return [rid for rid, _ in stale]
+
+    # -- queries -----------------------------------------------------------------------------------------------
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> pd.DataFrame:
+        """Read-only SQL for pages and users; an empty frame when the store does not exist yet."""
+        if not self.path.exists():
+            return pd.DataFrame()
+        with self.connect(read_only=True) as con:
+            return con.execute(sql, list(params or [])).df()
+
+    def run(self, run_id: int) -> dict[str, Any] | None:
+        frame = self.query("SELECT * FROM runs WHERE id = ?", [run_id])
+        if frame.empty:
+            return None
+        row = frame.iloc[0].to_dict()
+        row["params"] = json.loads(row["params"]) if row.get("params") else {}
+        row["notes"] = json.loads(row["notes"]) if row.get("notes") else []
+        return row
+
+    def runs(self, *, kind: str | None = None, workload: str | None = None, device: str | None = None,
+             status: Sequence[str] | None = None, run_ids: Sequence[int] | None = None,
+             limit: int = 200) -> pd.DataFrame:
+        where, args = [], []
+        for column, value in (("kind", kind), ("workload", workload), ("device", device)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if status:
+            where.append(f"status IN ({','.join('?' * len(status))})")
+            args.extend(status)
+        if run_ids is not None:
+            if not run_ids:
+                return pd.DataFrame()
+            where.append(f"id IN ({','.join('?' * len(run_ids))})")
+            args.extend(int(r) for r in run_ids)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        return self.query(f"SELECT * FROM runs {clause} ORDER BY id DESC LIMIT {int(limit)}", args)
+
+    def metrics(self, run_ids: Sequence[int]) -> pd.DataFrame:
+        if not run_ids:
+            return pd.DataFrame()
+        marks = ",".join("?" * len(run_ids))
+        return self.query(f"SELECT * FROM metrics WHERE run_id IN ({marks})", [int(r) for r in run_ids])
+
+    def samples(self, run_ids: Sequence[int], phase: str | None = None) -> pd.DataFrame:
+        if not run_ids:
+            return pd.DataFrame()
+        marks = ",".join("?" * len(run_ids))
+        args: list[Any] = [int(r) for r in run_ids]
+        extra = ""
+        if phase is not None:
+            extra = " AND phase = ?"
+            args.append(phase)
+        return self.query(f"SELECT * FROM samples WHERE run_id IN ({marks}){extra} ORDER BY run_id, idx", args)
+
+    def artifacts(self, run_id: int) -> pd.DataFrame:
+        return self.query("SELECT * FROM artifacts WHERE run_id = ? ORDER BY name", [run_id])
+
+    def environment(self, run_id: int) -> dict[str, Any] | None:
+        frame = self.query("SELECT * FROM environments WHERE run_id = ?", [run_id])
+        return None if frame.empty else frame.iloc[0].to_dict()
+
+    def status_counts(self) -> dict[str, int]:
+        frame = self.query("SELECT status, count(*) AS n FROM runs GROUP BY status")
+        counts = {s: 0 for s in STATUSES}
+        for status, n in zip(frame.get("status", []), frame.get("n", [])):
+            counts[str(status)] = int(n)
+        return counts
+
+    def latency_summary(self, *, kind: str = "bench", workload: str | None = None, device: str | None = None,
+                        latest_only: bool = True) -> pd.DataFrame:
+        """One row per (run, phase, batch size) with the latency statistics of ok runs; latest run per mode by default."""
+        where = ["r.kind = ?", "r.status = 'ok'"]
+        args: list[Any] = [kind]
+        if workload:
+            where.append("r.workload = ?")
+            args.append(workload)
+        if device:
+            where.append("r.device = ?")
+            args.append(device)
+        latest = ""
+        if latest_only:
+            latest = ("AND r.id IN (SELECT max(id) FROM runs WHERE kind = ? AND status = 'ok' "
+                      "GROUP BY workload, mode, device)")
+            args.append(kind)
+        sql = f"""
+            SELECT r.id AS run_id, r.workload, r.mode, r.device, r.finished_at, m.phase, m.batch_size,
+                   max(CASE WHEN m.name = 'median' THEN m.value END) AS median_us,
+                   max(CASE WHEN m.name = 'p10' THEN m.value END) AS p10_us,
+                   max(CASE WHEN m.name = 'p90' THEN m.value END) AS p90_us,
+                   max(CASE WHEN m.name = 'iqr' THEN m.value END) AS iqr_us,
+                   max(CASE WHEN m.name = 'first_call' THEN m.value END) AS first_call_us,
+                   max(CASE WHEN m.name = 'max_abs_err' THEN m.value END) AS max_abs_err,
+                   max(CASE WHEN m.name = 'recompiles' THEN m.value END) AS recompiles,
+                   max(CASE WHEN m.name = 'graph_breaks' THEN m.value END) AS graph_breaks
+            FROM runs r JOIN metrics m ON m.run_id = r.id
+            WHERE {' AND '.join(where)} AND m.phase IS NOT NULL {latest}
+            GROUP BY ALL ORDER BY r.id, m.phase, m.batch_size
+        """
+        return self.query(sql, args)

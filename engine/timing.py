@@ -1,0 +1,105 @@
+"""Timing: run a callable, keep every sample, summarise with plainly named statistics.
+
+Shaped like torch.utils.benchmark: `time_fn` (the Timer) returns a `Measurement` that holds all samples and the
+first-call time separately, and `summarize` turns samples into statistics. On CUDA each iteration is bracketed by CUDA
+events (device time of the enqueued work, no host sync inside the loop); on CPU by perf_counter.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Stats:
+    n: int
+    median: float
+    p10: float
+    p90: float
+    p25: float
+    p75: float
+    iqr: float
+    mean: float
+    std: float
+    min: float
+    max: float
+
+
+def summarize(samples: list[float] | np.ndarray) -> Stats:
+    """Statistics of raw samples (any unit). Percentiles use linear interpolation (numpy's default)."""
+    a = np.asarray(samples, dtype=np.float64)
+    if a.size == 0:
+        raise ValueError("no samples to summarise")
+    if not np.all(np.isfinite(a)):
+        raise ValueError("samples contain NaN or inf")
+    p10, p25, p50, p75, p90 = np.percentile(a, [10, 25, 50, 75, 90])
+    return Stats(
+        n=int(a.size), median=float(p50), p10=float(p10), p90=float(p90), p25=float(p25), p75=float(p75),
+        iqr=float(p75 - p25), mean=float(a.mean()), std=float(a.std(ddof=1)) if a.size > 1 else 0.0,
+        min=float(a.min()), max=float(a.max()),
+    )
+
+
+@dataclass
+class Measurement:
+    samples_us: list[float]
+    first_call_us: float
+    device: str
+
+    @property
+    def stats(self) -> Stats:
+        return summarize(self.samples_us)
+
+
+def _is_cuda(device: str) -> bool:
+    return device.startswith("cuda")
+
+
+def time_first_call(fn: Callable[[], object], device: str) -> float:
+    """Wall time of one call including everything it triggers (tracing, compilation), in µs."""
+    import torch
+
+    if _is_cuda(device):
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if _is_cuda(device):
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e6
+
+
+def time_fn(fn: Callable[[], object], device: str, *, warmup: int = 10, iters: int = 100,
+            first_call: bool = True, on_iter: Callable[[int], None] | None = None) -> Measurement:
+    """Time `fn` once cold (its first call), then `warmup` untimed calls, then `iters` timed calls."""
+    import torch
+
+    if iters < 1:
+        raise ValueError("iters must be at least 1")
+    first = time_first_call(fn, device) if first_call else float("nan")
+    for _ in range(warmup):
+        fn()
+    samples: list[float] = []
+    if _is_cuda(device):
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        for i in range(iters):
+            starts[i].record()
+            fn()
+            ends[i].record()
+            if on_iter:
+                on_iter(i)
+        torch.cuda.synchronize()
+        samples = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+    else:
+        for i in range(iters):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e6)
+            if on_iter:
+                on_iter(i)
+    return Measurement(samples_us=samples, first_call_us=first, device=device)

@@ -1,0 +1,160 @@
+"""Train the house-price MLP in a given mode and save its weights with the normalisation they need.
+
+The loop is the textbook one — zero_grad → forward → MSE → backward → step — with drop_last so every batch has the
+same shape and compiled modes compile once. Weights go to models/house_price-<mode>.pt next to the store and load
+back with weights_only=True.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from engine import nvtx_ranges
+from engine.data import DEFAULT_CSV, FEATURE_NAMES, Normalizer, ensure_default_dataset, load_housing_csv, to_tensors
+from engine.envinfo import capture_env
+from engine.modes import get_mode
+from engine.store import Artifact, Metric, RunResult, Samples, default_db_path
+from engine.workloads.house_price import HousePriceNN
+
+Progress = Callable[[float, str], None]
+CHECKPOINT_FORMAT = 1
+
+
+@dataclass
+class TrainConfig:
+    mode: str = "eager"
+    device: str = "cpu"
+    csv: str | None = None  # None: the embedded default dataset
+    epochs: int = 30
+    batch_size: int = 64
+    lr: float = 1e-3
+    val_fraction: float = 0.2
+    seed: int = 0
+    models_dir: str | None = None
+    db: str | None = None
+    artifacts_dir: str | None = None
+
+
+def models_dir(db: str | Path | None = None) -> Path:
+    """models/ beside the store (the repository root for the default store)."""
+    import os
+
+    if os.environ.get("MODELS_DIR"):
+        return Path(os.environ["MODELS_DIR"])
+    return Path(db or default_db_path()).resolve().parent / "models"
+
+
+def weights_path(mode: str, directory: Path) -> Path:
+    return directory / f"house_price-{mode}.pt"
+
+
+def train_model(cfg: TrainConfig, progress: Progress = lambda f, m: None) -> tuple[RunResult, Path]:
+    if cfg.epochs < 1 or cfg.batch_size < 1 or not 0 < cfg.val_fraction < 1 or cfg.lr <= 0:
+        raise ValueError("epochs and batch_size must be ≥ 1, 0 < val_fraction < 1 and lr > 0")
+    csv = Path(cfg.csv) if cfg.csv else ensure_default_dataset(DEFAULT_CSV)
+    frame = load_housing_csv(csv)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    order = torch.randperm(len(frame), generator=generator).numpy()
+    n_val = max(1, int(len(frame) * cfg.val_fraction))
+    train_frame, val_frame = frame.iloc[order[n_val:]], frame.iloc[order[:n_val]]
+    if len(train_frame) < cfg.batch_size:
+        raise ValueError(f"{len(train_frame)} training rows are fewer than one batch of {cfg.batch_size}")
+    normalizer = Normalizer.fit(train_frame)  # fit on the training split only, so validation stays unseen
+    x_train, y_train = to_tensors(train_frame, normalizer)
+    x_val, y_val = to_tensors(val_frame, normalizer)
+    device = cfg.device
+    nvtx_ranges.enable(device.startswith("cuda"))
+    loader = DataLoader(TensorDataset(x_train, y_train), batch_size=cfg.batch_size, shuffle=True, drop_last=True,
+                        generator=torch.Generator().manual_seed(cfg.seed))
+
+    torch.manual_seed(cfg.seed)
+    model = HousePriceNN().to(device)
+    mode = get_mode(cfg.mode)
+    ok, reason = mode.available(device)
+    if not ok:
+        raise RuntimeError(f"mode {mode.name} is not available on {device}: {reason}")
+    prepared = mode.prepare(model, (x_train[: cfg.batch_size].to(device),), True)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    loss_fn = torch.nn.functional.mse_loss
+
+    losses: list[float] = []
+    val_losses: list[float] = []
+    start = time.perf_counter()
+    steps_per_epoch = len(loader)
+    for epoch in range(cfg.epochs):
+        model.train()
+        for xb, yb in loader:
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+            if prepared.before_step:
+                prepared.before_step()
+            optimizer.zero_grad(set_to_none=True)
+            with nvtx_ranges.range("forward"):
+                loss = loss_fn(prepared.fn(xb), yb)
+            with nvtx_ranges.range("backward"):
+                loss.backward()
+            with nvtx_ranges.range("optimizer_step"):
+                optimizer.step()
+            losses.append(loss.item())
+        val_losses.append(_mse(model, x_val, y_val, device))
+        progress((epoch + 1) / cfg.epochs,
+                 f"epoch {epoch + 1}/{cfg.epochs}: train loss {losses[-1]:.4f}, val loss {val_losses[-1]:.4f}")
+    train_seconds = time.perf_counter() - start
+
+    with torch.no_grad():
+        pred = model.eval()(x_val.to(device)).cpu()
+    price_pred = normalizer.inverse_y(pred)
+    price_true = normalizer.inverse_y(y_val)
+    mae = float((price_pred - price_true).abs().mean())
+    rmse = float(((price_pred - price_true) ** 2).mean().sqrt())
+
+    directory = Path(cfg.models_dir) if cfg.models_dir else models_dir(cfg.db)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = weights_path(cfg.mode, directory)
+    metrics = {"val_mae_usd": mae, "val_rmse_usd": rmse, "final_train_loss": losses[-1],
+               "final_val_loss": val_losses[-1], "train_seconds": train_seconds}
+    checkpoint = {
+        "format": CHECKPOINT_FORMAT,
+        "workload": "house_price",
+        "mode": cfg.mode,
+        "device": device,
+        "features": list(FEATURE_NAMES),
+        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "normalizer": normalizer.to_dict(),
+        "metrics": metrics,
+        "epochs": cfg.epochs,
+        "dataset": str(csv),
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    tmp = path.with_suffix(".tmp")
+    torch.save(checkpoint, tmp)
+    tmp.replace(path)  # a reader never sees a half-written file
+
+    result = RunResult(env=capture_env(device))
+    result.samples.append(Samples(phase="loss", values=losses, unit="mse"))
+    result.samples.append(Samples(phase="val_loss", values=val_losses, unit="mse"))
+    units = {"val_mae_usd": "USD", "val_rmse_usd": "USD", "train_seconds": "s"}
+    result.metrics += [Metric(name, value, units.get(name, "mse")) for name, value in metrics.items()]
+    result.metrics.append(Metric("steps", len(losses), "", phase=None))
+    result.metrics.append(Metric("steps_per_epoch", steps_per_epoch, ""))
+    result.metrics.append(Metric("rows_train", len(train_frame), ""))
+    result.artifacts.append(Artifact(kind="weights", name=path.name, path=str(path)))
+    result.notes += [n for n in prepared.notes if n not in result.notes]
+    return result, path
+
+
+def _mse(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: str) -> float:
+    with torch.no_grad():
+        return float(torch.nn.functional.mse_loss(model.eval()(x.to(device)), y.to(device)))
+
+
+def train_job(params: dict, progress: Progress) -> RunResult:
+    known = set(TrainConfig.__dataclass_fields__)
+    result, _ = train_model(TrainConfig(**{k: v for k, v in params.items() if k in known}), progress)
+    return result
