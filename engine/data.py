@@ -17,20 +17,25 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:  # torch is imported lazily: the CSV checks and the generator should not pay for it
+    import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CSV = REPO_ROOT / "data" / "housing.csv"
 TARGET = "price"
 MIN_ROWS = 32
 MAX_PROBLEMS = 10
+_NAN_WORDS = ("", "nan", "-nan", "na", "n/a", "null", "none")  # cells that mean "no value", not "not a number"
 
 
 @dataclass(frozen=True)
 class FeatureSpec:
+    """One model input: how to label it, its training range, its absurd-value limits and its form step/default."""
     name: str
     label: str
     unit: str
@@ -57,7 +62,7 @@ class DatasetError(ValueError):
     """A CSV that cannot be used for training; the message says exactly what is wrong."""
 
 
-def price_formula(sqft, bedrooms, bathrooms, age_years, distance_km):
+def price_formula(sqft: Any, bedrooms: Any, bathrooms: Any, age_years: Any, distance_km: Any) -> Any:
     """Noise-free price in dollars (numpy arrays or scalars)."""
     return (50_000 + 120 * sqft + 8_000 * bedrooms + 12_000 * bathrooms - 900 * age_years
             + 180_000 * np.exp(-distance_km / 8) + 0.004 * sqft**2 * np.exp(-distance_km / 20))
@@ -86,13 +91,17 @@ def ensure_default_dataset(path: Path = DEFAULT_CSV) -> Path:
     path = Path(path)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        generate_housing().to_csv(tmp, index=False)
-        os.replace(tmp, path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per-process name: two writers never share a temp file
+        try:
+            generate_housing().to_csv(tmp, index=False)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
     return path
 
 
 def _rows(index: pd.Index) -> str:
+    """'3, 7, 9' for the first five 1-based row numbers, then a count of the rest."""
     rows = [str(i + 1) for i in index[:5]]
     more = f" and {len(index) - 5} more" if len(index) > 5 else ""
     return ", ".join(rows) + more
@@ -105,17 +114,18 @@ def load_housing_csv(source: str | os.PathLike[str] | io.IOBase | bytes) -> pd.D
     """
     if isinstance(source, bytes):
         source = io.BytesIO(source)
-    name = getattr(source, "name", None) or (str(source) if isinstance(source, (str, os.PathLike)) else "the CSV")
     if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if not path.is_file():
-            raise DatasetError(f"no file at {path}")
+        name = str(source)  # the whole path (a Path's .name would drop the folder)
+        if not Path(source).is_file():
+            raise DatasetError(f"no file at {source}")
+    else:
+        name = getattr(source, "name", None) or "the CSV"  # an uploaded file has a name worth showing
     try:
         raw = pd.read_csv(source, dtype=str, keep_default_na=False, skipinitialspace=True)
     except pd.errors.EmptyDataError:
         raise DatasetError(f"{name} is empty: expected a header line with {', '.join(FEATURE_NAMES)}, {TARGET}")
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"{name} is not a readable CSV file: {str(exc).strip()[:200]}") from exc
+        raise DatasetError(f"{name} is not a readable CSV text file: {str(exc).strip()[:200]}") from exc
     except OSError as exc:
         raise DatasetError(f"cannot read {name}: {exc}") from exc
 
@@ -123,25 +133,25 @@ def load_housing_csv(source: str | os.PathLike[str] | io.IOBase | bytes) -> pd.D
     expected = [*FEATURE_NAMES, TARGET]
     missing = [c for c in expected if c not in raw.columns]
     if missing:
-        raise DatasetError(f"missing column(s) {', '.join(missing)}; a housing CSV needs the columns "
-                           f"{', '.join(expected)} (found: {', '.join(raw.columns) or 'none'})")
-    raw = raw[expected]
-    if len(raw) < MIN_ROWS:
-        raise DatasetError(f"{len(raw)} data rows; training needs at least {MIN_ROWS}")
+        found = ", ".join(raw.columns) or "none"
+        hint = " (is it separated by ';' instead of ','?)" if len(raw.columns) == 1 and ";" in raw.columns[0] else ""
+        raise DatasetError(f"{name} is missing column(s) {', '.join(missing)}; a housing CSV needs the columns "
+                           f"{', '.join(expected)} (found: {found}){hint}")
+    raw = raw[expected].fillna("")  # extra columns are allowed and dropped; short lines come back as NaN
 
     problems: list[str] = []
+    if len(raw) < MIN_ROWS:
+        problems.append(f"only {len(raw)} data row(s); training needs at least {MIN_ROWS}")
     columns: dict[str, pd.Series] = {}
     for column in expected:
-        text = raw[column].str.strip()
-        values = pd.to_numeric(text, errors="coerce")
-        empty = text == ""
-        bad = values.isna() & ~empty & ~text.str.lower().isin(["nan", "inf", "-inf", "infinity", "-infinity"])
+        text = raw[column].astype(str).str.strip()
+        values = pd.to_numeric(text, errors="coerce")  # parses inf, -inf, Infinity and 1e400 (= inf) too
+        nan = text.str.lower().isin(_NAN_WORDS)
+        bad = values.isna() & ~nan
         for i in bad[bad].index[:3]:
             problems.append(f"column '{column}', row {i + 1}: {raw[column][i]!r} is not a number")
-        numeric = text.str.lower().map(lambda t: {"inf": math.inf, "infinity": math.inf, "-inf": -math.inf,
-                                                  "-infinity": -math.inf}.get(t)).astype(float)
-        values = values.where(~numeric.notna(), numeric)
-        nan = empty | (values.isna() & ~bad)
+        if bad.sum() > 3:
+            problems.append(f"column '{column}': {bad.sum() - 3} more non-numeric cell(s)")
         if nan.any():
             problems.append(f"column '{column}': empty or NaN in row(s) {_rows(nan[nan].index)}")
         inf = values.isin([math.inf, -math.inf])
@@ -153,6 +163,7 @@ def load_housing_csv(source: str | os.PathLike[str] | io.IOBase | bytes) -> pd.D
             problems.append(f"column '{column}': negative value in row(s) {_rows(negative[negative].index)}")
         spec = FEATURE_BY_NAME.get(column)
         if spec is not None:
+            # Negatives are already reported above, so only non-negative values are checked against the limits.
             absurd = (finite > spec.hard_max) | ((finite < spec.hard_min) & (finite >= 0))
             if absurd.any():
                 problems.append(f"column '{column}': value(s) outside {spec.hard_min:g}–{spec.hard_max:g} "
@@ -174,19 +185,22 @@ def validate_features(values: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         if spec.name not in values or values[spec.name] is None or values[spec.name] == "":
             errors.append(f"{what} is missing")
             continue
+        limits = f"allowed {spec.hard_min:g}–{spec.hard_max:g} {spec.unit}"
         try:
+            if isinstance(values[spec.name], bool):  # float(True) == 1.0 would hide a wiring bug
+                raise TypeError
             value = float(values[spec.name])
         except (TypeError, ValueError):
-            errors.append(f"{what}: {values[spec.name]!r} is not a number")
+            errors.append(f"{what}: {values[spec.name]!r} is not a number; {limits}")
             continue
         if math.isnan(value):
-            errors.append(f"{what} is NaN; enter a number")
+            errors.append(f"{what} is NaN; enter a number ({limits})")
         elif math.isinf(value):
-            errors.append(f"{what} is infinite; enter a finite number")
+            errors.append(f"{what} is infinite; enter a finite number ({limits})")
         elif value < 0:
-            errors.append(f"{what} cannot be negative (got {value:g})")
+            errors.append(f"{what} cannot be negative (got {value:g}); {limits}")
         elif not spec.hard_min <= value <= spec.hard_max:
-            errors.append(f"{what} = {value:g} is not plausible; allowed {spec.hard_min:g}–{spec.hard_max:g}")
+            errors.append(f"{what} = {value:g} is not plausible; {limits}")
         elif not spec.train_min <= value <= spec.train_max:
             warnings.append(f"{what} = {value:g} is outside the training range {spec.train_min:g}–"
                             f"{spec.train_max:g} {spec.unit}; the prediction is an extrapolation")
@@ -203,6 +217,7 @@ class Normalizer:
 
     @classmethod
     def fit(cls, frame: pd.DataFrame) -> Normalizer:
+        """Population (ddof=0) mean and std of each feature column and of the target."""
         x = frame[list(FEATURE_NAMES)].to_numpy(dtype=np.float64)
         y = frame[TARGET].to_numpy(dtype=np.float64)
         x_std = x.std(axis=0)
@@ -215,11 +230,15 @@ class Normalizer:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain Python floats and lists only, so torch.load(weights_only=True) accepts it inside a checkpoint."""
         return {"x_mean": list(map(float, self.x_mean)), "x_std": list(map(float, self.x_std)),
                 "y_mean": float(self.y_mean), "y_std": float(self.y_std)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Normalizer:
+        """Rebuild from to_dict() output, e.g. out of a checkpoint; ValueError says what is wrong with it."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"normalizer must be a dict, got {type(d).__name__}")
         try:
             x_mean, x_std = [float(v) for v in d["x_mean"]], [float(v) for v in d["x_std"]]
             y_mean, y_std = float(d["y_mean"]), float(d["y_std"])
@@ -238,6 +257,7 @@ class Normalizer:
         return cls(x_mean, x_std, y_mean, y_std)
 
     def _like(self, values: list[float], ref: Any) -> Any:
+        """values as an array of ref's kind (numpy or torch, float dtype, same device) so broadcasting keeps the type."""
         if isinstance(ref, np.ndarray):
             return np.asarray(values, dtype=ref.dtype if ref.dtype.kind == "f" else np.float64)
         import torch
@@ -245,6 +265,7 @@ class Normalizer:
         return torch.tensor(values, dtype=ref.dtype if ref.is_floating_point() else torch.float32, device=ref.device)
 
     def transform_x(self, x: Any) -> Any:
+        """(N, 5) features -> z-scores; numpy in, numpy out; torch in, torch out."""
         return (x - self._like(self.x_mean, x)) / self._like(self.x_std, x)
 
     def transform_y(self, y: Any) -> Any:
@@ -254,7 +275,7 @@ class Normalizer:
         return y * self.y_std + self.y_mean
 
 
-def to_tensors(frame: pd.DataFrame, normalizer: Normalizer):
+def to_tensors(frame: pd.DataFrame, normalizer: Normalizer) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalised float32 tensors: X (N, 5) and y (N, 1)."""
     import torch
 

@@ -1,0 +1,103 @@
+"""Home: what the lab is, where it runs, and what happened lately. Must stay fast: no torch import, only aggregate
+or LIMITed queries (10,000 runs render in well under 1.5 s; see scripts/home_render_bench.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `streamlit run app/Home.py` puts app/ on the path, not the repository root
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+from app import queries  # noqa: E402
+from app.common import first_line, flash, fmt_time, fmt_us, get_store, show_flash, submit  # noqa: E402
+from engine.envinfo import host_env  # noqa: E402
+from engine.jobs import JobSpec  # noqa: E402
+
+st.set_page_config(page_title="Mode Lab", layout="wide")
+store = get_store()
+
+st.title("Mode Lab")
+st.markdown(
+    "A PyTorch performance lab: it trains and benchmarks a house-price MLP in several **execution modes** — eager, "
+    "FX, TorchScript and `torch.compile` (default, reduce-overhead, max-autotune) — on your hardware. Every mode's "
+    "output is checked against eager before its time counts, every run executes in its own worker process, and "
+    "every sample lands in DuckDB for the charts."
+)
+show_flash()
+
+
+def quick_first_run() -> None:
+    spec = JobSpec("bench", "house_price", "eager", "cpu", {"workload": "house_price", "mode": "eager", "device": "cpu"})
+    ids = submit([spec])
+    if ids:
+        flash("success", f"Queued run #{ids[0]} (eager on CPU). Open **Benchmark** to watch it run.")
+
+
+counts = store.status_counts()
+left, right = st.columns([3, 2])
+with left, st.container(border=True):
+    st.subheader("Environment")
+    env = host_env()
+    st.markdown(
+        f"- **Python** {env['python']} · **torch** {env['torch'] or 'not installed'} · "
+        f"**Triton** {env['triton'] or 'not installed'}\n"
+        f"- **CPU** {env['cpu_model']} ({env['cpu_count']} logical cores)\n"
+        f"- **Host** {env['hostname']} · {env['platform']}\n"
+        f"- **Git commit** `{env['git_commit'] or 'unknown'}`"
+    )
+    last = queries.latest_environment(store)
+    if last:
+        cuda = f" · CUDA {last['cuda']}" if isinstance(last.get("cuda"), str) and last["cuda"] else ""
+        st.caption(f"Latest run (#{int(last['run_id'])}, {fmt_time(last['finished_at'])}) ran on "
+                   f"**{last['device']}**: {last.get('device_name') or '—'}{cuda}, torch {last.get('torch')}, "
+                   f"{last.get('threads') or '?'} threads.")
+    else:
+        st.caption("No run has recorded its device yet.")
+with right, st.container(border=True):
+    st.subheader("Runs")
+    cols = st.columns(4)
+    for col, status in zip(cols, ("queued", "running", "ok", "failed")):
+        col.metric(status.capitalize(), f"{counts.get(status, 0):,}")
+    if counts["queued"] + counts["running"]:
+        st.page_link("pages/1_Benchmark.py", label="Watch the runs in progress", icon=":material/monitoring:")
+
+if sum(counts.values()) == 0:
+    with st.container(border=True):
+        st.subheader("Quick first run")
+        st.markdown("The store is empty. Benchmark eager PyTorch on the CPU (about half a minute) to get a baseline.")
+        st.button("Run eager on CPU", key="quick-run", type="primary", on_click=quick_first_run)
+else:
+    st.subheader("Latest results")
+    latest = queries.latest_medians(store)
+    if latest.empty:
+        st.info("No benchmark has finished yet.")
+    else:
+        latest["column"] = latest["phase"] + " B=" + latest["batch_size"].astype("Int64").astype(str)
+        table = latest.pivot_table(index=["mode", "device", "run_id"], columns="column", values="median_us",
+                                   aggfunc="first").reset_index()
+        columns = sorted(c for c in table.columns if " B=" in c)
+        columns.sort(key=lambda c: (c.split(" ")[0] != "infer", int(c.split("=")[1])))  # infer first, by batch
+        table = table.sort_values(["device", "mode"], key=lambda s: s.map(lambda v: (v != "eager", v)))
+        for c in columns:
+            table[c] = table[c].map(fmt_us)
+        st.caption("Median latency per call of the latest ok benchmark of each mode and device, per phase and "
+                   "batch size.")
+        st.dataframe(table[["mode", "device", "run_id", *columns]], hide_index=True,
+                     column_config={"run_id": st.column_config.NumberColumn("run", format="#%d")})
+
+    failed = store.runs(status=["failed"], limit=5)
+    if not failed.empty:
+        st.subheader("Recent failures")
+        for row in failed.itertuples():
+            st.markdown(f"**#{row.id}** {row.kind} `{row.mode}` on {row.device} · {fmt_time(row.finished_at)}")
+            st.error(first_line(row.error) or "failed without a message", icon=":material/error:")
+
+st.subheader("Pages")
+c1, c2 = st.columns(2)
+c1.page_link("pages/1_Benchmark.py", label="Benchmark — compare modes, run benchmarks, watch progress",
+             icon=":material/speed:")
+c2.page_link("pages/2_Predict.py", label="Predict — price a house with a trained model", icon=":material/home:")

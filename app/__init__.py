@@ -1,0 +1,1 @@
+"""Mode Lab dashboard (Streamlit): Home.py and pages/ are the entry points; common, queries and charts are shared."""

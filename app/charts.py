@@ -1,0 +1,96 @@
+"""Plotly figures from store frames. Pure functions (frame in, figure out), so pages stay short and tests are easy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+
+PALETTE = px.colors.qualitative.Plotly
+
+
+def _order(frame: pd.DataFrame, modes: Sequence[str] | None) -> list[str]:
+    """Modes in registry order (eager first), then any unknown ones, so colours and bars never shuffle."""
+    present = list(dict.fromkeys(frame["mode"]))
+    known = [m for m in (modes or []) if m in present]
+    return known + sorted(m for m in present if m not in known)
+
+
+def _colors(modes: Sequence[str] | None, order: list[str]) -> dict[str, str]:
+    names = list(modes or []) + [m for m in order if m not in (modes or [])]
+    return {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(names)}
+
+
+def _layout(fig: go.Figure, title: str, y_title: str) -> go.Figure:
+    fig.update_layout(title=title, yaxis_title=y_title, xaxis_title=None, showlegend=False,
+                      margin=dict(l=10, r=10, t=50, b=10), height=360)
+    return fig
+
+
+def latency_bar(summary: pd.DataFrame, modes: Sequence[str] | None = None) -> go.Figure:
+    """Median per mode with asymmetric p10–p90 error bars."""
+    order = _order(summary, modes)
+    df = summary.assign(err_plus=summary["p90_us"] - summary["median_us"],
+                        err_minus=summary["median_us"] - summary["p10_us"])
+    fig = px.bar(df, x="mode", y="median_us", color="mode", error_y="err_plus", error_y_minus="err_minus",
+                 category_orders={"mode": order}, color_discrete_map=_colors(modes, order),
+                 hover_data={"run_id": True, "p10_us": ":.1f", "p90_us": ":.1f", "median_us": ":.1f",
+                             "err_plus": False, "err_minus": False})
+    return _layout(fig, "Median latency by mode (bars: p10–p90)", "µs per call")
+
+
+def sample_distribution(samples: pd.DataFrame, modes: Sequence[str] | None = None) -> go.Figure:
+    """Every timed sample per mode as a box plot (outliers drawn as points)."""
+    order = _order(samples, modes)
+    # Log scale: a few scheduler hiccups (10–100× the median) would otherwise flatten every box to a line.
+    fig = px.box(samples, x="mode", y="value", color="mode", category_orders={"mode": order},
+                 color_discrete_map=_colors(modes, order), points="outliers", log_y=True)
+    return _layout(fig, "Distribution of timed samples (log scale)", "µs per call")
+
+
+def speedup_bar(summary: pd.DataFrame, modes: Sequence[str] | None = None) -> go.Figure:
+    """Eager median / mode median; above the dashed line at 1 the mode beats eager."""
+    df = summary.dropna(subset=["speedup_vs_eager"])
+    order = _order(df, modes) if not df.empty else []
+    fig = px.bar(df, x="mode", y="speedup_vs_eager", color="mode", category_orders={"mode": order},
+                 color_discrete_map=_colors(modes, order), text=df["speedup_vs_eager"].map("{:.2f}×".format))
+    fig.add_hline(y=1, line_dash="dash", line_color="gray", annotation_text="eager",
+                  annotation_position="top left")
+    return _layout(fig, "Speedup vs eager (higher is faster)", "× eager")
+
+
+def first_call_bar(summary: pd.DataFrame, modes: Sequence[str] | None = None) -> go.Figure:
+    """First-call time (tracing, scripting, compiling) on a log scale: modes differ by orders of magnitude."""
+    order = _order(summary, modes)
+    df = summary.assign(first_call_ms=summary["first_call_us"] / 1e3)
+    fig = px.bar(df, x="mode", y="first_call_ms", color="mode", log_y=True, category_orders={"mode": order},
+                 color_discrete_map=_colors(modes, order), text=df["first_call_ms"].map("{:,.1f} ms".format))
+    return _layout(fig, "First-call cost (trace / compile), log scale", "ms")
+
+
+def history_line(frame: pd.DataFrame, modes: Sequence[str] | None = None) -> go.Figure:
+    """Median of every earlier run over time, one line per mode."""
+    order = _order(frame, modes)
+    fig = px.line(frame, x="finished_at", y="median_us", color="mode", markers=True,
+                  category_orders={"mode": order}, color_discrete_map=_colors(modes, order),
+                  hover_data={"run_id": True})
+    fig = _layout(fig, "History: median of earlier runs", "µs per call")
+    fig.update_layout(showlegend=True, xaxis_title="finished")
+    return fig
+
+
+def price_curve(xs: np.ndarray, ys: np.ndarray, x_now: float, y_now: float | None, x_label: str) -> go.Figure:
+    """Predicted price as one feature sweeps its training range, with the current input marked."""
+    fig = go.Figure(go.Scatter(x=xs, y=ys, mode="lines", name="prediction",
+                               hovertemplate="%{x:,.1f} → $%{y:,.0f}<extra></extra>"))
+    if y_now is not None:
+        fig.add_trace(go.Scatter(x=[x_now], y=[y_now], mode="markers", name="your input",
+                                 marker=dict(size=12, symbol="diamond", color="crimson"),
+                                 hovertemplate="your input: %{x:,.1f} → $%{y:,.0f}<extra></extra>"))
+    fig.update_layout(title=f"Predicted price vs {x_label}", xaxis_title=x_label, yaxis_title="price (USD)",
+                      yaxis_tickprefix="$", yaxis_tickformat=",.0f", margin=dict(l=10, r=10, t=50, b=10),
+                      height=360, showlegend=False)
+    return fig

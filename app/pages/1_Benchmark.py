@@ -1,0 +1,173 @@
+"""Benchmark: one card per execution mode, run buttons, live progress, and charts of what the store holds."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+from app import charts, queries  # noqa: E402
+from app.common import (  # noqa: E402
+    device_info, first_line, flash, fmt_time, fmt_us, get_store, page_header, parse_batch_sizes, show_flash, submit,
+    watch_active_runs,
+)
+from engine.jobs import JobSpec  # noqa: E402
+from engine.modes import MODES  # noqa: E402
+from engine.report import with_speedup  # noqa: E402
+from engine.workloads import get_workload  # noqa: E402
+
+WORKLOAD = "house_price"
+PHASE_LABELS = {"infer": "Inference (forward, no_grad)", "train": "Training step (fwd + bwd + Adam)"}
+
+st.set_page_config(page_title="Benchmark · Mode Lab", layout="wide")
+store = get_store()
+info = device_info()
+workload = get_workload(WORKLOAD)
+mode_names = list(MODES)
+
+page_header("Benchmark", f"{workload.description} Each card times one execution mode against eager; "
+            "charts read every result from the store.")
+
+# -- filters --------------------------------------------------------------------------------------------------------
+with st.sidebar:
+    st.header("Filters")
+    device = st.selectbox("Device", info["devices"], key="device",
+                          format_func=lambda d: f"{d} — {info['names'].get(d, '')}")
+    phase = st.radio("Phase", ["infer", "train"], key="phase", format_func=PHASE_LABELS.get)
+    present = queries.batch_sizes(store, WORKLOAD, device, phase)
+    defaults = workload.default_batch_sizes if phase == "infer" else workload.default_train_batch_sizes
+    preferred = defaults[len(defaults) // 2]  # the middle default (64 for inference) is the headline number
+    batch = None
+    if present:
+        batch = st.selectbox("Batch size", present, key=f"batch-{device}-{phase}",
+                             index=present.index(preferred) if preferred in present else 0)
+    else:
+        st.caption("No results for this device and phase yet, so no batch size to pick.")
+    show_history = st.toggle("Show history of earlier runs", key="history")
+
+# -- settings for new runs ------------------------------------------------------------------------------------------
+settings_errors: list[str] = []
+with st.expander("Run settings", expanded=False):
+    c1, c2, c3 = st.columns(3)
+    iters = int(c1.number_input("Timed iterations", min_value=1, max_value=100_000, value=100, step=10, key="iters"))
+    warmup = int(c2.number_input("Warm-up calls", min_value=0, max_value=10_000, value=10, step=1, key="warmup"))
+    phases = c3.multiselect("Phases", ["infer", "train"], default=["infer", "train"], key="phases")
+    c4, c5 = st.columns(2)
+    infer_text = c4.text_input("Inference batch sizes", ", ".join(map(str, workload.default_batch_sizes)),
+                               key="batch_text", help="Whole numbers separated by commas or spaces.")
+    train_text = c5.text_input("Training batch sizes", ", ".join(map(str, workload.default_train_batch_sizes)),
+                               key="train_batch_text")
+    parsed: dict[str, list[int]] = {}
+    for name, label, text in (("batch_sizes", "Inference batch sizes", infer_text),
+                              ("train_batch_sizes", "Training batch sizes", train_text)):
+        try:
+            parsed[name] = parse_batch_sizes(text)
+        except ValueError as exc:
+            settings_errors.append(f"{label}: {exc}")
+    if not phases:
+        settings_errors.append("Pick at least one phase to benchmark.")
+for message in settings_errors:  # outside the expander, so a collapsed expander cannot hide why buttons are off
+    st.error(message, icon=":material/error:")
+settings_ok = not settings_errors
+params: dict[str, Any] = {"workload": WORKLOAD, "device": device, "phases": phases, "warmup": warmup, "iters": iters,
+                          **parsed}
+
+
+def queue_runs(modes: list[str], device: str, params: dict[str, Any]) -> None:
+    specs = [JobSpec("bench", WORKLOAD, m, device, {**params, "mode": m, "device": device}) for m in modes]
+    group = uuid.uuid4().hex[:12] if len(specs) > 1 else None
+    ids = submit(specs, group_id=group)
+    if ids:
+        what = ", ".join(f"#{i} {m}" for i, m in zip(ids, modes))
+        flash("success", f"Queued {what} on {device}. Progress shows below; charts update when a run finishes.")
+
+
+available = {name: MODES[name].available(device) for name in mode_names}
+runnable = [name for name, (ok, _) in available.items() if ok]
+
+top = st.columns([1, 3])
+top[0].button(f"Run all ({len(runnable)} modes)", key="run-all", type="primary", disabled=not (settings_ok and runnable),
+              on_click=queue_runs, args=(runnable, device, params),
+              help="Queue every mode available on this device, one after another, as one group.")
+top[1].caption(f"New runs use {iters} timed iterations after {warmup} warm-up calls, phases {', '.join(phases) or '—'}"
+               + (f", inference batches {parsed['batch_sizes']}" if "batch_sizes" in parsed else "")
+               + (f", training batches {parsed['train_batch_sizes']}" if "train_batch_sizes" in parsed else "")
+               + ". Change them under *Run settings*.")
+show_flash()
+watch_active_runs(kind="bench")
+
+# -- mode cards -----------------------------------------------------------------------------------------------------
+summary = queries.latest_summary(store, WORKLOAD, device, phase, batch) if batch is not None else None
+summary = with_speedup(summary) if summary is not None and not summary.empty else None
+by_mode = {row["mode"]: row for row in summary.to_dict("records")} if summary is not None else {}
+notes = queries.latest_notes(store, WORKLOAD, device)
+
+for start in range(0, len(mode_names), 3):
+    for col, name in zip(st.columns(3), mode_names[start:start + 3]):
+        mode = MODES[name]
+        ok, reason = available[name]
+        with col, st.container(border=True):
+            st.subheader(name)
+            st.caption(mode.description)
+            row = by_mode.get(name)
+            if row is not None:
+                speedup = row.get("speedup_vs_eager")
+                versus = "" if name == "eager" or speedup != speedup or speedup is None else f"{speedup:.2f}× eager"
+                st.metric(f"Median · {phase} · B={batch}", fmt_us(row["median_us"]), delta=versus or None,
+                          delta_color="off", delta_arrow="off")
+                st.caption(f"p10–p90 {fmt_us(row['p10_us'])} – {fmt_us(row['p90_us'])} · first call "
+                           f"{fmt_us(row['first_call_us'])} · run #{row['run_id']} · {fmt_time(row['finished_at'])}")
+            else:
+                st.caption("No result for these filters yet.")
+            for note in notes.get(name, []):
+                with st.expander("Note from its latest run", icon=":material/info:"):
+                    st.caption(note)
+            if not ok:
+                st.caption(f":material/block: Not available on {device}: {reason}")
+            st.button("Run benchmark", key=f"run-{name}", disabled=not (ok and settings_ok), help=reason or None,
+                      on_click=queue_runs, args=([name], device, params))
+
+# -- charts ---------------------------------------------------------------------------------------------------------
+with st.container(border=True, key="charts"):
+    st.subheader("Median latency by mode")
+    if summary is None:
+        where = f"{device}, {phase}" + (f", batch {batch}" if batch is not None else "")
+        st.info(f"No results for {where} yet. Use a card's **Run benchmark** or **Run all** above; charts appear "
+                "here when a run finishes.", icon=":material/info:")
+    else:
+        st.plotly_chart(charts.latency_bar(summary, mode_names), key="chart-latency")
+        left, right = st.columns(2)
+        samples = queries.samples_for(store, summary, phase, batch)
+        if not samples.empty:
+            left.plotly_chart(charts.sample_distribution(samples, mode_names), key="chart-samples")
+        if summary["speedup_vs_eager"].notna().any():
+            right.plotly_chart(charts.speedup_bar(summary, mode_names), key="chart-speedup")
+        else:
+            right.info("Run eager on this device to see speedups.")
+        left2, right2 = st.columns(2)
+        if summary["first_call_us"].notna().any():
+            left2.plotly_chart(charts.first_call_bar(summary, mode_names), key="chart-first-call")
+        compiled = summary.dropna(subset=["recompiles"])
+        if not compiled.empty:
+            right2.caption("Compile counters (latest run per mode)")
+            right2.dataframe(compiled[["mode", "recompiles", "graph_breaks", "max_abs_err"]], hide_index=True)
+        if show_history:
+            past = queries.history(store, WORKLOAD, device, phase, batch)
+            st.plotly_chart(charts.history_line(past, mode_names), key="chart-history")
+
+# -- failures -------------------------------------------------------------------------------------------------------
+failed = store.runs(kind="bench", status=["failed"], limit=10)
+if not failed.empty:
+    st.subheader("Failed runs")
+    for row in failed.itertuples():
+        st.markdown(f"**#{row.id}** `{row.mode}` on {row.device} · {fmt_time(row.finished_at)}")
+        st.error(first_line(row.error) or "failed without a message", icon=":material/error:")
+        with st.expander(f"Full error of run #{row.id}"):
+            st.code(row.error or "", language=None)

@@ -1,0 +1,123 @@
+"""The Benchmark page: cards, charts from stored results, failures, settings validation, and queuing runs."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from engine import jobs
+from engine.store import Store
+
+
+def texts(elements) -> str:
+    return "\n".join(str(e.value) for e in elements)
+
+
+def test_empty_store_points_to_the_buttons(lab: Store, page) -> None:
+    at = page("benchmark").run()
+    assert not at.exception
+    assert at.button(key="run-eager").label == "Run benchmark"
+    assert not at.get("plotly_chart")
+    assert "No results" in texts(at.info)
+
+
+def test_cards_and_charts_from_stored_results(filled: Store, page) -> None:
+    at = page("benchmark").run()
+    assert not at.exception
+    # One card (and button) per registered mode; reduce-overhead needs CUDA, so it is greyed out on the CPU.
+    from engine.modes import MODES
+
+    for name in MODES:
+        assert at.button(key=f"run-{name}")
+    assert at.button(key="run-compile-reduce-overhead").disabled
+    assert not at.button(key="run-eager").disabled
+    assert "needs" in texts(at.caption) or "CUDA" in texts(at.caption)
+    charts = at.get("plotly_chart")
+    assert len(charts) >= 4  # latency, samples, speedup, first call
+    # The default batch is the middle default (64); medians appear on the cards with a speedup.
+    labels = [m.label for m in at.metric]
+    assert any("B=64" in label for label in labels)
+    assert any("× eager" in str(m.delta) for m in at.metric if m.delta)
+    # TorchScript's note is shown once on its card.
+    assert texts(at.caption).count("torch.jit.script is deprecated") == 1
+
+
+def test_history_and_filters(filled: Store, page) -> None:
+    at = page("benchmark").run()
+    n = len(at.get("plotly_chart"))
+    at.toggle(key="history").set_value(True).run()
+    assert not at.exception
+    assert len(at.get("plotly_chart")) == n + 1
+    at.radio(key="phase").set_value("train").run()
+    assert not at.exception
+    assert at.get("plotly_chart")
+    assert any("train" in m.label for m in at.metric)
+
+
+def test_failed_run_shows_its_error(filled: Store, page) -> None:
+    at = page("benchmark").run()
+    assert not at.exception
+    assert "ToleranceError: compile-max-autotune inference at batch 64" in texts(at.error)
+    assert "--- traceback ---" in texts(at.code)  # full text in the expander
+
+
+def test_bad_batch_sizes_show_an_error_and_disable_runs(lab: Store, page) -> None:
+    at = page("benchmark").run()
+    at.text_input(key="batch_text").set_value("1, abc, 64").run()
+    assert not at.exception
+    assert "'abc' is not a whole number" in texts(at.error)
+    assert at.button(key="run-eager").disabled and at.button(key="run-all").disabled
+    at.text_input(key="batch_text").set_value("1 64").run()
+    assert not at.error
+    assert not at.button(key="run-eager").disabled
+
+
+def test_run_benchmark_queues_a_run(lab: Store, page, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Queue for real, but do not spawn a supervisor: the run stays queued, owned by this (alive) process.
+    submitted = []
+
+    def fake_submit(store, specs, group_id=None):
+        submitted.append((specs, group_id))
+        return jobs.create_runs(store, specs, group_id)
+
+    monkeypatch.setattr(jobs, "submit", fake_submit)
+    at = page("benchmark").run()
+    at.number_input(key="iters").set_value(5).run()
+    at.button(key="run-eager").click().run()
+    assert not at.exception
+    (specs, group), = submitted
+    assert [s.mode for s in specs] == ["eager"] and group is None
+    assert specs[0].params["iters"] == 5 and specs[0].params["batch_sizes"] == [1, 64, 1024]
+    runs = lab.runs(kind="bench")
+    assert list(runs["status"]) == ["queued"] and list(runs["mode"]) == ["eager"]
+    assert "Queued #" in texts(at.success)
+    assert at.get("progress")  # the live progress panel shows the queued run
+
+    at.button(key="run-all").click().run()
+    specs, group = submitted[-1]
+    assert group and {s.mode for s in specs} >= {"eager", "fx", "torchscript", "compile"}
+    assert "compile-reduce-overhead" not in {s.mode for s in specs}
+
+
+@pytest.mark.slow
+def test_real_eager_run_ends_in_a_chart(lab: Store, page) -> None:
+    """The end-to-end path without a browser: click, a real supervisor and worker, then the latency chart."""
+    at = page("benchmark").run()
+    at.number_input(key="iters").set_value(3).run()
+    at.number_input(key="warmup").set_value(1).run()
+    at.text_input(key="batch_text").set_value("1").run()
+    at.text_input(key="train_batch_text").set_value("8").run()
+    at.button(key="run-eager").click().run()
+    assert not at.exception
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        status = lab.runs(kind="bench").iloc[0]
+        if status["status"] in ("ok", "failed"):
+            break
+        time.sleep(0.5)
+    assert status["status"] == "ok", status["error"]
+    at.run()
+    assert not at.exception
+    assert at.get("plotly_chart")
+    assert any("B=1" in m.label for m in at.metric)

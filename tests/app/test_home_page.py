@@ -1,0 +1,48 @@
+"""The Home page: the empty-store quick run, and a summary of a filled store."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import jobs
+from engine.store import Store
+
+
+def texts(elements) -> str:
+    return "\n".join(str(e.value) for e in elements)
+
+
+def test_empty_store_offers_a_quick_first_run(lab: Store, page, monkeypatch: pytest.MonkeyPatch) -> None:
+    submitted: list = []
+
+    def fake_submit(store, specs, group_id=None):
+        submitted.append(specs)
+        return jobs.create_runs(store, specs, group_id)
+
+    monkeypatch.setattr(jobs, "submit", fake_submit)
+    at = page("home").run()
+    assert not at.exception
+    assert at.title[0].value == "Mode Lab"
+    assert {m.label: m.value for m in at.metric} == {"Queued": "0", "Running": "0", "Ok": "0", "Failed": "0"}
+    at.button(key="quick-run").click().run()
+    assert not at.exception
+    spec, = submitted[0]
+    assert (spec.kind, spec.mode, spec.device) == ("bench", "eager", "cpu")
+    assert "Open **Benchmark** to watch it" in texts(at.success)
+    assert not at.button  # the store is no longer empty
+    assert {m.label: m.value for m in at.metric}["Queued"] == "1"
+
+
+def test_filled_store_shows_counts_latest_results_and_failures(filled: Store, page) -> None:
+    at = page("home").run()
+    assert not at.exception
+    assert {m.label: m.value for m in at.metric} == {"Queued": "0", "Running": "0", "Ok": "8", "Failed": "1"}
+    table = at.dataframe[0].value
+    assert sorted(table["mode"]) == ["compile", "eager", "fx", "torchscript"]
+    assert table["mode"].iloc[0] == "eager"
+    assert {"infer B=1", "infer B=64", "infer B=1024", "train B=64"} <= set(table.columns)
+    assert table.loc[table["mode"] == "eager", "infer B=64"].iloc[0] == "111.4 µs"  # the latest eager run: 99 µs × (1 + 64/512)
+    assert "ToleranceError: compile-max-autotune" in texts(at.error)
+    assert "traceback" not in texts(at.error)  # first line only
+    assert "Latest run" in texts(at.caption) and "CPU: test" in texts(at.caption)
+    assert len(at.get("page_link")) >= 2
