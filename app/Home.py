@@ -31,8 +31,8 @@ show_flash()
 
 
 def quick_first_run() -> None:
-    spec = JobSpec("bench", "house_price", "eager", "cpu", {"workload": "house_price", "mode": "eager", "device": "cpu"})
-    ids = submit([spec])
+    params = {"workload": "house_price", "mode": "eager", "device": "cpu"}  # the engine's default sizes and iters
+    ids = submit([JobSpec("bench", "house_price", "eager", "cpu", params)])
     if ids:
         flash("success", f"Queued run #{ids[0]} (eager on CPU). Open **Benchmark** to watch it run.")
 

@@ -43,6 +43,12 @@ def latest_environment(store: Store) -> dict[str, Any] | None:
     return None if frame.empty else frame.iloc[0].to_dict()
 
 
+def stored_devices(store: Store) -> list[str]:
+    """Devices with at least one ok bench run, whether or not this machine has them."""
+    frame = store.query("SELECT DISTINCT device FROM runs WHERE kind = 'bench' AND status = 'ok' ORDER BY device")
+    return [] if frame.empty else frame["device"].tolist()
+
+
 def batch_sizes(store: Store, workload: str, device: str, phase: str) -> list[int]:
     """Batch sizes with at least one ok result for these filters."""
     frame = store.query("""

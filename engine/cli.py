@@ -12,8 +12,19 @@ from pathlib import Path
 from engine.store import Store, StoreError, default_db_path
 
 
+# Modules that contribute subcommands (profiling, IR, …); each defines add_commands(subparsers, add_common_args).
+COMMAND_MODULES: list[str] = []
+
+
 class CliError(Exception):
     """A bad argument or state, reported as one line and exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (what is wrong, where to look) rather than the whole usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _positive_ints(text: str) -> tuple[int, ...]:
@@ -255,7 +266,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine", description="Mode Lab engine: benchmark, train and "
+    parser = _Parser(prog="python -m engine", description="Mode Lab engine: benchmark, train and "
                                      "predict with PyTorch execution modes; every run lands in DuckDB.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
 
@@ -319,6 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("env", help="print the environment a run would record")
     p.set_defaults(func=cmd_env)
+
+    # Feature areas keep their commands beside their code: each module has add_commands(sub, common).
+    import importlib
+
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).add_commands(sub, common)
     return parser
 
 

@@ -114,13 +114,18 @@ def submit(store: Store, specs: Sequence[JobSpec], group_id: str | None = None) 
     ids = create_runs(store, specs, group_id)
     root = artifacts_root(store)
     root.mkdir(parents=True, exist_ok=True)
-    log = open(root / f"supervisor-{ids[0]}.log", "ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "engine.jobs", "--db", str(store.path), *map(str, ids)],
-        cwd=REPO_ROOT, env=_child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,  # a Ctrl-C or reload of the dashboard does not kill running jobs
-    )
-    log.close()
+    try:
+        with open(root / f"supervisor-{ids[0]}.log", "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "engine.jobs", "--db", str(store.path), *map(str, ids)],
+                cwd=REPO_ROOT, env=_child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C or reload of the dashboard does not kill running jobs
+            )
+    except BaseException as exc:
+        # The runs are owned by this (live) process, so the stale check would never fail them: do it here.
+        for run_id in ids:
+            store.fail_run(run_id, f"could not start the supervisor process: {exc}")
+        raise
     store.set_owner(ids, proc.pid)
     _reap(proc)
     return ids

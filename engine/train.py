@@ -64,14 +64,13 @@ def train_model(cfg: TrainConfig, progress: Progress = lambda f, m: None) -> tup
     order = torch.randperm(len(frame), generator=generator).numpy()
     n_val = max(1, int(len(frame) * cfg.val_fraction))
     train_frame, val_frame = frame.iloc[order[n_val:]], frame.iloc[order[:n_val]]
-    if len(train_frame) < cfg.batch_size:
-        raise ValueError(f"{len(train_frame)} training rows are fewer than one batch of {cfg.batch_size}")
+    batch_size = min(cfg.batch_size, len(train_frame))  # a small CSV still trains, on smaller batches
     normalizer = Normalizer.fit(train_frame)  # fit on the training split only, so validation stays unseen
     x_train, y_train = to_tensors(train_frame, normalizer)
     x_val, y_val = to_tensors(val_frame, normalizer)
     device = cfg.device
     nvtx_ranges.enable(device.startswith("cuda"))
-    loader = DataLoader(TensorDataset(x_train, y_train), batch_size=cfg.batch_size, shuffle=True, drop_last=True,
+    loader = DataLoader(TensorDataset(x_train, y_train), batch_size=batch_size, shuffle=True, drop_last=True,
                         generator=torch.Generator().manual_seed(cfg.seed))
 
     torch.manual_seed(cfg.seed)
@@ -80,7 +79,7 @@ def train_model(cfg: TrainConfig, progress: Progress = lambda f, m: None) -> tup
     ok, reason = mode.available(device)
     if not ok:
         raise RuntimeError(f"mode {mode.name} is not available on {device}: {reason}")
-    prepared = mode.prepare(model, (x_train[: cfg.batch_size].to(device),), True)
+    prepared = mode.prepare(model, (x_train[:batch_size].to(device),), True)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     loss_fn = torch.nn.functional.mse_loss
 
@@ -146,6 +145,9 @@ def train_model(cfg: TrainConfig, progress: Progress = lambda f, m: None) -> tup
     result.metrics.append(Metric("rows_train", len(train_frame), ""))
     result.artifacts.append(Artifact(kind="weights", name=path.name, path=str(path)))
     result.notes += [n for n in prepared.notes if n not in result.notes]
+    if batch_size < cfg.batch_size:
+        result.notes.append(f"only {len(train_frame)} training rows: batch size lowered from {cfg.batch_size} to "
+                            f"{batch_size}")
     return result, path
 
 

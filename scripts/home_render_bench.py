@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 
 from engine.store import Store  # noqa: E402
 
@@ -78,7 +79,7 @@ def main() -> int:
 
         times = []
         for i in range(args.repeats):
-            at = AppTest.from_file("app/Home.py", default_timeout=60)
+            at = AppTest.from_file(str(REPO / "app" / "Home.py"), default_timeout=60)
             start = time.perf_counter()
             at.run()
             times.append(time.perf_counter() - start)

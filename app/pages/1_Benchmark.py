@@ -38,8 +38,10 @@ page_header("Benchmark", f"{workload.description} Each card times one execution 
 # -- filters --------------------------------------------------------------------------------------------------------
 with st.sidebar:
     st.header("Filters")
-    device = st.selectbox("Device", info["devices"], key="device",
-                          format_func=lambda d: f"{d} — {info['names'].get(d, '')}")
+    # Devices this machine has, then devices that only have stored results (e.g. a store copied from a GPU box).
+    stored = [d for d in queries.stored_devices(store) if d not in info["devices"]]
+    device = st.selectbox("Device", info["devices"] + stored, key="device",
+                          format_func=lambda d: f"{d} — {info['names'].get(d, 'stored results only')}")
     phase = st.radio("Phase", ["infer", "train"], key="phase", format_func=PHASE_LABELS.get)
     present = queries.batch_sizes(store, WORKLOAD, device, phase)
     defaults = workload.default_batch_sizes if phase == "infer" else workload.default_train_batch_sizes
@@ -89,14 +91,19 @@ def queue_runs(modes: list[str], device: str, params: dict[str, Any]) -> None:
         flash("success", f"Queued {what} on {device}. Progress shows below; charts update when a run finishes.")
 
 
-available = {name: MODES[name].available(device) for name in mode_names}
+if device in info["devices"]:
+    available = {name: MODES[name].available(device) for name in mode_names}
+else:
+    available = {name: (False, "this machine has no such device; showing stored results only")
+                 for name in mode_names}
 runnable = [name for name, (ok, _) in available.items() if ok]
 
 top = st.columns([1, 3])
-top[0].button(f"Run all ({len(runnable)} modes)", key="run-all", type="primary", disabled=not (settings_ok and runnable),
-              on_click=queue_runs, args=(runnable, device, params),
+top[0].button(f"Run all ({len(runnable)} modes)", key="run-all", type="primary",
+              disabled=not (settings_ok and runnable), on_click=queue_runs, args=(runnable, device, params),
               help="Queue every mode available on this device, one after another, as one group.")
-top[1].caption(f"New runs use {iters} timed iterations after {warmup} warm-up calls, phases {', '.join(phases) or '—'}"
+top[1].caption(f"New runs use {iters} timed iterations after {warmup} warm-up calls, "
+               f"phases {', '.join(phases) or '—'}"
                + (f", inference batches {parsed['batch_sizes']}" if "batch_sizes" in parsed else "")
                + (f", training batches {parsed['train_batch_sizes']}" if "train_batch_sizes" in parsed else "")
                + ". Change them under *Run settings*.")
@@ -126,9 +133,10 @@ for start in range(0, len(mode_names), 3):
                            f"{fmt_us(row['first_call_us'])} · run #{row['run_id']} · {fmt_time(row['finished_at'])}")
             else:
                 st.caption("No result for these filters yet.")
-            for note in notes.get(name, []):
-                with st.expander("Note from its latest run", icon=":material/info:"):
-                    st.caption(note)
+            if notes.get(name):  # once per card, however many batch sizes repeated the warning
+                with st.expander(f"Notes ({len(notes[name])})", icon=":material/info:", key=f"notes-{name}"):
+                    for note in notes[name]:
+                        st.caption(note)
             if not ok:
                 st.caption(f":material/block: Not available on {device}: {reason}")
             st.button("Run benchmark", key=f"run-{name}", disabled=not (ok and settings_ok), help=reason or None,

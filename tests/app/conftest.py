@@ -68,11 +68,12 @@ def add_bench_run(store: Store, mode: str, median_us: float, *, device: str = "c
                  "p75": median * 1.1, "iqr": median * 0.14, "mean": median * 1.05, "std": median * 0.1,
                  "min": median * 0.9, "max": median * 1.25, "first_call": median * (400 if "compile" in mode else 3)}
         result.metrics += [Metric(name, value, "us", phase, batch) for name, value in stats.items()]
-        result.metrics += [Metric("max_abs_err", 1e-7, "", phase, batch), Metric("max_rel_err", 1e-6, "", phase, batch),
+        result.metrics += [Metric("max_abs_err", 1e-7, "", phase, batch),
+                           Metric("max_rel_err", 1e-6, "", phase, batch),
                            Metric("throughput", batch / (median * 1e-6), "samples/s", phase, batch)]
         if "compile" in mode:
-            result.metrics += [Metric("graphs_compiled", 1, "", phase, batch), Metric("recompiles", 0, "", phase, batch),
-                               Metric("graph_breaks", 0, "", phase, batch)]
+            result.metrics += [Metric(name, value, "", phase, batch)
+                               for name, value in (("graphs_compiled", 1), ("recompiles", 0), ("graph_breaks", 0))]
         result.samples.append(Samples(phase=phase, batch_size=batch, values=values))
     store.record_result(run_id, result)
     return run_id
@@ -92,7 +93,7 @@ def filled(lab: Store) -> Store:
         add_bench_run(lab, "eager", 100.0 - round_)
         add_bench_run(lab, "fx", 95.0)
         add_bench_run(lab, "torchscript", 110.0, notes=["FutureWarning: torch.jit.script is deprecated"])
-        add_bench_run(lab, "compile", 60.0)
+        add_bench_run(lab, "compile", 60.0, notes=["UserWarning: one", "UserWarning: two"])
     add_failed_run(lab, "compile-max-autotune",
                    "ToleranceError: compile-max-autotune inference at batch 64: differs from eager\n"
                    "--- traceback ---\nFile bench.py, line 1")

@@ -121,3 +121,17 @@ def test_real_eager_run_ends_in_a_chart(lab: Store, page) -> None:
     assert not at.exception
     assert at.get("plotly_chart")
     assert any("B=1" in m.label for m in at.metric)
+
+
+def test_run_of_a_dead_supervisor_is_shown_failed(lab: Store, page) -> None:
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    run_id = lab.create_run("bench", "house_price", "fx", "cpu", {}, pid=gone.pid)
+    at = page("benchmark").run()
+    assert not at.exception
+    assert lab.run(run_id)["status"] == "failed"
+    assert not at.get("progress")
+    assert "interrupted" in texts(at.error)

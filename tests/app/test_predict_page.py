@@ -122,3 +122,4 @@ def test_uploaded_csv_is_validated_then_used(lab: Store, page, queued: list, tmp
     saved = Path(spec.params["csv"])
     assert saved.parent == tmp_path / "uploads" and saved.name.endswith("-my_data.csv")
     assert saved.read_bytes() == good
+    assert spec.params["batch_size"] == 16  # 64 rows: 51 after the validation split, fewer than a batch of 64

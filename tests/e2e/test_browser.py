@@ -104,7 +104,7 @@ def test_predict_form_shows_price(server: str, browser) -> None:
     submit = page.locator(".st-key-predict button")
     submit.wait_for(state="visible", timeout=60_000)
     submit.click()
-    metric = page.locator('[data-testid="stMetricValue"]')
+    metric = page.locator('.st-key-predicted-price [data-testid="stMetricValue"]')
     metric.first.wait_for(state="visible", timeout=60_000)
     assert re.fullmatch(r"\$\d{1,3}(,\d{3})+", metric.first.inner_text().strip())
     page.close()

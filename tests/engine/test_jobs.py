@@ -1,0 +1,261 @@
+"""engine.jobs + engine.worker: every failure of a worker becomes a failed run with its reason; the supervisor's own
+death is caught by the stale-run check; device locks serialise processes; submit() detaches."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from engine.jobs import JobSpec, create_runs, describe_exit, lock_path, run_jobs, submit
+from engine.store import Store, pid_alive
+from engine.worker import classify
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TARGETS = "tests.engine.fault_targets"
+HANG_TIMEOUT_S = 4.0
+
+
+def spec(target: str, timeout_s: float = 60.0, **params) -> JobSpec:
+    return JobSpec("bench", "house_price", target, "cpu", params, target=f"{TARGETS}:{target}", timeout_s=timeout_s)
+
+
+def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.05):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def target_pid(run_dir: Path) -> int:
+    return int((run_dir / "target.pid").read_text())
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory):
+    """Run every fault target once, in one supervisor (this process), sharing the worker start-up cost."""
+    tmp = tmp_path_factory.mktemp("faults")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ARTIFACTS_DIR", str(tmp / "artifacts"))
+        mp.setenv("MODELAB_LOCK_DIR", str(tmp / "locks"))
+        store = Store(tmp / "results.duckdb")
+        specs = {
+            "ok": spec("ok", value=7),
+            "segfault": spec("segfault"),
+            "hang": spec("hang", timeout_s=HANG_TIMEOUT_S),
+            "value_error": spec("raise_value_error"),
+            "oom": spec("oom"),
+            "exit_3": spec("exit_3"),
+            "not_a_result": spec("not_a_result"),
+            "missing_function": JobSpec("bench", "house_price", "x", "cpu", target=f"{TARGETS}:nope"),
+            "missing_module": JobSpec("bench", "house_price", "x", "cpu", target="no_such_module_anywhere:run"),
+        }
+        ids = dict(zip(specs, create_runs(store, list(specs.values()), group_id="faults")))
+        events: list[tuple[int, float, str]] = []
+        statuses = run_jobs(store, list(ids.values()), lambda rid, frac, msg: events.append((rid, frac, msg)))
+    return SimpleNamespace(store=store, ids=ids, statuses=statuses, events=events,
+                           dirs={name: tmp / "artifacts" / f"run_{rid}" for name, rid in ids.items()})
+
+
+def progress_of(faults, name: str) -> list[tuple[float, str]]:
+    return [(frac, msg) for rid, frac, msg in faults.events if rid == faults.ids[name]]
+
+
+def test_ok_target_stores_its_result(faults):
+    rid = faults.ids["ok"]
+    assert faults.statuses[rid] == "ok"
+    run = faults.store.run(rid)
+    assert run["status"] == "ok" and run["progress"] == 1.0 and run["notes"] == ["ran ok"]
+    assert run["params"]["value"] == 7 and run["params"]["_target"] == f"{TARGETS}:ok"
+    assert run["pid"] == os.getpid()  # run_jobs made this process the owner
+    metrics = faults.store.metrics([rid]).set_index("name")["value"]
+    assert metrics["answer"] == 42.0 and metrics["echo"] == 7.0
+    assert faults.store.samples([rid])["value"].tolist() == [1.0, 2.0, 3.0]
+    assert faults.store.environment(rid)["python"] == "test"
+    assert not pid_alive(target_pid(faults.dirs["ok"]))
+
+
+def test_ok_run_records_the_worker_log(faults):
+    rid = faults.ids["ok"]
+    artifacts = faults.store.artifacts(rid).set_index("name")
+    assert set(artifacts.index) == {"note.txt", "worker.log"}
+    log = artifacts.loc["worker.log"]
+    assert log["kind"] == "log"
+    assert Path(log["path"]) == faults.dirs["ok"] / "worker.log"
+    text = Path(log["path"]).read_text()
+    assert "hello from the ok target" in text  # prints went to the log ...
+    assert "step 0.25" not in text  # ... and progress lines did not
+    assert log["bytes"] == len(text.encode())
+    assert artifacts.loc["note.txt", "bytes"] == len("made by the ok target\n")
+
+
+def test_progress_callback_gets_increasing_fractions(faults):
+    events = progress_of(faults, "ok")
+    fracs = [f for f, _ in events]
+    assert fracs == sorted(fracs), events
+    assert events[0] == (0.0, "starting worker")
+    assert [e for e in events if 0 < e[0] < 1] == [(0.25, "step 0.25"), (0.5, "step 0.5"), (0.75, "step 0.75")]
+    assert events[-1] == (1.0, "done")
+
+
+def test_segfault_names_the_signal_and_the_stack(faults):
+    rid = faults.ids["segfault"]
+    assert faults.statuses[rid] == "failed"
+    error = faults.store.run(rid)["error"]
+    assert error.startswith("worker crashed with SIGSEGV: segmentation fault")
+    assert "fault_targets.py" in error  # faulthandler's Python stack, from the log's tail
+    assert "Extension modules:" not in error
+    assert progress_of(faults, "segfault")[-1] == (1.0, "failed")
+
+
+def test_hang_times_out_and_the_worker_is_killed(faults):
+    rid = faults.ids["hang"]
+    assert faults.statuses[rid] == "failed"
+    run = faults.store.run(rid)
+    assert run["error"].startswith(f"timed out: no result after {HANG_TIMEOUT_S:.0f} s")
+    took = (run["finished_at"] - run["started_at"]).total_seconds()
+    assert HANG_TIMEOUT_S <= took < HANG_TIMEOUT_S + 10
+    assert not pid_alive(target_pid(faults.dirs["hang"]))
+
+
+def test_exception_is_reported_with_its_traceback(faults):
+    rid = faults.ids["value_error"]
+    assert faults.statuses[rid] == "failed"
+    error = faults.store.run(rid)["error"]
+    assert error.startswith("ValueError: bad parameter: learning rate -1")
+    assert "--- traceback" in error and "raise_value_error" in error
+
+
+def test_out_of_memory_is_classified(faults):
+    error = faults.store.run(faults.ids["oom"])["error"]
+    assert error.startswith("out of memory: RuntimeError: CUDA out of memory. Tried to allocate 20.00 GiB")
+
+
+def test_exit_without_result(faults):
+    assert faults.store.run(faults.ids["exit_3"])["error"].startswith("worker exited with code 3 without a result")
+
+
+def test_target_returning_the_wrong_type_fails(faults):
+    error = faults.store.run(faults.ids["not_a_result"])["error"]
+    assert error.startswith("AttributeError:") and "to_json" in error
+
+
+def test_unknown_targets_fail_with_the_import_error(faults):
+    assert faults.store.run(faults.ids["missing_function"])["error"].startswith("AttributeError:")
+    error = faults.store.run(faults.ids["missing_module"])["error"]
+    assert error.startswith("ModuleNotFoundError:") and "no_such_module_anywhere" in error
+
+
+def test_every_run_ends_ok_or_failed(faults):
+    counts = faults.store.status_counts()
+    assert counts == {"queued": 0, "running": 0, "ok": 1, "failed": len(faults.ids) - 1}
+
+
+def test_a_finished_run_is_not_run_again(faults):
+    rid = faults.ids["ok"]
+    before = (faults.dirs["ok"] / "target.pid").read_text()
+    assert run_jobs(faults.store, [rid]) == {rid: "ok"}
+    assert (faults.dirs["ok"] / "target.pid").read_text() == before
+
+
+def test_describe_exit_and_classify():
+    assert "SIGKILL" in describe_exit(-9, False, 10) and "out of memory" in describe_exit(-9, False, 10)
+    assert "SIGABRT" in describe_exit(-6, False, 10)
+    assert describe_exit(-15, False, 10) == "worker crashed with SIGTERM: terminated by a signal"
+    assert describe_exit(0, True, 12).startswith("timed out: no result after 12 s")
+    assert classify(RuntimeError("CUDA error: device-side assert triggered")).startswith("CUDA error: ")
+    assert classify(KeyError("x")) == "KeyError: 'x'"
+
+
+# -- the supervisor killed -------------------------------------------------------------------------------------------
+
+def children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found |= {int(p) for p in (task / "children").read_text().split()}
+        except OSError:
+            pass
+    return found
+
+
+def test_kill_9_of_the_supervisor_kills_the_worker_and_leaves_a_stale_run(store, child_env, lab_env):
+    [rid] = create_runs(store, [spec("hang", timeout_s=120)])
+    supervisor = subprocess.Popen([sys.executable, "-m", "engine.jobs", "--db", str(store.path), str(rid)],
+                                  cwd=REPO_ROOT, env=child_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        run_dir = Path(lab_env["ARTIFACTS_DIR"]) / f"run_{rid}"
+        # The worker reported progress and the supervisor wrote it to the store: the job is really under way.
+        wait_until(lambda: (r := store.run(rid))["status"] == "running" and r["message"] == "hanging", 30,
+                   "the run to be running")
+        worker = target_pid(run_dir)
+        assert worker in children(supervisor.pid)
+        assert store.run(rid)["pid"] == supervisor.pid
+        supervisor.send_signal(signal.SIGKILL)
+        supervisor.wait(timeout=10)
+        wait_until(lambda: not pid_alive(worker), 10, "the worker to die with its supervisor (PR_SET_PDEATHSIG)")
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+    assert store.run(rid)["status"] == "running"  # nobody was left to record the end
+    assert store.fail_stale_runs() == [rid]
+    run = store.run(rid)
+    assert run["status"] == "failed"
+    assert run["error"].startswith(f"interrupted: the process that ran it (pid {supervisor.pid}) is gone")
+
+
+# -- device lock -----------------------------------------------------------------------------------------------------
+
+def test_device_lock_serialises_processes(tmp_path, child_env, lab_env):
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.engine.lock_holder", "cpu", str(go), "0.5"],
+                              cwd=REPO_ROOT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    time.sleep(0.5)  # let both import and start polling for the go file
+    go.touch()
+    held = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        held.append(json.loads(out))
+    first, second = sorted(held, key=lambda h: h["start"])
+    assert first["end"] - first["start"] >= 0.5 and second["end"] - second["start"] >= 0.5
+    assert second["start"] >= first["end"], f"the lock was held twice at once: {held}"
+    # The one that waited was told who held the lock.
+    assert second["waited"] == [f"waiting for cpu: held by pid {first['pid']}"]
+    assert first["waited"] == []
+    assert lock_path("cpu").parent == Path(lab_env["MODELAB_LOCK_DIR"])
+
+
+def test_lock_names():
+    assert lock_path("cuda") == lock_path("cuda:0")
+    assert lock_path("cuda:1") != lock_path("cuda:0") != lock_path("cpu")
+
+
+# -- submit ----------------------------------------------------------------------------------------------------------
+
+def test_submit_returns_at_once_and_the_run_completes(store, lab_env):
+    started = time.monotonic()
+    [rid] = submit(store, [spec("ok", step_s=0.3, value=3)])
+    assert time.monotonic() - started < 5
+    run = store.run(rid)
+    assert run["status"] in ("queued", "running")
+    supervisor = int(run["pid"])
+    assert supervisor != os.getpid() and pid_alive(supervisor)
+    wait_until(lambda: store.run(rid)["status"] in ("ok", "failed"), 30, "the submitted run to finish", 0.2)
+    run = store.run(rid)
+    assert run["status"] == "ok", run["error"]
+    assert store.metrics([rid]).set_index("name")["value"]["echo"] == 3.0
+    assert (Path(lab_env["ARTIFACTS_DIR"]) / f"supervisor-{rid}.log").exists()
+    wait_until(lambda: not pid_alive(supervisor), 10, "the supervisor to exit")
