@@ -7,6 +7,7 @@ For every (phase, batch size): a fresh copy of the same seeded model, the mode's
 from __future__ import annotations
 
 import copy
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,6 +138,10 @@ def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, pha
         with nvtx_ranges.range(f"timed {phase} B={batch_size}"):
             m = time_fn(step, device, warmup=cfg.warmup, iters=cfg.iters, first_call=False)
     _sync(device)
+    extra: list[Metric] = []
+    if prepared.extra_metrics:  # e.g. aoti's native runner: timed after, so the two never share the machine
+        progress(lo + 0.8 * (hi - lo), f"{phase} B={batch_size}: extra metrics")
+        extra = prepared.extra_metrics(warmup=cfg.warmup, iters=cfg.iters, rtol=workload.rtol, atol=workload.atol)
 
     stats = m.stats
     result.samples.append(Samples(phase=phase, batch_size=batch_size, values=m.samples_us, unit="us"))
@@ -146,6 +151,8 @@ def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, pha
     result.metrics.append(Metric("max_abs_err", max_abs, "", **tag))
     result.metrics.append(Metric("max_rel_err", max_rel, "", **tag))
     result.metrics.append(Metric("throughput", batch_size / (stats.median * 1e-6), "samples/s", **tag))
+    for metric in extra:
+        result.metrics.append(Metric(metric.name, metric.value, metric.unit, **tag))
     if mode.compiles:
         graphs_after, breaks_after = _dynamo_counts()
         graphs = graphs_after - graphs_before
@@ -159,6 +166,12 @@ def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, pha
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             result.artifacts.append(Artifact(kind="text", name=name, path=str(path)))
+    for name, src in prepared.files.items():
+        if cfg.artifacts_dir and not any(a.name == name for a in result.artifacts):
+            path = Path(cfg.artifacts_dir) / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, path)
+            result.artifacts.append(Artifact(kind="file", name=name, path=str(path)))
     for note in prepared.notes:
         if note not in result.notes:
             result.notes.append(note)
@@ -176,12 +189,16 @@ def bench_mode(cfg: BenchConfig, progress: Progress = lambda f, msg: None) -> Ru
     nvtx_ranges.enable(cfg.device.startswith("cuda"))
     base_model = workload.make_model().to(cfg.device)
     plan = []
-    if "infer" in cfg.phases:
+    for phase in cfg.phases:
+        if phase in PHASES and phase not in mode.phases:
+            result.notes.append(f"{mode.name} runs only the {', '.join(mode.phases)} phase(s): {phase} skipped")
+    if "infer" in cfg.phases and "infer" in mode.phases:
         plan += [("infer", b) for b in (cfg.batch_sizes or workload.default_batch_sizes)]
-    if "train" in cfg.phases:
+    if "train" in cfg.phases and "train" in mode.phases:
         plan += [("train", b) for b in (cfg.train_batch_sizes or workload.default_train_batch_sizes)]
     if not plan:
-        raise ValueError("nothing to benchmark: no phases or batch sizes")
+        raise ValueError(f"nothing to benchmark: no phases or batch sizes (mode {mode.name} supports "
+                         f"{', '.join(mode.phases)}; asked for {', '.join(cfg.phases) or 'none'})")
     for i, (phase, batch_size) in enumerate(plan):
         with nvtx_ranges.range(f"{mode.name} {phase} B={batch_size}"):
             bench_phase(workload, mode, base_model, phase, batch_size, cfg, result, progress,

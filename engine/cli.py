@@ -13,7 +13,7 @@ from engine.store import Store, StoreError, default_db_path
 
 
 # Modules that contribute subcommands (profiling, IR, …); each defines add_commands(subparsers, add_common_args).
-COMMAND_MODULES: list[str] = []
+COMMAND_MODULES: list[str] = ["engine.profiling.cli", "engine.ir.cli"]
 
 
 class CliError(Exception):
@@ -37,14 +37,21 @@ def _positive_ints(text: str) -> tuple[int, ...]:
     return values
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
+def _int_at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at least {minimum}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1)
+_non_negative_int = _int_at_least(0)
 
 
 def _positive_float(text: str) -> float:
@@ -55,6 +62,13 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
     return value
+
+
+def _phases(text: str) -> tuple[str, ...]:
+    phases = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not phases or any(p not in ("infer", "train") for p in phases):
+        raise argparse.ArgumentTypeError(f"{text!r}: phases are infer and/or train, comma-separated")
+    return phases
 
 
 def _device(text: str) -> str:
@@ -277,14 +291,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", default="house_price")
     p.add_argument("--mode", default="all", help="'all' or a comma list, e.g. eager,fx,compile (default: all)")
     p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
-    p.add_argument("--phases", type=lambda s: tuple(x.strip() for x in s.split(",")), default=("infer", "train"),
+    p.add_argument("--phases", type=_phases, default=("infer", "train"),
                    help="infer,train (default: both)")
     p.add_argument("--batch-sizes", type=_positive_ints, default=None,
                    help="inference batch sizes, comma-separated (default: the workload's, 1,64,1024)")
     p.add_argument("--train-batch-sizes", type=_positive_ints, default=None,
                    help="training-step batch sizes (default: 64)")
     p.add_argument("--iters", type=_positive_int, default=100, help="timed iterations (default: 100)")
-    p.add_argument("--warmup", type=int, default=10, help="untimed warm-up iterations (default: 10)")
+    p.add_argument("--warmup", type=_non_negative_int, default=10, help="untimed warm-up iterations (default: 10)")
     p.add_argument("--timeout", type=_positive_float, default=1800, help="seconds before a run counts as hung")
     common(p)
     p.set_defaults(func=cmd_bench)

@@ -33,7 +33,8 @@ from typing import Any
 
 from engine.store import REPO_ROOT, Artifact, RunResult, Store
 
-TARGETS = {"bench": "engine.bench:bench_job", "train": "engine.train:train_job"}
+TARGETS = {"bench": "engine.bench:bench_job", "train": "engine.train:train_job",
+           "profile": "engine.profiling.profile:profile_job"}
 DEFAULT_TIMEOUT_S = 1800.0
 OnProgress = Callable[[int, float, str], None]
 
@@ -207,6 +208,7 @@ def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None) ->
             try:
                 proc.wait(timeout=0.1)
                 finished = True
+                reader.join(timeout=2)  # the pipe is at EOF: let the reader queue every last line first
             except subprocess.TimeoutExpired:
                 finished = False
             while not lines.empty():

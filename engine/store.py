@@ -98,8 +98,41 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "CREATE INDEX metrics_run_idx ON metrics(run_id)",
         "CREATE INDEX samples_run_idx ON samples(run_id)",
     ]),
+    (3, "profiler op/kernel statistics and Nsight Compute kernel metrics", [
+        # One row per (run, phase, kind, device, name): operators and runtime calls on the host, kernels and copies
+        # on the device; times summed over the profiled (active) steps, in µs.
+        """CREATE TABLE op_stats (
+            run_id BIGINT NOT NULL,
+            phase VARCHAR,
+            kind VARCHAR NOT NULL,
+            device VARCHAR NOT NULL,
+            name VARCHAR NOT NULL,
+            calls BIGINT,
+            self_us DOUBLE,
+            total_us DOUBLE,
+            device_us DOUBLE,
+            input_shapes VARCHAR,
+            parent VARCHAR
+        )""",
+        """CREATE TABLE ncu_kernel_metrics (
+            run_id BIGINT NOT NULL,
+            phase VARCHAR,
+            kernel VARCHAR NOT NULL,
+            launches INTEGER,
+            duration_us DOUBLE,
+            mem_throughput_pct DOUBLE,
+            sm_throughput_pct DOUBLE,
+            metrics VARCHAR
+        )""",
+        "CREATE INDEX op_stats_run_idx ON op_stats(run_id)",
+        "CREATE INDEX ncu_kernel_metrics_run_idx ON ncu_kernel_metrics(run_id)",
+    ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
+OP_STATS_COLUMNS = ("phase", "kind", "device", "name", "calls", "self_us", "total_us", "device_us", "input_shapes",
+                    "parent")
+KERNEL_METRICS_COLUMNS = ("phase", "kernel", "launches", "duration_us", "mem_throughput_pct", "sm_throughput_pct",
+                          "metrics")
 
 
 @dataclass
@@ -135,6 +168,9 @@ class RunResult:
     artifacts: list[Artifact] = field(default_factory=list)
     env: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # Profiles: rows for the op_stats and ncu_kernel_metrics tables (dicts keyed by column name, run_id left out).
+    op_stats: list[dict[str, Any]] = field(default_factory=list)
+    kernel_metrics: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps({
@@ -143,6 +179,8 @@ class RunResult:
             "artifacts": [a.__dict__ for a in self.artifacts],
             "env": self.env,
             "notes": self.notes,
+            "op_stats": self.op_stats,
+            "kernel_metrics": self.kernel_metrics,
         })
 
     @classmethod
@@ -154,6 +192,8 @@ class RunResult:
             artifacts=[Artifact(**a) for a in d.get("artifacts", [])],
             env=d.get("env", {}),
             notes=d.get("notes", []),
+            op_stats=d.get("op_stats", []),
+            kernel_metrics=d.get("kernel_metrics", []),
         )
 
 
@@ -163,7 +203,9 @@ def _now() -> datetime:
 
 def _is_lock_error(exc: Exception) -> bool:
     text = str(exc).lower()
-    return "lock" in text or "conflicting" in text
+    # The last one: another thread of this process holds the file with the other read_only setting (the dashboard
+    # serves each session from its own thread); it is as temporary as another process's lock.
+    return "lock" in text or "conflicting" in text or "different configuration" in text
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -327,6 +369,12 @@ class Store:
                      env.get("device_name"), env.get("cpu_model"), env.get("threads"), env.get("git_commit"),
                      env.get("hostname"), env.get("platform")],
                 )
+            for table, columns, rows in (("op_stats", OP_STATS_COLUMNS, result.op_stats),
+                                         ("ncu_kernel_metrics", KERNEL_METRICS_COLUMNS, result.kernel_metrics)):
+                if rows:
+                    marks = ", ".join("?" * (len(columns) + 1))
+                    con.executemany(f"INSERT INTO {table} (run_id, {', '.join(columns)}) VALUES ({marks})",
+                                    [[run_id, *(row.get(c) for c in columns)] for row in rows])
             con.execute(
                 "UPDATE runs SET status = 'ok', progress = 1, message = 'done', error = NULL, notes = ?, "
                 "finished_at = ? WHERE id = ?",
@@ -446,3 +494,23 @@ class Store:
             GROUP BY ALL ORDER BY r.id, m.phase, m.batch_size
         """
         return self.query(sql, args)
+
+    # -- profiles ----------------------------------------------------------------------------------------------
+    def op_stats(self, run_ids: Sequence[int], phase: str | None = None) -> pd.DataFrame:
+        """op_stats rows of these runs (largest self time first)."""
+        if not run_ids:
+            return pd.DataFrame()
+        args: list[Any] = [int(r) for r in run_ids]
+        extra = ""
+        if phase is not None:
+            extra = " AND phase = ?"
+            args.append(phase)
+        return self.query(f"SELECT * FROM op_stats WHERE run_id IN ({','.join('?' * len(run_ids))}){extra} "
+                          "ORDER BY run_id, self_us DESC", args)
+
+    def kernel_metrics(self, run_ids: Sequence[int]) -> pd.DataFrame:
+        """Nsight Compute per-kernel metrics of these runs (longest kernels first)."""
+        if not run_ids:
+            return pd.DataFrame()
+        return self.query(f"SELECT * FROM ncu_kernel_metrics WHERE run_id IN ({','.join('?' * len(run_ids))}) "
+                          "ORDER BY run_id, duration_us DESC NULLS LAST", [int(r) for r in run_ids])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from engine.modes import aoti as _aoti
 from engine.modes import compile as _compile
+from engine.modes import custom_op as _custom_op
 from engine.modes import eager as _eager
 from engine.modes import fx as _fx
 from engine.modes import torchscript as _torchscript
@@ -19,7 +21,7 @@ def register(mode: Mode) -> Mode:
 
 
 for _mode in (_eager.MODE, _fx.MODE, _torchscript.MODE, _compile.MODE, _compile.REDUCE_OVERHEAD,
-              _compile.MAX_AUTOTUNE):
+              _compile.MAX_AUTOTUNE, _custom_op.MODE, _aoti.MODE):
     register(_mode)
 
 

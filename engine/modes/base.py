@@ -23,6 +23,12 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
     # Called before every step; reduce-overhead uses it to tell CUDA graph trees a new iteration starts.
     before_step: Callable[[], None] | None = None
+    # Binary files worth keeping with the run (e.g. the AOTInductor .pt2), name -> path of a file the mode wrote.
+    files: dict[str, str] = field(default_factory=dict)
+    # Called by bench after the timed loop as extra_metrics(warmup=, iters=, rtol=, atol=): more metrics for this
+    # (phase, batch size), e.g. the aoti mode's native-runner latency. Returns engine.store.Metric objects; bench
+    # sets their phase and batch size. May raise (a wrong result fails the run like any other mismatch).
+    extra_metrics: Callable[..., list] | None = None
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,7 @@ class Mode:
     prepare: Callable[[nn.Module, tuple[torch.Tensor, ...], bool], Prepared]
     availability: Callable[[str], str | None] = lambda device: None  # None: available; else the reason it is not
     compiles: bool = False  # counts recompiles and graph breaks through dynamo
+    phases: tuple[str, ...] = ("infer", "train")  # what the mode supports; bench skips the others with a note
 
     def available(self, device: str) -> tuple[bool, str]:
         reason = self.availability(device)

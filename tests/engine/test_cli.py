@@ -52,6 +52,7 @@ def test_command_help(child_env, command):
     (["bench", "--batch-sizes", "0"], r"argument --batch-sizes: '0': batch sizes must be between 1 and"),
     (["bench", "--batch-sizes", "abc"], r"argument --batch-sizes: 'abc' is not a comma-separated list of integers"),
     (["bench", "--iters", "0"], r"argument --iters: '0' must be at least 1"),
+    (["bench", "--phases", "infer,foo"], r"argument --phases: 'infer,foo': phases are infer and/or train"),
     (["bench", "--workload", "nope"], r"error: unknown workload 'nope'; known workloads: house_price"),
     (["bench", "--mode", "compile-reduce-overhead"],
      r"error: mode compile-reduce-overhead is not available on cpu: .*CUDA graphs"),
@@ -154,3 +155,21 @@ def test_train_then_predict(session):
     assert proc.stderr.startswith("warning: Distance to city centre (km) = 80 is outside the training range")
     line = one_line_error(cli(env, "predict", "--mode", "fx", *FEATURES))
     assert "no trained weights for mode 'fx' (trained: eager)" in line
+
+
+def test_sql_is_read_only(session):
+    env, store = session
+    before = len(store.runs())
+    bad = cli(env, "sql", "delete from runs")
+    assert bad.returncode == 2 and "read-only" in bad.stderr
+    assert len(store.runs()) == before > 0
+
+
+def test_a_failed_run_exits_1_with_its_error(session):
+    env, store = session
+    proc = cli(env, "bench", "--mode", "eager", "--phases", "infer", "--batch-sizes", "2", "--iters", "2",
+               "--timeout", "0.01")
+    assert proc.returncode == 1
+    run = store.runs(kind="bench", limit=1).iloc[0]
+    assert run["status"] == "failed" and run["error"].startswith("timed out")
+    assert f"run {run['id']} (eager) failed: timed out" in proc.stderr

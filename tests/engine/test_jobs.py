@@ -191,6 +191,7 @@ def children(pid: int) -> set[int]:
 
 def test_kill_9_of_the_supervisor_kills_the_worker_and_leaves_a_stale_run(store, child_env, lab_env):
     [rid] = create_runs(store, [spec("hang", timeout_s=120)])
+    worker = None
     supervisor = subprocess.Popen([sys.executable, "-m", "engine.jobs", "--db", str(store.path), str(rid)],
                                   cwd=REPO_ROOT, env=child_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -208,6 +209,8 @@ def test_kill_9_of_the_supervisor_kills_the_worker_and_leaves_a_stale_run(store,
         if supervisor.poll() is None:
             supervisor.kill()
             supervisor.wait()
+        if worker and pid_alive(worker):  # leave no orphan behind when the check above failed
+            os.kill(worker, signal.SIGKILL)
     assert store.run(rid)["status"] == "running"  # nobody was left to record the end
     assert store.fail_stale_runs() == [rid]
     run = store.run(rid)

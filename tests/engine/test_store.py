@@ -338,11 +338,38 @@ def test_pid_alive():
     zombie.wait()
 
 
+def test_threads_of_one_process_wait_for_each_other(store):
+    """The dashboard serves each browser session from its own thread: a write while another thread reads must wait
+    for the read to finish, as it would for another process, not fail."""
+    import threading
+
+    holding, release = threading.Event(), threading.Event()
+
+    def read_slowly():
+        with store.connect(read_only=True) as con:
+            con.execute("SELECT count(*) FROM runs").fetchone()
+            holding.set()
+            release.wait(10)
+
+    reader = threading.Thread(target=read_slowly)
+    reader.start()
+    try:
+        assert holding.wait(10)
+        threading.Timer(0.3, release.set).start()
+        started = time.monotonic()
+        run_id = store.create_run("bench", "house_price", "eager", "cpu")
+        assert time.monotonic() - started >= 0.2  # it waited for the reader
+    finally:
+        release.set()
+        reader.join()
+    assert store.run(run_id)["status"] == "queued"
+
+
 # -- several processes on one file -----------------------------------------------------------------------------------
 
-# Every store call opens the file (~20 ms in DuckDB 2.0) and a run takes two calls, so 100 runs across two writers
-# and a reader keep the test near 15 s on two cores.
-WRITES = {"a": 60, "b": 40}
+# Every store call opens the file (~20 ms in DuckDB 2.0) and a run takes two calls, so 80 runs across two writers
+# and a reader take about 9 s on two idle cores.
+WRITES = {"a": 50, "b": 30}
 
 
 def test_concurrent_writers_and_a_reader_lose_nothing(store, tmp_path, child_env):

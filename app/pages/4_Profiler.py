@@ -1,0 +1,344 @@
+"""Profiler: where a mode's step spends its time — operators and kernels, CPU vs device, idle time, launches."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import pandas as pd  # noqa: E402
+import plotly.express as px  # noqa: E402
+import plotly.graph_objects as go  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from app.common import (  # noqa: E402
+    device_info, first_line, flash, fmt_time, fmt_us, get_store, page_header, show_flash, submit, watch_active_runs,
+)
+from engine.jobs import JobSpec  # noqa: E402
+from engine.modes import MODES  # noqa: E402
+from engine.profiling import ncu  # noqa: E402
+from engine.profiling.op_stats import comparable_kinds, compare, compare_metrics, short_name  # noqa: E402
+from engine.workloads import get_workload  # noqa: E402
+
+WORKLOAD = "house_price"
+PHASE_LABELS = {"train": "Training step (fwd + bwd + Adam)", "infer": "Inference (forward, no_grad)"}
+NOT_ON_CPU = "not applicable on CPU"
+DEVICE_FIGURES = {"launches_per_step", "cpu_launch_per_step_us", "kernels_per_step", "device_busy_per_step_us",
+                  "idle_fraction"}
+INLINE_DOWNLOAD_BYTES = 64 << 20  # larger traces are read only when the button is clicked
+
+st.set_page_config(page_title="Profiler · Mode Lab", layout="wide")
+store = get_store()
+workload = get_workload(WORKLOAD)
+
+page_header("Profiler", f"{workload.description} torch.profiler traces of one step per mode: the top operators and "
+            "kernels, CPU vs device time, device idle time and kernel launches, two modes side by side, and the "
+            "Chrome trace to open in Perfetto.")
+
+
+# -- charts (frame in, figure out) ----------------------------------------------------------------------------------
+def _labels(names: pd.Series, width: int = 60) -> list[str]:
+    """Short, unique axis labels for long kernel names."""
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        label = short_name(name, width)
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
+    return out
+
+
+def _layout(fig: go.Figure, title: str, height: int = 380) -> go.Figure:
+    fig.update_layout(title=title, margin=dict(l=10, r=10, t=50, b=10), height=height)
+    return fig
+
+
+def top_bar(rows: pd.DataFrame, steps: float, k: int, title: str) -> go.Figure:
+    top = rows.nlargest(k, "self_us").iloc[::-1]
+    df = top.assign(label=_labels(top["name"]), per_step=top["self_us"] / steps, calls_per_step=top["calls"] / steps,
+                    shapes=top["input_shapes"].fillna("—").str.slice(0, 80))
+    fig = px.bar(df, x="per_step", y="label", orientation="h", color="kind",
+                 hover_data={"name": True, "calls_per_step": ":.1f", "shapes": True, "label": False,
+                             "per_step": ":,.1f"})
+    fig.update_layout(xaxis_title="self time per step (µs)", yaxis_title=None, showlegend=df["kind"].nunique() > 1)
+    return _layout(fig, title, height=max(300, 28 * len(df) + 120))
+
+
+def treemap(rows: pd.DataFrame, group: str, title: str) -> go.Figure:
+    df = rows[rows["self_us"] > 0]
+    df = df.assign(group=df[group].fillna("(none)").map(lambda g: short_name(g, 50)),
+                   label=df["name"].map(lambda n: short_name(n, 50)))
+    fig = px.treemap(df, path=[px.Constant("all"), "group", "label"], values="self_us",
+                     hover_data={"name": True, "calls": True})
+    fig.update_traces(root_color="lightgrey")
+    return _layout(fig, title, height=420)
+
+
+def time_split(figures: dict[str, float], on_device: bool) -> go.Figure:
+    """Host and device time per step, side by side."""
+    items = [("host wall", figures.get("step_wall_us")),
+             ("CPU (self, all threads)", figures.get("cpu_time_per_step_us")),
+             ("CPU in operators", figures.get("cpu_op_self_us", 0.0) / max(figures.get("steps", 1.0), 1.0))]
+    if on_device:
+        steps = max(figures.get("steps", 1.0), 1.0)
+        items += [("CPU launching kernels", figures.get("cpu_launch_per_step_us")),
+                  ("device busy", figures.get("device_busy_per_step_us")),
+                  ("device idle", figures.get("device_idle_us", 0.0) / steps)]
+    df = pd.DataFrame([{"what": w, "us": v or 0.0, "side": "device" if w.startswith("device") else "host"}
+                       for w, v in items])
+    fig = px.bar(df, x="what", y="us", color="side", text=df["us"].map(fmt_us))
+    fig.update_layout(xaxis_title=None, yaxis_title="µs per step", showlegend=False)
+    return _layout(fig, "CPU vs device time per step")
+
+
+def compare_bar(table: pd.DataFrame, label_a: str, label_b: str, k: int) -> go.Figure:
+    top = table.assign(_m=table[["self_us_a", "self_us_b"]].max(axis=1)).nlargest(k, "_m").iloc[::-1]
+    labels = _labels(top["name"], 50)
+    fig = go.Figure([go.Bar(y=labels, x=top["self_us_a"], orientation="h", name=label_a),
+                     go.Bar(y=labels, x=top["self_us_b"], orientation="h", name=label_b)])
+    fig.update_layout(barmode="group", xaxis_title="self time per step (µs)",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0))
+    return _layout(fig, "Per-step time, A vs B", height=max(320, 36 * len(top) + 120))
+
+
+# -- data -----------------------------------------------------------------------------------------------------------
+def figures_of(run_id: int) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for row in store.metrics([run_id]).itertuples():
+        out.setdefault(str(row.phase), {})[str(row.name)] = float(row.value)
+    return out
+
+
+def fmt_figure(value: float | None, unit: str, key: str) -> str:
+    if value is None or pd.isna(value):
+        return NOT_ON_CPU if key in DEVICE_FIGURES else "—"
+    if unit == "us":
+        return fmt_us(value)
+    return f"{value:.1%}" if key == "idle_fraction" else f"{value:,.1f}"
+
+
+def run_label(row: dict[str, Any]) -> str:
+    return f"#{row['id']} · {row['mode']} on {row['device']} · {fmt_time(row['finished_at'])}"
+
+
+def queue_profile(mode: str, device: str, params: dict[str, Any]) -> None:
+    ids = submit([JobSpec("profile", WORKLOAD, mode, device, {**params, "mode": mode, "device": device})])
+    if ids:
+        flash("success", f"Queued profile #{ids[0]} of {mode} on {device}. Progress shows below; the profile appears "
+                         "here when it finishes.")
+
+
+# -- new profile ----------------------------------------------------------------------------------------------------
+runs = store.runs(kind="profile", status=["ok"], limit=200)
+with st.expander("New profile", expanded=runs.empty, icon=":material/speed:"):
+    info = device_info()
+    c1, c2, c3, c4 = st.columns(4)
+    mode = c1.selectbox("Mode", list(MODES), key="new-mode")
+    device = c2.selectbox("Device", info["devices"], key="new-device",
+                          format_func=lambda d: f"{d} — {info['names'].get(d, '')}")
+    phases = c3.multiselect("Phases", ["train", "infer"], default=["train"], key="new-phases",
+                            format_func=PHASE_LABELS.get)
+    active = int(c4.number_input("Profiled steps", min_value=1, max_value=100, value=5, key="new-active",
+                                 help="The schedule skips 1 step, traces 2 warm-up steps and keeps this many."))
+    why_not_deep = ncu.unavailable(device)
+    deep = st.toggle("Deep profile: Nsight Compute on the top-5 kernels", key="new-deep",
+                     disabled=why_not_deep is not None, help=why_not_deep)
+    if ncu.ncu_path() is None:
+        st.caption(f":material/info: {ncu.NOT_FOUND}: deep profiles (per-kernel duration, memory and SM "
+                   "throughput) are off on this machine.")
+    elif why_not_deep:
+        st.caption(f":material/info: Deep profile: {why_not_deep}.")
+    ok, reason = MODES[mode].available(device)
+    if not ok:
+        st.caption(f":material/block: {mode} is not available on {device}: {reason}")
+    if not phases:
+        st.caption(":material/error: Pick at least one phase to profile.")
+    params = {"workload": WORKLOAD, "phases": phases, "wait": 1, "warmup": 2, "active": active,
+              "deep": bool(deep and why_not_deep is None), "top_k": 5}
+    st.button("Profile", key="profile-run", type="primary", disabled=not (ok and phases), on_click=queue_profile,
+              args=(mode, device, params), help=reason or None)
+show_flash()
+watch_active_runs(kind="profile")
+
+# -- the selected profile -------------------------------------------------------------------------------------------
+if runs.empty:
+    st.info("No profiles yet. Open **New profile**, pick a mode and press **Profile**; results appear here when the "
+            "run finishes (a CPU profile takes seconds).", icon=":material/info:")
+else:
+    records = {int(r["id"]): r for r in runs.to_dict("records")}
+    ids = list(records)
+    top = st.columns([3, 2, 1])
+    run_id = top[0].selectbox("Profile", ids, key="run-a", format_func=lambda i: run_label(records[i]))
+    run = records[run_id]
+    figures = figures_of(run_id)
+    phases_done = [p for p in ("train", "infer") if p in figures] + [p for p in figures if p not in PHASE_LABELS]
+    phase = top[1].radio("Phase", phases_done, key="phase", format_func=lambda p: PHASE_LABELS.get(p, p),
+                         horizontal=True) if phases_done else None
+    k = int(top[2].number_input("Top k", min_value=3, max_value=50, value=10, key="top-k"))
+    m = figures.get(phase, {}) if phase else {}
+    steps = max(m.get("steps", 1.0), 1.0)
+    on_device = "device_busy_us" in m
+    stats = store.op_stats([run_id], phase)
+
+    with st.container(border=True, key="cards"):
+        cols = st.columns(6)
+        cols[0].metric("Host wall / step", fmt_us(m.get("step_wall_us")))
+        cols[1].metric("CPU time / step", fmt_us(m.get("cpu_time_per_step_us")),
+                       help="Self time of every host event (operators, runtime calls, untracked Python) over all "
+                            "threads, per profiled step.")
+        if on_device:
+            cols[2].metric("Device busy / step", fmt_us(m.get("device_busy_per_step_us")))
+            cols[3].metric("Device idle", f"{m.get('idle_fraction', 0.0):.1%}",
+                           help="Share of the profiled window (first step start → last device work end) in which no "
+                                "kernel, memcpy or memset ran.")
+            cols[4].metric("Kernel launches / step", f"{m.get('launches_per_step', 0.0):,.1f}",
+                           help=f"{m.get('kernels_per_step', 0.0):,.1f} kernels ran on the device per step; a CUDA "
+                                "graph replay launches many kernels with one call.")
+            cols[5].metric("CPU launching / step", fmt_us(m.get("cpu_launch_per_step_us")))
+        else:
+            for col, label in zip(cols[2:], ("Device busy / step", "Device idle", "Kernel launches / step",
+                                             "CPU launching / step")):
+                col.metric(label, "n/a", help=f"{NOT_ON_CPU}: a CPU profile has no device kernels.")
+        st.caption(f"Run #{run_id} · {run['mode']} on {run['device']} · {int(m.get('steps', 0))} profiled steps · "
+                   + (f"{m.get('kernels_per_step', 0):,.1f} kernels per step" if on_device else
+                      f"device busy/idle time and kernel launches are {NOT_ON_CPU} (no device kernels)"))
+        for note in (store.run(run_id) or {}).get("notes", []):
+            st.caption(f":material/info: {note}")
+
+    if stats.empty:
+        st.info("This profile stored no operator statistics.", icon=":material/info:")
+    else:
+        device_rows = stats[stats["device"] != "cpu"]
+        op_rows = stats[stats["kind"] == "operator"]
+        left, right = st.columns(2)
+        if not device_rows.empty:
+            left.plotly_chart(top_bar(device_rows, steps, k, f"Top {k} kernels by device time"), key="chart-top")
+            right.plotly_chart(treemap(device_rows, "parent", "Device time by launching operator → kernel"),
+                               key="chart-treemap")
+            left2, right2 = st.columns(2)
+            left2.plotly_chart(top_bar(op_rows, steps, k, f"Top {k} operators by self CPU time"), key="chart-top-ops")
+            right2.plotly_chart(time_split(m, True), key="chart-split")
+        else:
+            host_rows = stats[stats["device"] == "cpu"]
+            left.plotly_chart(top_bar(op_rows, steps, k, f"Top {k} operators by self CPU time"), key="chart-top")
+            right.plotly_chart(treemap(host_rows, "kind", "CPU self time by kind → operator"), key="chart-treemap")
+            st.plotly_chart(time_split(m, False), key="chart-split")
+        with st.expander(f"All {len(stats)} operators and kernels of this phase"):
+            table = stats.assign(calls_per_step=stats["calls"] / steps, self_us_per_step=stats["self_us"] / steps,
+                                 total_us_per_step=stats["total_us"] / steps)
+            st.dataframe(table[["kind", "device", "name", "calls_per_step", "self_us_per_step", "total_us_per_step",
+                                "device_us", "input_shapes", "parent"]], hide_index=True, key="op-table")
+
+    # -- trace download -----------------------------------------------------------------------------------------
+    traces = store.artifacts(run_id)
+    traces = traces[traces["kind"] == "chrome_trace"] if not traces.empty else traces
+    with st.container(border=True, key="trace"):
+        st.markdown("**Chrome trace**")
+        shown = traces[traces["name"] == f"trace-{phase}.json.gz"] if not traces.empty else traces
+        if shown.empty:
+            st.caption("No trace file was stored for this phase.")
+        for row in shown.itertuples():
+            path = Path(row.path)
+            if not path.exists():
+                st.warning(f"The trace file is gone: {path}", icon=":material/warning:")
+                continue
+            size = path.stat().st_size
+            data: Any = path.read_bytes() if size <= INLINE_DOWNLOAD_BYTES else path.read_bytes
+            st.download_button(f"Download trace ({size / 1024:,.0f} KiB, gzipped JSON)", data=data,
+                               file_name=f"modelab-run{run_id}-{run['mode']}-{phase}.json.gz",
+                               mime="application/gzip", key=f"download-{phase}", on_click="ignore",
+                               icon=":material/download:")
+            st.caption("Open it in [Perfetto](https://ui.perfetto.dev) or chrome://tracing (both read .json.gz). "
+                       f"Stored at `{path}`.")
+
+    # -- Nsight Compute ------------------------------------------------------------------------------------------
+    with st.container(border=True, key="deep"):
+        st.markdown("**Deep profile (Nsight Compute)**")
+        kernels = store.kernel_metrics([run_id])
+        kernels = kernels[kernels["phase"] == phase] if not kernels.empty else kernels
+        if not kernels.empty:
+            shown_k = kernels.assign(label=_labels(kernels["kernel"], 50))
+            fig = px.bar(shown_k.iloc[::-1], x="duration_us", y="label", orientation="h",
+                         hover_data={"kernel": True, "mem_throughput_pct": ":.1f", "sm_throughput_pct": ":.1f"})
+            fig.update_layout(xaxis_title="mean duration per launch (µs)", yaxis_title=None)
+            st.plotly_chart(_layout(fig, "Nsight Compute: kernel duration", max(220, 40 * len(kernels) + 120)),
+                            key="chart-ncu")
+            st.dataframe(kernels[["kernel", "launches", "duration_us", "mem_throughput_pct", "sm_throughput_pct"]],
+                         hide_index=True, key="ncu-table",
+                         column_config={"mem_throughput_pct": st.column_config.NumberColumn("DRAM throughput %",
+                                                                                             format="%.1f"),
+                                        "sm_throughput_pct": st.column_config.NumberColumn("SM throughput %",
+                                                                                            format="%.1f")})
+        elif ncu.ncu_path() is None:
+            st.info(f"{ncu.NOT_FOUND}: no deep profile on this machine. Install Nsight Compute (it ships with the "
+                    "CUDA toolkit) to measure per-kernel duration, memory and SM throughput.", icon=":material/info:")
+        else:
+            st.caption("This run has no Nsight Compute metrics: profile on a CUDA device with *Deep profile* on.")
+
+    # -- comparison ----------------------------------------------------------------------------------------------
+    st.subheader("Compare two profiles")
+    others = [i for i in ids if i != run_id]
+    if not others:
+        st.info("Profile a second mode to compare kernels, launches and device time side by side.",
+                icon=":material/info:")
+    else:
+        def same_kind_first(i: int) -> tuple:
+            r = records[i]
+            return (r["device"] != run["device"], r["mode"] == run["mode"], -i)
+
+        others.sort(key=same_kind_first)
+        run_b_id = st.selectbox("B", others, key="run-b", format_func=lambda i: run_label(records[i]))
+        run_b = records[run_b_id]
+        figures_b = figures_of(run_b_id)
+        if phase not in figures_b:
+            st.warning(f"Run #{run_b_id} did not profile the {phase} phase.", icon=":material/warning:")
+        else:
+            mb = figures_b[phase]
+            label_a, label_b = f"A: #{run_id} {run['mode']}", f"B: #{run_b_id} {run_b['mode']}"
+            summary = compare_metrics(m, mb)
+            st.dataframe(pd.DataFrame({
+                "figure": summary["figure"],
+                label_a: [fmt_figure(v, u, key) for v, u, key in zip(summary["a"], summary["unit"], summary["key"])],
+                label_b: [fmt_figure(v, u, key) for v, u, key in zip(summary["b"], summary["unit"], summary["key"])],
+                                       "B / A": summary["ratio_b_over_a"].map(
+                                           lambda r: "—" if r is None or pd.isna(r) else f"{r:.2f}×")}),
+                         hide_index=True, key="compare-figures")
+            kinds = comparable_kinds([run["device"], run_b["device"]])
+            what = "kernels" if "kernel" in kinds else "operators"
+            table = compare(stats, store.op_stats([run_b_id], phase), kinds, steps, max(mb.get("steps", 1.0), 1.0))
+            counts = table["where"].value_counts()
+            c1, c2, c3 = st.columns(3)
+            c1.metric(f"{what.capitalize()} only in A", int(counts.get("only in A", 0)),
+                      help="Present in A, gone in B — e.g. fused away by the compiler.")
+            c2.metric(f"{what.capitalize()} only in B", int(counts.get("only in B", 0)),
+                      help="New in B — e.g. the fused kernels that replaced them.")
+            c3.metric(f"{what.capitalize()} in both", int(counts.get("both", 0)))
+            if not table.empty:
+                st.plotly_chart(compare_bar(table, label_a, label_b, k), key="chart-compare")
+            for where, title in (("only in A", f"Only in A ({run['mode']}): gone in B"),
+                                 ("only in B", f"Only in B ({run_b['mode']}): new in B"),
+                                 ("both", "In both")):
+                sel = table[table["where"] == where]
+                with st.expander(f"{title} — {len(sel)} {what}", expanded=where != "both" and len(sel) <= 30):
+                    if sel.empty:
+                        st.caption("None.")
+                    else:
+                        st.dataframe(sel.drop(columns=["where"]).rename(columns={
+                            "calls_a": "calls/step A", "calls_b": "calls/step B", "self_us_a": "µs/step A",
+                            "self_us_b": "µs/step B", "delta_us": "Δ µs/step (B − A)"}),
+                            hide_index=True, key=f"compare-{where.replace(' ', '-')}")
+
+# -- failures -------------------------------------------------------------------------------------------------------
+failed = store.runs(kind="profile", status=["failed"], limit=10)
+if not failed.empty:
+    st.subheader("Failed profiles")
+    for row in failed.itertuples():
+        st.markdown(f"**#{row.id}** `{row.mode}` on {row.device} · {fmt_time(row.finished_at)}")
+        st.error(first_line(row.error) or "failed without a message", icon=":material/error:")
+        with st.expander(f"Full error of profile #{row.id}"):
+            st.code(row.error or "", language=None)

@@ -1,0 +1,104 @@
+"""`python -m engine ir`: extract a zoo model's IR on the meta device, write JSON and mermaid, optionally verify.
+
+    python -m engine ir --workload llama --preset 7B --out ir.json --mermaid graph.mmd
+    python -m engine ir --workload llama --preset tiny --out ir.json --verify
+    python -m engine ir --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+
+def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser("ir", help="extract a model's IR on the meta device (JSON, mermaid graph, verification)",
+                       description="Export a zoo model on the meta device, convert it to the JSON IR and record the "
+                                   "extraction as a run; --verify runs the IR with real weights against the model in a "
+                                   "worker process.")
+    p.add_argument("--workload", help="zoo model (see --list)")
+    p.add_argument("--preset", default=None, help="size preset (default: the model's smallest)")
+    p.add_argument("--out", default=None, help="write the IR JSON here (it is also kept with the run)")
+    p.add_argument("--mermaid", default=None, help="write the mermaid graph here (.mmd)")
+    p.add_argument("--depth", type=int, default=None,
+                   help="mermaid: one box per module at this depth (default: every op for small graphs, else "
+                        "collapsed); 0 = every op")
+    p.add_argument("--verify", action="store_true", help="run the IR with real weights and compare with the model")
+    p.add_argument("--seed", type=int, default=0, help="seed of the real weights and inputs for --verify")
+    p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--atol", type=float, default=1e-4)
+    p.add_argument("--list", action="store_true", help="list the zoo's models and presets")
+    common(p)
+    p.set_defaults(func=cmd_ir)
+
+
+def cmd_ir(args: argparse.Namespace) -> int:
+    from engine.cli import CliError, _Bars, _store
+    from engine.ir import zoo
+    from engine.ir.errors import IRError, WeightLoadError
+
+    if args.list:
+        for name, zm in zoo.ZOO.items():
+            print(f"{name:15} {zm.description}")
+            for preset in zm.presets:
+                print(f"{'':15}   {preset:10} {zoo.describe(name, preset)}")
+        return 0
+    if not args.workload:
+        raise CliError("--workload is required (see `python -m engine ir --list`)")
+    try:
+        zoo.preset_config(args.workload, args.preset)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    if args.depth is not None and args.depth < 0:
+        raise CliError("--depth must be 0 (every op) or more")
+    store = _store(args)
+    from engine.ir.runs import extract_run, verify_spec
+
+    try:
+        ex = extract_run(store, args.workload, args.preset)
+    except IRError as exc:
+        raise CliError(f"extraction failed: {exc}") from exc
+    m = ex.metrics
+    print(f"run {ex.run_id}: {ex.ir.summary()}")
+    print(f"export {m['export_s']:.2f} s, conversion {m['convert_s']:.3f} s, JSON {m['json_s']:.3f} s "
+          f"({m['json_bytes'] / 1e6:.2f} MB)")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ex.ir_path, args.out)
+        print(f"IR: {args.out}")
+    if args.mermaid:
+        text = ex.mermaid_path.read_text()
+        if args.depth is not None:
+            from engine.ir.mermaid import to_mermaid
+
+            text = to_mermaid(ex.ir, depth=args.depth or None).text
+        Path(args.mermaid).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.mermaid).write_text(text)
+        print(f"mermaid: {args.mermaid}")
+    status = 0
+    if args.verify:
+        from engine.jobs import create_runs, run_jobs
+
+        try:
+            spec = verify_spec(store, ex.run_id, seed=args.seed, rtol=args.rtol, atol=args.atol)
+        except WeightLoadError as exc:
+            raise CliError(f"--verify: {exc}") from exc
+        ids = create_runs(store, [spec])
+        statuses = run_jobs(store, ids, _Bars({ids[0]: f"verify {args.workload}/{args.preset or ''}".rstrip("/")}))
+        run = store.run(ids[0])
+        if statuses[ids[0]] != "ok":
+            print(f"verification run {ids[0]} failed: {run['error']}", file=sys.stderr)
+            return 1
+        report = json.loads(Path(store.artifacts(ids[0]).query("kind == 'verify_report'")["path"].iloc[0]).read_text())
+        for o in report["outputs"]:
+            print(f"  output {o['name']}: {o['dtype']} {o['shape']}  max abs err {o['max_abs_err']:.3g}  "
+                  f"max rel err {o['max_rel_err']:.3g}  {'ok' if o['ok'] else 'MISMATCH ' + o['message']}")
+        verdict = "OK: the IR computes the model's outputs" if report["ok"] else "MISMATCH"
+        print(f"verification run {ids[0]}: {verdict} (rtol {report['rtol']:g}, atol {report['atol']:g})")
+        status = 0 if report["ok"] else 1
+    print(f"stored in {store.path} (run {ex.run_id})")
+    return status

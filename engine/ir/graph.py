@@ -1,0 +1,124 @@
+"""The IR's data structures: tensors, op nodes and the graph, as plain dataclasses.
+
+    IR ── graph_inputs: [TensorMeta]          user inputs, in call order
+       ── weights: {placeholder: TensorMeta}  parameters and buffers (weight_name_mapping → state_dict key)
+       ── constants: {placeholder: TensorMeta} tensors lifted by torch.export (values in constant_data when real)
+       ── nodes: [OpNode]                     in a topological order; each consumes tensors by name
+       ── graph_outputs: [tensor name]
+
+An OpNode calls one operator: `op_type` is an ATen OpOverload name ("aten.linear.default"); tensor arguments are in
+`inputs` (flat, by tensor name) and `input_args` says which schema argument each belongs to; every other schema
+argument is in `attrs`. Multi-output ops (split, native_batch_norm…) name each of their outputs, so the graph has no
+getitem nodes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Tensor argument of an op: the index into OpNode.inputs, a list of them (Tensor[] / Tensor?[]), or None.
+InputRef = int | None | list[int | None]
+
+
+@dataclass
+class TensorMeta:
+    name: str
+    shape: list[int]
+    dtype: str  # torch dtype without the "torch." prefix: "float32", "int64", "bool"…
+    producer_node: str | None = None  # None for graph inputs, weights and constants
+    producer_output_idx: int | None = None  # which element of the producer's result (0 for single-output ops)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def shape_str(self) -> str:
+        return f"{short_dtype(self.dtype)}[{', '.join(map(str, self.shape))}]"
+
+
+@dataclass
+class OpNode:
+    name: str
+    op_type: str
+    inputs: list[str]
+    outputs: list[TensorMeta]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    input_args: dict[str, InputRef] = field(default_factory=dict)
+    module_path: str = ""  # innermost nn.Module (state_dict-style path) whose forward called this op; "" for the root
+
+
+@dataclass
+class IR:
+    nodes: list[OpNode]
+    graph_inputs: list[TensorMeta]
+    graph_outputs: list[str]
+    weights: dict[str, TensorMeta]
+    weight_name_mapping: dict[str, str]
+    constants: dict[str, TensorMeta] = field(default_factory=dict)
+    model_name: str = "model"
+    constant_data: dict[str, Any] = field(default_factory=dict)  # placeholder -> nested list (small real constants)
+    weight_kinds: dict[str, str] = field(default_factory=dict)  # placeholder -> parameter | buffer | buffer (non-persistent)
+    module_types: dict[str, str] = field(default_factory=dict)  # module path -> class name, for every called module
+    torch_version: str = ""
+
+    # -- lookups ---------------------------------------------------------------------------------------------------
+    def tensors(self) -> dict[str, TensorMeta]:
+        """Every tensor of the graph by name: inputs, weights, constants and node outputs."""
+        out: dict[str, TensorMeta] = {t.name: t for t in self.graph_inputs}
+        out.update(self.weights)
+        out.update(self.constants)
+        for node in self.nodes:
+            for t in node.outputs:
+                out[t.name] = t
+        return out
+
+    def node(self, name: str) -> OpNode:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(f"no node {name!r} in the IR of {self.model_name}")
+
+    def op_histogram(self) -> Counter[str]:
+        return Counter(n.op_type for n in self.nodes)
+
+    def module_stack(self, node: OpNode) -> list[str]:
+        """The called modules enclosing a node, outermost first (the root excluded)."""
+        if not node.module_path:
+            return []
+        parts = node.module_path.split(".")
+        prefixes = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+        return [p for p in prefixes if p in self.module_types] or [node.module_path]
+
+    def parameter_count(self) -> int:
+        return sum(t.numel for name, t in self.weights.items() if self.weight_kinds.get(name, "parameter") == "parameter")
+
+    def summary(self) -> str:
+        return (f"{self.model_name}: {len(self.nodes)} nodes, {len(self.op_histogram())} op types, "
+                f"{len(self.graph_inputs)} input(s), {len(self.graph_outputs)} output(s), {len(self.weights)} weights "
+                f"({self.parameter_count():,} parameters)")
+
+    # -- persistence (engine.ir.serialize does the work) -----------------------------------------------------------
+    def save(self, path: str | Path) -> int:
+        from engine.ir.serialize import save_ir
+
+        return save_ir(self, path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> IR:
+        from engine.ir.serialize import load_ir
+
+        return load_ir(path)
+
+
+_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "int64": "i64", "int32": "i32",
+          "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "b8", "complex64": "c64"}
+
+
+def short_dtype(dtype: str) -> str:
+    return _SHORT.get(dtype, dtype)

@@ -1,0 +1,146 @@
+"""IR extractions and verifications as runs in the results store.
+
+An extraction is a run (kind "ir", mode "export", device "meta") whose artifacts are the IR JSON and its mermaid
+graph, under artifacts_root/run_<id>/. It runs in the calling process: on the meta device it allocates no weights
+(a 7B-shaped model peaks well under 1 GB), takes seconds, and every failure is a Python exception that fails the
+run — nothing a worker process would protect the dashboard from. Verification materialises real weights, so it is a
+job (mode "verify", device "cpu") that engine.jobs runs in a worker process; an OOM kill ends the worker only.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from engine.ir.errors import IRError
+from engine.ir.graph import IR
+from engine.jobs import JobSpec, artifacts_root
+from engine.store import Artifact, Metric, RunResult, Store
+
+KIND = "ir"
+VERIFY_TARGET = "engine.ir.verify:verify_job"
+
+
+@dataclass
+class Extraction:
+    run_id: int
+    ir: IR
+    ir_path: Path
+    mermaid_path: Path
+    metrics: dict[str, float]
+
+
+def extract_run(store: Store, workload: str, preset: str | None = None) -> Extraction:
+    """Build the zoo model on meta, export, convert and save it, recorded as a run. On failure the run is marked
+    failed with the reason, and the exception is raised again."""
+    from engine.envinfo import capture_env
+    from engine.ir import zoo
+    from engine.ir.export import convert, export_meta
+    from engine.ir.mermaid import default_view, to_mermaid
+    from engine.ir.serialize import save_ir
+
+    preset = preset or zoo.get_zoo(workload).default_preset
+    zoo.preset_config(workload, preset)  # an unknown name or preset fails before a run is created
+    store.init()
+    run_id = store.create_run(KIND, workload, "export", "meta",
+                              {"workload": workload, "preset": preset, "config": zoo.describe(workload, preset)})
+    store.start_run(run_id, "exporting on meta")
+    try:
+        folder = artifacts_root(store) / f"run_{run_id}"
+        folder.mkdir(parents=True, exist_ok=True)
+        model, inputs = zoo.build(workload, preset, device="meta")
+        t0 = time.perf_counter()
+        ep = export_meta(model, inputs)
+        t1 = time.perf_counter()
+        ir = convert(ep, f"{workload}/{preset}")
+        t2 = time.perf_counter()
+        ir_path = folder / "ir.json"
+        json_bytes = save_ir(ir, ir_path)
+        t3 = time.perf_counter()
+        depth = default_view(ir)
+        graph = to_mermaid(ir, depth=depth)
+        mmd_path = folder / "graph.mmd"
+        mmd_path.write_text(graph.text)
+        artifacts = [Artifact("ir_json", "ir.json", str(ir_path)), Artifact("mermaid", "graph.mmd", str(mmd_path))]
+        if depth is not None:  # the default view is collapsed: keep every op too, for offline tools
+            full = folder / "graph_full.mmd"
+            full.write_text(to_mermaid(ir).text)
+            artifacts.append(Artifact("mermaid", "graph_full.mmd", str(full)))
+        metrics = {"nodes": len(ir.nodes), "export_s": t1 - t0, "convert_s": t2 - t1, "json_s": t3 - t2,
+                   "json_bytes": json_bytes, "parameters": ir.parameter_count(), "op_types": len(ir.op_histogram()),
+                   "weights": len(ir.weights)}
+        units = {"export_s": "s", "convert_s": "s", "json_s": "s", "json_bytes": "B"}
+        store.record_result(run_id, RunResult(
+            metrics=[Metric(k, float(v), units.get(k, "")) for k, v in metrics.items()], artifacts=artifacts,
+            env=capture_env("cpu"), notes=[ir.summary()]))
+    except BaseException as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        if not isinstance(exc, IRError):
+            reason += "\n--- traceback ---\n" + "".join(traceback.format_exception(exc)[-6:])
+        store.fail_run(run_id, reason)
+        raise
+    return Extraction(run_id, ir, ir_path, mmd_path, metrics)
+
+
+def verify_spec(store: Store, ir_run_id: int, *, seed: int = 0, rtol: float = 1e-4, atol: float = 1e-4,
+                timeout_s: float = 900) -> JobSpec:
+    """The job that verifies an extraction run's IR; WeightLoadError if its preset is too large to materialise."""
+    from engine.ir import zoo
+
+    run = store.run(ir_run_id)
+    if run is None or run["kind"] != KIND or run["mode"] != "export":
+        raise ValueError(f"run {ir_run_id} is not an IR extraction")
+    if run["status"] != "ok":
+        raise ValueError(f"run {ir_run_id} did not produce an IR (status {run['status']})")
+    path = ir_json_path(store, ir_run_id)
+    if path is None:
+        raise ValueError(f"run {ir_run_id} has no ir.json artifact")
+    workload, preset = run["workload"], run["params"].get("preset")
+    zoo.check_verify_size(workload, preset)
+    params = {"ir_run_id": int(ir_run_id), "ir_path": str(path), "workload": workload, "preset": preset, "seed": seed,
+              "rtol": rtol, "atol": atol}
+    return JobSpec(KIND, workload, "verify", "cpu", params, target=VERIFY_TARGET, timeout_s=timeout_s)
+
+
+# -- queries ------------------------------------------------------------------------------------------------------
+def ir_json_path(store: Store, run_id: int) -> Path | None:
+    frame = store.query("SELECT path FROM artifacts WHERE run_id = ? AND kind = 'ir_json' LIMIT 1", [int(run_id)])
+    return None if frame.empty else Path(frame["path"].iloc[0])
+
+
+def extractions(store: Store, limit: int = 100, status: str | None = "ok") -> pd.DataFrame:
+    """IR extraction runs, newest first, with their headline metrics as columns."""
+    where = "r.kind = ? AND r.mode = 'export'" + (" AND r.status = ?" if status else "")
+    args: list[Any] = [KIND] + ([status] if status else [])
+    return store.query(f"""
+        SELECT r.id AS run_id, r.workload, json_extract_string(r.params, '$.preset') AS preset, r.status,
+               r.created_at, r.finished_at, r.error,
+               max(CASE WHEN m.name = 'nodes' THEN m.value END) AS nodes,
+               max(CASE WHEN m.name = 'parameters' THEN m.value END) AS parameters,
+               max(CASE WHEN m.name = 'export_s' THEN m.value END) AS export_s,
+               max(CASE WHEN m.name = 'convert_s' THEN m.value END) AS convert_s,
+               max(CASE WHEN m.name = 'json_bytes' THEN m.value END) AS json_bytes
+        FROM runs r LEFT JOIN metrics m ON m.run_id = r.id
+        WHERE {where}
+        GROUP BY ALL ORDER BY r.id DESC LIMIT {int(limit)}
+    """, args)
+
+
+def verifications(store: Store, ir_run_id: int, limit: int = 20) -> pd.DataFrame:
+    """Verification runs of one extraction, newest first, with their verdict and errors."""
+    return store.query(f"""
+        SELECT r.id AS run_id, r.status, r.error, r.message, r.progress, r.finished_at, r.notes,
+               max(CASE WHEN m.name = 'verify_ok' THEN m.value END) AS verify_ok,
+               max(CASE WHEN m.name = 'max_abs_err' THEN m.value END) AS max_abs_err,
+               max(CASE WHEN m.name = 'max_rel_err' THEN m.value END) AS max_rel_err,
+               max(a.path) AS report_path
+        FROM runs r LEFT JOIN metrics m ON m.run_id = r.id
+             LEFT JOIN artifacts a ON a.run_id = r.id AND a.kind = 'verify_report'
+        WHERE r.kind = ? AND r.mode = 'verify' AND json_extract(r.params, '$.ir_run_id')::BIGINT = ?
+        GROUP BY ALL ORDER BY r.id DESC LIMIT {int(limit)}
+    """, [KIND, int(ir_run_id)])

@@ -1,0 +1,148 @@
+"""Proof that an IR computes what its model computes: run both on the same real weights and inputs, compare.
+
+`verify_ir` needs the real model in memory, so the dashboard and the CLI run it through `verify_job` in a worker
+process (engine.jobs): an out-of-memory kill ends the worker, not the dashboard.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.ir.errors import IRError
+from engine.ir.execute import execute_ir
+from engine.ir.graph import IR
+
+
+@dataclass
+class OutputCheck:
+    name: str
+    shape: list[int]
+    dtype: str
+    max_abs_err: float
+    max_rel_err: float
+    ok: bool
+    message: str = ""
+
+
+@dataclass
+class VerifyReport:
+    ok: bool
+    model_name: str
+    rtol: float
+    atol: float
+    outputs: list[OutputCheck] = field(default_factory=list)
+    error: str | None = None  # the IR could not be run at all (ExecutionError, WeightLoadError…)
+    ir_seconds: float = 0.0
+    model_seconds: float = 0.0
+
+    @property
+    def max_abs_err(self) -> float:
+        return max((o.max_abs_err for o in self.outputs), default=float("nan"))
+
+    @property
+    def max_rel_err(self) -> float:
+        return max((o.max_rel_err for o in self.outputs), default=float("nan"))
+
+    def summary(self) -> str:
+        if self.error:
+            return f"{self.model_name}: FAILED to run the IR: {self.error}"
+        verdict = "OK" if self.ok else "MISMATCH"
+        return (f"{self.model_name}: {verdict} — {len(self.outputs)} output(s), max abs err {self.max_abs_err:.3g}, "
+                f"max rel err {self.max_rel_err:.3g} (rtol {self.rtol:g}, atol {self.atol:g})")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["max_abs_err"], d["max_rel_err"] = self.max_abs_err, self.max_rel_err
+        return d
+
+
+def model_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters, buffers (non-persistent ones too) and tensor attributes, keyed by their dotted path."""
+    out: dict[str, torch.Tensor] = {}
+    for mod_name, mod in model.named_modules(remove_duplicate=False):
+        for attr, value in vars(mod).items():
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+                out[f"{mod_name}.{attr}" if mod_name else attr] = value
+    out.update(dict(model.named_buffers(remove_duplicate=False)))
+    out.update(dict(model.named_parameters(remove_duplicate=False)))
+    return {k: v.detach() for k, v in out.items()}
+
+
+def _compare(name: str, got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> OutputCheck:
+    if list(got.shape) != list(want.shape) or got.dtype != want.dtype:
+        return OutputCheck(name, list(want.shape), str(want.dtype).removeprefix("torch."), float("inf"), float("inf"),
+                           False, f"IR gives {got.dtype} {list(got.shape)}, model {want.dtype} {list(want.shape)}")
+    if not want.is_floating_point():
+        same = bool(torch.equal(got, want))
+        err = 0.0 if same else float((got != want).sum())
+        return OutputCheck(name, list(want.shape), str(want.dtype).removeprefix("torch."), err, err, same,
+                           "" if same else f"{int(err)} element(s) differ")
+    g, w = got.double(), want.double()
+    diff = (g - w).abs()
+    max_abs = float(diff.max()) if diff.numel() else 0.0
+    max_rel = float((diff / w.abs().clamp_min(1e-12)).max()) if diff.numel() else 0.0
+    ok = bool(torch.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True))
+    msg = "" if ok else f"exceeds rtol {rtol:g} / atol {atol:g}"
+    return OutputCheck(name, list(want.shape), str(want.dtype).removeprefix("torch."), max_abs, max_rel, ok, msg)
+
+
+@torch.no_grad()
+def verify_ir(ir: IR, model: nn.Module, inputs: Sequence[torch.Tensor], rtol: float = 1e-4, atol: float = 1e-4, *,
+              weights: Mapping[str, torch.Tensor] | None = None) -> VerifyReport:
+    """Run the IR with the model's real parameters and buffers (or `weights`, to test a change) and compare its outputs
+    with the model's own. Never raises for a mismatch or an IR that fails to run: the report says so."""
+    report = VerifyReport(ok=False, model_name=ir.model_name, rtol=rtol, atol=atol)
+    start = time.perf_counter()
+    expected = model(*inputs)
+    report.model_seconds = time.perf_counter() - start
+    expected = list(torch.utils._pytree.tree_leaves(expected))
+    start = time.perf_counter()
+    try:
+        got = execute_ir(ir, model_weights(model) if weights is None else weights, inputs)
+    except IRError as exc:
+        report.error = f"{type(exc).__name__}: {exc}"
+        return report
+    report.ir_seconds = time.perf_counter() - start
+    if len(got) != len(expected):
+        report.error = f"the IR has {len(got)} output(s), the model returns {len(expected)}"
+        return report
+    report.outputs = [_compare(name, g, w, rtol, atol) for name, g, w in zip(ir.graph_outputs, got, expected)]
+    report.ok = all(o.ok for o in report.outputs)
+    return report
+
+
+# -- the worker-process job (engine.jobs target "engine.ir.verify:verify_job") -----------------------------------
+def verify_job(params: dict[str, Any], progress: Callable[[float, str], None]):
+    """Verify a stored IR (params["ir_path"]) against its zoo model built on the CPU with real, seeded weights."""
+    from engine.envinfo import capture_env
+    from engine.ir import zoo
+    from engine.ir.serialize import load_ir
+    from engine.store import Artifact, Metric, RunResult
+
+    workload, preset, seed = params["workload"], params.get("preset"), int(params.get("seed", 0))
+    rtol, atol = float(params.get("rtol", 1e-4)), float(params.get("atol", 1e-4))
+    progress(0.05, "loading the IR")
+    ir = load_ir(params["ir_path"])
+    progress(0.2, f"materialising {workload}/{preset} on the CPU (seed {seed})")
+    model, inputs = zoo.build(workload, preset, device="cpu", seed=seed)  # refuses presets over the size limit
+    progress(0.5, "running the model and the IR")
+    report = verify_ir(ir, model, inputs, rtol=rtol, atol=atol)
+    out = Path(params["artifacts_dir"]) / "verify.json"
+    out.write_text(json.dumps(report.to_dict(), indent=1, default=str))
+    progress(0.95, report.summary()[:200])
+    if report.error:
+        raise RuntimeError(f"verification could not run the IR: {report.error}")
+    metrics = [Metric("verify_ok", float(report.ok)), Metric("max_abs_err", report.max_abs_err),
+               Metric("max_rel_err", report.max_rel_err), Metric("ir_s", report.ir_seconds, "s"),
+               Metric("model_s", report.model_seconds, "s")]
+    notes = [] if report.ok else [f"{o.name}: {o.message}" for o in report.outputs if not o.ok]
+    return RunResult(metrics=metrics, artifacts=[Artifact("verify_report", "verify.json", str(out))],
+                     env=capture_env("cpu"), notes=notes)

@@ -1,0 +1,331 @@
+"""Models to explore: small graphs that exercise one IR feature each, the house-price MLP, and a Llama-style decoder
+with presets from tiny to 7B-shaped.
+
+Every model is built the same two ways: on the meta device for extraction (shapes only, no weight memory, any size)
+and on the CPU with a fixed seed for execution and verification (real weights: tiny and small presets only, see
+MAX_VERIFY_BYTES).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.ir.errors import WeightLoadError
+
+# Real weights above this many bytes are not materialised for verification (env MODELAB_IR_VERIFY_MAX_BYTES).
+MAX_VERIFY_BYTES = int(os.environ.get("MODELAB_IR_VERIFY_MAX_BYTES", 2 * 2**30))
+
+
+# -- small models, one IR feature each ----------------------------------------------------------------------------
+class AttentionBlock(nn.Module):
+    """Pre-norm multi-head self-attention with a residual: matmul, softmax, reshape and transpose."""
+
+    def __init__(self, dim: int = 32, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.norm = nn.LayerNorm(dim)
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.norm(x)
+        q, k, v = (proj(h).view(b, t, self.heads, d // self.heads).transpose(1, 2) for proj in (self.q, self.k, self.v))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
+        attn = scores.softmax(dim=-1) @ v
+        return x + self.out(attn.transpose(1, 2).reshape(b, t, d))
+
+
+class TwoTower(nn.Module):
+    """Two inputs (dense features, a sequence) and two outputs (class logits, a score)."""
+
+    def __init__(self, features: int = 8, channels: int = 6, hidden: int = 32, classes: int = 5):
+        super().__init__()
+        self.dense = nn.Sequential(nn.Linear(features, hidden), nn.GELU())
+        self.seq = nn.Sequential(nn.Linear(channels, hidden), nn.Tanh())
+        self.classify = nn.Linear(2 * hidden, classes)
+        self.score = nn.Linear(2 * hidden, 1)
+
+    def forward(self, features: torch.Tensor, sequence: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pooled = self.seq(sequence).mean(dim=1)
+        joint = torch.cat([self.dense(features), pooled], dim=-1)
+        return self.classify(joint), torch.sigmoid(self.score(joint))
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(x + self.bn2(self.conv2(y)))  # the skip connection
+
+
+class SkipNet(nn.Module):
+    """Conv stem, residual blocks (skip connections, BatchNorm buffers), pooling and a classifier."""
+
+    def __init__(self, channels: int = 8, blocks: int = 2, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Conv2d(3, channels, 3, padding=1)
+        self.blocks = nn.Sequential(*(ResidualBlock(channels) for _ in range(blocks)))
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(F.relu(self.stem(x)))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+class TiedLM(nn.Module):
+    """Shared weights: the embedding is the output projection, and one MLP block is applied twice."""
+
+    def __init__(self, vocab: int = 64, dim: int = 32):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.block = nn.Sequential(nn.Linear(dim, dim), nn.ReLU())
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens)
+        h = h + self.block(h)
+        h = h + self.block(h)  # the same parameters again
+        return self.head(h)
+
+
+# -- a Llama-style decoder ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab: int = 256
+    dim: int = 64
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    ffn: int = 128
+    seq: int = 16
+    batch: int = 1
+    rope_theta: float = 10000.0
+    eps: float = 1e-5
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.kv_heads, cfg.dim // cfg.heads
+        self.q_proj = nn.Linear(cfg.dim, cfg.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.heads * self.head_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        if self.kv_heads != self.heads:  # grouped-query attention: share each k/v head between query heads
+            rep = self.heads // self.kv_heads
+            k = k[:, :, None].expand(b, self.kv_heads, rep, t, self.head_dim).reshape(b, self.heads, t, self.head_dim)
+            v = v[:, :, None].expand(b, self.kv_heads, rep, t, self.head_dim).reshape(b, self.heads, t, self.head_dim)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.dim, cfg.ffn, bias=False)
+        self.up_proj = nn.Linear(cfg.dim, cfg.ffn, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.dim, cfg.eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaDecoder(nn.Module):
+    """Token embedding, N pre-norm decoder layers (RoPE, grouped-query causal attention, SwiGLU MLP), RMSNorm, LM head."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab, cfg.dim)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.layers))
+        self.norm = RMSNorm(cfg.dim, cfg.eps)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
+        head_dim = cfg.dim // cfg.heads
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        angles = torch.outer(torch.arange(cfg.seq, dtype=torch.float32), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)
+        self.register_buffer("rope_cos", angles.cos(), persistent=False)
+        self.register_buffer("rope_sin", angles.sin(), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        t = tokens.shape[1]
+        cos, sin = self.rope_cos[:t], self.rope_sin[:t]
+        h = self.embed_tokens(tokens)
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return self.lm_head(self.norm(h))
+
+
+# -- the registry -------------------------------------------------------------------------------------------------
+def _randn(shape: tuple[int, ...], device: str, gen: torch.Generator) -> torch.Tensor:
+    if device == "meta":
+        return torch.empty(shape, device="meta")
+    return torch.randn(shape, generator=gen).to(device)
+
+
+def _tokens(shape: tuple[int, ...], vocab: int, device: str, gen: torch.Generator) -> torch.Tensor:
+    if device == "meta":
+        return torch.empty(shape, dtype=torch.long, device="meta")
+    return torch.randint(0, vocab, shape, generator=gen).to(device)
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    name: str
+    description: str
+    presets: dict[str, dict[str, Any]]
+    make: Callable[[dict[str, Any]], nn.Module]
+    # preset config -> model (it picks the keys it needs); (preset config, device, generator) -> example inputs
+    inputs: Callable[[dict[str, Any], str, torch.Generator], tuple[torch.Tensor, ...]]
+    default_preset: str = "tiny"
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+def _llama_presets() -> dict[str, dict[str, Any]]:
+    return {
+        "tiny": dict(vocab=256, dim=64, layers=2, heads=4, kv_heads=2, ffn=128, seq=16),
+        "small": dict(vocab=1024, dim=256, layers=4, heads=8, kv_heads=4, ffn=688, seq=64),
+        "1B": dict(vocab=32000, dim=2048, layers=22, heads=32, kv_heads=4, ffn=5632, seq=2048),
+        "7B": dict(vocab=32000, dim=4096, layers=32, heads=32, kv_heads=32, ffn=11008, seq=2048),
+    }
+
+
+def _house_price(cfg: dict[str, Any]) -> nn.Module:
+    from engine.workloads.house_price import HousePriceNN
+
+    return HousePriceNN()
+
+
+ZOO: dict[str, ZooModel] = {m.name: m for m in (
+    ZooModel("llama", "Llama-style decoder: RoPE, grouped-query causal attention, SwiGLU, RMSNorm (tiny … 7B-shaped).",
+             _llama_presets(), lambda c: LlamaDecoder(LlamaConfig(**c)),
+             lambda c, d, g: (_tokens((1, c["seq"]), c["vocab"], d, g),)),
+    ZooModel("attention", "One pre-norm multi-head self-attention block with a residual.",
+             {"tiny": dict(dim=32, heads=4, seq=8), "small": dict(dim=256, heads=8, seq=128)},
+             lambda c: AttentionBlock(c["dim"], c["heads"]),
+             lambda c, d, g: (_randn((2, c["seq"], c["dim"]), d, g),)),
+    ZooModel("multi_io", "Two inputs (features, a sequence) and two outputs (class logits, a score).",
+             {"tiny": dict(features=8, channels=6, hidden=32, classes=5, seq=7),
+              "small": dict(features=64, channels=32, hidden=256, classes=20, seq=50)},
+             lambda c: TwoTower(c["features"], c["channels"], c["hidden"], c["classes"]),
+             lambda c, d, g: (_randn((4, c["features"]), d, g), _randn((4, c["seq"], c["channels"]), d, g))),
+    ZooModel("skip", "Residual conv net: skip connections, BatchNorm (buffers), pooling.",
+             {"tiny": dict(channels=8, blocks=2, size=8), "small": dict(channels=32, blocks=4, size=32)},
+             lambda c: SkipNet(c["channels"], c["blocks"]),
+             lambda c, d, g: (_randn((2, 3, c["size"], c["size"]), d, g),)),
+    ZooModel("shared_weights", "Tied embedding / output weights and one MLP block applied twice.",
+             {"tiny": dict(vocab=64, dim=32, seq=8), "small": dict(vocab=4096, dim=256, seq=64)},
+             lambda c: TiedLM(c["vocab"], c["dim"]),
+             lambda c, d, g: (_tokens((2, c["seq"]), c["vocab"], d, g),)),
+    ZooModel("house_price", "The house-price MLP (5→256→256→1) of the Benchmark and Predict pages.",
+             {"batch64": dict(batch=64), "batch1024": dict(batch=1024)},
+             _house_price, lambda c, d, g: (_randn((c["batch"], 5), d, g),), default_preset="batch64"),
+)}
+
+
+def get_zoo(name: str) -> ZooModel:
+    try:
+        return ZOO[name]
+    except KeyError:
+        raise ValueError(f"unknown zoo model {name!r}; known: {', '.join(ZOO)}") from None
+
+
+def preset_config(name: str, preset: str | None) -> dict[str, Any]:
+    model = get_zoo(name)
+    preset = preset or model.default_preset
+    if preset not in model.presets:
+        raise ValueError(f"{name} has no preset {preset!r}; presets: {', '.join(model.presets)}")
+    return dict(model.presets[preset])
+
+
+def build(name: str, preset: str | None = None, *, device: str = "meta", seed: int = 0) -> tuple[nn.Module, tuple]:
+    """(model in eval mode, example inputs) on `device`; on a real device the weights and inputs come from `seed`."""
+    zm = get_zoo(name)
+    cfg = preset_config(name, preset)
+    if device != "meta":
+        check_verify_size(name, preset)
+        torch.manual_seed(seed)
+    with torch.device(device):
+        model = zm.make(cfg)
+    model.eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    return model, zm.inputs(cfg, device, gen)
+
+
+def parameter_bytes(name: str, preset: str | None = None) -> tuple[int, int]:
+    """(parameter count, bytes of parameters and buffers), measured on meta."""
+    model, _ = build(name, preset, device="meta")
+    params = sum(p.numel() for p in model.parameters())
+    nbytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    return params, nbytes
+
+
+def check_verify_size(name: str, preset: str | None) -> None:
+    """WeightLoadError when real weights of this preset would exceed MAX_VERIFY_BYTES."""
+    params, nbytes = parameter_bytes(name, preset)
+    if nbytes > MAX_VERIFY_BYTES:
+        small = [p for p in get_zoo(name).presets if p in ("tiny", "small")]
+        raise WeightLoadError(
+            f"{name}/{preset} has {params / 1e9:.2f} B parameters ({nbytes / 2**30:.1f} GiB of real weights); "
+            f"verification materialises them and is limited to {MAX_VERIFY_BYTES / 2**30:.1f} GiB "
+            f"(MODELAB_IR_VERIFY_MAX_BYTES). Verify a smaller preset ({', '.join(small)}): it has the same ops per "
+            "layer. The meta-device IR of this preset can still be extracted.")
+
+
+def describe(name: str, preset: str | None = None) -> str:
+    cfg = preset_config(name, preset)
+    return ", ".join(f"{k}={v}" for k, v in cfg.items()) or "default"

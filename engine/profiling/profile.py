@@ -1,0 +1,227 @@
+"""Profile one mode of one workload with torch.profiler: a Chrome trace, op_stats rows and step-level figures.
+
+For each phase (`train`: zero_grad → forward → loss → backward → Adam step, the very step engine.bench times;
+`infer`: forward under no_grad): a fresh copy of the seeded model is prepared by the mode, called once (tracing and
+compilation happen here, outside the profile), called `settle` more times, then run under torch.profiler with a
+wait/warm-up/active schedule (CPU activity, plus CUDA on a GPU; input shapes recorded). The trace of the active steps
+is written gzipped under the run's artifacts folder and analysed by engine.profiling.op_stats. With `deep`, the top-k
+kernels by device time are measured again by Nsight Compute (engine.profiling.ncu) in a subprocess.
+
+Every phase of the run sits in an NVTX range (first call, settle, each profiler step with its schedule state, and the
+step's forward / backward / optimizer_step from engine.bench), so an Nsight Systems timeline reads the same way.
+The worker never touches DuckDB: everything comes back in the RunResult (op_stats and kernel_metrics included).
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine import nvtx_ranges
+from engine.bench import _sync, _train_step_fn
+from engine.envinfo import capture_env
+from engine.modes import Mode, Prepared, get_mode
+from engine.profiling import ncu
+from engine.profiling.op_stats import analyze, load_trace
+from engine.store import Artifact, Metric, RunResult
+from engine.workloads import Workload, get_workload
+
+Progress = Callable[[float, str], None]
+PHASES = ("train", "infer")
+UNITS = {"steps": "", "op_calls": "", "kernel_launches": "", "launches_per_step": "", "kernels": "",
+         "kernels_per_step": "", "idle_fraction": ""}
+
+
+@dataclass
+class ProfileConfig:
+    workload: str = "house_price"
+    mode: str = "eager"
+    device: str = "cpu"
+    phases: tuple[str, ...] = ("train",)
+    batch_size: int | None = None  # None: the workload's training batch (64 for house_price), for every phase
+    wait: int = 1  # profiler schedule: steps skipped, steps traced but discarded (warm-up), steps kept (active)
+    warmup: int = 2
+    active: int = 5
+    settle: int = 2  # plain calls after the first call and before the profiler (CUDA graph trees record here)
+    record_shapes: bool = True
+    deep: bool = False  # Nsight Compute on the top-k kernels (CUDA, with ncu on PATH)
+    top_k: int = 5
+    ncu_steps: int = 1
+    ncu_timeout_s: float = 900.0
+    artifacts_dir: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if not self.phases or any(p not in PHASES for p in self.phases):
+            raise ValueError(f"phases must be a non-empty subset of {PHASES}, not {self.phases!r}")
+        if self.wait < 0 or self.warmup < 0 or self.active < 1 or self.settle < 0:
+            raise ValueError("the schedule needs wait ≥ 0, warmup ≥ 0, active ≥ 1 and settle ≥ 0")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if self.top_k < 1 or self.ncu_steps < 1:
+            raise ValueError("top_k and ncu_steps must be at least 1")
+
+
+def default_batch_size(workload: Workload, batch_size: int | None) -> int:
+    return int(batch_size or workload.default_train_batch_sizes[0])
+
+
+def build_step(workload: Workload, mode: Mode, base_model: torch.nn.Module, phase: str, batch_size: int,
+               device: str) -> tuple[Callable[[], torch.Tensor], Prepared]:
+    """The callable one profiler step runs, on a fresh copy of the model prepared by the mode.
+
+    `train` reuses engine.bench's training step (the one the Benchmark page times). `infer` must be called (and is
+    prepared) under torch.no_grad(); the caller sets the grad mode for the whole loop.
+    """
+    inputs, target = workload.make_batch(batch_size, device)
+    if phase == "train":
+        model = copy.deepcopy(base_model).train()
+        prepared = mode.prepare(model, inputs, True)
+        step, _ = _train_step_fn(prepared.fn, model, workload, inputs, target, prepared.before_step)
+        return step, prepared
+    if phase != "infer":
+        raise ValueError(f"unknown phase {phase!r}; use one of {PHASES}")
+    model = copy.deepcopy(base_model).eval()
+    with torch.no_grad():
+        prepared = mode.prepare(model, inputs, False)
+
+    def call() -> torch.Tensor:
+        if prepared.before_step:
+            prepared.before_step()
+        with nvtx_ranges.range("forward"):
+            return prepared.fn(*inputs)
+
+    return call, prepared
+
+
+def activities(device: str) -> list[torch.profiler.ProfilerActivity]:
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    return acts
+
+
+def profile_step(step: Callable[[], object], device: str, trace_path: Path, cfg: ProfileConfig,
+                 on_step: Callable[[int, int], None] = lambda i, n: None) -> Path:
+    """Run `step` wait + warmup + active times under torch.profiler; the active steps' trace lands at trace_path."""
+    trace_path.parent.mkdir(parents=True, exist_ok=True)
+    exported: list[Path] = []
+
+    def ready(prof: torch.profiler.profile) -> None:
+        prof.export_chrome_trace(str(trace_path))  # gzipped by torch when the name ends in .gz
+        exported.append(trace_path)
+
+    total = cfg.wait + cfg.warmup + cfg.active
+    schedule = torch.profiler.schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=1)
+    with torch.profiler.profile(activities=activities(device), schedule=schedule, record_shapes=cfg.record_shapes,
+                                on_trace_ready=ready) as prof:
+        for i in range(total):
+            state = "wait" if i < cfg.wait else ("warmup" if i < cfg.wait + cfg.warmup else "active")
+            with nvtx_ranges.range(f"profiler step {i} ({state})"):
+                step()
+                if i == total - 1:
+                    _sync(device)  # the last active step ends when its device work does, so the trace holds all of it
+            prof.step()
+            on_step(i, total)
+    if not exported:
+        raise RuntimeError("torch.profiler finished without producing a trace (schedule never reached 'active')")
+    return trace_path
+
+
+def profile_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, phase: str, cfg: ProfileConfig,
+                  out_dir: Path, result: RunResult, progress: Progress, frac: tuple[float, float]) -> list[dict]:
+    """Profile one phase into `result`; returns its op_stats rows (also appended to result.op_stats)."""
+    device = cfg.device
+    lo, hi = frac
+    batch_size = default_batch_size(workload, cfg.batch_size)
+    tag = dict(phase=phase, batch_size=batch_size)
+    progress(lo, f"{phase} B={batch_size}: preparing {mode.name}")
+    with torch.set_grad_enabled(phase == "train"), nvtx_ranges.range(f"profile {mode.name} {phase} B={batch_size}"):
+        step, prepared = build_step(workload, mode, base_model, phase, batch_size, device)
+        with nvtx_ranges.range("first_call"):
+            step()
+            _sync(device)
+        with nvtx_ranges.range("settle"):
+            for _ in range(cfg.settle):
+                step()
+            _sync(device)
+        progress(lo + 0.3 * (hi - lo), f"{phase} B={batch_size}: profiling")
+        trace_path = profile_step(
+            step, device, out_dir / f"trace-{phase}.json.gz", cfg,
+            on_step=lambda i, n: progress(lo + (0.3 + 0.5 * (i + 1) / n) * (hi - lo),
+                                          f"{phase} B={batch_size}: profiler step {i + 1}/{n}"))
+    progress(lo + 0.85 * (hi - lo), f"{phase} B={batch_size}: analysing the trace")
+    analysis = analyze(load_trace(trace_path), phase)
+    if device.startswith("cuda") and not analysis.has_device:
+        result.notes.append(f"{phase}: the trace has no GPU events (is CUPTI available to torch.profiler?)")
+    result.notes.extend(f"{phase}: {n}" for n in analysis.notes)
+    for name, value in analysis.metrics.items():
+        result.metrics.append(Metric(name, float(value), UNITS.get(name, "us"), **tag))
+    result.artifacts.append(Artifact(kind="chrome_trace", name=trace_path.name, path=str(trace_path)))
+    result.op_stats.extend(analysis.op_stats)
+    for note in prepared.notes:
+        if note not in result.notes:
+            result.notes.append(note)
+    return analysis.op_stats
+
+
+def deep_profile(cfg: ProfileConfig, phase: str, rows: list[dict], out_dir: Path, result: RunResult,
+                 batch_size: int) -> None:
+    """Nsight Compute on this phase's top-k kernels; a note (never a failure) when it cannot run."""
+    reason = ncu.unavailable(cfg.device)
+    if reason:
+        result.notes.append(f"deep profile skipped: {reason}")
+        return
+    kernels = [r["name"] for r in sorted((r for r in rows if r["kind"] == "kernel"), key=lambda r: -r["self_us"])]
+    if not kernels:
+        result.notes.append(f"deep profile of {phase} skipped: the profile recorded no kernels")
+        return
+    deep = ncu.run_deep_profile(workload=cfg.workload, mode=cfg.mode, device=cfg.device, phase=phase,
+                                batch_size=batch_size, kernels=kernels[: cfg.top_k], out_dir=out_dir,
+                                settle=cfg.settle + cfg.wait + cfg.warmup, steps=cfg.ncu_steps,
+                                timeout_s=cfg.ncu_timeout_s)
+    result.kernel_metrics.extend(deep.rows)
+    result.notes.extend(deep.notes)
+    for path in deep.files:
+        result.artifacts.append(Artifact(kind="ncu_csv" if path.suffix == ".csv" else "ncu_log", name=path.name,
+                                         path=str(path)))
+    result.metrics.append(Metric("ncu_kernels", float(len(deep.rows)), "", phase=phase, batch_size=batch_size))
+
+
+def profile_mode(cfg: ProfileConfig, progress: Progress = lambda f, msg: None) -> RunResult:
+    """Profile every requested phase of one mode; raises when the mode is unavailable on the device."""
+    cfg.validate()
+    workload = get_workload(cfg.workload)
+    mode = get_mode(cfg.mode)
+    ok, reason = mode.available(cfg.device)
+    if not ok:
+        raise RuntimeError(f"mode {mode.name} is not available on {cfg.device}: {reason}")
+    out_dir = Path(cfg.artifacts_dir or tempfile.mkdtemp(prefix="modelab-profile-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = RunResult(env=capture_env(cfg.device))
+    nvtx_ranges.enable(cfg.device.startswith("cuda"))
+    base_model = workload.make_model().to(cfg.device)
+    n = len(cfg.phases)
+    for i, phase in enumerate(cfg.phases):
+        span = (i / n, (i + 1) / n)
+        rows = profile_phase(workload, mode, base_model, phase, cfg, out_dir, result, progress, span)
+        if cfg.deep:
+            progress(span[0] + 0.9 * (span[1] - span[0]), f"{phase}: Nsight Compute on the top-{cfg.top_k} kernels")
+            deep_profile(cfg, phase, rows, out_dir, result, default_batch_size(workload, cfg.batch_size))
+    progress(1.0, "done")
+    return result
+
+
+def config_from_params(params: dict) -> ProfileConfig:
+    known = set(ProfileConfig.__dataclass_fields__)
+    return ProfileConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in params.items() if k in known})
+
+
+def profile_job(params: dict, progress: Progress) -> RunResult:
+    """Job-runner entry point (engine.jobs calls this in a worker process for runs of kind 'profile')."""
+    return profile_mode(config_from_params(params), progress)
