@@ -196,6 +196,19 @@ void write_output(const at::Tensor& t, const std::string& path) {
 }
 
 int64_t max_rss_bytes() {
+  // This process's peak resident memory. VmHWM belongs to the process image; getrusage's ru_maxrss would carry the
+  // parent's peak across fork + exec (a Python parent's hundreds of MB).
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      try {
+        return std::stoll(line.substr(6)) * 1024;  // kB
+      } catch (const std::exception&) {
+        break;
+      }
+    }
+  }
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
@@ -207,10 +220,16 @@ void sync(const c10::Device& device) {
   }
 }
 
+// Peak device memory comes from the caching allocator's statistics (what torch.cuda.max_memory_allocated reads).
+// Memory statistics are a report, not the job: if this torch's allocator does not offer them, say null.
 void reset_peak(const c10::Device& device) {
 #if MODELAB_HAS_DEVICE_ALLOCATOR_STATS
   if (device.is_cuda()) {
-    c10::getDeviceAllocator(c10::DeviceType::CUDA)->resetPeakStats(device.index());
+    try {
+      c10::getDeviceAllocator(c10::DeviceType::CUDA)->resetPeakStats(device.index());
+    } catch (const std::exception& e) {
+      std::cerr << "aoti_runner: cannot reset peak memory statistics: " << e.what() << std::endl;
+    }
   }
 #else
   (void)device;
@@ -220,8 +239,12 @@ void reset_peak(const c10::Device& device) {
 int64_t peak_device_bytes(const c10::Device& device) {
 #if MODELAB_HAS_DEVICE_ALLOCATOR_STATS
   if (device.is_cuda()) {
-    const auto stats = c10::getDeviceAllocator(c10::DeviceType::CUDA)->getDeviceStats(device.index());
-    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+    try {
+      const auto stats = c10::getDeviceAllocator(c10::DeviceType::CUDA)->getDeviceStats(device.index());
+      return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+    } catch (const std::exception& e) {
+      std::cerr << "aoti_runner: no peak memory statistics: " << e.what() << std::endl;
+    }
   }
 #else
   (void)device;

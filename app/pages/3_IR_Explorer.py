@@ -15,7 +15,9 @@ import pandas as pd  # noqa: E402
 import plotly.express as px  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from app.common import first_line, flash, fmt_time, get_store, page_header, show_flash, submit, watch_active_runs  # noqa: E402
+from app.common import (  # noqa: E402
+    first_line, flash, fmt_time, get_store, page_header, show_flash, submit, watch_active_runs,
+)
 from engine.ir import zoo  # noqa: E402
 from engine.ir.errors import IRError, WeightLoadError  # noqa: E402
 from engine.ir.graph import IR  # noqa: E402
@@ -90,8 +92,9 @@ function setup(parent) {
   root = document.createElement('div');
   root.className = 'irg';
   root.innerHTML = `<div class="irg-view"><div class="irg-canvas"><div id="mermaid-container"></div></div></div>
-    <div class="irg-tools"><button data-z="in" title="Zoom in">+</button><button data-z="out" title="Zoom out">−</button>
-    <button data-z="fit" title="Fit the whole graph">Fit</button><button data-z="one" title="Actual size">1:1</button></div>
+    <div class="irg-tools"><button data-z="in" title="Zoom in">+</button>
+    <button data-z="out" title="Zoom out">−</button><button data-z="fit" title="Fit the whole graph">Fit</button>
+    <button data-z="one" title="Actual size">1:1</button></div>
     <div class="irg-status">rendering…</div>`;
   parent.appendChild(root);
   const s = { root, view: root.querySelector('.irg-view'), canvas: root.querySelector('.irg-canvas'),
@@ -285,8 +288,8 @@ if runs.empty:
             "is kept, so past IRs can be browsed here.", icon=":material/info:")
     st.stop()
 
-labels = {int(r.run_id): f"#{r.run_id} · {r.workload}/{r.preset} · {int(r.nodes or 0)} nodes · {fmt_time(r.finished_at)}"
-          for r in runs.itertuples()}
+labels = {int(r.run_id): f"#{r.run_id} · {r.workload}/{r.preset} · {int(r.nodes or 0)} nodes · "
+                         f"{fmt_time(r.finished_at)}" for r in runs.itertuples()}
 if st.session_state.get("ir-run") not in labels:
     st.session_state["ir-run"] = next(iter(labels))
 run_id = st.selectbox("IR", list(labels), key="ir-run", format_func=labels.get,
@@ -370,16 +373,18 @@ with right, st.container(border=True, key="nodes-section"):
         needle = query.strip().lower()
         mask = table.astype(str).apply(lambda col: col.str.lower().str.contains(needle, regex=False)).any(axis=1)
         table = table[mask]
-    st.caption(f"{len(table):,} of {len(ir.nodes):,} nodes · inputs {', '.join(t.name + ' ' + t.shape_str() for t in ir.graph_inputs)}"
-               f" · outputs {', '.join(o + ' ' + tensors[o].shape_str() for o in ir.graph_outputs)}")
+    ins = ", ".join(f"{t.name} {t.shape_str()}" for t in ir.graph_inputs)
+    outs = ", ".join(f"{o} {tensors[o].shape_str()}" for o in ir.graph_outputs)
+    st.caption(f"{len(table):,} of {len(ir.nodes):,} nodes · inputs {ins} · outputs {outs}")
     st.dataframe(table, hide_index=True, key="node-table", height=420)
 
 # -- download and verify --------------------------------------------------------------------------------------------
 with st.container(border=True, key="verify-section"):
     st.subheader("JSON and verification")
     v1, v2 = st.columns([1, 2])
-    v1.download_button("Download IR JSON", Path(path).read_bytes(), file_name=f"{ir.model_name.replace('/', '_')}.ir.json",
-                       mime="application/json", key="download-ir", icon=":material/download:")
+    v1.download_button("Download IR JSON", Path(path).read_bytes(),
+                       file_name=f"{ir.model_name.replace('/', '_')}.ir.json", mime="application/json",
+                       key="download-ir", icon=":material/download:")
     refuse = None
     try:
         zoo.check_verify_size(str(row["workload"]), str(row["preset"]))

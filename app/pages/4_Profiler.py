@@ -23,6 +23,7 @@ from engine.jobs import JobSpec  # noqa: E402
 from engine.modes import MODES  # noqa: E402
 from engine.profiling import ncu  # noqa: E402
 from engine.profiling.op_stats import comparable_kinds, compare, compare_metrics, short_name  # noqa: E402
+from engine.profiling.profile import default_phases, mode_phases  # noqa: E402
 from engine.workloads import get_workload  # noqa: E402
 
 WORKLOAD = "house_price"
@@ -30,6 +31,7 @@ PHASE_LABELS = {"train": "Training step (fwd + bwd + Adam)", "infer": "Inference
 NOT_ON_CPU = "not applicable on CPU"
 DEVICE_FIGURES = {"launches_per_step", "cpu_launch_per_step_us", "kernels_per_step", "device_busy_per_step_us",
                   "idle_fraction"}
+UNTRACKED = "ProfilerStep* (Python between ops)"
 INLINE_DOWNLOAD_BYTES = 64 << 20  # larger traces are read only when the button is clicked
 
 st.set_page_config(page_title="Profiler · Mode Lab", layout="wide")
@@ -72,7 +74,7 @@ def top_bar(rows: pd.DataFrame, steps: float, k: int, title: str) -> go.Figure:
 def treemap(rows: pd.DataFrame, group: str, title: str) -> go.Figure:
     df = rows[rows["self_us"] > 0]
     df = df.assign(group=df[group].fillna("(none)").map(lambda g: short_name(g, 50)),
-                   label=df["name"].map(lambda n: short_name(n, 50)))
+                   label=df["name"].map(lambda n: UNTRACKED if n == "ProfilerStep*" else short_name(n, 50)))
     fig = px.treemap(df, path=[px.Constant("all"), "group", "label"], values="self_us",
                      hover_data={"name": True, "calls": True})
     fig.update_traces(root_color="lightgrey")
@@ -93,7 +95,8 @@ def time_split(figures: dict[str, float], on_device: bool) -> go.Figure:
                        for w, v in items])
     fig = px.bar(df, x="what", y="us", color="side", text=df["us"].map(fmt_us))
     fig.update_layout(xaxis_title=None, yaxis_title="µs per step", showlegend=False)
-    return _layout(fig, "CPU vs device time per step")
+    return _layout(fig, "CPU vs device time per step" if on_device else
+                   "CPU time per step (no device on a CPU profile)")
 
 
 def compare_bar(table: pd.DataFrame, label_a: str, label_b: str, k: int) -> go.Figure:
@@ -141,8 +144,10 @@ with st.expander("New profile", expanded=runs.empty, icon=":material/speed:"):
     mode = c1.selectbox("Mode", list(MODES), key="new-mode")
     device = c2.selectbox("Device", info["devices"], key="new-device",
                           format_func=lambda d: f"{d} — {info['names'].get(d, '')}")
-    phases = c3.multiselect("Phases", ["train", "infer"], default=["train"], key="new-phases",
-                            format_func=PHASE_LABELS.get)
+    offered = [p for p in ("train", "infer") if p in mode_phases(MODES[mode])]
+    phases = c3.multiselect("Phases", offered, default=list(default_phases(MODES[mode])), key=f"new-phases-{mode}",
+                            format_func=PHASE_LABELS.get,
+                            help=None if len(offered) > 1 else f"{mode} runs only the {offered[0]} phase.")
     active = int(c4.number_input("Profiled steps", min_value=1, max_value=100, value=5, key="new-active",
                                  help="The schedule skips 1 step, traces 2 warm-up steps and keeps this many."))
     why_not_deep = ncu.unavailable(device)
@@ -287,11 +292,11 @@ else:
         st.info("Profile a second mode to compare kernels, launches and device time side by side.",
                 icon=":material/info:")
     else:
-        def same_kind_first(i: int) -> tuple:
+        def preferred(i: int) -> tuple:  # same device, another mode, eager (the reference) first, newest first
             r = records[i]
-            return (r["device"] != run["device"], r["mode"] == run["mode"], -i)
+            return (r["device"] != run["device"], r["mode"] == run["mode"], r["mode"] != "eager", -i)
 
-        others.sort(key=same_kind_first)
+        others.sort(key=preferred)
         run_b_id = st.selectbox("B", others, key="run-b", format_func=lambda i: run_label(records[i]))
         run_b = records[run_b_id]
         figures_b = figures_of(run_b_id)

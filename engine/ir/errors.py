@@ -1,4 +1,4 @@
-"""The IR explorer's exceptions: each says what went wrong, where (tensor, node, file) and, where there is one, the fix."""
+"""The IR explorer's exceptions: each says what went wrong, where (tensor, node, file) and the fix, if any."""
 
 from __future__ import annotations
 

@@ -145,9 +145,9 @@ def execute_ir(ir: IR, weights: Mapping[str, torch.Tensor], inputs: Sequence[tor
                 args, kwargs = _call_args(op, node, tensors, device)
                 result = op(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - any failure is reported against its node
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise ExecutionError(f"node {node.name!r} ({node.op_type}, module {node.module_path or '<root>'}) "
-                                 f"failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
-                                 node.name) from exc
+                                 f"failed: {type(exc).__name__}: {why}", node.name) from exc
         for out in node.outputs:
             value = result if isinstance(result, torch.Tensor) else result[out.producer_output_idx or 0]
             if check_shapes and list(value.shape) != out.shape:

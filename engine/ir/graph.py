@@ -63,7 +63,8 @@ class IR:
     constants: dict[str, TensorMeta] = field(default_factory=dict)
     model_name: str = "model"
     constant_data: dict[str, Any] = field(default_factory=dict)  # placeholder -> nested list (small real constants)
-    weight_kinds: dict[str, str] = field(default_factory=dict)  # placeholder -> parameter | buffer | buffer (non-persistent)
+    # placeholder -> "parameter", "buffer" or "buffer (non-persistent)"
+    weight_kinds: dict[str, str] = field(default_factory=dict)
     module_types: dict[str, str] = field(default_factory=dict)  # module path -> class name, for every called module
     torch_version: str = ""
 
@@ -96,7 +97,8 @@ class IR:
         return [p for p in prefixes if p in self.module_types] or [node.module_path]
 
     def parameter_count(self) -> int:
-        return sum(t.numel for name, t in self.weights.items() if self.weight_kinds.get(name, "parameter") == "parameter")
+        kinds = self.weight_kinds
+        return sum(t.numel for name, t in self.weights.items() if kinds.get(name, "parameter") == "parameter")
 
     def summary(self) -> str:
         return (f"{self.model_name}: {len(self.nodes)} nodes, {len(self.op_histogram())} op types, "

@@ -19,6 +19,7 @@ from engine.ir.graph import IR, OpNode, TensorMeta
 # Mermaid renders at most 50 000 characters and 500 edges by default; bigger views are refused in the browser.
 MERMAID_MAX_CHARS = 50_000
 MERMAID_MAX_EDGES = 500
+FANOUT_HIDE = 3
 _SAFE = re.compile(r"[A-Za-z0-9 _.,:/()+\-]")
 
 
@@ -49,7 +50,8 @@ def _shapes(outputs: list[TensorMeta]) -> str:
 @dataclass
 class MermaidGraph:
     text: str
-    items: dict[str, tuple[str, str]] = field(default_factory=dict)  # mermaid id -> (kind, name); kind: node|module|input|output
+    # mermaid id -> (kind, name), kind one of node, module, input, output
+    items: dict[str, tuple[str, str]] = field(default_factory=dict)
     edges: int = 0
     depth: int | None = None
     expanded: tuple[str, ...] = ()
@@ -82,7 +84,7 @@ def modules_at(ir: IR, depth: int) -> list[str]:
 
 
 def _placement(ir: IR, node: OpNode, depth: int | None, expand: set[str]) -> tuple[list[str], tuple[str, str]]:
-    """(enclosing expanded modules, outermost first; the item the node is drawn in: ("node", name) | ("module", path))."""
+    """(the expanded modules around the node, outermost first; its item: ("node", name) or ("module", path))."""
     if depth is None:
         return [], ("node", node.name)
     st = ir.module_stack(node)
@@ -118,6 +120,12 @@ def to_mermaid(ir: IR, *, depth: int | None = None, expand: Iterable[str] = (), 
     for t in ir.graph_inputs:
         tree[""].append(("input", t.name))
     edges: dict[tuple[str, str], None] = {}
+    # Tensors computed from weights alone (RoPE tables sliced from buffers, say) feed every layer; in a collapsed
+    # view their dozens of edges would drown the model's structure, so a box that only feeds such tensors to more
+    # than FANOUT_HIDE boxes says so in its label instead.
+    const: set[str] = set(ir.weights) | set(ir.constants)
+    const_edges: dict[str, set[str]] = {}  # src mermaid id -> dst ids reached only through constant tensors
+    varying_src: set[str] = set()
     for node in ir.nodes:
         containers, key = _placement(ir, node, depth, expand_set)
         parent = ""
@@ -134,6 +142,12 @@ def to_mermaid(ir: IR, *, depth: int | None = None, expand: Iterable[str] = (), 
             src = producer.get(t)
             if src is not None and src != key:
                 edges[(item_id(src), item_id(key))] = None
+                if t in const:
+                    const_edges.setdefault(item_id(src), set()).add(item_id(key))
+                else:
+                    varying_src.add(item_id(src))
+        if node.inputs and all(t in const for t in node.inputs):
+            const.update(o.name for o in node.outputs)
         for out in node.outputs:
             producer[out.name] = key
     for i, t in enumerate(ir.graph_outputs):
@@ -143,6 +157,13 @@ def to_mermaid(ir: IR, *, depth: int | None = None, expand: Iterable[str] = (), 
         if src is not None:
             edges[(item_id(src), item_id(key))] = None
 
+    hidden_fanout: dict[str, int] = {}
+    if depth is not None:
+        for src, dsts in const_edges.items():
+            if len(dsts) > FANOUT_HIDE and src not in varying_src:
+                hidden_fanout[src] = len(dsts)
+                for dst in dsts:
+                    edges.pop((src, dst), None)
     tensors = ir.tensors()
     nodes_by_name = {n.name: n for n in ir.nodes}
     # The shape a module box shows: its last output read outside it (or a graph output).
@@ -180,13 +201,16 @@ def to_mermaid(ir: IR, *, depth: int | None = None, expand: Iterable[str] = (), 
             classes["out"].append(mid)
         elif kind == "node":
             node = nodes_by_name[name]
-            lines.append(f"{indent}{mid}[{_label(name, short_op(node.op_type), _shapes(node.outputs))}]")
+            fan = f"feeds {hidden_fanout[mid]} boxes (edges hidden)" if mid in hidden_fanout else ""
+            lines.append(f"{indent}{mid}[{_label(name, short_op(node.op_type), _shapes(node.outputs), fan)}]")
         else:
             ops = group_ops[name]
             out = leaving.get(name)
             mtype = ir.module_types.get(name, "")
             count = f"{len(ops)} op" + ("s" if len(ops) != 1 else "")
-            lines.append(f"{indent}{mid}[[{_label(name, f'{mtype} · {count}' if mtype else count, out.shape_str() if out else '')}]]")
+            fan = f"feeds {hidden_fanout[mid]} boxes (edges hidden)" if mid in hidden_fanout else ""
+            what = f"{mtype} · {count}" if mtype else count
+            lines.append(f"{indent}{mid}[[{_label(name, what, out.shape_str() if out else '', fan)}]]")
             classes["grp"].append(mid)
 
     subgraphs: dict[str, str] = {}  # subgraph id -> expanded module path

@@ -97,7 +97,8 @@ def _tensor(d: Any, where: str) -> TensorMeta:
     if not isinstance(d, dict):
         raise SerializationError(f"{where}: expected a tensor object, found {type(d).__name__}")
     try:
-        meta = TensorMeta(name=d["name"], shape=list(d["shape"]), dtype=d["dtype"], producer_node=d.get("producer_node"),
+        meta = TensorMeta(name=d["name"], shape=list(d["shape"]), dtype=d["dtype"],
+                          producer_node=d.get("producer_node"),
                           producer_output_idx=d.get("producer_output_idx"))
     except (KeyError, TypeError) as exc:
         raise SerializationError(f"{where}: malformed tensor ({exc})") from exc

@@ -185,7 +185,7 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaDecoder(nn.Module):
-    """Token embedding, N pre-norm decoder layers (RoPE, grouped-query causal attention, SwiGLU MLP), RMSNorm, LM head."""
+    """Token embedding, N pre-norm decoder layers (RoPE, grouped-query causal attention, SwiGLU), RMSNorm, LM head."""
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__()

@@ -24,6 +24,7 @@ from engine.modes.base import Mode, Prepared
 
 PHASES = ("infer",)
 CHECK_ENV = "MODELAB_AOTI_CHECK_IN_CHILD"
+_checked: set = set()  # (package path, device) already loaded fine in a child: once per process is enough
 
 
 class InferenceOnlyError(RuntimeError):
@@ -71,11 +72,12 @@ def prepare(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], train: b
     options = f", Inductor options {pkg.options}" if pkg.options else ""
     notes.append(f"aoti: torch.export → aoti_compile_and_package with {shape_note}{options}; package {pkg.digest}")
 
-    if _check_in_child(device):
+    if _check_in_child(device) and (pkg.path, str(device)) not in _checked:
         try:
             aoti.check_load_in_child(pkg.path, example_inputs, device)
         except aoti.NativeRunError as exc:
             raise aoti.NativeRunError(f"{exc}\n{_native_verdict(pkg.path, example_inputs, device)}") from None
+        _checked.add((pkg.path, str(device)))
 
     compiled = aoti.load(pkg.path, device)
     with torch.no_grad():

@@ -13,17 +13,18 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from engine.modes.base import Mode, Prepared
+from engine.modes.base import Mode, Prepared, cuda_only
 from engine.modes.fx import graph_table
 
-_RELU_FUNCTIONS = (F.relu, torch.relu, torch.nn.functional.relu)
+_RELU_FUNCTIONS = (F.relu, torch.relu)
 
 
 def _is_relu(gm: fx.GraphModule, node: fx.Node) -> bool:
     if node.op == "call_module":
         return isinstance(gm.get_submodule(str(node.target)), nn.ReLU)
     if node.op == "call_function":
-        return node.target in _RELU_FUNCTIONS and not node.kwargs.get("inplace", False)
+        inplace = node.kwargs.get("inplace", False) or (len(node.args) > 1 and node.args[1] is True)
+        return node.target in _RELU_FUNCTIONS and not inplace
     if node.op == "call_method":
         return node.target == "relu"
     return False
@@ -62,8 +63,7 @@ def rewrite_linear_relu(gm: fx.GraphModule) -> list[str]:
 
 
 def availability(device: str) -> str | None:
-    from engine.modes.base import cuda_only
-    from engine.native.build import custom_ops_missing
+    from engine.native.build import custom_ops_missing  # looks for tools; builds nothing
 
     if device.startswith("cuda"):
         reason = cuda_only(device)

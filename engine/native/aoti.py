@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from engine.native.build import REPO_ROOT, build_lock, build_root, build_tag
+from engine.native.build import REPO_ROOT, build_lock, build_root, build_tag, with_libstdcxx_preloaded
 
 OPTIONS_ENV = "MODELAB_AOTI_OPTIONS"
 _DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16",
@@ -81,8 +81,11 @@ def export(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], dynamic_bat
     if dynamic_batch and inputs and all(isinstance(x, torch.Tensor) and x.dim() >= 1 for x in inputs):
         batch = torch.export.Dim("batch", min=1, max=1 << 24)
         shapes = tuple({0: batch} for _ in inputs)
+        # export specialises a size-1 dimension to 1; trace a batch of 2 (the package still runs batch 1).
+        examples = tuple(torch.cat([x, x]) if x.shape[0] < 2 else x for x in inputs) if all(
+            x.shape[0] >= 1 for x in inputs) else inputs
         try:
-            return torch.export.export(model, inputs, dynamic_shapes=shapes), True, notes
+            return torch.export.export(model, examples, dynamic_shapes=shapes), True, notes
         except Exception as exc:  # noqa: BLE001 - any export failure: fall back to static shapes and say so
             notes.append(f"aoti: exporting with a dynamic batch dimension failed ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0] if str(exc) else ''}); compiled for the example's shapes")
@@ -195,7 +198,8 @@ def run_native(runner: Path, pt2: Path, inputs: tuple[torch.Tensor, ...], device
         for spec in specs:
             cmd += ["--input", spec]
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                                  env=with_libstdcxx_preloaded(dict(os.environ)))
         except subprocess.TimeoutExpired as exc:
             raise NativeRunError(f"the native runner timed out after {timeout_s:.0f} s") from exc
         last = (done.stdout.strip().splitlines() or [""])[-1]
@@ -226,6 +230,7 @@ def check_load_in_child(pt2: Path, inputs: tuple[torch.Tensor, ...], device: tor
             cmd += ["--input", spec]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+        env = with_libstdcxx_preloaded(env)
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=REPO_ROOT)
         except subprocess.TimeoutExpired as exc:

@@ -49,11 +49,12 @@ def _outcome(returncode: int, stderr: str) -> str:
 
 
 def _child_env() -> dict[str, str]:
-    from engine.native.build import REPO_ROOT
+    from engine.native.build import REPO_ROOT, with_libstdcxx_preloaded
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    return env
+    # MODELAB_PRELOAD_LIBSTDCXX=0 shows the crash again (engine/native/build.py says why it is preloaded)
+    return with_libstdcxx_preloaded(env)
 
 
 def compile_and_load(device: str, options: dict, dynamic: bool, batch: int, out: Path) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -60,6 +61,91 @@ def find_cxx() -> str | None:
         if found:
             return found
     return None
+
+
+def _compiler_libstdcxx(cxx: str) -> str | None:
+    """The libstdc++.so.6 that `cxx` links against (resolved), or None if it names none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        out = subprocess.run([cxx, "-print-file-name=libstdc++.so.6"], capture_output=True, text=True,
+                             timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return str(Path(out).resolve()) if out and Path(out).is_absolute() and Path(out).is_file() else None
+
+
+def loaded_libstdcxx() -> str | None:
+    """The libstdc++ this (torch-importing) process has loaded, resolved; None where /proc is missing."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        path = line.split()[-1] if line.split() else ""
+        if "/libstdc++.so" in path:
+            return str(Path(path).resolve())
+    return None
+
+
+def runner_cxx_candidates() -> list[str]:
+    """Compilers to try for the runner: $CXX first if set, then c++, g++, g++-N, <machine>-linux-gnu-g++[-N], clang++."""
+    machine = platform.machine()
+    versions = range(20, 8, -1)
+    names = ["c++", "g++", *(f"g++-{v}" for v in versions), f"{machine}-linux-gnu-g++",
+             *(f"{machine}-linux-gnu-g++-{v}" for v in versions), "clang++"]
+    found = [shutil.which(n) for n in names]
+    return [p for p in dict.fromkeys([find_cxx() if os.environ.get("CXX") else None, *found]) if p]
+
+
+def exported_std_code(exe: Path) -> list[str]:
+    """Functions of namespace std that `exe` defines and exports (nm -D): runtime code a toolchain linked in.
+
+    Why it matters: the dynamic linker binds libtorch's own calls to such copies first. On the GPU image `c++` is a
+    separate GCC build (/opt/gcc) that links pieces of its newer runtime into executables (std::locale and codecvt
+    members); libtorch then segfaulted inside std::regex while loading any AOTInductor package. The system g++
+    builds a runner that exports none and works.
+    """
+    try:
+        out = subprocess.run(["nm", "-D", "--defined-only", str(exe)], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    symbols = []
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] == "T" and parts[2].startswith(("_ZNSt", "_ZNKSt", "_ZSt")) and \
+                not parts[2].startswith(("_ZNSt3__1", "_ZNKSt3__1")):
+            symbols.append(parts[2])
+    return symbols
+
+
+PRELOAD_ENV = "MODELAB_PRELOAD_LIBSTDCXX"
+
+
+def compiler_libstdcxx() -> str | None:
+    """The libstdc++ to preload: the one this process has loaded, else the compiler's."""
+    cxx = find_cxx()
+    return loaded_libstdcxx() or (_compiler_libstdcxx(cxx) if cxx else None)
+
+
+def with_libstdcxx_preloaded(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the compiler's libstdc++ first in LD_PRELOAD (unless $MODELAB_PRELOAD_LIBSTDCXX=0).
+
+    Why: on the GPU image (torch 2.11+cu130) every AOTInductor model .so — CUDA and CPU — segfaulted in its
+    constructor, inside std::regex (parse_device_str): a library loaded earlier in the Python process interposes some
+    libstdc++ symbols. With libstdc++ preloaded the same package loads and runs (scripts/aoti_libstdcxx_check.sh
+    shows both). Preloading the library every C++ program loads anyway changes nothing elsewhere.
+    """
+    if env.get(PRELOAD_ENV, "1") == "0":
+        return env
+    lib = compiler_libstdcxx()
+    if not lib:
+        return env
+    current = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p]
+    if lib not in current:
+        env = {**env, "LD_PRELOAD": " ".join([lib, *current])}
+    return env
 
 
 def _ensure_ninja_on_path() -> str | None:
@@ -213,16 +299,36 @@ def runner_command(output: Path, cxx: str | None = None) -> list[str]:
     # libtorch_cuda finds its CUDA libraries (pip's nvidia-* wheels) through its own RUNPATH at run time; the linker
     # need not resolve them now.
     cmd += ["-Wl,--as-needed", "-Wl,--allow-shlib-undefined"]
+    cmd += os.environ.get("MODELAB_RUNNER_LDFLAGS", "").split()  # e.g. for a diagnosis: -static-libstdc++
     return cmd
 
 
 def build_aoti_runner(verbose: bool = False) -> Path:
-    """Compile csrc/aoti_runner.cpp into an executable (cached by source + flags + torch version); returns its path."""
+    """Compile csrc/aoti_runner.cpp into an executable (cached by source + flags + torch version); returns its path.
+
+    Tries the candidate compilers in turn and keeps the first runner that exports no std code of its own (see
+    exported_std_code); if every one does, the last build is used and its crash, if any, is reported by the run.
+    """
     reason = compiler_missing()
     if reason:
         raise NativeBuildError(reason)
+    exe = None
+    candidates = runner_cxx_candidates() or [None]
+    for i, cxx in enumerate(candidates):
+        exe = _build_runner_with(cxx, verbose)
+        leaked = exported_std_code(exe)
+        if not leaked or i == len(candidates) - 1:
+            return exe
+        if verbose:
+            print(f"aoti_runner built with {cxx} exports {len(leaked)} std function(s) ({leaked[0]}, …); "
+                  f"trying {candidates[i + 1]}", file=sys.stderr)
+    assert exe is not None
+    return exe
+
+
+def _build_runner_with(cxx: str | None, verbose: bool) -> Path:
     source = (CSRC / RUNNER_SOURCE).read_bytes()
-    probe_cmd = runner_command(Path("OUT"))
+    probe_cmd = runner_command(Path("OUT"), cxx)
     key = hashlib.sha256(source + torch.__version__.encode() + "\0".join(probe_cmd).encode()).hexdigest()[:16]
     folder = build_root() / build_tag() / f"aoti_runner-{key}"
     exe = folder / "aoti_runner"
@@ -233,7 +339,7 @@ def build_aoti_runner(verbose: bool = False) -> Path:
             return exe
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f"aoti_runner.tmp{os.getpid()}"
-        cmd = runner_command(tmp)
+        cmd = runner_command(tmp, cxx)
         start = time.monotonic()
         if verbose:
             print(" ".join(cmd), file=sys.stderr)

@@ -44,7 +44,8 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.add_argument("--mode", default="eager", help="a mode or a comma list, e.g. eager,compile (default: eager); "
                    "two or more are compared at the end")
     p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
-    p.add_argument("--phases", type=_phases, default=("train",), help="train,infer (default: train)")
+    p.add_argument("--phases", type=_phases, default=None,
+                   help="train,infer (default: train, or infer for inference-only modes such as aoti)")
     p.add_argument("--batch-size", type=_positive_int, default=None, help="default: the workload's training batch")
     p.add_argument("--wait", type=_non_negative_int, default=1, help="profiler schedule: skipped steps (default 1)")
     p.add_argument("--warmup", type=_non_negative_int, default=2, help="traced, discarded steps (default 2)")
@@ -74,6 +75,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from engine.jobs import JobSpec, create_runs, run_jobs
     from engine.modes import get_mode
     from engine.profiling import ncu
+    from engine.profiling.profile import default_phases, mode_phases, supported_phases
     from engine.workloads import get_workload
 
     try:
@@ -84,28 +86,40 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if not modes:
         raise CliError("--mode: give a mode, e.g. eager or eager,compile")
     check_device(args.device)
+    phases = {}
     for mode in modes:
         ok, reason = mode.available(args.device)
         if not ok:
             raise CliError(f"mode {mode.name} is not available on {args.device}: {reason}")
+        wanted = args.phases or default_phases(mode)
+        phases[mode.name] = supported_phases(mode, wanted)
+        if not phases[mode.name]:
+            raise CliError(f"mode {mode.name} runs only the {', '.join(mode_phases(mode))} phase(s); "
+                           f"use --phases {','.join(mode_phases(mode))}")
+        for skipped in (p for p in wanted if p not in phases[mode.name]):
+            print(f"warning: {mode.name} runs only the {', '.join(mode_phases(mode))} phase(s): {skipped} skipped",
+                  file=sys.stderr)
     if args.deep:
         reason = ncu.unavailable(args.device)
         if reason:
             print(f"warning: --deep: {reason}; the profile runs without it", file=sys.stderr)
     store = _store(args)
-    params = {"workload": args.workload, "device": args.device, "phases": list(args.phases), "wait": args.wait,
-              "warmup": args.warmup, "active": args.active, "deep": args.deep, "top_k": min(args.top_k, 10)}
+    params = {"workload": args.workload, "device": args.device, "wait": args.wait, "warmup": args.warmup,
+              "active": args.active, "deep": args.deep, "top_k": min(args.top_k, 10)}
     if args.batch_size:
         params["batch_size"] = args.batch_size
-    specs = [JobSpec("profile", args.workload, m.name, args.device, {**params, "mode": m.name},
-                     timeout_s=args.timeout) for m in modes]
+    specs = [JobSpec("profile", args.workload, m.name, args.device,
+                     {**params, "mode": m.name, "phases": phases[m.name]}, timeout_s=args.timeout) for m in modes]
     ids = create_runs(store, specs, group_id=uuid.uuid4().hex[:12] if len(specs) > 1 else None)
     statuses = run_jobs(store, ids, _Bars({i: f"profile {m.name}" for i, m in zip(ids, modes)}))
     ok_ids = [i for i in ids if statuses[i] == "ok"]
     for run_id in ok_ids:
         print_profile(store, run_id, args.top_k)
     for run_id in ok_ids[1:]:
-        print_comparison(store, ok_ids[0], run_id, None, args.top_k)
+        try:
+            print_comparison(store, ok_ids[0], run_id, None, args.top_k)
+        except CliError as exc:  # e.g. an inference-only mode beside a training profile
+            print(f"\nno comparison of runs {ok_ids[0]} and {run_id}: {exc}")
     for run_id, status in statuses.items():
         if status != "ok":
             run = store.run(run_id)

@@ -159,10 +159,10 @@ def _ext_id(args: dict[str, Any]) -> Any:
 def aggregate(events: Sequence[Event]) -> list[dict[str, Any]]:
     """op_stats rows: one per (kind, device, name), with calls, self/total time, device time of the kernels an
     operator launched itself, the most frequent input shapes, and for kernels the operator that launched them."""
-    op_by_ext: dict[Any, Event] = {}
+    op_by_ext: dict[Any, Event] = {}  # External id → the operator (or record_function range) that launched
     for e in events:
-        if e.kind == "operator" and _ext_id(e.args) is not None:
-            op_by_ext[_ext_id(e.args)] = e
+        if e.kind in ("operator", "annotation") and _ext_id(e.args) is not None:
+            op_by_ext.setdefault(_ext_id(e.args), e)
     groups: dict[tuple[str, str, str], dict[str, Any]] = {}
     for e in events:
         if e.merged:
@@ -183,9 +183,10 @@ def aggregate(events: Sequence[Event]) -> list[dict[str, Any]]:
         else:
             op = op_by_ext.get(_ext_id(e.args))
             if op is not None:
-                g["parents"][op.name] += 1
-                opg = groups.setdefault(("operator", "cpu", op.name), {
-                    "kind": "operator", "device": "cpu", "name": op.name, "calls": 0, "self_us": 0.0,
+                op_name = "ProfilerStep*" if op.kind == "annotation" and STEP_RE.match(op.name) else op.name
+                g["parents"][op_name] += 1
+                opg = groups.setdefault((op.kind, "cpu", op_name), {
+                    "kind": op.kind, "device": "cpu", "name": op_name, "calls": 0, "self_us": 0.0,
                     "total_us": 0.0, "device_us": None, "shapes": Counter(), "parents": Counter()})
                 opg["device_us"] = (opg["device_us"] or 0.0) + e.dur
     rows = []

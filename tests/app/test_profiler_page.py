@@ -164,7 +164,7 @@ def test_profile_button_queues_a_profile_run(lab: Store, monkeypatch: pytest.Mon
     monkeypatch.setattr(jobs, "submit", fake_submit)
     at = open_profiler().run()
     at.selectbox(key="new-mode").set_value("fx").run()
-    at.multiselect(key="new-phases").set_value(["train", "infer"]).run()
+    at.multiselect(key="new-phases-fx").set_value(["train", "infer"]).run()
     at.number_input(key="new-active").set_value(3).run()
     at.button(key="profile-run").click().run()
     assert not at.exception
@@ -176,9 +176,12 @@ def test_profile_button_queues_a_profile_run(lab: Store, monkeypatch: pytest.Mon
     assert "Queued profile #" in texts(at.success)
     assert at.get("progress")
 
-    at.multiselect(key="new-phases").set_value([]).run()
+    at.multiselect(key="new-phases-fx").set_value([]).run()
     assert at.button(key="profile-run").disabled
-    at.multiselect(key="new-phases").set_value(["train"]).run()
+    at.multiselect(key="new-phases-fx").set_value(["train"]).run()
+    at.selectbox(key="new-mode").set_value("aoti").run()  # inference only: offers (and defaults to) infer
+    assert at.multiselect(key="new-phases-aoti").options == ["Inference (forward, no_grad)"]
+    assert at.multiselect(key="new-phases-aoti").value == ["infer"]
     at.selectbox(key="new-mode").set_value("compile-reduce-overhead").run()
     assert at.button(key="profile-run").disabled
     assert "not available on cpu" in texts(at.caption)

@@ -55,7 +55,8 @@ def test_execution_error_names_the_node(zoo_irs, real_models) -> None:
     model, inputs = real_models["attention"]
     softmax = next(n for n in ir.nodes if n.op_type.startswith("aten.softmax"))
     softmax.attrs["dim"] = 7
-    with pytest.raises(ExecutionError, match=rf"node '{softmax.name}' \(aten\.softmax\.int.*failed: IndexError") as info:
+    match = rf"node '{softmax.name}' \(aten\.softmax\.int.*failed: IndexError"
+    with pytest.raises(ExecutionError, match=match) as info:
         execute_ir(ir, model_weights(model), inputs)
     assert info.value.node == softmax.name
     softmax.attrs["dim"] = -1

@@ -1,4 +1,4 @@
-"""Meta-device export: the checks, the IR's structure (ops, attrs, weights, multi-output ops), and each limit's error."""
+"""Meta-device export: the checks, the IR's structure (ops, attrs, weights, multi-output ops), each limit's error."""
 
 from __future__ import annotations
 
