@@ -103,8 +103,8 @@ def exported_std_code(exe: Path) -> list[str]:
 
     Why it matters: the dynamic linker binds libtorch's own calls to such copies first. On the GPU image `c++` is a
     separate GCC build (/opt/gcc) that links pieces of its newer runtime into executables (std::locale and codecvt
-    members); libtorch then segfaulted inside std::regex while loading any AOTInductor package. The system g++
-    builds a runner that exports none and works.
+    members); libtorch then segfaulted inside std::regex while loading any AOTInductor package. The system compiler
+    (/usr/bin/c++ there) builds a runner that exports none and works.
     """
     try:
         out = subprocess.run(["nm", "-D", "--defined-only", str(exe)], capture_output=True, text=True,
@@ -123,14 +123,14 @@ def exported_std_code(exe: Path) -> list[str]:
 PRELOAD_ENV = "MODELAB_PRELOAD_LIBSTDCXX"
 
 
-def compiler_libstdcxx() -> str | None:
+def libstdcxx_to_preload() -> str | None:
     """The libstdc++ to preload: the one this process has loaded, else the compiler's."""
     cxx = find_cxx()
     return loaded_libstdcxx() or (_compiler_libstdcxx(cxx) if cxx else None)
 
 
 def with_libstdcxx_preloaded(env: dict[str, str]) -> dict[str, str]:
-    """`env` with the compiler's libstdc++ first in LD_PRELOAD (unless $MODELAB_PRELOAD_LIBSTDCXX=0).
+    """`env` with this process's libstdc++ first in LD_PRELOAD (unless $MODELAB_PRELOAD_LIBSTDCXX=0).
 
     Why: on the GPU image (torch 2.11+cu130) every AOTInductor model .so — CUDA and CPU — segfaulted in its
     constructor, inside std::regex (parse_device_str): a library loaded earlier in the Python process interposes some
@@ -139,7 +139,7 @@ def with_libstdcxx_preloaded(env: dict[str, str]) -> dict[str, str]:
     """
     if env.get(PRELOAD_ENV, "1") == "0":
         return env
-    lib = compiler_libstdcxx()
+    lib = libstdcxx_to_preload()
     if not lib:
         return env
     current = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p]

@@ -49,7 +49,7 @@ def test_cxx_from_the_environment_is_tried_first(monkeypatch):
 
 
 def test_preload_puts_the_loaded_libstdcxx_first_once(monkeypatch):
-    lib = build.compiler_libstdcxx()
+    lib = build.libstdcxx_to_preload()
     if lib is None:
         pytest.skip("no libstdc++ found (not Linux, or no compiler)")
     assert Path(lib).is_file() and "libstdc++" in lib
