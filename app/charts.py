@@ -71,6 +71,27 @@ def first_call_bar(summary: pd.DataFrame, modes: Sequence[str] | None = None) ->
     return _layout(fig, "First-call cost (trace / compile), log scale", "ms")
 
 
+def python_vs_native(summary: pd.DataFrame) -> go.Figure:
+    """For modes with a native-runner timing (aoti): the same package called from Python and from C++, side by side.
+
+    The gap is what the Python call path costs per call (argument handling, the pybind layer, output wrapping).
+    """
+    rows = []
+    for r in summary.dropna(subset=["native_median_us"]).itertuples():
+        rows.append({"mode": r.mode, "caller": "Python (aoti_load_package)", "median_us": r.median_us,
+                     "p10_us": r.p10_us, "p90_us": r.p90_us})
+        rows.append({"mode": r.mode, "caller": "native runner (C++, no Python)", "median_us": r.native_median_us,
+                     "p10_us": r.native_p10_us, "p90_us": r.native_p90_us})
+    df = pd.DataFrame(rows)
+    df = df.assign(err_plus=df["p90_us"] - df["median_us"], err_minus=df["median_us"] - df["p10_us"])
+    fig = px.bar(df, x="mode", y="median_us", color="caller", barmode="group", error_y="err_plus",
+                 error_y_minus="err_minus", text=df["median_us"].map("{:,.1f} µs".format),
+                 hover_data={"p10_us": ":.1f", "p90_us": ":.1f", "err_plus": False, "err_minus": False})
+    fig = _layout(fig, "What Python costs: the same .pt2 from Python and from C++", "µs per call")
+    fig.update_layout(showlegend=True, legend_title_text=None)
+    return fig
+
+
 def history_line(frame: pd.DataFrame, modes: Sequence[str] | None = None) -> go.Figure:
     """Median of every earlier run over time, one line per mode."""
     order = _order(frame, modes)

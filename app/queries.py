@@ -17,7 +17,10 @@ STAT_COLUMNS = """
     max(CASE WHEN m.name = 'first_call' THEN m.value END) AS first_call_us,
     max(CASE WHEN m.name = 'max_abs_err' THEN m.value END) AS max_abs_err,
     max(CASE WHEN m.name = 'recompiles' THEN m.value END) AS recompiles,
-    max(CASE WHEN m.name = 'graph_breaks' THEN m.value END) AS graph_breaks
+    max(CASE WHEN m.name = 'graph_breaks' THEN m.value END) AS graph_breaks,
+    max(CASE WHEN m.name = 'native_median' THEN m.value END) AS native_median_us,
+    max(CASE WHEN m.name = 'native_p10' THEN m.value END) AS native_p10_us,
+    max(CASE WHEN m.name = 'native_p90' THEN m.value END) AS native_p90_us
 """
 
 

@@ -131,6 +131,12 @@ for start in range(0, len(mode_names), 3):
                           delta_color="off", delta_arrow="off")
                 st.caption(f"p10–p90 {fmt_us(row['p10_us'])} – {fmt_us(row['p90_us'])} · first call "
                            f"{fmt_us(row['first_call_us'])} · run #{row['run_id']} · {fmt_time(row['finished_at'])}")
+                native = row.get("native_median_us")
+                if native is not None and native == native:  # NaN where the mode has no native runner
+                    gap = row["median_us"] - native
+                    st.caption(f"Native runner (C++, same .pt2): {fmt_us(native)} · "
+                               + (f"Python adds {fmt_us(gap)} per call" if gap >= 0 else
+                                  f"the native call is {fmt_us(-gap)} slower"))
             else:
                 st.caption("No result for these filters yet.")
             if notes.get(name):  # once per card, however many batch sizes repeated the warning
@@ -166,6 +172,8 @@ with st.container(border=True, key="charts"):
         if not compiled.empty:
             right2.caption("Compile counters (latest run per mode)")
             right2.dataframe(compiled[["mode", "recompiles", "graph_breaks", "max_abs_err"]], hide_index=True)
+        if summary["native_median_us"].notna().any():
+            st.plotly_chart(charts.python_vs_native(summary), key="chart-native")
         if show_history:
             past = queries.history(store, WORKLOAD, device, phase, batch)
             st.plotly_chart(charts.history_line(past, mode_names), key="chart-history")

@@ -53,7 +53,8 @@ def lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
 
 def add_bench_run(store: Store, mode: str, median_us: float, *, device: str = "cpu",
                   points: Sequence[tuple[str, int]] = (("infer", 1), ("infer", 64), ("infer", 1024), ("train", 64)),
-                  notes: Sequence[str] = (), n_samples: int = 50, seed: int = 0) -> int:
+                  notes: Sequence[str] = (), n_samples: int = 50, seed: int = 0,
+                  native_fraction: float | None = None) -> int:
     """An ok bench run with every metric a real one records, and raw samples around the median."""
     run_id = store.create_run("bench", "house_price", mode, device, {"mode": mode, "device": device})
     store.start_run(run_id)
@@ -71,6 +72,11 @@ def add_bench_run(store: Store, mode: str, median_us: float, *, device: str = "c
         result.metrics += [Metric("max_abs_err", 1e-7, "", phase, batch),
                            Metric("max_rel_err", 1e-6, "", phase, batch),
                            Metric("throughput", batch / (median * 1e-6), "samples/s", phase, batch)]
+        if native_fraction is not None:  # aoti's native-runner timing of the same package
+            native = median * native_fraction
+            result.metrics += [Metric("native_median", native, "us", phase, batch),
+                               Metric("native_p10", native * 0.95, "us", phase, batch),
+                               Metric("native_p90", native * 1.1, "us", phase, batch)]
         if "compile" in mode:
             result.metrics += [Metric(name, value, "", phase, batch)
                                for name, value in (("graphs_compiled", 1), ("recompiles", 0), ("graph_breaks", 0))]

@@ -43,6 +43,21 @@ def test_cards_and_charts_from_stored_results(filled: Store, page) -> None:
     assert texts(at.caption).count("torch.jit.script is deprecated") == 1
 
 
+def test_aoti_shows_what_python_costs(filled: Store, page) -> None:
+    from tests.app.conftest import add_bench_run
+
+    add_bench_run(filled, "aoti", 80.0, points=(("infer", 1), ("infer", 64), ("infer", 1024)), native_fraction=0.5)
+    at = page("benchmark").run()
+    assert not at.exception
+    # B=64 median: 80 * (1 + 64/512) = 90 µs from Python, half of it natively.
+    caption = next(c.value for c in at.caption if "Native runner" in c.value)
+    assert "45.0 µs" in caption and "Python adds 45.0 µs" in caption
+    figures = [c for c in at.get("plotly_chart") if "What Python costs" in c.proto.spec]
+    assert len(figures) == 1
+    # The cards of modes without a native runner say nothing of one.
+    assert sum("Native runner" in c.value for c in at.caption) == 1
+
+
 def test_history_and_filters(filled: Store, page) -> None:
     at = page("benchmark").run()
     n = len(at.get("plotly_chart"))
