@@ -191,7 +191,7 @@ def bench_mode(cfg: BenchConfig, progress: Progress = lambda f, msg: None) -> Ru
     plan = []
     for phase in cfg.phases:
         if phase in PHASES and phase not in mode.phases:
-            result.notes.append(f"{mode.name} runs only the {', '.join(mode.phases)} phase(s): {phase} skipped")
+            result.notes.append(mode.skip_note(phase))
     if "infer" in cfg.phases and "infer" in mode.phases:
         plan += [("infer", b) for b in (cfg.batch_sizes or workload.default_batch_sizes)]
     if "train" in cfg.phases and "train" in mode.phases:

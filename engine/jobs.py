@@ -104,12 +104,12 @@ def _reap(proc: subprocess.Popen) -> None:
 
 
 def _child_env() -> dict[str, str]:
-    from engine.native.build import with_libstdcxx_preloaded
+    from engine.native.toolchain import with_libstdcxx_preloaded
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    return with_libstdcxx_preloaded(env)  # AOTInductor models load in workers (see engine/native/build.py)
+    return with_libstdcxx_preloaded(env)  # AOTInductor models load in workers (see engine/native/toolchain.py)
 
 
 def submit(store: Store, specs: Sequence[JobSpec], group_id: str | None = None) -> list[int]:

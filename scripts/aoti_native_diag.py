@@ -16,7 +16,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.native import aoti  # noqa: E402
-from engine.native.build import build_aoti_runner, with_libstdcxx_preloaded  # noqa: E402
+from engine.native.build import build_aoti_runner  # noqa: E402
+from engine.native.toolchain import with_libstdcxx_preloaded  # noqa: E402
 from engine.workloads import get_workload  # noqa: E402
 
 

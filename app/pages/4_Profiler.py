@@ -23,7 +23,7 @@ from engine.jobs import JobSpec  # noqa: E402
 from engine.modes import MODES  # noqa: E402
 from engine.profiling import ncu  # noqa: E402
 from engine.profiling.op_stats import comparable_kinds, compare, compare_metrics, short_name  # noqa: E402
-from engine.profiling.profile import default_phases, mode_phases  # noqa: E402
+from engine.profiling.profile import default_phases  # noqa: E402
 from engine.workloads import get_workload  # noqa: E402
 
 WORKLOAD = "house_price"
@@ -144,7 +144,7 @@ with st.expander("New profile", expanded=runs.empty, icon=":material/speed:"):
     mode = c1.selectbox("Mode", list(MODES), key="new-mode")
     device = c2.selectbox("Device", info["devices"], key="new-device",
                           format_func=lambda d: f"{d} — {info['names'].get(d, '')}")
-    offered = [p for p in ("train", "infer") if p in mode_phases(MODES[mode])]
+    offered = [p for p in ("train", "infer") if p in MODES[mode].phases]
     phases = c3.multiselect("Phases", offered, default=list(default_phases(MODES[mode])), key=f"new-phases-{mode}",
                             format_func=PHASE_LABELS.get,
                             help=None if len(offered) > 1 else f"{mode} runs only the {offered[0]} phase.")

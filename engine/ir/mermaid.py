@@ -164,6 +164,10 @@ def to_mermaid(ir: IR, *, depth: int | None = None, expand: Iterable[str] = (), 
                 hidden_fanout[src] = len(dsts)
                 for dst in dsts:
                     edges.pop((src, dst), None)
+
+    def fan(mid: str) -> str:  # a box whose many constant-only out-edges were dropped says so
+        return f"feeds {hidden_fanout[mid]} boxes (edges hidden)" if mid in hidden_fanout else ""
+
     tensors = ir.tensors()
     nodes_by_name = {n.name: n for n in ir.nodes}
     # The shape a module box shows: its last output read outside it (or a graph output).
@@ -201,16 +205,14 @@ def to_mermaid(ir: IR, *, depth: int | None = None, expand: Iterable[str] = (), 
             classes["out"].append(mid)
         elif kind == "node":
             node = nodes_by_name[name]
-            fan = f"feeds {hidden_fanout[mid]} boxes (edges hidden)" if mid in hidden_fanout else ""
-            lines.append(f"{indent}{mid}[{_label(name, short_op(node.op_type), _shapes(node.outputs), fan)}]")
+            lines.append(f"{indent}{mid}[{_label(name, short_op(node.op_type), _shapes(node.outputs), fan(mid))}]")
         else:
             ops = group_ops[name]
             out = leaving.get(name)
             mtype = ir.module_types.get(name, "")
             count = f"{len(ops)} op" + ("s" if len(ops) != 1 else "")
-            fan = f"feeds {hidden_fanout[mid]} boxes (edges hidden)" if mid in hidden_fanout else ""
             what = f"{mtype} · {count}" if mtype else count
-            lines.append(f"{indent}{mid}[[{_label(name, what, out.shape_str() if out else '', fan)}]]")
+            lines.append(f"{indent}{mid}[[{_label(name, what, out.shape_str() if out else '', fan(mid))}]]")
             classes["grp"].append(mid)
 
     subgraphs: dict[str, str] = {}  # subgraph id -> expanded module path

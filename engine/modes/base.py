@@ -40,6 +40,10 @@ class Mode:
     compiles: bool = False  # counts recompiles and graph breaks through dynamo
     phases: tuple[str, ...] = ("infer", "train")  # what the mode supports; bench skips the others with a note
 
+    def skip_note(self, phase: str) -> str:
+        """What a run records when asked for a phase this mode does not support."""
+        return f"{self.name} runs only the {', '.join(self.phases)} phase(s): {phase} skipped"
+
     def available(self, device: str) -> tuple[bool, str]:
         reason = self.availability(device)
         return (reason is None, reason or "")

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-from engine.native.build import REPO_ROOT, build_lock, build_root, build_tag, with_libstdcxx_preloaded
+from engine.native.build import REPO_ROOT, build_lock, build_root, build_tag
+from engine.native.toolchain import with_libstdcxx_preloaded
 
 OPTIONS_ENV = "MODELAB_AOTI_OPTIONS"
 _DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16",

@@ -49,11 +49,12 @@ def _outcome(returncode: int, stderr: str) -> str:
 
 
 def _child_env() -> dict[str, str]:
-    from engine.native.build import REPO_ROOT, with_libstdcxx_preloaded
+    from engine.native.build import REPO_ROOT
+    from engine.native.toolchain import with_libstdcxx_preloaded
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    # MODELAB_PRELOAD_LIBSTDCXX=0 shows the crash again (engine/native/build.py says why it is preloaded)
+    # MODELAB_PRELOAD_LIBSTDCXX=0 shows the crash again (engine/native/toolchain.py says why it is preloaded)
     return with_libstdcxx_preloaded(env)
 
 

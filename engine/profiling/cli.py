@@ -75,7 +75,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from engine.jobs import JobSpec, create_runs, run_jobs
     from engine.modes import get_mode
     from engine.profiling import ncu
-    from engine.profiling.profile import default_phases, mode_phases, supported_phases
+    from engine.profiling.profile import default_phases, supported_phases
     from engine.workloads import get_workload
 
     try:
@@ -94,11 +94,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
         wanted = args.phases or default_phases(mode)
         phases[mode.name] = supported_phases(mode, wanted)
         if not phases[mode.name]:
-            raise CliError(f"mode {mode.name} runs only the {', '.join(mode_phases(mode))} phase(s); "
-                           f"use --phases {','.join(mode_phases(mode))}")
+            raise CliError(f"mode {mode.name} runs only the {', '.join(mode.phases)} phase(s); "
+                           f"use --phases {','.join(mode.phases)}")
         for skipped in (p for p in wanted if p not in phases[mode.name]):
-            print(f"warning: {mode.name} runs only the {', '.join(mode_phases(mode))} phase(s): {skipped} skipped",
-                  file=sys.stderr)
+            print(f"warning: {mode.skip_note(skipped)}", file=sys.stderr)
     if args.deep:
         reason = ncu.unavailable(args.device)
         if reason:

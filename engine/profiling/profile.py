@@ -67,18 +67,13 @@ class ProfileConfig:
             raise ValueError("top_k and ncu_steps must be at least 1")
 
 
-def mode_phases(mode: Mode) -> tuple[str, ...]:
-    """The phases a mode supports (e.g. aoti: inference only)."""
-    return tuple(getattr(mode, "phases", PHASES))
-
-
 def supported_phases(mode: Mode, wanted: tuple[str, ...] | list[str]) -> list[str]:
-    return [p for p in wanted if p in mode_phases(mode)]
+    return [p for p in wanted if p in mode.phases]
 
 
 def default_phases(mode: Mode) -> tuple[str, ...]:
-    """The training step where the mode has one (the headline profile), else what it runs."""
-    return ("train",) if "train" in mode_phases(mode) else mode_phases(mode)
+    """The training step where the mode has one (the headline profile), else what it runs (aoti: inference)."""
+    return ("train",) if "train" in mode.phases else mode.phases
 
 
 def default_batch_size(workload: Workload, batch_size: int | None) -> int:
@@ -217,14 +212,14 @@ def profile_mode(cfg: ProfileConfig, progress: Progress = lambda f, msg: None) -
         raise RuntimeError(f"mode {mode.name} is not available on {cfg.device}: {reason}")
     phases = supported_phases(mode, cfg.phases)
     if not phases:
-        raise ValueError(f"nothing to profile: mode {mode.name} runs only the {', '.join(mode_phases(mode))} "
+        raise ValueError(f"nothing to profile: mode {mode.name} runs only the {', '.join(mode.phases)} "
                          f"phase(s); asked for {', '.join(cfg.phases)}")
     out_dir = Path(cfg.artifacts_dir or tempfile.mkdtemp(prefix="modelab-profile-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     result = RunResult(env=capture_env(cfg.device))
     for phase in cfg.phases:
         if phase not in phases:
-            result.notes.append(f"{mode.name} runs only the {', '.join(mode_phases(mode))} phase(s): {phase} skipped")
+            result.notes.append(mode.skip_note(phase))
     nvtx_ranges.enable(cfg.device.startswith("cuda"))
     base_model = workload.make_model().to(cfg.device)
     n = len(phases)

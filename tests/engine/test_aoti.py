@@ -158,4 +158,4 @@ def test_cuda_round_trip_and_native_runner(runner):
     torch.testing.assert_close(result["outputs"][0]["tensor"], expected, rtol=1e-4, atol=1e-4)
     assert result["peak_device_bytes"] is None or result["peak_device_bytes"] > 0
     # No in-process load here: on the GPU image that needs libstdc++ preloaded, which workers get and pytest does not
-    # (engine/native/build.py: with_libstdcxx_preloaded); the aoti mode's bench covers the Python path there.
+    # (engine/native/toolchain.py: with_libstdcxx_preloaded); the aoti mode's bench covers the Python path there.

@@ -1,5 +1,5 @@
 """The toolchain checks behind the AOTInductor fixes: which compiler builds the runner, what it may export, and the
-libstdc++ preload given to processes that load model .so files (engine/native/build.py says why each exists)."""
+libstdc++ preload given to processes that load model .so files (engine/native/toolchain.py says why each exists)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.native import build
+from engine.native import toolchain
 
 
 def _compile(tmp_path: Path, source: str, *flags: str) -> Path:
-    cxx = build.find_cxx()
+    cxx = toolchain.find_cxx()
     if cxx is None or shutil.which("nm") is None:
         pytest.skip("needs a C++ compiler and nm")
     src = tmp_path / "prog.cpp"
@@ -26,7 +26,7 @@ def _compile(tmp_path: Path, source: str, *flags: str) -> Path:
 def test_a_plain_executable_exports_no_std_code(tmp_path):
     exe = _compile(tmp_path, "#include <string>\n#include <iostream>\n"
                              "int main(int c, char** v) { std::string s(v[0]); std::cout << s.size(); }\n")
-    assert build.exported_std_code(exe) == []
+    assert toolchain.exported_std_code(exe) == []
 
 
 def test_std_code_linked_into_an_executable_is_found(tmp_path):
@@ -35,25 +35,25 @@ def test_std_code_linked_into_an_executable_is_found(tmp_path):
     exe = _compile(tmp_path, "#include <stdexcept>\nint main() { try { throw std::runtime_error(\"x\"); }"
                              " catch (const std::exception& e) { return e.what()[0] == 'x' ? 0 : 1; } }\n",
                    "-static-libstdc++", "-rdynamic")
-    leaked = build.exported_std_code(exe)
+    leaked = toolchain.exported_std_code(exe)
     assert leaked and all(name.startswith(("_ZNSt", "_ZNKSt", "_ZSt")) for name in leaked)
 
 
 def test_cxx_from_the_environment_is_tried_first(monkeypatch):
     gxx = shutil.which("g++") or pytest.skip("needs g++ on PATH")
     monkeypatch.setenv("CXX", "g++")
-    candidates = build.runner_cxx_candidates()
+    candidates = toolchain.runner_cxx_candidates()
     assert candidates[0] == gxx and len(candidates) == len(set(candidates))
     monkeypatch.delenv("CXX")
-    assert gxx in build.runner_cxx_candidates()
+    assert gxx in toolchain.runner_cxx_candidates()
 
 
 def test_preload_puts_the_loaded_libstdcxx_first_once(monkeypatch):
-    lib = build.libstdcxx_to_preload()
+    lib = toolchain.libstdcxx_to_preload()
     if lib is None:
         pytest.skip("no libstdc++ found (not Linux, or no compiler)")
     assert Path(lib).is_file() and "libstdc++" in lib
-    env = build.with_libstdcxx_preloaded({"LD_PRELOAD": "/opt/other.so"})
+    env = toolchain.with_libstdcxx_preloaded({"LD_PRELOAD": "/opt/other.so"})
     assert env["LD_PRELOAD"].split() == [lib, "/opt/other.so"]
-    assert build.with_libstdcxx_preloaded(env) == env  # idempotent: a worker's child does not add it twice
-    assert build.with_libstdcxx_preloaded({build.PRELOAD_ENV: "0"}) == {build.PRELOAD_ENV: "0"}
+    assert toolchain.with_libstdcxx_preloaded(env) == env  # idempotent: a worker's child does not add it twice
+    assert toolchain.with_libstdcxx_preloaded({toolchain.PRELOAD_ENV: "0"}) == {toolchain.PRELOAD_ENV: "0"}

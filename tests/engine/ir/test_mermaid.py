@@ -61,6 +61,28 @@ def test_a_1000_node_graph_stays_readable() -> None:
     assert len(collapsed.text) < 20_000
 
 
+def test_collapsed_view_hides_the_fan_out_of_a_weights_only_table() -> None:
+    # `rope` computes a table from a buffer alone and every layer reads it (as RoPE's cos/sin tables in the decoder):
+    # five edges from one box would drown the chain, so the view drops them and the box says so.
+    w = TensorMeta("freqs", [8], "float32")
+    table = TensorMeta("table", [8], "float32", "table", 0)
+    nodes = [OpNode("table", "aten.cos.default", ["freqs"], [table], input_args={"self": 0}, module_path="rope")]
+    prev, layers = "x", 5
+    for i in range(layers):
+        name = f"mul_{i}"
+        nodes.append(OpNode(name, "aten.mul.Tensor", [prev, "table"], [TensorMeta(name, [2, 8], "float32", name, 0)],
+                            input_args={"self": 0, "other": 1}, module_path=f"layers.{i}"))
+        prev = name
+    types = {"rope": "Rope"} | {f"layers.{i}": "Block" for i in range(layers)}
+    ir = IR(nodes=nodes, graph_inputs=[TensorMeta("x", [2, 8], "float32")], graph_outputs=[prev],
+            weights={"freqs": w}, weight_name_mapping={"freqs": "rope.freqs"}, module_types=types)
+    collapsed = to_mermaid(ir, depth=1)
+    assert "feeds 5 boxes (edges hidden)" in collapsed.text
+    assert collapsed.edges == layers + 1  # x → layer 0 → … → layer 4 → output; none from rope
+    full = to_mermaid(ir)  # the op-level view keeps every edge
+    assert "edges hidden" not in full.text and full.edges == 2 * layers + 1
+
+
 def test_labels_cannot_inject_markup() -> None:
     x = TensorMeta(EVIL, [1], "float32")
     node = OpNode(EVIL, "aten.relu.default", [EVIL], [TensorMeta("y", [1], "float32", EVIL, 0)],

@@ -1,0 +1,113 @@
+"""The C++ toolchain as seen from this machine: which compiler, which libstdc++, and what a built executable exports.
+
+No torch import here: engine.jobs calls `with_libstdcxx_preloaded` for every worker it starts, from a supervisor
+process that never loads torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def find_cxx() -> str | None:
+    """The C++ compiler cpp_extension will use: $CXX, else c++ (then g++, clang++) on PATH."""
+    env = os.environ.get("CXX")
+    if env:
+        return shutil.which(env) or (env if Path(env).is_file() else None)
+    for name in ("c++", "g++", "clang++"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _compiler_libstdcxx(cxx: str) -> str | None:
+    """The libstdc++.so.6 that `cxx` links against (resolved), or None if it names none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        out = subprocess.run([cxx, "-print-file-name=libstdc++.so.6"], capture_output=True, text=True,
+                             timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return str(Path(out).resolve()) if out and Path(out).is_absolute() and Path(out).is_file() else None
+
+
+def loaded_libstdcxx() -> str | None:
+    """The libstdc++ this (torch-importing) process has loaded, resolved; None where /proc is missing."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        path = line.split()[-1] if line.split() else ""
+        if "/libstdc++.so" in path:
+            return str(Path(path).resolve())
+    return None
+
+
+def runner_cxx_candidates() -> list[str]:
+    """Compilers to try for the runner: $CXX first if set, then c++, g++, g++-N, <machine>-linux-gnu-g++[-N], clang++."""
+    machine = platform.machine()
+    versions = range(20, 8, -1)
+    names = ["c++", "g++", *(f"g++-{v}" for v in versions), f"{machine}-linux-gnu-g++",
+             *(f"{machine}-linux-gnu-g++-{v}" for v in versions), "clang++"]
+    found = [shutil.which(n) for n in names]
+    return [p for p in dict.fromkeys([find_cxx() if os.environ.get("CXX") else None, *found]) if p]
+
+
+def exported_std_code(exe: Path) -> list[str]:
+    """Functions of namespace std that `exe` defines and exports (nm -D): runtime code a toolchain linked in.
+
+    Why it matters: the dynamic linker binds libtorch's own calls to such copies first. On the GPU image `c++` is a
+    separate GCC build (/opt/gcc) that links pieces of its newer runtime into executables (std::locale and codecvt
+    members); libtorch then segfaulted inside std::regex while loading any AOTInductor package. The system compiler
+    (/usr/bin/c++ there) builds a runner that exports none and works.
+    """
+    try:
+        out = subprocess.run(["nm", "-D", "--defined-only", str(exe)], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    symbols = []
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] == "T" and parts[2].startswith(("_ZNSt", "_ZNKSt", "_ZSt")) and \
+                not parts[2].startswith(("_ZNSt3__1", "_ZNKSt3__1")):
+            symbols.append(parts[2])
+    return symbols
+
+
+PRELOAD_ENV = "MODELAB_PRELOAD_LIBSTDCXX"
+
+
+@functools.lru_cache(maxsize=1)
+def libstdcxx_to_preload() -> str | None:
+    """The libstdc++ to preload: the one this process has loaded, else the compiler's (looked up once)."""
+    cxx = find_cxx()
+    return loaded_libstdcxx() or (_compiler_libstdcxx(cxx) if cxx else None)
+
+
+def with_libstdcxx_preloaded(env: dict[str, str]) -> dict[str, str]:
+    """`env` with this process's libstdc++ first in LD_PRELOAD (unless $MODELAB_PRELOAD_LIBSTDCXX=0).
+
+    Why: on the GPU image (torch 2.11+cu130) every AOTInductor model .so — CUDA and CPU — segfaulted in its
+    constructor, inside std::regex (parse_device_str): a library loaded earlier in the Python process interposes some
+    libstdc++ symbols. With libstdc++ preloaded the same package loads and runs (scripts/aoti_libstdcxx_check.sh
+    shows both). Preloading the library every C++ program loads anyway changes nothing elsewhere.
+    """
+    if env.get(PRELOAD_ENV, "1") == "0":
+        return env
+    lib = libstdcxx_to_preload()
+    if not lib:
+        return env
+    current = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p]
+    if lib not in current:
+        env = {**env, "LD_PRELOAD": " ".join([lib, *current])}
+    return env
