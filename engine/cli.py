@@ -13,7 +13,7 @@ from engine.store import Store, StoreError, default_db_path
 
 
 # Modules that contribute subcommands (profiling, IR, …); each defines add_commands(subparsers, add_common_args).
-COMMAND_MODULES: list[str] = ["engine.profiling.cli", "engine.ir.cli"]
+COMMAND_MODULES: list[str] = ["engine.profiling.cli", "engine.ir.cli", "engine.levels.cli"]
 
 
 class CliError(Exception):
@@ -279,6 +279,38 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ceilings(args: argparse.Namespace) -> int:
+    from engine.ceilings import CEILINGS, all_ceilings, datasheet_for
+    from engine.jobs import JobSpec, create_runs, run_jobs
+
+    store = _store(args)
+    if not args.show:
+        check_device(args.device)
+        ids = create_runs(store, [JobSpec("ceilings", "ceilings", "measure", args.device,
+                                          {"device": args.device, "quick": args.quick}, timeout_s=args.timeout)])
+        status = run_jobs(store, ids, _Bars({ids[0]: f"ceilings {args.device}"}))[ids[0]]
+        if status != "ok":
+            print(f"run {ids[0]} failed: {store.run(ids[0])['error']}", file=sys.stderr)
+            return 1
+    found = all_ceilings(store)
+    if not found:
+        print("no ceilings measured yet; run `python -m engine ceilings --device cuda` (or cpu)")
+        return 0
+    scale = {"B/s": (1e12, "TB/s"), "FLOP/s": (1e12, "TFLOP/s"), "us": (1, "us")}
+    for c in found:
+        print(f"{c.device_name} (run {c.run_id}, {c.measured_at}):")
+        for name, (unit, label) in CEILINGS.items():
+            if c.get(name) is not None:
+                div, shown = scale[unit]
+                print(f"  {name:<16} {c.values[name] / div:>10.3f} {shown:<8} {label}")
+        sheet = datasheet_for(c.device_name)
+        if sheet:
+            print(f"  datasheet ({sheet.name}): bf16 {sheet.bf16_flops / 1e12:.0f} TFLOP/s, tf32 "
+                  f"{sheet.tf32_flops / 1e12:.0f}, fp32 {sheet.fp32_flops / 1e12:.1f}, memory "
+                  f"{sheet.mem_bw / 1e12:.2f} TB/s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m engine", description="Mode Lab engine: benchmark, train and "
                                      "predict with PyTorch execution modes; every run lands in DuckDB.")
@@ -341,6 +373,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=_positive_int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_data)
+
+    p = sub.add_parser("ceilings", help="measure this device's ceilings (copy bandwidth, matmul rates, launch "
+                       "latency) that every %% of peak divides by")
+    p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    p.add_argument("--quick", action="store_true", help="smaller sizes (tests); not for reported figures")
+    p.add_argument("--show", action="store_true", help="print the stored ceilings, measure nothing")
+    p.add_argument("--timeout", type=_positive_float, default=600)
+    common(p)
+    p.set_defaults(func=cmd_ceilings)
 
     p = sub.add_parser("env", help="print the environment a run would record")
     p.set_defaults(func=cmd_env)

@@ -34,7 +34,8 @@ from typing import Any
 from engine.store import REPO_ROOT, Artifact, RunResult, Store
 
 TARGETS = {"bench": "engine.bench:bench_job", "train": "engine.train:train_job",
-           "profile": "engine.profiling.profile:profile_job"}
+           "profile": "engine.profiling.profile:profile_job", "ceilings": "engine.ceilings:ceilings_job",
+           "levels": "engine.levels.run:levels_job"}
 DEFAULT_TIMEOUT_S = 1800.0
 OnProgress = Callable[[int, float, str], None]
 

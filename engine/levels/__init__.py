@@ -1,0 +1,54 @@
+"""The registry of kernel-levels components and levels (see engine/levels/base.py for what a level is)."""
+
+from __future__ import annotations
+
+from engine.levels.base import Built, Level
+from engine.levels.builders import LEVEL_LIST
+from engine.workloads import causal_attention, gnn_message_passing, vit_patch_attention
+from engine.workloads.component import Component
+
+COMPONENTS: dict[str, Component] = {c.name: c for c in (causal_attention.COMPONENT, vit_patch_attention.COMPONENT,
+                                                        gnn_message_passing.COMPONENT)}
+LEVELS: dict[str, Level] = {level.key: level for level in LEVEL_LIST}
+REFERENCE_LEVEL = "L1-naive"
+
+
+def get_component(name: str) -> Component:
+    try:
+        return COMPONENTS[name]
+    except KeyError:
+        raise ValueError(f"unknown component {name!r}; known: {', '.join(COMPONENTS)}") from None
+
+
+def get_level(key: str) -> Level:
+    try:
+        return LEVELS[key]
+    except KeyError:
+        raise ValueError(f"unknown level {key!r}; known: {', '.join(LEVELS)}") from None
+
+
+def resolve_levels(spec: str, device: str) -> tuple[list[Level], dict[str, str]]:
+    """'all' or a comma list (keys like L4-triton, or bare numbers like 4) → (levels to run, {skipped: reason})."""
+    if spec.strip() == "all":
+        chosen = list(LEVELS.values())
+    else:
+        chosen = []
+        for part in (p.strip() for p in spec.split(",") if p.strip()):
+            matches = [lv for lv in LEVELS.values() if part in (lv.key, str(lv.number), f"L{lv.number}")]
+            if not matches:
+                raise ValueError(f"unknown level {part!r}; known: {', '.join(LEVELS)} (or 1–5)")
+            chosen += [m for m in matches if m not in chosen]
+    if not chosen:
+        raise ValueError("no level given; use 'all' or a comma list such as L1-naive,L4-triton")
+    runnable, skipped = [], {}
+    for level in chosen:
+        ok, reason = level.available(device)
+        if ok:
+            runnable.append(level)
+        else:
+            skipped[level.key] = reason
+    return runnable, skipped
+
+
+__all__ = ["COMPONENTS", "LEVELS", "REFERENCE_LEVEL", "Built", "Level", "get_component", "get_level",
+           "resolve_levels"]

@@ -1,0 +1,149 @@
+"""`python -m engine levels`: run components at each level through the job runner, one run per (shape, level).
+
+    python -m engine levels --component causal_attention --level all --device cuda
+    python -m engine levels --component all --level L1-naive,L4-triton --shape small --device cpu
+    python -m engine levels --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import uuid
+from collections.abc import Callable
+
+import pandas as pd
+
+from engine.cli import CliError, _Bars, _device, _non_negative_int, _positive_float, _positive_int, _store, \
+    check_device
+from engine.store import Store
+
+
+def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser("levels", help="kernel levels: a component written five ways (native → CUDA), each checked "
+                       "against the naive module and timed")
+    p.add_argument("--component", default="all", help="causal_attention, vit_patch_attention, gnn_message_passing "
+                   "or all (default: all)")
+    p.add_argument("--level", default="all", help="'all' or a comma list: L1-naive,L1-native,L2-torchscript,"
+                   "L3-compile,L4-triton,L5-cuda (or 1–5)")
+    p.add_argument("--shape", default=None, help="a shape name or a comma list (default: every shape meant for "
+                   "the device: small ones on CPU, real ones on CUDA)")
+    p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    p.add_argument("--iters", type=_positive_int, default=30, help="timed calls (default: 30)")
+    p.add_argument("--warmup", type=_non_negative_int, default=5, help="untimed calls first (default: 5)")
+    p.add_argument("--timeout", type=_positive_float, default=1200, help="seconds before a run counts as hung")
+    p.add_argument("--list", action="store_true", help="list components, shapes and levels, then exit")
+    common(p)
+    p.set_defaults(func=cmd_levels)
+
+
+def _plan(args: argparse.Namespace) -> tuple[list[tuple[str, str, str]], list[str]]:
+    from engine.levels import COMPONENTS, get_component, resolve_levels
+
+    names = list(COMPONENTS) if args.component == "all" else [c.strip() for c in args.component.split(",")]
+    try:
+        components = [get_component(n) for n in names if n]
+        levels, skipped = resolve_levels(args.level, args.device)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    notes = [f"skipping {k}: {reason}" for k, reason in skipped.items()]
+    if skipped and args.level.strip() != "all" and not levels:
+        raise CliError("; ".join(f"level {k} is not available on {args.device}: {r}" for k, r in skipped.items()))
+    plan = []
+    for component in components:
+        if args.shape:
+            shapes = []
+            for s in (s.strip() for s in args.shape.split(",") if s.strip()):
+                if s not in component.shapes:
+                    if len(components) == 1:
+                        raise CliError(f"unknown shape {s!r} for {component.name}; known: "
+                                       f"{', '.join(component.shapes)}")
+                    continue
+                if not component.shapes[s].runs_on(args.device):
+                    raise CliError(f"shape {s} of {component.name} is meant for "
+                                   f"{', '.join(component.shapes[s].devices)}, not {args.device}")
+                shapes.append(s)
+        else:
+            shapes = [n for n, s in component.shapes.items() if s.runs_on(args.device)
+                      and (args.device == "cpu" or "cpu" not in s.devices)]
+        plan += [(component.name, s, level.key) for s in shapes for level in levels]
+    if not plan:
+        raise CliError("nothing to run: no shape of the chosen components is meant for this device")
+    return plan, notes
+
+
+def cmd_levels(args: argparse.Namespace) -> int:
+    if args.list:
+        print_catalogue()
+        return 0
+    from engine.jobs import JobSpec, create_runs, run_jobs
+
+    check_device(args.device)
+    plan, notes = _plan(args)
+    for note in notes:
+        print(note, file=sys.stderr)
+    store = _store(args)
+    specs = [JobSpec("levels", component, level, args.device,
+                     {"component": component, "shape": shape, "level": level, "device": args.device,
+                      "iters": args.iters, "warmup": args.warmup}, timeout_s=args.timeout)
+             for component, shape, level in plan]
+    ids = create_runs(store, specs, group_id=uuid.uuid4().hex[:12])
+    labels = {i: f"{c[:12]} {s} {lv}" for i, (c, s, lv) in zip(ids, plan)}
+    statuses = run_jobs(store, ids, _Bars(labels))
+    frame = levels_table(store, ids)
+    if not frame.empty:
+        print()
+        print(frame.to_string(index=False))
+    for run_id, status in statuses.items():
+        if status != "ok":
+            run = store.run(run_id)
+            print(f"\nrun {run_id} ({labels[run_id]}) failed: {run['error']}", file=sys.stderr)
+    print(f"\nstored in {store.path} (runs {ids[0]}–{ids[-1]})")
+    return 0 if all(s == "ok" for s in statuses.values()) else 1
+
+
+def levels_table(store: Store, run_ids: list[int]) -> pd.DataFrame:
+    """One printable row per run: latency, throughput, % of the named ceilings, error, speedup vs L1-naive."""
+    from engine.levels.results import level_results
+
+    frame = level_results(store, run_ids=run_ids)
+    if frame.empty:
+        return frame
+    rows = []
+    for _, r in frame.iterrows():
+        rows.append({
+            "component": r["workload"], "shape": r["shape"], "level": r["mode"], "status": r["status"],
+            "median_us": _fmt(r.get("median_us"), "{:.1f}"), "p10-p90": _range(r),
+            "TFLOP/s": _fmt(r.get("flops_per_s"), "{:.2f}", 1e12), "TB/s": _fmt(r.get("bytes_per_s"), "{:.3f}", 1e12),
+            "%matmul": _fmt(r.get("pct_matmul"), "{:.0f}"), "%copy": _fmt(r.get("pct_copy_bw"), "{:.0f}"),
+            "vs L1-naive": _fmt(r.get("speedup"), "{:.2f}x"), "rel_err": _fmt(r.get("rel_l2_err"), "{:.1e}"),
+            "note": "interpreted" if r.get("interpreted") == 1 else "",
+        })
+    return pd.DataFrame(rows)
+
+
+def _fmt(value, pattern: str, scale: float = 1.0) -> str:
+    if value is None or pd.isna(value):
+        return ""
+    return pattern.format(value / scale)
+
+
+def _range(row) -> str:
+    if pd.isna(row.get("p10_us")) or pd.isna(row.get("p90_us")):
+        return ""
+    return f"{row['p10_us']:.1f}-{row['p90_us']:.1f}"
+
+
+def print_catalogue() -> None:
+    from engine.levels import COMPONENTS, LEVELS
+
+    for component in COMPONENTS.values():
+        print(f"{component.name}: {component.description}")
+        for shape in component.shapes.values():
+            print(f"  shape {shape.label()} — {', '.join(shape.devices)}{' — ' + shape.note if shape.note else ''}")
+        print(f"  FLOPs: {component.flops_formula}")
+        print(f"  bytes: {component.bytes_formula}")
+    print("levels:")
+    for level in LEVELS.values():
+        ok, reason = level.available("cpu")
+        print(f"  {level.key:<15} {level.title}{'' if ok else ' — on cpu: ' + reason}")

@@ -1,0 +1,88 @@
+"""Reading level runs back from the store: one row per run with its figures, for the CLI table and the page."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pandas as pd
+
+from engine.store import Store
+
+FIGURES = {"median": "median_us", "p10": "p10_us", "p90": "p90_us", "first_call": "first_call_us",
+           "flops_per_s": "flops_per_s", "bytes_per_s": "bytes_per_s", "intensity": "intensity",
+           "rel_l2_err": "rel_l2_err", "tolerance": "tolerance", "interpreted": "interpreted",
+           "pct_copy_bw": "pct_copy_bw", "flops": "flops", "min_bytes": "min_bytes",
+           "ceiling_copy_bw": "ceiling_copy_bw", "ceilings_run_id": "ceilings_run_id"}
+
+
+def level_results(store: Store, *, run_ids: Sequence[int] | None = None, component: str | None = None,
+                  shape: str | None = None, device: str | None = None, phase: str = "forward",
+                  latest_only: bool = False) -> pd.DataFrame:
+    """Level runs (ok and failed) with their `phase` figures; `speedup` is vs the newest ok L1-naive run of the same
+    component, shape and device. latest_only keeps the newest run per (component, shape, level, device)."""
+    where, args = ["kind = 'levels'"], []
+    if run_ids is not None:
+        if not run_ids:
+            return pd.DataFrame()
+        where.append(f"id IN ({','.join('?' * len(run_ids))})")
+        args += [int(r) for r in run_ids]
+    for column, value in (("workload", component), ("device", device)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            args.append(value)
+    runs = store.query(f"SELECT id, group_id, workload, mode, device, status, error, params, notes, finished_at "
+                       f"FROM runs WHERE {' AND '.join(where)} ORDER BY id", args)
+    if runs.empty:
+        return runs
+    runs["shape"] = [json.loads(p or "{}").get("shape") for p in runs["params"]]
+    if shape is not None:
+        runs = runs[runs["shape"] == shape]
+    if latest_only:
+        runs = runs.groupby(["workload", "shape", "mode", "device"], as_index=False).tail(1)
+    if runs.empty:
+        return runs
+    metrics = store.metrics(list(runs["id"]))
+    if not metrics.empty:
+        metrics = metrics[(metrics["phase"] == phase) | metrics["name"].str.startswith("ceiling")]
+        wide = metrics.pivot_table(index="run_id", columns="name", values="value", aggfunc="last")
+        pct = [c for c in wide.columns if c.startswith("pct_matmul_")]
+        wide["pct_matmul"] = wide[pct].bfill(axis=1).iloc[:, 0] if pct else float("nan")
+        wide["matmul_ceiling_name"] = [next((c[len("pct_matmul_"):] for c in pct if pd.notna(wide.at[i, c])), None)
+                                       for i in wide.index]
+        keep = {k: v for k, v in FIGURES.items() if k in wide.columns}
+        wide = wide[list(keep) + ["pct_matmul", "matmul_ceiling_name"]].rename(columns=keep)
+        runs = runs.merge(wide, left_on="id", right_index=True, how="left")
+    for column in FIGURES.values():
+        if column not in runs.columns:
+            runs[column] = float("nan")
+    runs["speedup"] = float("nan")
+    baselines = _naive_medians(store, phase)
+    for i, r in runs.iterrows():
+        base = baselines.get((r["workload"], r["shape"], r["device"]))
+        if base and pd.notna(r["median_us"]) and r["median_us"] > 0:
+            runs.at[i, "speedup"] = base / r["median_us"]
+    return runs.reset_index(drop=True)
+
+
+def _naive_medians(store: Store, phase: str) -> dict[tuple[str, str, str], float]:
+    frame = store.query(
+        "SELECT r.id, r.workload, r.device, r.params, m.value FROM runs r JOIN metrics m ON m.run_id = r.id "
+        "WHERE r.kind = 'levels' AND r.mode = 'L1-naive' AND r.status = 'ok' AND m.name = 'median' AND m.phase = ? "
+        "ORDER BY r.id", [phase])
+    out: dict[tuple[str, str, str], float] = {}
+    for _, r in frame.iterrows():
+        out[(r["workload"], json.loads(r["params"] or "{}").get("shape"), r["device"])] = float(r["value"])
+    return out
+
+
+def stage_results(store: Store, run_ids: Sequence[int]) -> pd.DataFrame:
+    """Per-run figures of the stages timed on their own (e.g. the ViT patch embedding)."""
+    metrics = store.metrics(list(run_ids))
+    if metrics.empty:
+        return metrics
+    stages = metrics[~metrics["phase"].isin(["forward"]) & metrics["phase"].notna()]
+    if stages.empty:
+        return stages
+    return stages.pivot_table(index=["run_id", "phase"], columns="name", values="value",
+                              aggfunc="last").reset_index()
