@@ -46,9 +46,9 @@ def latest_environment(store: Store) -> dict[str, Any] | None:
     return None if frame.empty else frame.iloc[0].to_dict()
 
 
-def stored_devices(store: Store) -> list[str]:
-    """Devices with at least one ok bench run, whether or not this machine has them."""
-    frame = store.query("SELECT DISTINCT device FROM runs WHERE kind = 'bench' AND status = 'ok' ORDER BY device")
+def stored_devices(store: Store, kind: str = "bench") -> list[str]:
+    """Devices with at least one ok run of this kind, whether or not this machine has them."""
+    frame = store.query("SELECT DISTINCT device FROM runs WHERE kind = ? AND status = 'ok' ORDER BY device", [kind])
     return [] if frame.empty else frame["device"].tolist()
 
 

@@ -1,0 +1,191 @@
+"""Kernel Levels: one component written five ways (native → TorchScript → compile → Triton → CUDA), each checked
+against the naive module, timed, and placed on a roofline under this device's measured ceilings."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import pandas as pd  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from app import level_charts, queries  # noqa: E402
+from app.common import (  # noqa: E402
+    device_info, first_line, flash, fmt_time, fmt_us, get_store, page_header, show_flash, submit, watch_active_runs,
+)
+from engine.ceilings import CEILINGS, dtype_key, latest_ceilings  # noqa: E402
+from engine.jobs import JobSpec  # noqa: E402
+from engine.levels import COMPONENTS, LEVELS  # noqa: E402
+from engine.levels.results import level_results, stage_results  # noqa: E402
+
+st.set_page_config(page_title="Kernel Levels · Mode Lab", layout="wide")
+store = get_store()
+info = device_info()
+level_keys = list(LEVELS)
+
+page_header("Kernel Levels", "The same component written five ways — naive and idiomatic PyTorch, TorchScript, "
+            "torch.compile, a hand-written Triton kernel and a hand-written CUDA kernel. Every level is checked "
+            "against the naive module (in fp32) before its time is shown.")
+
+with st.sidebar:
+    st.header("Component")
+    component = COMPONENTS[st.selectbox("Component", list(COMPONENTS), key="component")]
+    stored = [d for d in queries.stored_devices(store, kind="levels") if d not in info["devices"]]
+    device = st.selectbox("Device", info["devices"] + stored, key="device",
+                          format_func=lambda d: f"{d} — {info['names'].get(d, 'stored results only')}")
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    # Real (device-only) shapes first on a GPU: the small ones are there for tests and the CPU.
+    shape_names = sorted((n for n, s in component.shapes.items() if kind in s.devices),
+                         key=lambda n: len(component.shapes[n].devices))
+    shape = component.shapes[st.selectbox("Shape", shape_names, key=f"shape-{component.name}-{kind}",
+                                          format_func=lambda n: component.shapes[n].label())]
+    iters = int(st.number_input("Timed calls", min_value=1, max_value=10_000, value=30, key="iters"))
+    warmup = int(st.number_input("Warm-up calls", min_value=0, max_value=1_000, value=5, key="warmup"))
+
+st.markdown(f"**{component.name}** — {component.description}  \nShape **{shape.label()}**"
+            + (f" · {shape.note}" if shape.note else ""))
+with st.expander("What is counted", icon=":material/functions:"):
+    st.markdown(f"- FLOPs: {component.flops_formula} = **{component.flops(shape) / 1e9:,.3f} GFLOP**\n"
+                f"- Minimum bytes: {component.bytes_formula} = **{component.min_bytes(shape) / 1e6:,.2f} MB**\n"
+                f"- Arithmetic intensity: **{component.flops(shape) / component.min_bytes(shape):,.1f} FLOP/B**\n"
+                f"- Correct when ‖out − ref‖ / ‖ref‖ ≤ {component.tolerance(shape):g} against the naive module "
+                f"in fp32 ({shape.dtype} inputs upcast exactly), on two fresh input sets.")
+
+
+def queue(levels: list[str]) -> None:
+    specs = [JobSpec("levels", component.name, lv, device,
+                     {"component": component.name, "shape": shape.name, "level": lv, "device": device,
+                      "iters": iters, "warmup": warmup}) for lv in levels]
+    ids = submit(specs, group_id=uuid.uuid4().hex[:12] if len(specs) > 1 else None)
+    if ids:
+        flash("success", f"Queued {', '.join(f'#{i} {lv}' for i, lv in zip(ids, levels))} on {device}.")
+
+
+here = device in info["devices"]
+available = {k: (LEVELS[k].available(device) if here else (False, "this machine has no such device; showing "
+                                                                   "stored results only")) for k in level_keys}
+runnable = [k for k, (ok, _) in available.items() if ok]
+st.button(f"Run all ({len(runnable)} levels)", type="primary", key="run-all", disabled=not runnable,
+          on_click=queue, args=(runnable,))
+show_flash()
+watch_active_runs(kind="levels")
+
+results = level_results(store, component=component.name, shape=shape.name, device=device, latest_only=True)
+ok_runs = results[results["status"] == "ok"] if not results.empty else results
+by_level = {r["mode"]: r for r in results.to_dict("records")} if not results.empty else {}
+
+for start in range(0, len(level_keys), 3):
+    for col, key in zip(st.columns(3), level_keys[start:start + 3]):
+        level = LEVELS[key]
+        ok, reason = available[key]
+        with col, st.container(border=True):
+            st.subheader(key)
+            st.caption(f"{level.title} — {level.description}")
+            row = by_level.get(key)
+            if row is not None and row["status"] == "ok":
+                interpreted = row.get("interpreted") == 1
+                versus = row.get("speedup")
+                delta = None if key == "L1-naive" or versus != versus else f"{versus:.2f}× L1-naive"
+                st.metric("Median" + (" (interpreted)" if interpreted else ""), fmt_us(row["median_us"]),
+                          delta=delta, delta_color="off", delta_arrow="off")
+                if interpreted:
+                    st.caption(":material/warning: Triton interpreter on the CPU: a correctness run; the time is "
+                               "the interpreter's, never a kernel time.")
+                else:
+                    pct = row.get("pct_matmul")
+                    st.caption(f"{row['flops_per_s'] / 1e12:,.3f} TFLOP/s · {row['bytes_per_s'] / 1e9:,.1f} GB/s"
+                               + (f" · {pct:.0f} % of the measured {row['matmul_ceiling_name']} matmul rate"
+                                  if pct == pct and pct is not None else "")
+                               + (f" · {row['pct_copy_bw']:.0f} % of the measured copy bandwidth"
+                                  if row.get("pct_copy_bw") == row.get("pct_copy_bw") else ""))
+                st.caption(f"rel. error {row['rel_l2_err']:.1e} (≤ {row['tolerance']:g}) · p10–p90 "
+                           f"{fmt_us(row['p10_us'])}–{fmt_us(row['p90_us'])} · first call "
+                           f"{fmt_us(row['first_call_us'])} · run #{row['id']} · {fmt_time(row['finished_at'])}")
+            elif row is not None:
+                st.error(f"Latest run #{row['id']} failed: {first_line(row['error'])}", icon=":material/error:")
+            else:
+                st.caption("No result for this shape on this device yet.")
+            if not ok:
+                st.caption(f":material/block: Not available on {device}: {reason}")
+            st.button("Run", key=f"run-{key}", disabled=not ok, help=reason or None, on_click=queue, args=([key],))
+
+# -- charts ---------------------------------------------------------------------------------------------------------
+timed = ok_runs[ok_runs["interpreted"] != 1] if not ok_runs.empty else ok_runs
+ceilings = latest_ceilings(store, device=device) if not results.empty else None
+if timed.empty:
+    st.info("No timed results for this component, shape and device yet: use **Run** or **Run all** above.",
+            icon=":material/info:")
+else:
+    left, right = st.columns(2)
+    left.plotly_chart(level_charts.latency_bar(timed, level_keys), key="chart-latency")
+    if timed["speedup"].notna().any():
+        right.plotly_chart(level_charts.value_bar(timed, level_keys, "speedup", "Speedup vs L1-naive", "×"),
+                           key="chart-speedup")
+    left2, right2 = st.columns(2)
+    left2.plotly_chart(level_charts.value_bar(timed, level_keys, "flops_per_s", "Achieved TFLOP/s", "TFLOP/s",
+                                              1e12), key="chart-tflops")
+    right2.plotly_chart(level_charts.value_bar(timed, level_keys, "bytes_per_s", "Achieved GB/s of minimum bytes",
+                                               "GB/s", 1e9), key="chart-gbps")
+    matmul_key = dtype_key(shape.dtype)
+    st.plotly_chart(level_charts.roofline(timed, ceilings, matmul_key, level_keys), key="chart-roofline")
+    if ceilings is None:
+        st.warning("No ceilings measured for this device yet, so the roofline has no roof: run "
+                   f"`python -m engine ceilings --device {device}` (level runs measure them on first use).")
+    else:
+        st.caption(f"Roofs: {ceilings.label('copy_bw')} = {ceilings.copy_bw / 1e12:.3f} TB/s; "
+                   f"{ceilings.label('matmul_' + ('bf16' if matmul_key == 'fp16' else matmul_key))} = "
+                   f"{(ceilings.matmul(matmul_key) or 0) / 1e12:.2f} TFLOP/s (ceilings run #{ceilings.run_id})."
+                   + (f" Dotted: the datasheet of {ceilings.datasheet.name}, for reference."
+                      if ceilings.datasheet else ""))
+    stages = stage_results(store, list(timed["id"]))
+    if not stages.empty:
+        st.subheader("Stages timed on their own")
+        stages = stages.merge(timed[["id", "mode"]], left_on="run_id", right_on="id")
+        shown = pd.DataFrame({"level": stages["mode"], "stage": stages["phase"],
+                              "median": stages["median"].map(fmt_us),
+                              "TFLOP/s": (stages.get("flops_per_s", pd.Series(dtype=float)) / 1e12).round(2),
+                              "rel. error": stages["rel_l2_err"].map(lambda v: f"{v:.1e}")})
+        st.dataframe(shown, hide_index=True)
+        for stage, text in component.stages.items():
+            st.caption(f"{stage}: {text}")
+
+interpreted = ok_runs[ok_runs["interpreted"] == 1] if not ok_runs.empty else ok_runs
+if not interpreted.empty:
+    st.caption("Interpreted runs (correctness only, not plotted beside compiled timings): "
+               + ", ".join(f"#{r['id']} {r['mode']} rel. error {r['rel_l2_err']:.1e}"
+                           for r in interpreted.to_dict("records")))
+
+# -- source of each level -------------------------------------------------------------------------------------------
+st.subheader("What each level changed")
+tabs = st.tabs(level_keys)
+for tab, key in zip(tabs, level_keys):
+    with tab:
+        st.caption(LEVELS[key].description)
+        for rel in LEVELS[key].sources(component):
+            path = ROOT / rel
+            with st.expander(rel, expanded=False):
+                if path.exists():
+                    st.code(path.read_text(), language="cpp" if path.suffix in (".cu", ".cpp", ".cuh") else "python")
+                else:
+                    st.caption("not written yet")
+
+# -- failures -------------------------------------------------------------------------------------------------------
+failed = results[results["status"] == "failed"] if not results.empty else results
+if not failed.empty:
+    st.subheader("Failed runs")
+    for r in failed.to_dict("records"):
+        st.markdown(f"**#{r['id']}** `{r['mode']}` on {r['device']} · {fmt_time(r['finished_at'])}")
+        st.error(first_line(r["error"]) or "failed without a message", icon=":material/error:")
+        with st.expander(f"Full error of run #{r['id']}"):
+            st.code(r["error"] or "", language=None)
+
+if ceilings is not None:
+    with st.expander(f"Ceilings of {ceilings.device_name}", icon=":material/speed:"):
+        rows = [{"ceiling": n, "value": ceilings.values[n], "unit": CEILINGS[n][0], "what": CEILINGS[n][1]}
+                for n in CEILINGS if ceilings.get(n) is not None]
+        st.dataframe(pd.DataFrame(rows), hide_index=True)

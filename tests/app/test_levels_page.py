@@ -1,0 +1,149 @@
+"""The Kernel Levels page: cards per level (greyed with the reason where a level cannot run), charts and roofline
+from stored runs, interpreted runs kept off the charts, sources per level, failures, and queuing runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from engine import jobs
+from engine.store import Metric, RunResult, Samples, Store
+
+PAGE = Path(__file__).resolve().parents[2] / "app" / "pages" / "5_Kernel_Levels.py"
+ENV = {"python": "3.12", "torch": "2.11.0", "device_name": "NVIDIA H100 80GB HBM3", "cpu_model": "x", "threads": 16,
+       "git_commit": "abc", "hostname": "gpu", "platform": "Linux"}
+
+
+def open_levels() -> AppTest:
+    return AppTest.from_file(str(PAGE), default_timeout=60)
+
+
+def add_ceilings(store: Store, device: str = "cuda") -> int:
+    run_id = store.create_run("ceilings", "ceilings", "measure", device, {"device": device})
+    store.start_run(run_id)
+    store.record_result(run_id, RunResult(env=ENV, metrics=[
+        Metric("copy_bw", 2.98e12, "B/s"), Metric("matmul_bf16", 774e12, "FLOP/s"),
+        Metric("matmul_fp32", 51e12, "FLOP/s"), Metric("launch_us", 5.0, "us")]))
+    return run_id
+
+
+def add_level_run(store: Store, level: str, median_us: float, *, device: str = "cuda", shape: str = "S=4096",
+                  component: str = "causal_attention", interpreted: bool = False, stage_us: float | None = None
+                  ) -> int:
+    run_id = store.create_run("levels", component, level, device,
+                              {"component": component, "shape": shape, "level": level, "device": device})
+    store.start_run(run_id)
+    flops, nbytes = 2.2e12 / 4, 5.4e8
+    sec = median_us * 1e-6
+    metrics = [Metric(n, v, "us", "forward") for n, v in (("median", median_us), ("p10", median_us * 0.95),
+                                                           ("p90", median_us * 1.1), ("first_call", median_us * 9))]
+    metrics += [Metric("rel_l2_err", 4e-3, "", "forward"), Metric("tolerance", 2e-2, "", "forward"),
+                Metric("interpreted", float(interpreted), "", "forward"), Metric("flops", flops, "FLOP", "forward"),
+                Metric("min_bytes", nbytes, "B", "forward"), Metric("flops_per_s", flops / sec, "FLOP/s", "forward"),
+                Metric("bytes_per_s", nbytes / sec, "B/s", "forward"),
+                Metric("intensity", flops / nbytes, "FLOP/B", "forward"),
+                Metric("pct_matmul_bf16", 100 * flops / sec / 774e12, "%", "forward"),
+                Metric("pct_copy_bw", 100 * nbytes / sec / 2.98e12, "%", "forward"),
+                Metric("ceiling_copy_bw", 2.98e12, "B/s")]
+    samples = [Samples("forward", [median_us] * 5)]
+    if stage_us is not None:
+        metrics += [Metric("median", stage_us, "us", "patch_embed"), Metric("rel_l2_err", 1e-3, "", "patch_embed"),
+                    Metric("flops_per_s", 14.8e9 / (stage_us * 1e-6), "FLOP/s", "patch_embed")]
+    store.record_result(run_id, RunResult(env=ENV, metrics=metrics, samples=samples,
+                                          notes=["interpreted"] if interpreted else []))
+    return run_id
+
+
+@pytest.fixture
+def gpu_results(lab: Store) -> Store:
+    add_ceilings(lab)
+    for level, median in (("L1-naive", 20000.0), ("L1-native", 1000.0), ("L3-compile", 9000.0),
+                          ("L4-triton", 1200.0)):
+        add_level_run(lab, level, median)
+    failed = lab.create_run("levels", "causal_attention", "L5-cuda", "cuda",
+                            {"component": "causal_attention", "shape": "S=4096", "level": "L5-cuda"})
+    lab.start_run(failed)
+    lab.fail_run(failed, "LevelMismatchError: L5-cuda on causal_attention S=4096: relative L2 error 0.9 against "
+                         "the naive fp32 reference exceeds the tolerance 0.02\n--- traceback ---")
+    return lab
+
+
+def _select_stored_gpu(at: AppTest) -> AppTest:
+    at.run()
+    device = at.sidebar.selectbox(key="device")
+    assert any(o.startswith("cuda") for o in device.options), device.options  # stored results only
+    device.set_value("cuda").run()
+    at.sidebar.selectbox(key="shape-causal_attention-cuda").set_value("S=4096").run()
+    return at
+
+
+def test_stored_gpu_results_draw_cards_charts_and_roofline(gpu_results: Store) -> None:
+    at = _select_stored_gpu(open_levels())
+    assert not at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Median"] in ("20.00 ms", "1,000.0 µs", "9,000.0 µs", "1,200.0 µs")
+    captions = "\n".join(c.value for c in at.caption)
+    assert "% of the measured bf16 matmul rate" in captions
+    assert "of the measured copy bandwidth" in captions
+    assert "20.00× L1-naive" in "\n".join(str(m.delta) for m in at.metric)  # L1-native: 20 ms / 1 ms
+    errors = "\n".join(e.value for e in at.error)
+    assert "relative L2 error 0.9" in errors  # the failed CUDA level shows its reason
+    charts = [c for c in at.get("plotly_chart")]
+    assert len(charts) >= 5  # latency, speedup, TFLOP/s, GB/s, roofline
+    assert "measured copy bandwidth" in captions and "datasheet" in captions.lower()
+    # Buttons are off: this machine has no cuda device.
+    assert at.button(key="run-L4-triton").disabled
+    assert "stored results only" in captions
+
+
+def test_interpreted_runs_stay_off_the_charts(lab: Store) -> None:
+    add_level_run(lab, "L4-triton", 5e6, device="cpu", shape="small", interpreted=True)
+    at = open_levels()
+    at.run()
+    assert not at.exception
+    captions = "\n".join(c.value for c in at.caption)
+    assert "Triton interpreter on the CPU" in captions
+    assert "Interpreted runs (correctness only" in captions
+    assert not at.get("plotly_chart")  # nothing timed for real: no charts
+    assert any("No timed results" in i.value for i in at.info)
+
+
+def test_cpu_cards_grey_out_cuda_with_the_reason_and_show_sources(lab: Store) -> None:
+    at = open_levels()
+    at.run()
+    assert at.button(key="run-L5-cuda").disabled
+    assert "Not available on cpu: needs a CUDA device" in "\n".join(c.value for c in at.caption)
+    assert not at.button(key="run-L1-naive").disabled
+    code = "\n".join(c.value for c in at.code)
+    assert "class NaiveCausalAttention" in code  # the naive module's source is on the page
+    assert "def attention" in code or "@triton.jit" in code
+
+
+def test_vit_stage_table(lab: Store) -> None:
+    add_ceilings(lab)
+    add_level_run(lab, "L1-naive", 3000.0, component="vit_patch_attention", shape="ViT-B/16", stage_us=657.0)
+    add_level_run(lab, "L4-triton", 400.0, component="vit_patch_attention", shape="ViT-B/16", stage_us=55.0)
+    at = open_levels()
+    at.run()
+    at.sidebar.selectbox(key="component").set_value("vit_patch_attention").run()
+    at.sidebar.selectbox(key="device").set_value("cuda").run()
+    assert not at.exception
+    assert any(s.value == "Stages timed on their own" for s in at.subheader)
+    table = at.dataframe[0].value
+    assert set(table["stage"]) == {"patch_embed"} and "657.0 µs" in set(table["median"])
+
+
+def test_run_all_queues_every_available_level(lab: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    queued: list[jobs.JobSpec] = []
+    monkeypatch.setattr(jobs, "submit", lambda store, specs, group_id=None: (queued.extend(specs),
+                                                                             list(range(1, len(specs) + 1)))[1])
+    at = open_levels()
+    at.run()
+    at.button(key="run-all").click().run()
+    assert not at.exception
+    levels = [s.mode for s in queued]
+    assert levels[:4] == ["L1-naive", "L1-native", "L2-torchscript", "L3-compile"] and "L5-cuda" not in levels
+    assert all(s.kind == "levels" and s.params["shape"] == "small" for s in queued)
+    assert any("Queued #1 L1-naive" in s.value for s in at.success)

@@ -1,0 +1,143 @@
+"""Every level of every component against the naive reference on small CPU shapes, through the real runner; a wrong
+level fails its run; ceilings are measured once, stored and read back; the levels CLI checks its arguments."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from engine.ceilings import CEILINGS, all_ceilings, latest_ceilings
+from engine.jobs import JobSpec, create_runs, run_jobs
+from engine.levels import COMPONENTS, LEVELS, resolve_levels
+from engine.levels.results import level_results
+from engine.levels.run import LevelMismatchError, LevelsConfig, check, run_level
+from engine.store import Store
+
+CPU_SHAPES = [(c.name, s.name) for c in COMPONENTS.values() for s in c.shapes.values() if s.runs_on("cpu")]
+
+
+def _figures(result) -> dict[str, float]:
+    return {m.name: m.value for m in result.metrics if m.phase in ("forward", None)}
+
+
+@pytest.mark.parametrize("component,shape", CPU_SHAPES)
+@pytest.mark.parametrize("level", ["L1-naive", "L1-native", "L2-torchscript"])
+def test_eager_levels_match_the_reference(component: str, shape: str, level: str, store: Store) -> None:
+    result = run_level(LevelsConfig(component=component, shape=shape, level=level, iters=3, warmup=1,
+                                    db=str(store.path), quick_ceilings=True))
+    figures = _figures(result)
+    assert figures["rel_l2_err"] <= figures["tolerance"]
+    assert figures["median"] > 0 and figures["flops_per_s"] > 0 and figures["interpreted"] == 0
+    assert figures["flops"] == COMPONENTS[component].flops(COMPONENTS[component].shape(shape))
+    # Percentages name their denominators: the ceilings used are copied into the run.
+    assert "ceiling_copy_bw" in figures and "pct_copy_bw" in figures and "ceilings_run_id" in figures
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("component,shape", [("causal_attention", "small"), ("vit_patch_attention", "small"),
+                                             ("gnn_message_passing", "small-unsorted-mean")])
+def test_compile_level_matches_the_reference(component: str, shape: str, store: Store) -> None:
+    result = run_level(LevelsConfig(component=component, shape=shape, level="L3-compile", iters=3, warmup=1,
+                                    db=str(store.path), quick_ceilings=True))
+    figures = _figures(result)
+    assert figures["rel_l2_err"] <= figures["tolerance"]
+    if component == "vit_patch_attention":  # its patch embedding is timed and checked on its own too
+        stage = {m.name: m.value for m in result.metrics if m.phase == "patch_embed"}
+        assert stage["median"] > 0 and stage["rel_l2_err"] < 1e-4
+
+
+def test_ceilings_are_measured_once_and_read_back(store: Store) -> None:
+    for _ in range(2):
+        run_level(LevelsConfig(component="causal_attention", shape="small", level="L1-native", iters=2, warmup=0,
+                               db=str(store.path), quick_ceilings=True))
+    runs = store.runs(kind="ceilings")
+    assert len(runs) == 1 and runs.iloc[0]["status"] == "ok"
+    found = latest_ceilings(store, device="cpu")
+    assert found is not None and found.run_id == int(runs.iloc[0]["id"])
+    assert set(found.values) == {"copy_bw", "matmul_fp32", "launch_us"}  # no tf32/bf16/graph ceilings on CPU
+    assert found.copy_bw > 1e8 and found.matmul("fp32") > 1e7 and found.get("launch_us") > 0
+    assert found.get("matmul_bf16") is None
+    assert [c.run_id for c in all_ceilings(store)] == [found.run_id]
+    assert set(CEILINGS) >= set(found.values)
+
+
+def test_ceilings_job_through_the_runner(store: Store) -> None:
+    ids = create_runs(store, [JobSpec("ceilings", "ceilings", "measure", "cpu", {"device": "cpu", "quick": True})])
+    assert run_jobs(store, ids)[ids[0]] == "ok"
+    metrics = store.metrics(ids).set_index("name")
+    assert metrics.loc["copy_bw", "unit"] == "B/s" and metrics.loc["matmul_fp32", "unit"] == "FLOP/s"
+    assert latest_ceilings(store, device="cpu").run_id == ids[0]
+
+
+def test_triton_level_runs_interpreted_in_a_worker(store: Store) -> None:
+    specs = [JobSpec("levels", c, "L4-triton", "cpu", {"component": c, "shape": s, "level": "L4-triton",
+                                                       "device": "cpu", "iters": 1, "warmup": 0,
+                                                       "quick_ceilings": True})
+             for c, s in [("causal_attention", "small"), ("gnn_message_passing", "small-sorted"),
+                          ("gnn_message_passing", "small-unsorted-mean"), ("vit_patch_attention", "small")]]
+    ids = create_runs(store, specs)
+    statuses = run_jobs(store, ids)
+    frame = level_results(store, run_ids=ids)
+    errors = {r["shape"]: r["error"] for r in frame.to_dict("records") if r["status"] != "ok"}
+    assert set(statuses.values()) == {"ok"}, errors
+    assert (frame["interpreted"] == 1).all()
+    assert (frame["rel_l2_err"] <= frame["tolerance"]).all()
+    notes = store.run(ids[0])["notes"]
+    assert any("TRITON_INTERPRET=1" in n for n in notes)
+
+
+def test_a_wrong_level_fails_its_run_with_the_error(store: Store) -> None:
+    ids = create_runs(store, [JobSpec("levels", "causal_attention", "L9-wrong", "cpu",
+                                      {"component": "causal_attention", "shape": "small", "device": "cpu",
+                                       "quick_ceilings": True},
+                                      target="tests.engine.levels.wrong_level:wrong_level_job")])
+    assert run_jobs(store, ids)[ids[0]] == "failed"
+    run = store.run(ids[0])
+    assert "LevelMismatchError" in run["error"] and "relative L2 error" in run["error"]
+    assert store.metrics(ids).empty  # a wrong level is never timed
+
+
+def test_check_rejects_shape_nan_and_drift() -> None:
+    import torch
+
+    ref = torch.randn(4, 4)
+    assert check("ok", ref + 1e-6, ref, 1e-3) < 1e-3
+    with pytest.raises(LevelMismatchError, match="shape"):
+        check("bad", ref[:2], ref, 1e-3)
+    with pytest.raises(LevelMismatchError, match="inf"):
+        check("nan", ref * float("nan"), ref, 1e-3)
+    with pytest.raises(LevelMismatchError, match="exceeds"):
+        check("drift", ref * 1.1, ref, 1e-3)
+
+
+def test_levels_resolve_and_say_why_not() -> None:
+    levels, skipped = resolve_levels("all", "cpu")
+    assert "L5-cuda" in skipped and "CUDA" in skipped["L5-cuda"]
+    assert [lv.key for lv in levels][:4] == ["L1-naive", "L1-native", "L2-torchscript", "L3-compile"]
+    chosen, _ = resolve_levels("1,L4-triton", "cpu")
+    assert [lv.key for lv in chosen] == ["L1-naive", "L1-native", "L4-triton"]
+    with pytest.raises(ValueError, match="unknown level"):
+        resolve_levels("L7", "cpu")
+    assert set(LEVELS) == {"L1-naive", "L1-native", "L2-torchscript", "L3-compile", "L4-triton", "L5-cuda"}
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "engine", "levels", *args], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+def test_cli_lists_checks_arguments_and_runs(child_env: dict[str, str]) -> None:
+    listed = _cli("--list", env=child_env)
+    assert listed.returncode == 0 and "causal_attention" in listed.stdout and "L5-cuda" in listed.stdout
+    bad = _cli("--component", "convolution", env=child_env)
+    assert bad.returncode == 2 and "unknown component" in bad.stderr
+    real_on_cpu = _cli("--component", "causal_attention", "--shape", "S=4096", env=child_env)
+    assert real_on_cpu.returncode == 2 and "meant for cuda" in real_on_cpu.stderr
+    only_cuda = _cli("--component", "causal_attention", "--level", "L5-cuda", env=child_env)
+    assert only_cuda.returncode == 2 and "not available on cpu" in only_cuda.stderr
+    ran = _cli("--component", "gnn_message_passing", "--shape", "small-sorted", "--level", "L1-naive,L1-native",
+               "--iters", "2", "--warmup", "0", env=child_env)
+    assert ran.returncode == 0, ran.stderr
+    assert "L1-native" in ran.stdout and "1.00x" in ran.stdout  # L1-naive is its own baseline
