@@ -311,6 +311,19 @@ def cmd_ceilings(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    from engine.merge import merge_store
+
+    store = _store(args)
+    for other in args.other:
+        try:
+            report = merge_store(store, other)
+        except StoreError as exc:
+            raise CliError(str(exc)) from exc
+        print(report.summary())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m engine", description="Mode Lab engine: benchmark, train and "
                                      "predict with PyTorch execution modes; every run lands in DuckDB.")
@@ -382,6 +395,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=_positive_float, default=600)
     common(p)
     p.set_defaults(func=cmd_ceilings)
+
+    p = sub.add_parser("merge", help="copy every finished run of other stores into this one (ids remapped, "
+                       "environments kept; merging twice copies nothing new)")
+    p.add_argument("other", nargs="+", help="another results .duckdb file (opened read-only)")
+    common(p)
+    p.set_defaults(func=cmd_merge)
 
     p = sub.add_parser("env", help="print the environment a run would record")
     p.set_defaults(func=cmd_env)

@@ -127,6 +127,17 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "CREATE INDEX op_stats_run_idx ON op_stats(run_id)",
         "CREATE INDEX ncu_kernel_metrics_run_idx ON ncu_kernel_metrics(run_id)",
     ]),
+    (4, "provenance of runs merged in from other stores", [
+        # One row per copied run: where it came from, so merging the same store twice copies nothing new.
+        """CREATE TABLE merged_runs (
+            run_id BIGINT PRIMARY KEY,
+            source VARCHAR,
+            source_host VARCHAR,
+            source_run_id BIGINT,
+            source_created_at TIMESTAMP,
+            merged_at TIMESTAMP
+        )""",
+    ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 OP_STATS_COLUMNS = ("phase", "kind", "device", "name", "calls", "self_us", "total_us", "device_us", "input_shapes",
