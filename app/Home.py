@@ -96,8 +96,21 @@ else:
             st.markdown(f"**#{row.id}** {row.kind} `{row.mode}` on {row.device} · {fmt_time(row.finished_at)}")
             st.error(first_line(row.error) or "failed without a message", icon=":material/error:")
 
+ceilings = queries.device_ceilings(store)
+if not ceilings.empty:
+    st.subheader("Device ceilings")
+    st.caption("Measured by the lab on each device (`python -m engine ceilings`); every \"% of\" on the pages "
+               "divides by one of these and names it.")
+    st.dataframe(ceilings, hide_index=True)
+
 st.subheader("Pages")
 c1, c2 = st.columns(2)
 c1.page_link("pages/1_Benchmark.py", label="Benchmark — compare modes, run benchmarks, watch progress",
              icon=":material/speed:")
 c2.page_link("pages/2_Predict.py", label="Predict — price a house with a trained model", icon=":material/home:")
+c1.page_link("pages/3_IR_Explorer.py", label="IR Explorer — export a model's graph, browse and verify it",
+             icon=":material/account_tree:")
+c2.page_link("pages/4_Profiler.py", label="Profiler — kernels, launches and idle time of a step",
+             icon=":material/troubleshoot:")
+c1.page_link("pages/5_Kernel_Levels.py", label="Kernel Levels — one component written five ways, on a roofline",
+             icon=":material/stacks:")

@@ -121,3 +121,21 @@ def latest_notes(store: Store, workload: str, device: str) -> dict[str, list[str
             except ValueError:
                 notes[str(mode)] = [text]
     return notes
+
+
+def device_ceilings(store: Store) -> pd.DataFrame:
+    """The newest ceilings run per device name, one row each, in display units (one cheap aggregate query)."""
+    frame = store.query("""
+        WITH latest AS (
+            SELECT e.device_name, max(r.id) AS run_id FROM runs r JOIN environments e ON e.run_id = r.id
+            WHERE r.kind = 'ceilings' AND r.status = 'ok' GROUP BY e.device_name)
+        SELECT l.device_name AS device, l.run_id,
+               max(CASE WHEN m.name = 'copy_bw' THEN m.value / 1e12 END) AS "copy TB/s",
+               max(CASE WHEN m.name = 'matmul_bf16' THEN m.value / 1e12 END) AS "bf16 TFLOP/s",
+               max(CASE WHEN m.name = 'matmul_tf32' THEN m.value / 1e12 END) AS "tf32 TFLOP/s",
+               max(CASE WHEN m.name = 'matmul_fp32' THEN m.value / 1e12 END) AS "fp32 TFLOP/s",
+               max(CASE WHEN m.name = 'launch_us' THEN m.value END) AS "launch µs",
+               max(CASE WHEN m.name = 'graph_kernel_us' THEN m.value END) AS "graph kernel µs"
+        FROM latest l JOIN metrics m ON m.run_id = l.run_id GROUP BY ALL ORDER BY device
+    """)
+    return frame.round(3) if not frame.empty else frame

@@ -67,3 +67,20 @@ def test_home_stays_fast_with_10000_runs(lab: Store, page) -> None:
         assert not at.exception
     assert sorted(times)[1] <= 1.5, times
     assert {m.label: m.value for m in at.metric}["Ok"].replace(",", "").isdigit()
+
+
+def test_home_lists_measured_ceilings_per_device(lab: Store, page) -> None:
+    from engine.store import Metric, RunResult
+
+    for name, copy_bw in (("NVIDIA H100 80GB HBM3", 2.9e12), ("NVIDIA H100 80GB HBM3", 2.98e12),
+                          ("CPU: AMD EPYC", 2e10)):
+        run_id = lab.create_run("ceilings", "ceilings", "measure", "cpu" if "CPU" in name else "cuda", {})
+        lab.start_run(run_id)
+        lab.record_result(run_id, RunResult(env={"device_name": name}, metrics=[
+            Metric("copy_bw", copy_bw, "B/s"), Metric("matmul_fp32", 5e13, "FLOP/s"), Metric("launch_us", 5.0, "us")]))
+    at = page("home").run()
+    assert not at.exception
+    table = at.dataframe[-1].value
+    assert list(table["device"]) == ["CPU: AMD EPYC", "NVIDIA H100 80GB HBM3"]
+    assert table.set_index("device").loc["NVIDIA H100 80GB HBM3", "copy TB/s"] == 2.98  # the newest run wins
+    assert "divides by one of these" in texts(at.caption)
