@@ -1,0 +1,263 @@
+"""Flash-attention forward in Triton (Kernel Levels, L4), kernel and plain-torch check side by side.
+
+out = softmax(q @ k^T * scale [+ causal mask]) @ v, for q, k, v of shape (B, H, S, D).
+
+How it works (Flash-Attention 2, after Triton's 06-fused-attention tutorial):
+- one program per (BLOCK_M query rows, batch*head); its Q tile stays on chip while K/V tiles of BLOCK_N keys stream by;
+- online softmax in fp32: a running row max `m_i` and row sum `l_i`; the accumulator is rescaled by
+  exp2(m_old - m_new) when the max grows, and divided by `l_i` once at the end (exp2, log2(e) folded into the scale);
+- causal: key blocks entirely above the diagonal are never loaded (the loop stops at the diagonal), blocks entirely
+  below it run unmasked, and only the BLOCK_M/BLOCK_N diagonal blocks apply the mask;
+- ragged S (e.g. 197): full key blocks run unmasked; the one partial tail block is loaded with a bounds mask and its
+  missing columns get -inf scores; query rows past S are never stored;
+- on Hopper (sm_90+) and in the interpreter, K/V blocks that lie inside S are read through tensor descriptors (TMA on
+  the GPU); elsewhere, and for blocks that may cross S (the tail; the diagonal when S % BLOCK_N != 0), through masked
+  pointer loads (a flat (B*H*S, D) descriptor would read the next head's rows there);
+- causal programs are launched heaviest first (the last query block needs the most key blocks) so that the short
+  ones fill the tail of the schedule; query blocks of one head are adjacent in the launch order so K/V stay in L2;
+- tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) are autotuned on the GPU, keyed on S, D, causal (and dtype); the
+  interpreter uses one fixed small config, since timing there means nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.kernels.triton._common import check_device, is_hopper_or_newer, is_interpreted
+
+try:  # host-side tensor descriptors (TMA): Triton >= 3.4
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: pointer path only
+    TensorDescriptor = None
+
+HEAD_DIMS = (32, 64, 128)
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+LOG2E = 1.4426950408889634
+# float32 inputs: "tf32x3" splits each operand into a TF32 high part and a TF32 remainder and sums three tensor-core
+# products -- about fp32 accuracy. Plain "ieee" fp32 dots compile to FMA loops that spill heavily on sm_90 (ptxas:
+# 27 KB of spill stores for 64x64 tiles); Triton's default "tf32" would miss fp32 by ~1e-3. The interpreter ignores
+# the setting and multiplies in full fp32.
+FP32_DOT = "tf32x3"
+
+
+@triton.jit
+def _attn_inner(acc, l_i, m_i, q, K, V, k_desc, v_desc, kv_row0, lo, hi, offs_m, S, qk_scale,
+                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                CAUSAL_MASK: tl.constexpr, TAIL_MASK: tl.constexpr, USE_DESC: tl.constexpr,
+                DOT_PREC: tl.constexpr):
+    """Key blocks [lo, hi) of one head into the running (acc, l_i, m_i); masks only where the flags say."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + offs_n0
+        if USE_DESC:
+            k = k_desc.load([kv_row0 + start_n, 0])
+        else:
+            kv_off = (kv_row0 + offs_n).to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+            if TAIL_MASK:
+                k = tl.load(K + kv_off, mask=(offs_n < S)[:, None], other=0.0)
+            else:
+                k = tl.load(K + kv_off)
+        qk = tl.dot(q, k.T, input_precision=DOT_PREC)
+        if CAUSAL_MASK or TAIL_MASK:
+            if CAUSAL_MASK:
+                keep = offs_m[:, None] >= offs_n[None, :]
+                if TAIL_MASK:
+                    keep = keep & (offs_n[None, :] < S)
+            else:
+                keep = (offs_m[:, None] >= 0) & (offs_n[None, :] < S)
+            qk = tl.where(keep, qk * qk_scale, float("-inf"))
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            qk = qk - m_ij[:, None]
+        else:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            qk = qk * qk_scale - m_ij[:, None]
+        p = tl.math.exp2(qk)
+        alpha = tl.math.exp2(m_i - m_ij)  # rescales what was accumulated under the old max
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if USE_DESC:
+            v = v_desc.load([kv_row0 + start_n, 0])
+        else:
+            if TAIL_MASK:
+                v = tl.load(V + kv_off, mask=(offs_n < S)[:, None], other=0.0)
+            else:
+                v = tl.load(V + kv_off)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_kernel(Q, K, V, O, k_desc, v_desc, S, H, qk_scale,
+                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, USE_DESC: tl.constexpr,
+                     DOT_PREC: tl.constexpr):
+    tl.static_assert(BLOCK_M % BLOCK_N == 0)  # the causal split needs the diagonal on a BLOCK_N boundary
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(2) * H + tl.program_id(1)
+    if CAUSAL:
+        start_m = tl.cdiv(S, BLOCK_M) - 1 - pid_m  # heaviest query block first
+    else:
+        start_m = pid_m
+    kv_row0 = bh * S  # first row of this head in the (B*H*S, D) view
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = (offs_m < S)[:, None]
+    q_off = (kv_row0 + offs_m).to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+    q = tl.load(Q + q_off, mask=row_ok, other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    TAIL: tl.constexpr = not EVEN_N
+    DIAG_DESC: tl.constexpr = USE_DESC and EVEN_N
+    if CAUSAL:
+        diag = start_m * BLOCK_M
+        # below the diagonal: every key is visible, no mask; above it: never loaded.
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, K, V, k_desc, v_desc, kv_row0, 0, diag, offs_m, S, qk_scale,
+                                    HEAD_DIM, BLOCK_N, False, False, USE_DESC, DOT_PREC)
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, K, V, k_desc, v_desc, kv_row0, diag,
+                                    tl.minimum(diag + BLOCK_M, S), offs_m, S, qk_scale,
+                                    HEAD_DIM, BLOCK_N, True, TAIL, DIAG_DESC, DOT_PREC)
+    else:
+        n_full = (S // BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, K, V, k_desc, v_desc, kv_row0, 0, n_full, offs_m, S, qk_scale,
+                                    HEAD_DIM, BLOCK_N, False, False, USE_DESC, DOT_PREC)
+        if TAIL:
+            acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, K, V, k_desc, v_desc, kv_row0, n_full, n_full + BLOCK_N,
+                                        offs_m, S, qk_scale, HEAD_DIM, BLOCK_N, False, True, False, DOT_PREC)
+    acc = acc / l_i[:, None]
+    tl.store(O + q_off, acc.to(O.dtype.element_ty), mask=row_ok)
+
+
+_attn_fwd = triton.heuristics({"EVEN_N": lambda a: a["S"] % a["BLOCK_N"] == 0})(_attn_fwd_kernel)
+
+
+def _set_desc_blocks(nargs: dict) -> None:
+    """Autotune pre-hook: a descriptor's block shape follows the config being tried."""
+    for name in ("k_desc", "v_desc"):
+        desc = nargs.get(name)
+        if desc is not None:
+            desc.block_shape = [nargs["BLOCK_N"], nargs["HEAD_DIM"]]
+
+
+def _gpu_configs() -> list[triton.Config]:
+    shapes = [  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
+        (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (64, 32, 4, 4),
+    ]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s, pre_hook=_set_desc_blocks)
+            for bm, bn, w, s in shapes]
+
+
+def _prune(configs: list[triton.Config], nargs: dict, **kwargs) -> list[triton.Config]:
+    """Drop tiles that cannot pay: wide tiles for a short S; tiny key tiles or spilling ones at D=128."""
+    s, d = nargs["S"], kwargs.get("HEAD_DIM", nargs.get("HEAD_DIM"))
+    kept = [c for c in configs
+            if not (c.kwargs["BLOCK_M"] > 64 and s <= 64)
+            and not (d == 128 and c.kwargs["BLOCK_N"] < 64)
+            # 128x64 tiles on 4 warps spill registers at D=128 (ptxas, sm_90)
+            and not (d == 128 and c.kwargs["BLOCK_M"] == 128 and c.num_warps == 4)]
+    return kept or configs[-1:]
+
+
+_attn_fwd_tuned = triton.autotune(_gpu_configs(), key=["S", "HEAD_DIM", "CAUSAL", "USE_DESC"],
+                                  prune_configs_by={"early_config_prune": _prune})(_attn_fwd)
+
+# One fixed config for the interpreter: autotuning there is slow and measures nothing.
+INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32}
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"attention: {name} must be (B, H, S, D), got shape {tuple(t.shape)}")
+        if not t.is_contiguous():
+            raise ValueError(f"attention: {name} must be contiguous")
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(f"attention: q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"attention: q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in DTYPES:
+        raise ValueError(f"attention: dtype must be one of bfloat16, float16, float32, got {q.dtype}")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"attention: head dim D must be one of {HEAD_DIMS}, got {q.shape[-1]}")
+    if q.shape[2] < 1:
+        raise ValueError("attention: sequence length S must be >= 1")
+    if not isinstance(causal, bool):
+        raise ValueError(f"attention: causal must be a bool, got {type(causal).__name__}")
+    if scale is not None and (not isinstance(scale, (int, float)) or not math.isfinite(scale)):
+        raise ValueError(f"attention: scale must be a finite float or None, got {scale!r}")
+    if q.shape[0] > 65535 or q.shape[1] > 65535:
+        raise ValueError(f"attention: B and H must each be <= 65535 (launch grid), got {q.shape[0]}, {q.shape[1]}")
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None = None,
+               use_desc: bool | None = None, config: dict | None = None) -> torch.Tensor:
+    """`attention` with the path (descriptors or pointers) and a fixed tile config selectable, for tests/benchmarks."""
+    _check_inputs(q, k, v, causal, scale)
+    device = check_device(_attn_fwd_kernel, "attention", q, k, v)
+    B, H, S, D = q.shape
+    scale = float(D ** -0.5 if scale is None else scale)
+    out = torch.empty_like(q)
+    if out.numel() == 0:
+        return out
+    interpreted = is_interpreted(_attn_fwd_kernel)
+    if use_desc is None:
+        use_desc = interpreted or is_hopper_or_newer(device)
+    # TMA needs 16-byte aligned bases (a contiguous view at an odd storage offset is not): else plain loads.
+    use_desc = bool(use_desc and TensorDescriptor is not None
+                    and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0)
+    if interpreted and config is None:
+        config = dict(INTERPRETER_CONFIG)
+    k_desc = v_desc = None
+    if use_desc:
+        block_n = config["BLOCK_N"] if config else 64  # the autotune pre-hook resets it per config
+        k_desc = TensorDescriptor(k, shape=[B * H * S, D], strides=[D, 1], block_shape=[block_n, D])
+        v_desc = TensorDescriptor(v, shape=[B * H * S, D], strides=[D, 1], block_shape=[block_n, D])
+
+    def grid(meta: dict) -> tuple[int, int, int]:
+        return (triton.cdiv(S, meta["BLOCK_M"]), H, B)
+
+    args = (q, k, v, out, k_desc, v_desc, S, H, scale * LOG2E)
+    meta = dict(HEAD_DIM=D, CAUSAL=causal, USE_DESC=use_desc,
+                DOT_PREC=FP32_DOT if q.dtype == torch.float32 else None)
+    if config is not None:
+        cfg = dict(config)
+        launch = {key: cfg.pop(key) for key in ("num_warps", "num_stages") if key in cfg}
+        if interpreted:
+            launch = {}
+        _attn_fwd[grid](*args, **meta, **cfg, **launch)
+    else:
+        _attn_fwd_tuned[grid](*args, **meta)
+    return out
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+              scale: float | None = None) -> torch.Tensor:
+    """Flash-attention forward: softmax(q k^T * scale, causal-masked if `causal`) v; scale defaults to D**-0.5.
+
+    q, k, v: (B, H, S, D), contiguous, one dtype (bfloat16/float16; float32 too, with 3xTF32 dots, see FP32_DOT),
+    D in {32, 64, 128}, any S >= 1. Returns a new (B, H, S, D) tensor of the same dtype. Softmax in fp32.
+    """
+    return _attention(q, k, v, causal, scale)
+
+
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+               scale: float | None = None) -> torch.Tensor:
+    """Plain-torch attention in float64 (the check the kernel is held to); returns float64."""
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    S, D = q.shape[-2], q.shape[-1]
+    scale = D ** -0.5 if scale is None else scale
+    scores = (q64 @ k64.transpose(-2, -1)) * scale
+    if causal:
+        mask = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v64

@@ -1,0 +1,296 @@
+"""The L4 Triton kernels against their float64 torch references (under Triton's interpreter on CPU; see conftest).
+
+Each check draws fresh random inputs, poisons the kernel's output allocation with NaN (so an element the kernel
+never writes fails the check), and compares by relative L2 error ||out - ref|| / ||ref|| under a per-dtype tolerance:
+float32 (1e-5: the interpreter multiplies in full fp32; on the GPU the kernels use 3xTF32 dots, about as accurate);
+float16 / bfloat16 store rounded outputs (a few 1e-4 .. 1e-3).
+bfloat16 is not used with tl.dot here: Triton 3.6's interpreter multiplies bfloat16 dot operands as raw uint16 bits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+import engine.kernels.triton.attention as attn_mod  # noqa: E402
+import engine.kernels.triton.message_passing as mp_mod  # noqa: E402
+import engine.kernels.triton.patch_embed as pe_mod  # noqa: E402
+from engine.kernels.triton import interpreted  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and not interpreted():
+    pytest.skip("the Triton kernels were imported before TRITON_INTERPRET=1 was set; CPU runs need the interpreter",
+                allow_module_level=True)
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert torch.isfinite(out).all(), "output has NaN/inf: an element was not written (outputs are NaN-poisoned)"
+    out64, ref64 = out.double().cpu(), ref.double().cpu()
+    return float((out64 - ref64).norm() / ref64.norm())
+
+
+@pytest.fixture
+def poison(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every tensor the wrappers allocate with torch.empty / empty_like starts as NaN (ints as -7), not zeros."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def fill(t: torch.Tensor) -> torch.Tensor:
+        return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-7)
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(empty_like(*a, **k)))
+
+
+def randn(*shape: int, dtype: torch.dtype = torch.float32, gen: torch.Generator) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen, dtype=torch.float32).to(dtype).to(DEVICE)
+
+
+# ---------------------------------------------------------------------------------------------------- attention
+
+ATTN_CASES = [  # B, H, S, D, causal, dtype, use_desc, config
+    (1, 2, 197, 32, True, torch.float32, None, None),  # ragged S, default (descriptor) path
+    (1, 2, 197, 32, False, torch.float32, None, None),
+    (2, 1, 100, 64, True, torch.float16, False, {"BLOCK_M": 64, "BLOCK_N": 16}),  # several diagonal sub-blocks
+    (1, 1, 96, 64, False, torch.float16, True, {"BLOCK_M": 64, "BLOCK_N": 32}),  # S % BLOCK_N == 0, S % BLOCK_M != 0
+    (1, 1, 96, 64, True, torch.float16, True, {"BLOCK_M": 64, "BLOCK_N": 32}),  # diagonal through descriptors
+    (1, 1, 64, 128, False, torch.float32, True, {"BLOCK_M": 32, "BLOCK_N": 32}),  # no tail at all
+    (1, 1, 64, 128, True, torch.float32, False, {"BLOCK_M": 32, "BLOCK_N": 32}),
+    (2, 2, 5, 32, True, torch.float32, False, None),  # S smaller than one block
+    (1, 1, 1, 32, False, torch.float32, True, None),  # S = 1
+]
+
+
+@pytest.mark.parametrize("B,H,S,D,causal,dtype,use_desc,config", ATTN_CASES)
+def test_attention_matches_reference(B: int, H: int, S: int, D: int, causal: bool, dtype: torch.dtype,
+                                     use_desc: bool | None, config: dict | None, poison: None) -> None:
+    gen = torch.Generator().manual_seed(1000 * S + D + causal)
+    q, k, v = (randn(B, H, S, D, dtype=dtype, gen=gen) for _ in range(3))
+    out = attn_mod._attention(q, k, v, causal, use_desc=use_desc, config=config)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert rel_err(out, attn_mod._reference(q, k, v, causal)) < TOL[dtype]
+
+
+def test_attention_public_signature_and_scale() -> None:
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (randn(1, 2, 40, 32, gen=gen) for _ in range(3))
+    out = attn_mod.attention(q, k, v, causal=True, scale=0.3)
+    assert rel_err(out, attn_mod._reference(q, k, v, True, scale=0.3)) < 1e-5
+    # the default scale is D**-0.5, and it matters: a different scale gives a different result
+    default = attn_mod.attention(q, k, v, True)
+    assert rel_err(default, attn_mod._reference(q, k, v, True, scale=32 ** -0.5)) < 1e-5
+    assert rel_err(default, out) > 1e-3
+
+
+def test_attention_causal_ignores_future_keys() -> None:
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = (randn(1, 1, 70, 32, gen=gen) for _ in range(3))
+    out = attn_mod.attention(q, k, v, causal=True)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 40:] = 100.0  # only rows >= 40 may see these
+    v2[:, :, 40:] = -50.0
+    out2 = attn_mod.attention(q, k2, v2, causal=True)
+    assert torch.equal(out[:, :, :40], out2[:, :, :40])
+    assert not torch.allclose(out[:, :, 40:], out2[:, :, 40:])
+
+
+def test_attention_unaligned_view_falls_back_to_pointer_loads() -> None:
+    gen = torch.Generator().manual_seed(10)
+    base = randn(1 * 1 * 33 * 32 + 1, gen=gen)
+    q = base[1:].view(1, 1, 33, 32)  # contiguous, but 4 bytes past a 16-byte boundary: no tensor descriptor
+    assert q.data_ptr() % 16 != 0
+    out = attn_mod._attention(q, q, q, True, use_desc=True)
+    assert rel_err(out, attn_mod._reference(q, q, q, True)) < 1e-5
+
+
+def test_attention_bad_inputs() -> None:
+    gen = torch.Generator().manual_seed(9)
+    q = randn(1, 1, 8, 32, gen=gen)
+    with pytest.raises(ValueError, match="head dim"):
+        attn_mod.attention(*(randn(1, 1, 8, 48, gen=gen) for _ in range(3)), causal=False)
+    with pytest.raises(ValueError, match="shapes differ"):
+        attn_mod.attention(q, q, randn(1, 1, 9, 32, gen=gen), causal=False)
+    with pytest.raises(ValueError, match="dtypes differ"):
+        attn_mod.attention(q, q, q.half(), causal=False)
+    with pytest.raises(ValueError, match="dtype must be"):
+        attn_mod.attention(*(torch.zeros(1, 1, 8, 32, dtype=torch.float64),) * 3, causal=False)
+    with pytest.raises(ValueError, match=r"\(B, H, S, D\)"):
+        attn_mod.attention(q[0], q[0], q[0], causal=False)
+    with pytest.raises(ValueError, match="contiguous"):
+        t = randn(1, 1, 32, 8, gen=gen).transpose(-1, -2)
+        attn_mod.attention(t, t, t, causal=False)
+    with pytest.raises(ValueError, match="causal must be a bool"):
+        attn_mod.attention(q, q, q, causal=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="S must be >= 1"):
+        e = torch.zeros(1, 1, 0, 32, device=DEVICE)
+        attn_mod.attention(e, e, e, causal=False)
+    with pytest.raises(ValueError, match="scale"):
+        attn_mod.attention(q, q, q, causal=False, scale=math.nan)
+
+
+# -------------------------------------------------------------------------------------------------- patch embed
+
+PE_CASES = [  # B, C, Hi, Wi, P, E, dtype, config
+    (2, 3, 32, 32, 8, 64, torch.float32, None),
+    (2, 3, 48, 32, 16, 48, torch.float32, None),  # P = 16, non-square image, E not a multiple of BLOCK_N
+    (3, 2, 24, 40, 8, 40, torch.float16, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64}),  # M = 45: ragged rows
+    (1, 3, 8, 12, 4, 32, torch.float32, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32}),  # K = 48: ragged K
+]
+
+
+@pytest.mark.parametrize("B,C,Hi,Wi,P,E,dtype,config", PE_CASES)
+def test_patch_embed_matches_reference(B: int, C: int, Hi: int, Wi: int, P: int, E: int, dtype: torch.dtype,
+                                       config: dict | None, poison: None) -> None:
+    gen = torch.Generator().manual_seed(B * 100 + Hi + P)
+    images = randn(B, C, Hi, Wi, dtype=dtype, gen=gen)
+    weight = (randn(E, C, P, P, gen=gen) * (C * P * P) ** -0.5).to(dtype)
+    bias, cls = randn(E, dtype=dtype, gen=gen), randn(E, dtype=dtype, gen=gen)
+    pos = randn(1 + (Hi // P) * (Wi // P), E, dtype=dtype, gen=gen)
+    out = pe_mod._patch_embed_impl(images, weight, bias, cls, pos, P, config=config)
+    ref = pe_mod._reference(images, weight, bias, cls, pos, P)
+    assert out.shape == ref.shape == (B, 1 + (Hi // P) * (Wi // P), E)
+    assert rel_err(out, ref) < TOL[dtype]
+    # the cls row is exactly cls + pos[0] for every image (no GEMM involved)
+    expected_cls = (cls.double() + pos[0].double()).to(dtype)
+    assert torch.equal(out[:, 0].cpu(), expected_cls.expand(B, -1).cpu())
+
+
+def test_patch_embed_public_signature() -> None:
+    gen = torch.Generator().manual_seed(11)
+    args = (randn(1, 3, 16, 16, gen=gen), randn(32, 3, 8, 8, gen=gen) * 0.1, randn(32, gen=gen),
+            randn(32, gen=gen), randn(5, 32, gen=gen))
+    assert rel_err(pe_mod.patch_embed(*args, patch=8), pe_mod._reference(*args, patch=8)) < 1e-5
+    # fp16 GEMM operands with fp32 epilogue terms (a module whose cls/pos stay fp32): output in fp16
+    img, w = args[0].half(), args[1].half()
+    out = pe_mod.patch_embed(img, w, *args[2:], patch=8)
+    assert out.dtype == torch.float16
+    assert rel_err(out, pe_mod._reference(img, w, *args[2:], patch=8)) < TOL[torch.float16]
+
+
+def test_patch_embed_bad_inputs() -> None:
+    gen = torch.Generator().manual_seed(12)
+    img, w = randn(1, 3, 16, 16, gen=gen), randn(32, 3, 8, 8, gen=gen)
+    b, cls, pos = randn(32, gen=gen), randn(32, gen=gen), randn(5, 32, gen=gen)
+    with pytest.raises(ValueError, match="not a positive multiple of patch"):
+        pe_mod.patch_embed(randn(1, 3, 20, 16, gen=gen), w, b, cls, pos, 8)
+    with pytest.raises(ValueError, match="weight must be"):
+        pe_mod.patch_embed(img, randn(32, 3, 4, 4, gen=gen), b, cls, pos, 8)
+    with pytest.raises(ValueError, match="pos must be"):
+        pe_mod.patch_embed(img, w, b, cls, randn(4, 32, gen=gen), 8)
+    with pytest.raises(ValueError, match="bias and cls"):
+        pe_mod.patch_embed(img, w, randn(31, gen=gen), cls, pos, 8)
+    with pytest.raises(ValueError, match="differs from images dtype"):
+        pe_mod.patch_embed(img, w.half(), b, cls, pos, 8)
+    with pytest.raises(ValueError, match="pos dtype must be"):
+        pe_mod.patch_embed(img, w, b, cls, pos.long(), 8)
+    with pytest.raises(ValueError, match="images dtype"):
+        pe_mod.patch_embed(img.long(), w, b, cls, pos, 8)
+    with pytest.raises(ValueError, match="patch must be a positive int"):
+        pe_mod.patch_embed(img, w, b, cls, pos, 0)
+    with pytest.raises(ValueError, match=r"\(B, C, Hi, Wi\)"):
+        pe_mod.patch_embed(img[0], w, b, cls, pos, 8)
+
+
+# ---------------------------------------------------------------------------------------------- message passing
+
+
+def make_graph(n: int, e: int, f: int, dtype: torch.dtype, idx: torch.dtype, gen: torch.Generator):
+    """Random edges whose destinations avoid the upper third of the nodes (isolated: no in-edges)."""
+    x = randn(n, f, dtype=dtype, gen=gen)
+    src = torch.randint(0, n, (e,), generator=gen).to(idx).to(DEVICE)
+    dst = torch.randint(0, (2 * n) // 3, (e,), generator=gen).to(idx).to(DEVICE)
+    w = torch.rand(e, generator=gen).to(dtype).to(DEVICE)
+    return x, src, dst, w
+
+
+MP_CASES = [  # N, E, F, dtype, index dtype, aggr, sorted, config
+    (101, 500, 48, torch.float32, torch.int64, "sum", True, None),  # N, F not multiples of the blocks
+    (101, 500, 48, torch.float32, torch.int32, "mean", True, {"ROWS": 8, "BLOCK_F": 64}),
+    (90, 400, 64, torch.bfloat16, torch.int64, "mean", True, None),
+    (90, 400, 32, torch.float16, torch.int32, "sum", True, None),
+    (101, 500, 48, torch.float32, torch.int32, "sum", False, None),  # fp32 sum: atomics straight into the output
+    (101, 500, 48, torch.float32, torch.int64, "mean", False, None),
+    (90, 400, 64, torch.bfloat16, torch.int32, "sum", False, None),
+    (90, 400, 64, torch.bfloat16, torch.int64, "mean", False, None),
+]
+
+
+@pytest.mark.parametrize("N,E,F,dtype,idx,aggr,is_sorted,config", MP_CASES)
+def test_message_passing_matches_reference(N: int, E: int, F: int, dtype: torch.dtype, idx: torch.dtype, aggr: str,
+                                           is_sorted: bool, config: dict | None, poison: None) -> None:
+    gen = torch.Generator().manual_seed(N + E + F + is_sorted)
+    x, src, dst, w = make_graph(N, E, F, dtype, idx, gen)
+    ref = mp_mod._reference(x, src, dst, w, N, aggr)
+    if is_sorted:
+        src_s, w_s, rowptr = mp_mod.csr_from_edges(src, dst, w, N)
+        out = mp_mod._message_passing_impl(x, src_s, dst, w_s, N, aggr, rowptr, config=config)
+    else:
+        out = mp_mod._message_passing_impl(x, src, dst, w, N, aggr, config=config)
+    assert out.shape == (N, F) and out.dtype == dtype
+    assert rel_err(out, ref) < TOL[dtype]
+    isolated = torch.ones(N, dtype=torch.bool)
+    isolated[dst.long().cpu()] = False
+    assert isolated.sum() > 0 and (out.cpu()[isolated] == 0).all()
+
+
+def test_message_passing_sorted_is_deterministic_and_public() -> None:
+    gen = torch.Generator().manual_seed(21)
+    x, src, dst, w = make_graph(70, 300, 32, torch.float32, torch.int64, gen)
+    src_s, w_s, rowptr = mp_mod.csr_from_edges(src, dst, w, 70)
+    a = mp_mod.message_passing(x, src_s, dst, w_s, 70, aggr="sum", rowptr=rowptr)
+    b = mp_mod.message_passing(x, src_s, dst, w_s, 70, aggr="sum", rowptr=rowptr)
+    assert torch.equal(a, b)
+    assert rel_err(a, mp_mod._reference(x, src, dst, w, 70, "sum")) < 1e-5
+    # the unsorted path computes the same function
+    assert rel_err(mp_mod.message_passing(x, src, dst, w, 70), mp_mod._reference(x, src, dst, w, 70)) < 1e-5
+
+
+def test_message_passing_no_edges_gives_zeros(poison: None) -> None:
+    gen = torch.Generator().manual_seed(22)
+    x = randn(10, 16, gen=gen)
+    empty_i = torch.zeros(0, dtype=torch.int64, device=DEVICE)
+    empty_w = torch.zeros(0, device=DEVICE)
+    rowptr = torch.zeros(11, dtype=torch.int64, device=DEVICE)
+    for aggr in ("sum", "mean"):
+        assert (mp_mod.message_passing(x, empty_i, empty_i, empty_w, 10, aggr, rowptr=rowptr) == 0).all()
+        assert (mp_mod.message_passing(x, empty_i, empty_i, empty_w, 10, aggr) == 0).all()
+
+
+def test_csr_from_edges() -> None:
+    src = torch.tensor([5, 6, 7, 8, 9], device=DEVICE)
+    dst = torch.tensor([2, 0, 2, 0, 3], device=DEVICE)
+    w = torch.tensor([0.5, 1.0, 1.5, 2.0, 2.5], device=DEVICE)
+    src_s, w_s, rowptr = mp_mod.csr_from_edges(src, dst, w, 5)
+    assert src_s.tolist() == [6, 8, 5, 7, 9]  # stable: edge order kept within a destination
+    assert w_s.tolist() == [1.0, 2.0, 0.5, 1.5, 2.5]
+    assert rowptr.tolist() == [0, 2, 2, 4, 5, 5]  # nodes 1 and 4 have no in-edges
+    with pytest.raises(ValueError, match="dst must lie in"):
+        mp_mod.csr_from_edges(src, dst + 3, w, 5)
+    with pytest.raises(ValueError, match="one length"):
+        mp_mod.csr_from_edges(src[:4], dst, w, 5)
+
+
+def test_message_passing_bad_inputs() -> None:
+    gen = torch.Generator().manual_seed(23)
+    x, src, dst, w = make_graph(20, 50, 8, torch.float32, torch.int64, gen)
+    with pytest.raises(ValueError, match=r"x must be \(N, F\)"):
+        mp_mod.message_passing(x[0], src, dst, w, 20)
+    with pytest.raises(ValueError, match="x dtype"):
+        mp_mod.message_passing(x.long(), src, dst, w, 20)
+    with pytest.raises(ValueError, match="src must be int32 or int64"):
+        mp_mod.message_passing(x, src.float(), dst, w, 20)
+    with pytest.raises(ValueError, match="one length E"):
+        mp_mod.message_passing(x, src, dst[:-1], w, 20)
+    with pytest.raises(ValueError, match="aggr must be one of"):
+        mp_mod.message_passing(x, src, dst, w, 20, aggr="max")
+    with pytest.raises(ValueError, match="rowptr must be"):
+        mp_mod.message_passing(x, src, dst, w, 20, rowptr=torch.zeros(20, dtype=torch.int64, device=DEVICE))
+    with pytest.raises(ValueError, match="num_nodes must be"):
+        mp_mod.message_passing(x, src, dst, w, -1)
+    with pytest.raises(ValueError, match="w dtype"):
+        mp_mod.message_passing(x, src, dst, w.long(), 20)
