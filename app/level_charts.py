@@ -14,6 +14,13 @@ from engine.ceilings import Ceilings
 PALETTE = px.colors.qualitative.Plotly
 
 
+def _rate(value: float, unit: str) -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if value >= scale:
+            return f"{value / scale:,.3g} {prefix}{unit}"
+    return f"{value:,.3g} {unit}"
+
+
 def _colors(levels: Sequence[str]) -> dict[str, str]:
     return {lv: PALETTE[i % len(PALETTE)] for i, lv in enumerate(levels)}
 
@@ -54,7 +61,7 @@ def roofline(frame: pd.DataFrame, ceilings: Ceilings | None, matmul_key: str, le
     if ceilings is not None and ceilings.copy_bw and ceilings.matmul(matmul_key):
         bw, peak = ceilings.copy_bw, ceilings.matmul(matmul_key)
         fig.add_trace(go.Scatter(x=x, y=np.minimum(x * bw, peak) / 1e12, mode="lines", line=dict(color="grey"),
-                                 name=f"roof: {bw / 1e12:.2f} TB/s copy, {peak / 1e12:.0f} TFLOP/s {matmul_key} "
+                                 name=f"roof: {_rate(bw, 'B/s')} copy, {_rate(peak, 'FLOP/s')} {matmul_key} "
                                       "matmul (measured)"))
         sheet = ceilings.datasheet
         if sheet is not None:

@@ -57,6 +57,14 @@ with st.expander("What is counted", icon=":material/functions:"):
                 f"in fp32 ({shape.dtype} inputs upcast exactly), on two fresh input sets.")
 
 
+def fmt_rate(value: float, unit: str) -> str:
+    """1.2e14 FLOP/s → '120.0 TFLOP/s'; small CPU figures stay readable (G, M)."""
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if value >= scale:
+            return f"{value / scale:,.1f} {prefix}{unit}"
+    return f"{value:,.0f} {unit}"
+
+
 def queue(levels: list[str]) -> None:
     specs = [JobSpec("levels", component.name, lv, device,
                      {"component": component.name, "shape": shape.name, "level": lv, "device": device,
@@ -98,7 +106,7 @@ for start in range(0, len(level_keys), 3):
                                "the interpreter's, never a kernel time.")
                 else:
                     pct = row.get("pct_matmul")
-                    st.caption(f"{row['flops_per_s'] / 1e12:,.3f} TFLOP/s · {row['bytes_per_s'] / 1e9:,.1f} GB/s"
+                    st.caption(f"{fmt_rate(row['flops_per_s'], 'FLOP/s')} · {fmt_rate(row['bytes_per_s'], 'B/s')}"
                                + (f" · {pct:.0f} % of the measured {row['matmul_ceiling_name']} matmul rate"
                                   if pct == pct and pct is not None else "")
                                + (f" · {row['pct_copy_bw']:.0f} % of the measured copy bandwidth"
