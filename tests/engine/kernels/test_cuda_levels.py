@@ -1,0 +1,314 @@
+"""Kernel Levels L5 (engine/kernels/cuda_levels.py, csrc/levels/): availability reasons and input checks everywhere;
+with a GPU, every kernel against a float64 torch reference on fresh random inputs, with poisoned outputs.
+
+On a machine without CUDA the GPU tests are skipped with the reason `available()` gives; the reason itself, the
+input validation and the build key are tested here without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.kernels import cuda_levels as cl
+from engine.native import build as native
+
+_REASON = cl.available()
+needs_cuda = pytest.mark.skipif(_REASON is not None, reason=f"L5 CUDA kernels unavailable: {_REASON}")
+
+# rel L2 error bounds per dtype of the inputs / outputs (fp32 accumulation everywhere)
+ATTN_TOL = {torch.bfloat16: 1.5e-2, torch.float16: 4e-3}
+PATCH_TOL = {torch.bfloat16: 1e-2, torch.float16: 3e-3}
+MP_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
+
+
+# ---- without a GPU ------------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_available_says_why_without_cuda():
+    assert cl.available() == "needs a CUDA device"
+    with pytest.raises(native.NativeBuildError, match="needs a CUDA device"):
+        cl.load()
+
+
+def test_available_reports_missing_nvcc(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(native, "compiler_missing", lambda: None)
+    monkeypatch.setattr(native, "_ensure_ninja_on_path", lambda: "/usr/bin/ninja")
+    import torch.utils.cpp_extension as cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    monkeypatch.setattr(cl, "_loaded", None)
+    assert cl.available() == "nvcc not found (CUDA_HOME unset)"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    assert "compute capability 8.0" in cl.available()
+
+
+def test_available_reports_the_first_compiler_error_and_never_raises(monkeypatch):
+    monkeypatch.setattr(cl, "_missing_tools", lambda: None)
+    log = ("[1/4] nvcc ... attention.cu\nFAILED: attention.cuda.o\n"
+           "csrc/levels/attention.cu(42): error: identifier \"foo\" is undefined\n1 error detected\n")
+
+    def failing_load(verbose: bool = False) -> str:
+        raise native.NativeBuildError(f"build failed: {cl._first_error_line(log)}\n(in /x)\n{log}")
+
+    monkeypatch.setattr(cl, "load", failing_load)
+    assert cl.available() == 'build failed: csrc/levels/attention.cu(42): error: identifier "foo" is undefined'
+    # what cpp_extension raises: its own "Error building extension" line comes first, the compiler's error later
+    wrapped = ("Error building extension 'modelab_cuda_levels_x': [1/2] c++ -c bindings.cpp\nFAILED: bindings.o\n"
+               "bindings.cpp:3:10: fatal error: torch/library.h: No such file or directory\n")
+    assert cl._first_error_line(wrapped) == "bindings.cpp:3:10: fatal error: torch/library.h: No such file or directory"
+
+    def crashing_load(verbose: bool = False) -> str:
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(cl, "load", crashing_load)
+    reason = cl.available()
+    assert reason.startswith("build failed: KeyError")
+
+
+def test_build_key_changes_with_every_input():
+    base = dict(sources={"a.cu": b"int x;", "common.cuh": b"#pragma once"}, torch_version="2.11.0",
+                cuda_version="13.0", nvcc_version="V13.0.88", arch=(9, 0), flags=["-O3"])
+    key = cl.build_key(**base)
+    assert len(key) == 16 and key == cl.build_key(**base)
+    changed = [
+        {**base, "sources": {**base["sources"], "common.cuh": b"#pragma once\n"}},  # a header edit
+        {**base, "torch_version": "2.12.0"},
+        {**base, "cuda_version": "12.8"},
+        {**base, "nvcc_version": "V13.1.0"},
+        {**base, "arch": (8, 0)},
+        {**base, "flags": ["-O3", "--use_fast_math"]},
+    ]
+    assert len({cl.build_key(**c) for c in changed} | {key}) == len(changed) + 1
+
+
+def test_every_source_file_exists_and_every_launch_is_checked():
+    for name in cl.SOURCES + cl.HEADERS:
+        assert (cl.SOURCE_DIR / name).is_file(), name
+    for name in ("attention.cu", "patch_embed.cu", "message_passing.cu"):
+        text = (cl.SOURCE_DIR / name).read_text()
+        launches = text.count(">>>(")
+        assert launches > 0 and text.count("CUDA_CHECK_LAUNCH();") >= launches, name
+
+
+def _cpu(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return torch.randn(*shape).to(dtype)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(q=_cpu(1, 2, 8, 64), k=_cpu(1, 2, 9, 64), v=_cpu(1, 2, 8, 64)), "one shape"),
+    (dict(q=_cpu(1, 2, 8, 32), k=_cpu(1, 2, 8, 32), v=_cpu(1, 2, 8, 32)), "64 or 128"),
+    (dict(q=_cpu(2, 8, 64), k=_cpu(2, 8, 64), v=_cpu(2, 8, 64)), r"\(B, H, S, D\)"),
+    (dict(q=_cpu(1, 1, 8, 64, dtype=torch.float32), k=_cpu(1, 1, 8, 64, dtype=torch.float32),
+          v=_cpu(1, 1, 8, 64, dtype=torch.float32)), "bfloat16 or all float16"),
+    (dict(q=_cpu(1, 1, 8, 64), k=_cpu(1, 1, 8, 64), v=_cpu(1, 1, 8, 64), scale=float("nan")), "finite"),
+    (dict(q=_cpu(1, 1, 8, 64), k=_cpu(1, 1, 8, 64), v=_cpu(1, 1, 8, 64), causal=1), "bool"),
+    (dict(q=_cpu(1, 1, 8, 64), k=_cpu(1, 1, 8, 64), v=_cpu(1, 1, 8, 64)), "CUDA tensors"),
+])
+def test_attention_rejects_bad_input(kwargs, message):
+    kwargs.setdefault("causal", False)
+    with pytest.raises(ValueError, match=message):
+        cl.attention(**kwargs)
+
+
+def _patch_args(B=1, C=3, H=32, W=32, P=16, E=64, dtype=torch.bfloat16) -> dict:
+    n = (H // P) * (W // P)
+    return dict(images=_cpu(B, C, H, W, dtype=dtype), weight=_cpu(E, C, P, P, dtype=dtype), bias=_cpu(E, dtype=dtype),
+                cls=_cpu(E, dtype=dtype), pos=_cpu(1 + n, E, dtype=dtype), patch=P)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (dict(patch=12), "multiple of 8"),
+    (dict(patch=24), "multiple of 8 that divides"),
+    (dict(weight=_cpu(64, 3, 8, 8)), r"weight must be \(E, 3, 16, 16\)"),
+    (dict(weight=_cpu(60, 3, 16, 16)), "multiple of 8"),
+    (dict(pos=_cpu(4, 64)), r"pos must be \(5, 64\)"),
+    (dict(cls=_cpu(2, 64)), r"cls must be \(64,\)"),
+    (dict(bias=_cpu(64, dtype=torch.float32)), "all inputs must be bfloat16"),
+    ({}, "CUDA tensors"),
+])
+def test_patch_embed_rejects_bad_input(change, message):
+    args = {**_patch_args(), **change}
+    with pytest.raises(ValueError, match=message):
+        cl.patch_embed(**args)
+
+
+def test_patch_embed_accepts_leading_unit_dims_until_the_device_check():
+    args = _patch_args()
+    args["cls"] = args["cls"].reshape(1, 1, -1)
+    args["pos"] = args["pos"].unsqueeze(0)
+    with pytest.raises(ValueError, match="CUDA tensors"):  # shapes passed; only the device is wrong
+        cl.patch_embed(**args)
+
+
+def _mp_args(N=10, E=30, F=8, dtype=torch.float32, idx=torch.int64) -> dict:
+    return dict(x=torch.randn(N, F).to(dtype), src=torch.randint(0, N, (E,), dtype=idx),
+                dst=torch.randint(0, N, (E,), dtype=idx), w=torch.rand(E), num_nodes=N)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (dict(x=torch.randn(10)), r"x must be \(N, F\)"),
+    (dict(x=torch.randn(10, 8, dtype=torch.float64)), "float32 or bfloat16"),
+    (dict(w=torch.rand(30, dtype=torch.float64)), "w must be"),
+    (dict(src=torch.randint(0, 10, (30,), dtype=torch.int16)), "int32 or int64"),
+    (dict(dst=torch.randint(0, 10, (30,), dtype=torch.int32)), "of one dtype"),
+    (dict(w=torch.rand(29)), "1-D of one length"),
+    (dict(num_nodes=-1), "num_nodes"),
+    (dict(aggr="max"), "aggr"),
+    (dict(rowptr=torch.zeros(10, dtype=torch.int64)), r"rowptr must be int32/int64 of shape \(11,\)"),
+    ({}, "CUDA tensors"),
+])
+def test_message_passing_rejects_bad_input(change, message):
+    args = {**_mp_args(), **change}
+    with pytest.raises(ValueError, match=message):
+        cl.message_passing(**args)
+
+
+def test_references_agree_with_plain_torch():
+    """The float64 references the GPU tests trust, checked against independent formulations on CPU."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 17, 64) for _ in range(3))
+    for causal in (False, True):
+        ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+        assert cl._rel_l2(cl._ref_attention(q, k, v, causal), ref) < 1e-12
+    args = _patch_args(B=2, H=32, W=48, dtype=torch.float32)
+    out = cl._ref_patch_embed(**args)
+    img, wt = args["images"].double(), args["weight"].double()
+    # patch (row 1, col 2) of image 1 by hand: grid is 2 x 3, so it is patch 1 * 3 + 2 = 5, token 6
+    manual = (img[1, :, 16:32, 32:48] * wt).sum(dim=(1, 2, 3)) + args["bias"].double() + args["pos"].double()[6]
+    assert torch.allclose(out[1, 6], manual)
+    assert torch.allclose(out[0, 0], args["cls"].double() + args["pos"].double()[0])
+    mp = _mp_args()
+    ref = cl._ref_message_passing(**mp, aggr="mean")
+    d = int(mp["dst"][0])
+    into = mp["dst"] == d
+    manual = (mp["x"].double()[mp["src"][into]] * mp["w"].double()[into, None]).sum(0) / int(into.sum())
+    assert torch.allclose(ref[d], manual)
+    isolated = torch.ones(mp["num_nodes"], dtype=torch.bool)
+    isolated[mp["dst"]] = False
+    assert (ref[isolated] == 0).all()
+    assert cl._rel_l2(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 2.0])) == math.inf
+
+
+# ---- with a GPU ---------------------------------------------------------------------------------------------------
+
+def _poison_allocator(nbytes: int) -> None:
+    """Fill a block of the caching allocator with NaN and free it, so an output the kernel allocates next likely
+    reuses NaN bytes: any element the kernel does not write shows up as non-finite."""
+    junk = torch.full((nbytes // 4 + 1024,), float("nan"), device="cuda")
+    del junk
+
+
+def _attn_inputs(B, H, S, D, dtype):
+    return [torch.randn(B, H, S, D, device="cuda", dtype=torch.float32).to(dtype) for _ in range(3)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("S", [1, 17, 64, 197, 300])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_matches_float64(dtype, D, S, causal):
+    q, k, v = _attn_inputs(2, 3, S, D, dtype)
+    variants = cl.ATTENTION_VARIANTS_BF16_D128 if (dtype == torch.bfloat16 and D == 128) else cl.ATTENTION_VARIANTS
+    ref = cl._ref_attention(q, k, v, causal)
+    for variant in variants:
+        _poison_allocator(q.numel() * q.element_size())
+        out = cl._attention_variant(q, k, v, causal, None, variant)
+        torch.cuda.synchronize()
+        assert out.shape == q.shape and out.dtype == dtype
+        err = cl._rel_l2(out, ref)
+        assert err < ATTN_TOL[dtype], f"variant {variant}: rel L2 {err:.2e}"
+
+
+@needs_cuda
+def test_attention_default_and_explicit_scale():
+    q, k, v = _attn_inputs(1, 2, 129, 128, torch.bfloat16)
+    out = cl.attention(q, k, v, causal=True, scale=0.3)
+    assert cl._rel_l2(out, cl._ref_attention(q, k, v, True, 0.3)) < ATTN_TOL[torch.bfloat16]
+    # a different scale must change the answer (the argument reaches the kernel)
+    assert cl._rel_l2(cl.attention(q, k, v, causal=True), out) > 1e-2
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("B", "C", "H", "W", "P", "E"), [
+    (2, 3, 32, 48, 16, 64),     # one tile, ragged M and N
+    (3, 3, 64, 64, 16, 136),    # E not a multiple of the 128-wide tile
+    (2, 4, 40, 24, 8, 256),     # P = 8, K = 256
+    (5, 3, 224, 224, 16, 768),  # ViT-B/16 at a small batch: several M tiles, K = 768
+])
+def test_patch_embed_matches_float64(dtype, B, C, H, W, P, E):
+    n = (H // P) * (W // P)
+    dev = dict(device="cuda")
+    args = dict(images=torch.randn(B, C, H, W, **dev).to(dtype),
+                weight=(torch.randn(E, C, P, P, **dev) / math.sqrt(C * P * P)).to(dtype),
+                bias=torch.randn(E, **dev).to(dtype), cls=torch.randn(E, **dev).to(dtype),
+                pos=torch.randn(1 + n, E, **dev).to(dtype), patch=P)
+    _poison_allocator(B * (1 + n) * E * 2)
+    out = cl.patch_embed(**args)
+    torch.cuda.synchronize()
+    assert out.shape == (B, 1 + n, E) and out.dtype == dtype
+    err = cl._rel_l2(out, cl._ref_patch_embed(**args))
+    assert err < PATCH_TOL[dtype], f"rel L2 {err:.2e}"
+
+
+def _graph(N, E, F, dtype, idx, isolated_every=7):
+    """Random edges whose destinations skip every `isolated_every`-th node (isolated nodes must come out 0)."""
+    dev = "cuda"
+    allowed = torch.tensor([i for i in range(N) if i % isolated_every], device=dev)
+    dst = allowed[torch.randint(0, len(allowed), (E,), device=dev)].to(idx)
+    src = torch.randint(0, N, (E,), device=dev, dtype=idx)
+    w = torch.rand(E, device=dev)
+    x = torch.randn(N, F, device=dev).to(dtype)
+    return x, src, dst, w
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("idx", [torch.int32, torch.int64])
+@pytest.mark.parametrize("F", [128, 64, 37, 300])
+@pytest.mark.parametrize("aggr", ["sum", "mean"])
+@pytest.mark.parametrize("sorted_edges", [True, False])
+def test_message_passing_matches_float64(dtype, idx, F, aggr, sorted_edges):
+    N, E = 300, 2500
+    x, src, dst, w = _graph(N, E, F, dtype, idx)
+    if dtype == torch.bfloat16:
+        w = w.to(torch.bfloat16)
+    ref = cl._ref_message_passing(x, src, dst, w, N, aggr)
+    _poison_allocator(N * F * 4)
+    if sorted_edges:
+        order = torch.argsort(dst, stable=True)
+        rowptr = torch.zeros(N + 1, dtype=torch.int64, device="cuda")
+        rowptr[1:] = torch.cumsum(torch.bincount(dst.long(), minlength=N), 0)
+        out = cl.message_passing(x, src[order], dst[order], w[order], N, aggr, rowptr=rowptr.to(idx))
+    else:
+        out = cl.message_passing(x, src, dst, w, N, aggr)
+    torch.cuda.synchronize()
+    assert out.shape == (N, F) and out.dtype == dtype
+    err = cl._rel_l2(out, ref)
+    assert err < MP_TOL[dtype], f"rel L2 {err:.2e}"
+    assert (out[::7] == 0).all(), "isolated nodes must be exactly 0"
+
+
+@needs_cuda
+def test_message_passing_float32_weights_with_bfloat16_features_and_no_edges():
+    x, src, dst, w = _graph(50, 400, 128, torch.bfloat16, torch.int64)
+    out = cl.message_passing(x, src, dst, w, 50, "sum")  # w stays float32
+    assert cl._rel_l2(out, cl._ref_message_passing(x, src, dst, w, 50)) < MP_TOL[torch.bfloat16]
+    empty = torch.empty(0, dtype=torch.int64, device="cuda")
+    for rowptr in (None, torch.zeros(51, dtype=torch.int64, device="cuda")):
+        out = cl.message_passing(x, empty, empty, torch.empty(0, device="cuda"), 50, "mean", rowptr=rowptr)
+        assert out.shape == (50, 128) and (out == 0).all()
+
+
+@needs_cuda
+def test_cuda_errors_surface_as_exceptions():
+    """The C++ side checks too: a variant the library does not have fails with a clear error, not a crash."""
+    q, k, v = _attn_inputs(1, 1, 16, 64, torch.float16)
+    with pytest.raises(RuntimeError, match="variant 7"):
+        cl._ops().attention(q, k, v, False, 0.125, 7)
