@@ -35,8 +35,9 @@ HEADERS = ("common.cuh",)
 OPS = "modelab_levels"  # the TORCH_LIBRARY namespace (bindings.cpp)
 
 # Attention tile variant used by `attention` (see the table in csrc/levels/attention.cu); picked from the H100
-# timings of scripts/cuda_levels_gpu.py. Variants 2 and 3 exist for bf16 with D=128 only.
-ATTENTION_VARIANT = 0
+# timings of scripts/cuda_levels_gpu.py. Variants 2 and 3 exist for bf16 with D=128 only. H100, 2026-11-23, causal
+# S=4096 B=4 H=16: v0 1104 µs, v1 1017, v2 989, v3 1015 (SDPA 468): v2 where it is built, v0 elsewhere.
+ATTENTION_VARIANT = 2
 ATTENTION_VARIANTS_BF16_D128 = (0, 1, 2, 3)
 ATTENTION_VARIANTS = (0, 1)
 
@@ -253,7 +254,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 
     scale defaults to 1/sqrt(D). Returns (B, H, S, D) in q's dtype. fp32 accumulation and softmax.
     """
-    return _attention_variant(q, k, v, causal, scale, ATTENTION_VARIANT)
+    variant = ATTENTION_VARIANT if (q.dtype == torch.bfloat16 and q.shape[-1] == 128) else 0
+    return _attention_variant(q, k, v, causal, scale, variant)
 
 
 def _attention_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
@@ -355,7 +357,12 @@ def message_passing(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, w: to
         w = w.float()
     ops = _ops()
     if rowptr is not None:
-        return ops.message_passing_csr(x, src, w, rowptr.long(), num_nodes, aggr == "mean")
+        # The kernel reads rowptr in src's index type: int32 when the edge count fits, else both widened.
+        if src.dtype == torch.int32 and src.numel() < 2**31:
+            rowptr = rowptr.to(torch.int32)
+        else:
+            src, rowptr = src.long(), rowptr.long()
+        return ops.message_passing_csr(x, src, w, rowptr, num_nodes, aggr == "mean")
     return ops.message_passing_coo(x, src, dst, w, num_nodes, aggr == "mean")
 
 

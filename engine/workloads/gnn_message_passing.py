@@ -115,6 +115,6 @@ COMPONENT = Component(
     min_bytes=min_bytes,
     flops_formula="2·E·F",
     bytes_formula="E·F·itemsize (each edge gathers its source row) + N·F·itemsize (out) + E·(2·8 + itemsize) "
-                  "(src, dst, w)",
+                  "(src, dst, w); rows re-read from L2 make a fast kernel exceed the copy bandwidth by this count",
     bound="memory",
 )
