@@ -5,15 +5,17 @@ Pages stay thin views: they call the engine and query the store through here and
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
 from engine import jobs
-from engine.store import Store, StoreError, default_db_path
+from engine.store import Store, StoreDamagedError, StoreError, default_db_path
 
 ACTIVE = ("queued", "running")
 MAX_BATCH_SIZE = 1 << 20
@@ -32,6 +34,11 @@ def get_store() -> Store:
     """The store at RESULTS_DB (read on every call, so tests and users can point elsewhere)."""
     try:
         return _open_store(str(default_db_path()))
+    except StoreDamagedError as exc:  # which file, nothing changed, what to do: the message says it all
+        text = str(exc)
+        st.error(text[0].upper() + text[1:] + ".", icon=":material/error:")
+        st.stop()
+        raise
     except StoreError as exc:
         st.error(f"The results store cannot be opened: {exc}")
         st.stop()
@@ -139,3 +146,58 @@ def _progress_fragment(kind: str | None, watched: tuple[int, ...]) -> None:
             message = row.message if isinstance(row.message, str) else row.status
             st.progress(min(max(progress, 0.0), 1.0),
                         text=f"#{row.id} · {row.kind} {row.mode} on {row.device} · {row.status}: {message}")
+
+
+# -- your own model: an import path typed into a page (the code stays where the user keeps it) ----------------------
+@dataclass
+class ModelChoice:
+    """A model typed into a page's field: its spec (params for jobs) and the subprocess check's verdict."""
+    spec: Any  # engine.workloads.user_model.ModelSpec
+    ok: bool
+    error: str = ""
+    description: str = ""
+    notes: list[str] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+    train_batch_sizes: list[int] = field(default_factory=list)
+
+
+@st.cache_data(show_spinner="Checking the model (imported in a separate process)…", ttl=60, max_entries=64)
+def _check_model(model: str, inputs: str | None, path: str) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from engine.workloads import user_model
+
+    # Looked up at call time so tests can replace it; a separate process, so user code never runs in the dashboard.
+    return asdict(user_model.check_in_subprocess(user_model.ModelSpec(model, inputs, 0, path)))
+
+
+def model_field(key: str, container: Any = None) -> ModelChoice | None:
+    """Text fields for your own model (import path, inputs, folder) on a page; None while the path is empty.
+
+    The model is imported and run once in a subprocess (cached for a minute); an error is shown as its one line."""
+    from engine.workloads.user_model import ModelSpec
+
+    where = container or st
+    model = where.text_input(
+        "Your model (import path)", key=f"{key}-model",
+        placeholder="my_pkg.models:make_model  or  transformers:gpt2-tiny",
+        help="module.path:factory — the factory returns an nn.Module — or module.path:factory:inputs_fn; or a "
+             "built-in example such as lab:llama, transformers:gpt2-tiny, transformers:bert-tiny, "
+             "transformers:llama-tiny, transformers:t5-encoder-tiny or transformers:vit-tiny. "
+             "Nothing is uploaded: the module is imported from the folder below, in worker processes.").strip()
+    if not model:
+        return None
+    inputs = where.text_input(
+        "Its inputs", key=f"{key}-inputs", placeholder="float32[B,16];int64[B,32]@0-1000",
+        help="Leave empty when the path names an inputs function or a built-in example. B is the batch dimension; "
+             "integer inputs need @low-high (high exclusive).").strip() or None
+    folder = where.text_input("Folder on the Python path", value=os.getcwd(), key=f"{key}-path",
+                              help="The folder that holds the module (put first on sys.path when importing it).")
+    spec = ModelSpec(model, inputs, 0, folder.strip() or os.getcwd())
+    report = _check_model(spec.model, spec.inputs, spec.path)
+    if not report.get("ok"):
+        where.error(first_line(report.get("error")) or "the model could not be checked", icon=":material/error:")
+    return ModelChoice(spec=spec, ok=bool(report.get("ok")), error=report.get("error", ""),
+                       description=report.get("description", ""), notes=list(report.get("notes", [])),
+                       batch_sizes=list(report.get("batch_sizes", [])),
+                       train_batch_sizes=list(report.get("train_batch_sizes", [])))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import struct
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -37,6 +38,59 @@ class StoreError(RuntimeError):
 
 class StoreBusyError(StoreError):
     """Another process held the database past our patience."""
+
+
+class StoreDamagedError(StoreError):
+    """The database file is truncated or corrupted. Nothing was written to it: the message says what to do."""
+
+
+# What DuckDB says about a file it cannot trust (its wording in duckdb 1.x/2.x), lower-cased.
+_DAMAGE_SIGNS = ("not a valid duckdb database file", "could not read enough bytes", "corrupt database file",
+                 "does not match stored checksum", "failed to deserialize", "database has been invalidated")
+_HEADER_BYTES = 3 * 4096  # DuckDB's main header, then two database headers (the newer one is live)
+
+
+def is_damage_error(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return any(sign in text for sign in _DAMAGE_SIGNS)
+
+
+def damaged_message(path: Path, reason: str) -> str:
+    """One line: which file, that nothing was changed, and what to do."""
+    reason = next((line.strip() for line in reason.splitlines() if line.strip()), "unreadable")[:200]
+    return (f"cannot open the results store {path}: it is damaged ({reason}); nothing was changed — it is left "
+            "exactly as it is. "
+            f"Move it aside (e.g. mv {path} {path}.damaged) and start again: a fresh, empty store is created on the "
+            "next start")
+
+
+def file_damage(path: Path) -> str | None:
+    """What is wrong with the file before DuckDB is asked to open it (empty), or None."""
+    try:
+        return "the file is empty (0 bytes)" if path.stat().st_size == 0 else None
+    except OSError:
+        return None
+
+
+def missing_blocks(con: duckdb.DuckDBPyConnection, path: Path) -> str | None:
+    """Truncation check on a read-only connection: every data block the tables use must lie inside the file.
+
+    Metadata only (pragma_storage_info), no data is read. DuckDB opens a truncated file happily and fails only on the
+    first read of a missing block, which could come after a write connection was opened; this finds it first."""
+    block_size = con.execute("SELECT block_size FROM pragma_database_size() LIMIT 1").fetchone()[0]
+    tables = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()]
+    highest = -1
+    for table in tables:
+        row = con.execute(
+            "SELECT max(block_id), max(list_max(additional_block_ids)) FROM pragma_storage_info(?) "
+            "WHERE persistent AND block_id >= 0 AND block_id < 4611686018427387904", [table]).fetchone()
+        highest = max([highest, *(int(v) for v in row if v is not None)])
+    if highest < 0 or not block_size:
+        return None
+    size, needed = path.stat().st_size, _HEADER_BYTES + (highest + 1) * int(block_size)
+    if size < needed:
+        return f"truncated: {size:,} bytes, but its tables use blocks up to byte {needed:,}"
+    return None
 
 
 # Each migration is applied once, in order, inside one transaction; never edit a released one, append a new one.
@@ -242,21 +296,38 @@ class Store:
     def __init__(self, path: str | os.PathLike[str] | None = None, busy_timeout_s: float = 60.0):
         self.path = Path(path) if path is not None else default_db_path()
         self.busy_timeout_s = busy_timeout_s
+        self._checked = False  # the file passed the read-only damage check (done before this Store first writes)
 
     # -- connections -------------------------------------------------------------------------------------------
     @contextmanager
     def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
-        """Open, yield, close; retry with backoff while another process holds the file."""
+        """Open, yield, close; retry with backoff while another process holds the file.
+
+        A truncated or corrupted file raises StoreDamagedError (one line: which file, nothing changed, what to do),
+        whether it shows on open or in a later read; the file is never written to, moved or replaced."""
         if read_only and not self.path.exists():
             raise StoreError(f"no results database at {self.path} (it is created by the first run)")
+        if self.path.exists():
+            damage = file_damage(self.path)
+            if damage:
+                raise StoreDamagedError(damaged_message(self.path, damage))
+            if not read_only and not self._checked:
+                # A write connection may checkpoint into the file: look at a damaged one read-only first, never write.
+                with self.connect(read_only=True) as probe:
+                    damage = missing_blocks(probe, self.path)
+                if damage:
+                    raise StoreDamagedError(damaged_message(self.path, damage))
+                self._checked = True
         deadline = time.monotonic() + self.busy_timeout_s
         delay = 0.005
         while True:
             try:
                 con = duckdb.connect(str(self.path), read_only=read_only)
                 break
-            except (duckdb.IOException, duckdb.ConnectionException) as exc:
-                if not _is_lock_error(exc):
+            except duckdb.Error as exc:
+                if is_damage_error(exc):
+                    raise StoreDamagedError(damaged_message(self.path, str(exc))) from exc
+                if not isinstance(exc, (duckdb.IOException, duckdb.ConnectionException)) or not _is_lock_error(exc):
                     raise StoreError(f"cannot open {self.path}: {exc}") from exc
                 if time.monotonic() > deadline:
                     raise StoreBusyError(
@@ -265,7 +336,16 @@ class Store:
                 time.sleep(delay)
                 delay = min(delay * 2, 0.1)
         try:
+            if read_only and not self._checked:  # the same truncation check as before a first write, on this one
+                damage = missing_blocks(con, self.path)
+                if damage:
+                    raise StoreDamagedError(damaged_message(self.path, damage))
+                self._checked = True
             yield con
+        except duckdb.Error as exc:
+            if is_damage_error(exc):  # damage in a block that only a query reads
+                raise StoreDamagedError(damaged_message(self.path, str(exc))) from exc
+            raise
         finally:
             con.close()
 

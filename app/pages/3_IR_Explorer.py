@@ -16,13 +16,15 @@ import plotly.express as px  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from app.common import (  # noqa: E402
-    first_line, flash, fmt_time, get_store, page_header, show_flash, submit, watch_active_runs,
+    first_line, flash, fmt_time, get_store, model_field, page_header, show_flash, submit, watch_active_runs,
 )
 from engine.ir import zoo  # noqa: E402
 from engine.ir.errors import IRError, WeightLoadError  # noqa: E402
 from engine.ir.graph import IR  # noqa: E402
 from engine.ir.mermaid import MermaidGraph, default_view, module_depth, modules_at, short_op, to_mermaid  # noqa: E402
-from engine.ir.runs import extract_run, extractions, verifications, verify_spec  # noqa: E402
+from engine.ir.runs import (  # noqa: E402
+    extract_run, extract_spec, extractions, verifications, verify_refusal, verify_spec,
+)
 from engine.ir.serialize import load_ir  # noqa: E402
 
 GRAPH_HEIGHT = 640
@@ -263,10 +265,22 @@ with st.sidebar:
     params, nbytes = preset_size(name, preset)
     st.caption(f"{zoo.describe(name, preset)} · {fmt_params(params)} parameters ({fmt_bytes(nbytes)} if real; "
                "none allocated to extract)")
+    st.divider()
+    mine = model_field("ir")  # your own model by import path: extracted in a worker instead of the zoo model
+    if mine is not None and mine.ok:
+        st.caption(f"Extract IR takes this model instead of the zoo's: {mine.description}")
     extract_clicked = st.button("Extract IR", key="extract", type="primary", icon=":material/account_tree:",
                                 help="torch.export on the meta device, converted to the JSON IR; recorded as a run.")
 
-if extract_clicked:
+if extract_clicked and mine is not None:
+    if not mine.ok:
+        flash("error", f"Cannot extract {mine.spec.model}: {first_line(mine.error)}")
+    else:
+        ids = submit([extract_spec(mine.spec)])  # a worker imports the user's code, never the dashboard
+        if ids:
+            flash("success", f"Extraction #{ids[0]} of {mine.spec.model} queued: it runs in a worker process and "
+                  "appears in the IR list when it finishes.")
+elif extract_clicked:
     with st.spinner(f"Exporting {name}/{preset} on the meta device…"):
         try:
             ex = extract_run(store, name, preset)
@@ -283,13 +297,15 @@ show_flash()
 
 # -- which IR to show -----------------------------------------------------------------------------------------------
 runs = extractions(store)
+if runs.empty and watch_active_runs(kind="ir"):  # a queued extraction of your own model: its progress
+    st.stop()
 if runs.empty:
     st.info("No IR extracted yet. Pick a model and a size in the sidebar and press **Extract IR**; every extraction "
             "is kept, so past IRs can be browsed here.", icon=":material/info:")
     st.stop()
 
-labels = {int(r.run_id): f"#{r.run_id} · {r.workload}/{r.preset} · {int(r.nodes or 0)} nodes · "
-                         f"{fmt_time(r.finished_at)}" for r in runs.itertuples()}
+labels = {int(r.run_id): f"#{r.run_id} · {r.workload}{'/' + r.preset if isinstance(r.preset, str) else ''} · "
+                         f"{int(r.nodes or 0)} nodes · {fmt_time(r.finished_at)}" for r in runs.itertuples()}
 if st.session_state.get("ir-run") not in labels:
     st.session_state["ir-run"] = next(iter(labels))
 run_id = st.selectbox("IR", list(labels), key="ir-run", format_func=labels.get,
@@ -385,13 +401,7 @@ with st.container(border=True, key="verify-section"):
     v1.download_button("Download IR JSON", Path(path).read_bytes(),
                        file_name=f"{ir.model_name.replace('/', '_')}.ir.json", mime="application/json",
                        key="download-ir", icon=":material/download:")
-    refuse = None
-    try:
-        zoo.check_verify_size(str(row["workload"]), str(row["preset"]))
-    except WeightLoadError as exc:
-        refuse = str(exc)
-    except ValueError as exc:  # a zoo model or preset that no longer exists
-        refuse = str(exc)
+    refuse = verify_refusal(store, run_id)  # too large to materialise, or a zoo model that no longer exists
 
     def queue_verify(ir_run: int) -> None:
         try:
@@ -449,5 +459,6 @@ failed = extractions(store, limit=10, status="failed")
 if not failed.empty:
     with st.expander(f"Failed extractions ({len(failed)})", icon=":material/error:"):
         for r in failed.itertuples():
-            st.markdown(f"**#{r.run_id}** `{r.workload}/{r.preset}` · {fmt_time(r.finished_at)}")
+            what = f"{r.workload}/{r.preset}" if isinstance(r.preset, str) else r.workload
+            st.markdown(f"**#{r.run_id}** `{what}` · {fmt_time(r.finished_at)}")
             st.error(first_line(r.error) or "failed without a message", icon=":material/error:")

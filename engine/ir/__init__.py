@@ -11,12 +11,13 @@ from engine.ir.errors import (
 )
 from engine.ir.execute import execute_ir, register_executor
 from engine.ir.export import convert, export_meta, extract_ir
-from engine.ir.graph import IR, OpNode, TensorMeta
+from engine.ir.graph import IR, Mutation, OpNode, Subgraph, TensorMeta
 from engine.ir.serialize import load_ir, save_ir
 from engine.ir.verify import VerifyReport, verify_ir
 
 __all__ = [
-    "IR", "OpNode", "TensorMeta", "extract_ir", "export_meta", "convert", "execute_ir", "register_executor",
+    "IR", "OpNode", "TensorMeta", "Subgraph", "Mutation", "extract_ir", "export_meta", "convert", "execute_ir",
+    "register_executor",
     "verify_ir", "VerifyReport", "save_ir", "load_ir", "IRError", "ExportError", "ConversionError", "ExecutionError",
     "SerializationError", "WeightLoadError",
 ]

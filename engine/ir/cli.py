@@ -3,6 +3,8 @@
     python -m engine ir --workload llama --preset 7B --out ir.json --mermaid graph.mmd
     python -m engine ir --workload llama --preset tiny --out ir.json --verify
     python -m engine ir --list
+    python -m engine ir --model my_pkg.models:make_model --inputs "float32[B,16]" --verify     # your own model
+    python -m engine ir --model transformers:llama-tiny --verify                             # a built-in example
 """
 
 from __future__ import annotations
@@ -31,8 +33,12 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.add_argument("--seed", type=int, default=0, help="seed of the real weights and inputs for --verify")
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--atol", type=float, default=1e-4)
-    p.add_argument("--list", action="store_true", help="list the zoo's models and presets")
+    p.add_argument("--list", action="store_true", help="list the zoo's models and presets, and the built-in --model "
+                   "examples")
     common(p)
+    from engine.cli import add_model_args
+
+    add_model_args(p, seed=False)  # --seed above seeds --model's weights and inputs too
     p.set_defaults(func=cmd_ir)
 
 
@@ -46,21 +52,41 @@ def cmd_ir(args: argparse.Namespace) -> int:
             print(f"{name:15} {zm.description}")
             for preset in zm.presets:
                 print(f"{'':15}   {preset:10} {zoo.describe(name, preset)}")
+        from engine.workloads.user_model import examples
+
+        print("\nbuilt-in --model examples (your own: --model my_pkg.module:factory --inputs 'float32[B,16]'):")
+        for name, ex in examples().items():
+            print(f"  {name:30} {ex.description}")
         return 0
-    if not args.workload:
-        raise CliError("--workload is required (see `python -m engine ir --list`)")
-    try:
-        zoo.preset_config(args.workload, args.preset)
-    except ValueError as exc:
-        raise CliError(str(exc)) from exc
+    user_spec = None
+    if args.model:
+        if args.workload or args.preset:
+            raise CliError("give --workload (and --preset) or --model, not both")
+        from engine.workloads.user_model import UserModelError, resolve, spec_from_args
+
+        try:
+            user_spec = spec_from_args(args)
+            resolve(user_spec)  # a bad import path is one line here, before a run is created
+        except UserModelError as exc:
+            raise CliError(f"--model {args.model}: {exc}") from exc
+    elif args.inputs:
+        raise CliError("--inputs needs --model (zoo models bring their own inputs)")
+    elif not args.workload:
+        raise CliError("--workload or --model is required (see `python -m engine ir --list`)")
+    else:
+        try:
+            zoo.preset_config(args.workload, args.preset)
+        except ValueError as exc:
+            raise CliError(str(exc)) from exc
     if args.depth is not None and args.depth < 0:
         raise CliError("--depth must be 0 (every op) or more")
     store = _store(args)
     from engine.ir.runs import extract_run, verify_spec
+    from engine.workloads.user_model import UserModelError
 
     try:
-        ex = extract_run(store, args.workload, args.preset)
-    except IRError as exc:
+        ex = extract_run(store, args.workload, args.preset, spec=user_spec)
+    except (IRError, UserModelError) as exc:
         raise CliError(f"extraction failed: {exc}") from exc
     m = ex.metrics
     print(f"run {ex.run_id}: {ex.ir.summary()}")
@@ -88,7 +114,8 @@ def cmd_ir(args: argparse.Namespace) -> int:
         except WeightLoadError as exc:
             raise CliError(f"--verify: {exc}") from exc
         ids = create_runs(store, [spec])
-        statuses = run_jobs(store, ids, _Bars({ids[0]: f"verify {args.workload}/{args.preset or ''}".rstrip("/")}))
+        label = f"verify {user_spec.model}" if user_spec else f"verify {args.workload}/{args.preset or ''}".rstrip("/")
+        statuses = run_jobs(store, ids, _Bars({ids[0]: label}))
         run = store.run(ids[0])
         if statuses[ids[0]] != "ok":
             print(f"verification run {ids[0]} failed: {run['error']}", file=sys.stderr)

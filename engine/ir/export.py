@@ -4,6 +4,11 @@ The model's parameters, buffers and example inputs must live on the meta device,
 with shapes and dtypes only (no weight memory). torch.export's graph_signature says which placeholders are user
 inputs, parameters, buffers and lifted constants; each call_function node's OpOverload `_schema` names its arguments,
 which become the node's tensor inputs and attrs.
+
+Higher-order ops: scope-only ones (grad mode, autocast, checkpoint tags) are inlined with their state in each op's
+`scope`; cond, while_loop and map become nodes with subgraphs. In-place writes into parameters, buffers, lifted
+constants or inputs (a step counter, a training-mode BatchNorm) are followed through views and recorded as
+`IR.mutations` rather than refused.
 """
 
 from __future__ import annotations
@@ -12,14 +17,16 @@ import math
 import operator
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from engine.ir.errors import ConversionError, ExportError
-from engine.ir.graph import IR, OpNode, TensorMeta
+from engine.ir.graph import IR, Mutation, OpNode, Subgraph, TensorMeta
 
 # torch.export uses process-wide state (fake modes, the dispatcher's python keys); the dashboard runs each session in
 # a thread, so exports in one process take turns.
@@ -78,26 +85,79 @@ def _explain(exc: BaseException) -> str | None:
     if "Constraints violated" in text or "specializ" in text.lower() or "dynamic_shapes" in text:
         return ("dynamic shapes: the IR records one static shape per tensor. Fix: extract without dynamic_shapes, once "
                 f"per input shape you need (e.g. per batch size or sequence length). (torch.export said: {first})")
+    found = re.search(r"Found <class '([^']+)'> in output", text)
+    if found:
+        cls = found.group(1)
+        hint = (" A transformers model returns its KV cache object: build it with config.use_cache=False."
+                if "cache" in cls.lower() else "")
+        return (f"forward returns a {cls.rsplit('.', 1)[-1]} object ({cls}), which torch.export cannot flatten into "
+                f"tensors.{hint} Fix: return tensors (or tuples, lists, dicts of them). (torch.export said: {first})")
     if "meta tensors" in text.lower() and ("item" in text.lower() or "data" in text.lower()):
         return ("forward reads tensor data (`.item()`, `.tolist()`, printing a value), which meta tensors do not "
                 f"have. Fix: keep forward free of data reads. (torch.export said: {first})")
     return None
 
 
+class _ConstantRecorder(TorchFunctionMode):
+    """Remembers the Python data behind `torch.tensor(data, device=meta)` calls made while exporting.
+
+    torch.export lifts such tensors into `ep.constants` as meta tensors, whose values are gone; the data given to
+    torch.tensor is still known here, keyed by the tensor object (the very object torch.export lifts)."""
+
+    FACTORIES = (torch.tensor, torch.as_tensor, torch.scalar_tensor)
+
+    def __init__(self) -> None:
+        super().__init__()
+        # id(tensor) -> (the tensor, kept alive so that its id stays unique; its data)
+        self.data: dict[int, tuple[torch.Tensor, Any]] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in self.FACTORIES and args and isinstance(out, torch.Tensor) and out.device.type == "meta":
+            data = _python_data(args[0])
+            if data is not None and out.numel() <= MAX_CONSTANT_ELEMENTS:
+                self.data[id(out)] = (out, data)
+        return out
+
+
+def _python_data(value: Any) -> Any:
+    """Nested lists of Python numbers from torch.tensor's data argument; None when it holds no plain values."""
+    if isinstance(value, torch.Tensor):
+        return None
+    if isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = [_python_data(v) for v in value]
+        return None if any(i is None for i in items) else items
+    tolist = getattr(value, "tolist", None)  # numpy arrays and scalars
+    return _python_data(tolist()) if callable(tolist) else None
+
+
 def export_meta(model: nn.Module, example_inputs: tuple, *, dynamic_shapes: Any = None) -> torch.export.ExportedProgram:
-    """torch.export of a meta-device model; ExportError with a cause and a fix when it cannot be exported."""
+    """torch.export of a meta-device model; ExportError with a cause and a fix when it cannot be exported.
+
+    Values of constants created in forward on the meta device (`torch.tensor(v, device=x.device)`) are kept in
+    `ep.modelab_constant_data` (constant target -> nested list), so the IR can carry them."""
     if dynamic_shapes is not None:
         raise ExportError("dynamic shapes are not supported: the IR records one static shape per tensor. Fix: extract "
                           "without dynamic_shapes, once per input shape you need (e.g. per sequence length)")
     check_meta(model, example_inputs)
     with _EXPORT_LOCK:
+        recorder = _ConstantRecorder()
         try:
-            return torch.export.export(model, example_inputs, strict=False)
+            with recorder:
+                ep = torch.export.export(model, example_inputs, strict=False)
         except Exception as exc:  # noqa: BLE001 - every export failure becomes one ExportError with its cause
             why = _explain(exc)
             if why is None:
                 why = f"torch.export failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:500]}"
             raise ExportError(why) from exc
+    found = {target: recorder.data[id(t)][1] for target, t in ep.constants.items() if id(t) in recorder.data}
+    try:
+        ep.modelab_constant_data = found
+    except AttributeError:  # an ExportedProgram that takes no attributes: the IR then lacks these values
+        pass
+    return ep
 
 
 # -- conversion ---------------------------------------------------------------------------------------------------
@@ -163,8 +223,62 @@ def _clean_path(path: str) -> str:
     return path.strip(".")
 
 
+# Higher-order ops that only set state around their body: inlined, the state kept in each op's `scope`.
+# name -> (index of the body GraphModule in args, index of the first operand, scope from args)
+_SCOPE_ONLY: dict[str, tuple[int, int, Callable[[tuple], dict[str, Any]]]] = {
+    "wrap_with_set_grad_enabled": (1, 2, lambda a: {"grad_enabled": bool(a[0])}),
+    "wrap_with_autocast": (4, 5, lambda a: {"autocast": {"device_type": str(a[0]),
+                                                         "dtype": None if a[1] is None else _dtype_name(a[1]),
+                                                         "enabled": bool(a[2]), "cache_enabled": a[3]}}),
+    "tag_activation_checkpoint": (0, 1, lambda a: {"checkpoint": True}),
+    "wrap": (0, 1, lambda a: {}),
+    "invoke_subgraph": (0, 2, lambda a: {}),
+}
+# Control flow kept as subgraphs: name -> (subgraph arguments, operand arguments) as (attr/arg name, index).
+CONTROL_FLOW = {
+    "cond": ((("true_graph", 1), ("false_graph", 2)), (("pred", 0), ("operands", 3))),
+    "while_loop": ((("cond_graph", 0), ("body_graph", 1)), (("carried_inputs", 2), ("additional_inputs", 3))),
+    "map_impl": ((("body_graph", 0),), (("xs", 1), ("pos_args", 2))),
+}
+_NOT_MUTATIONS = {"aten.detach_.default"}  # writes autograd metadata only, never values (lifted constants get it)
+_HOP_HELP = ("the IR inlines higher-order ops that only scope state (" + ", ".join(sorted(_SCOPE_ONLY)) + ") and keeps "
+             + ", ".join(sorted(CONTROL_FLOW)) + " as subgraphs")
+
+
+@dataclass
+class _Ctx:
+    """What one conversion shares across the graph, inlined bodies and subgraphs."""
+    used: set[str]  # every IR node and tensor name handed out so far
+    module_types: dict[str, str]
+    subgraphs: dict[str, Subgraph]
+    placeholders: dict[str, str]  # top-level placeholder -> kind ("parameter", "buffer", "constant", "input")
+    alias_root: dict[str, str] = field(default_factory=dict)  # IR tensor -> placeholder it views (or is)
+    mutations: list[Mutation] = field(default_factory=list)
+    autocast_out: set[str] = field(default_factory=set)  # tensors computed under an inlined autocast
+
+
+@dataclass
+class _Scope:
+    """One graph being converted: the top graph, an inlined body (same IR namespace) or a subgraph."""
+    gm: torch.fx.GraphModule
+    produced: dict[str, Any]  # fx node name (of this graph) -> IR tensor name, or a list of them (multi-output)
+    nodes: list[OpNode]  # where converted nodes go
+    prefix: str  # "" for the top graph, "<subgraph key>/" inside a subgraph
+    state: dict[str, Any]  # scope of inlined state ops around this graph
+    top: bool  # the top graph keeps torch.export's own node names
+    rename: dict[str, str] = field(default_factory=dict)
+
+    def ir_name(self, fx_name: str, ctx: _Ctx) -> str:
+        if self.top:
+            return fx_name
+        if fx_name not in self.rename:
+            self.rename[fx_name] = _fresh(self.prefix + fx_name, ctx.used)
+        return self.rename[fx_name]
+
+
 def convert(ep: torch.export.ExportedProgram, model_name: str = "model") -> IR:
-    """The ExportedProgram's graph as an IR (ConversionError when it holds what a static IR cannot represent)."""
+    """The ExportedProgram's graph as an IR (ConversionError naming the cause when it holds something a static IR
+    cannot represent)."""
     from torch.export.graph_signature import InputKind, OutputKind
 
     graph = ep.graph
@@ -175,6 +289,8 @@ def convert(ep: torch.export.ExportedProgram, model_name: str = "model") -> IR:
     constant_data: dict[str, Any] = {}
     mapping: dict[str, str] = {}
     kinds: dict[str, str] = {}
+    ph_kind: dict[str, str] = {}
+    recorded = getattr(ep, "modelab_constant_data", {}) or {}
     for spec in ep.graph_signature.input_specs:
         name = spec.arg.name
         node = placeholders.get(name)
@@ -182,93 +298,269 @@ def convert(ep: torch.export.ExportedProgram, model_name: str = "model") -> IR:
         where = f"placeholder {name!r}"
         if spec.kind == InputKind.USER_INPUT:
             graph_inputs.append(_meta_of(val, name, None, None, where))
+            ph_kind[name] = "input"
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
             weights[name] = _meta_of(val, name, None, None, where)
             mapping[name] = spec.target
             kinds[name] = ("parameter" if spec.kind == InputKind.PARAMETER
                            else "buffer" if spec.persistent is not False else "buffer (non-persistent)")
+            ph_kind[name] = "parameter" if spec.kind == InputKind.PARAMETER else "buffer"
         elif spec.kind == InputKind.CONSTANT_TENSOR:
             constants[name] = _meta_of(val, name, None, None, where)
             mapping[name] = spec.target
+            ph_kind[name] = "constant"
             real = ep.constants.get(spec.target)
             if (isinstance(real, torch.Tensor) and real.device.type != "meta"
-                    and real.numel() <= MAX_CONSTANT_ELEMENTS and not real.is_complex()
-                    and bool(torch.isfinite(real.detach().float()).all())):
-                constant_data[name] = real.detach().cpu().tolist()
+                    and real.numel() <= MAX_CONSTANT_ELEMENTS and not real.is_complex()):
+                constant_data[name] = encode_data(real.detach().cpu().tolist())
+            elif spec.target in recorded:  # created on meta in forward: the value given to torch.tensor
+                constant_data[name] = encode_data(recorded[spec.target])
+        elif spec.kind == InputKind.CUSTOM_OBJ:
+            raise ConversionError(f"{where} is a custom object ({spec.target}, a TorchBind/ScriptObject): the IR holds "
+                                  "tensors only. Fix: keep such objects out of the exported forward")
         else:
-            raise ConversionError(f"{where} is a {spec.kind.name} input (custom object or effect token), which the "
-                                  "IR cannot represent")
+            raise ConversionError(f"{where} is a {spec.kind.name} input (an effect token: forward calls an op with "
+                                  "side effects, such as printing or a custom op with effects), which the IR cannot "
+                                  "represent. Fix: keep side-effecting calls out of forward")
 
-    names = {n.name for n in graph.nodes}
-    # Where each FX value lives in the IR: node name -> tensor name, or, for multi-output ops, a list of them.
+    # get_attr nodes (the bodies of higher-order ops) become no IR node: their names stay free for subgraph keys.
+    ctx = _Ctx(used={n.name for n in graph.nodes if n.op != "get_attr"}, module_types={}, subgraphs={},
+               placeholders=ph_kind)
+    ctx.alias_root.update({n: n for n in ph_kind})
     produced: dict[str, Any] = {t.name: t.name for t in graph_inputs}
     produced.update({n: n for n in weights})
     produced.update({n: n for n in constants})
-    module_types: dict[str, str] = {}
-    nodes: list[OpNode] = []
+    top = _Scope(gm=ep.graph_module, produced=produced, nodes=[], prefix="", state={}, top=True)
+    out_args = _convert_graph(top, ctx)
+
+    by_target = {v: k for k, v in mapping.items()}
+    graph_outputs: list[str] = []
+    for spec, arg in zip(ep.graph_signature.output_specs, out_args):
+        tensor = produced.get(arg.name) if isinstance(arg, torch.fx.Node) else None
+        if spec.kind == OutputKind.USER_OUTPUT:
+            if not isinstance(tensor, str):
+                raise ConversionError(f"model output {arg!r} is not a tensor; the IR's outputs are tensors only")
+            graph_outputs.append(tensor)
+        elif spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION,
+                           getattr(OutputKind, "PARAMETER_MUTATION", OutputKind.BUFFER_MUTATION)):
+            target = by_target.get(spec.target, spec.target)
+            if target not in ph_kind or not isinstance(tensor, str):
+                raise ConversionError(f"output {arg!r} writes {spec.target!r} ({spec.kind.name}), which is not a "
+                                      "parameter, buffer or input of the graph")
+            ctx.mutations.append(Mutation(target=target, node=arg.name, kind=ph_kind[target], value=tensor))
+        else:
+            raise ConversionError(f"graph output {arg!r} is a {spec.kind.name} output (a training graph with a loss or "
+                                  "gradients); the IR records a forward pass only. Fix: export the model's forward")
+
+    return IR(nodes=top.nodes, graph_inputs=graph_inputs, graph_outputs=graph_outputs, weights=weights,
+              weight_name_mapping=mapping, constants=constants, model_name=model_name, constant_data=constant_data,
+              weight_kinds=kinds, module_types=ctx.module_types, torch_version=torch.__version__.split("+")[0],
+              subgraphs=ctx.subgraphs, mutations=ctx.mutations)
+
+
+def _convert_graph(sc: _Scope, ctx: _Ctx) -> list[Any]:
+    """Convert the call_function nodes of sc.gm's graph into sc.nodes; returns the output node's arguments."""
+    graph = sc.gm.graph
+    attrs: dict[str, Any] = {}  # get_attr node name -> the attribute (a GraphModule body)
     for fx_node in graph.nodes:
+        if fx_node.op == "get_attr":
+            attrs[fx_node.name] = _get_attr(sc.gm, str(fx_node.target))
+            continue
         if fx_node.op != "call_function":
             continue
-        if fx_node.target is operator.getitem:
+        target = fx_node.target
+        if target is operator.getitem:
             src, idx = fx_node.args
-            outs = produced.get(src.name)
+            outs = sc.produced.get(src.name)
             if not isinstance(outs, list) or not isinstance(idx, int) or outs[idx] is None:
                 raise ConversionError(f"node {fx_node.name!r}: getitem of {src.name!r}[{idx!r}] is not an output "
                                       "of a multi-output op")
-            produced[fx_node.name] = outs[idx]
+            sc.produced[fx_node.name] = outs[idx]
             continue
-        if not isinstance(fx_node.target, torch._ops.OpOverload):
-            what = getattr(fx_node.target, "__name__", str(fx_node.target))
-            hint = (" (torch.cond / a higher-order op: control flow cannot be flattened into a static op list)"
-                    if isinstance(fx_node.target, torch._ops.HigherOrderOperator) else
-                    " (python arithmetic on sizes: dynamic shapes)")
-            raise ConversionError(f"node {fx_node.name!r} calls {what}, which is not an ATen operator{hint}")
-        _check_no_state_mutation(fx_node, mapping, {t.name for t in graph_inputs})
-        nodes.append(_convert_node(fx_node, produced, names))
+        if isinstance(target, torch._ops.HigherOrderOperator):
+            hop = target.__name__
+            if hop in _SCOPE_ONLY:
+                _inline(fx_node, hop, sc, ctx, attrs)
+            elif hop in CONTROL_FLOW:
+                sc.nodes.append(_control_flow(fx_node, hop, sc, ctx, attrs))
+            else:
+                raise ConversionError(f"node {fx_node.name!r} calls the higher-order op {hop!r}, which the IR cannot "
+                                      f"represent ({_HOP_HELP})")
+            continue
+        if not isinstance(target, torch._ops.OpOverload):
+            what = getattr(target, "__name__", str(target))
+            raise ConversionError(f"node {fx_node.name!r} calls {what}, which is not an ATen operator (Python "
+                                  "arithmetic on sizes: dynamic shapes cannot be recorded in a static IR)")
+        node = _convert_node(fx_node, sc.produced, ctx.used, lambda n: sc.ir_name(n, ctx),
+                             sc.ir_name(fx_node.name, ctx))
+        node.scope = dict(sc.state)
+        if "autocast" in node.scope:
+            ctx.autocast_out.update(o.name for o in node.outputs)
+        if str(target) == "aten._assert_tensor_metadata.default" and set(node.inputs) & ctx.autocast_out:
+            # torch.export asserts the dtype it traced, before autocast's casts: a check real runs would fail.
+            continue
         path, stack = _module_info(fx_node)
-        nodes[-1].module_path = path
+        node.module_path = path
         for p, t in stack:
-            module_types.setdefault(p, t)
-
-    graph_outputs: list[str] = []
-    (out_args,) = [n for n in graph.nodes if n.op == "output"][0].args
-    out_specs = ep.graph_signature.output_specs
-    for spec, arg in zip(out_specs, out_args):
-        if spec.kind != OutputKind.USER_OUTPUT:
-            raise ConversionError(
-                f"the model mutates {spec.target!r} in forward ({spec.kind.name}); a training-mode BatchNorm is the "
-                "usual cause. Fix: call model.eval() before extracting, or keep state updates out of forward")
-        if not isinstance(arg, torch.fx.Node) or not isinstance(produced.get(arg.name), str):
-            raise ConversionError(f"model output {arg!r} is not a tensor; the IR's outputs are tensors only")
-        graph_outputs.append(produced[arg.name])
-
-    return IR(nodes=nodes, graph_inputs=graph_inputs, graph_outputs=graph_outputs, weights=weights,
-              weight_name_mapping=mapping, constants=constants, model_name=model_name, constant_data=constant_data,
-              weight_kinds=kinds, module_types=module_types, torch_version=torch.__version__.split("+")[0])
+            ctx.module_types.setdefault(p, t)
+        if not sc.prefix:  # state lives in the top namespace; control-flow bodies cannot write it (torch.cond forbids)
+            _track_state(fx_node, node, ctx)
+        sc.nodes.append(node)
+    outputs = [n for n in graph.nodes if n.op == "output"]
+    (out_args,) = outputs[0].args
+    return list(out_args) if isinstance(out_args, (list, tuple)) else [out_args]
 
 
-def _check_no_state_mutation(fx_node: torch.fx.Node, mapping: dict[str, str], user_inputs: set[str]) -> None:
-    """ConversionError for an op that writes into a parameter, buffer or user input (training-mode state updates)."""
+def _get_attr(gm: torch.fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _body(fx_node: torch.fx.Node, arg: Any, attrs: dict[str, Any], what: str) -> torch.fx.GraphModule:
+    gm = attrs.get(arg.name) if isinstance(arg, torch.fx.Node) else None
+    if not isinstance(gm, torch.fx.GraphModule):
+        raise ConversionError(f"node {fx_node.name!r} ({what}): its body {arg!r} is not a graph module")
+    return gm
+
+
+def _operand_names(fx_node: torch.fx.Node, values: Any, produced: dict[str, Any]) -> list[str]:
+    names = []
+    for v in (values if isinstance(values, (list, tuple)) else [values]):
+        name = produced.get(v.name) if isinstance(v, torch.fx.Node) else None
+        if not isinstance(name, str):
+            raise ConversionError(f"node {fx_node.name!r} ({fx_node.target.__name__}) takes {v!r}, which is not a "
+                                  "tensor (a Python value or a symbolic size): the IR's subgraphs take tensors only")
+        names.append(name)
+    return names
+
+
+def _inline(fx_node: torch.fx.Node, hop: str, sc: _Scope, ctx: _Ctx, attrs: dict[str, Any]) -> None:
+    """Splice a scope-only higher-order op's body into the enclosing graph, its state recorded on every op."""
+    body_idx, first_operand, scope_of = _SCOPE_ONLY[hop]
+    body = _body(fx_node, fx_node.args[body_idx], attrs, hop)
+    operands = _operand_names(fx_node, list(fx_node.args[first_operand:]), sc.produced)
+    phs = [n for n in body.graph.nodes if n.op == "placeholder"]
+    if len(phs) != len(operands):
+        raise ConversionError(f"node {fx_node.name!r} ({hop}) passes {len(operands)} operand(s) to a body that takes "
+                              f"{len(phs)}")
+    inner = _Scope(gm=body, produced={p.name: o for p, o in zip(phs, operands)}, nodes=sc.nodes, prefix=sc.prefix,
+                   state={**sc.state, **scope_of(fx_node.args)}, top=False)
+    out_args = _convert_graph(inner, ctx)
+    results = [inner.produced.get(a.name) if isinstance(a, torch.fx.Node) else None for a in out_args]
+    val = fx_node.meta.get("val")
+    sc.produced[fx_node.name] = results if isinstance(val, (list, tuple)) or len(results) != 1 else results[0]
+
+
+def _control_flow(fx_node: torch.fx.Node, hop: str, sc: _Scope, ctx: _Ctx, attrs: dict[str, Any]) -> OpNode:
+    """A cond / while_loop / map node whose bodies become IR subgraphs."""
+    bodies, operand_args = CONTROL_FLOW[hop]
+    name = sc.ir_name(fx_node.name, ctx)
+    where = f"node {fx_node.name!r} ({hop})"
+    node_attrs: dict[str, Any] = {}
+    for attr, idx in bodies:
+        gm = _body(fx_node, fx_node.args[idx], attrs, hop)
+        key = _fresh(sc.prefix + str(fx_node.args[idx].target), ctx.used)
+        node_attrs[attr] = key
+        ctx.subgraphs[key] = _subgraph(gm, key, ctx, f"{where} {attr}", sc.state)
+    inputs: list[str] = []
+    input_args: dict[str, Any] = {}
+    for arg_name, idx in operand_args:
+        value = fx_node.args[idx] if idx < len(fx_node.args) else ()
+        names = _operand_names(fx_node, value, sc.produced)
+        refs = list(range(len(inputs), len(inputs) + len(names)))
+        inputs += names
+        input_args[arg_name] = refs[0] if arg_name == "pred" else refs
+    val = fx_node.meta.get("val")
+    vals = list(val) if isinstance(val, (list, tuple)) else [val]
+    users = {u.args[1]: u.name for u in fx_node.users if u.target is operator.getitem}
+    outputs, slots = [], []
+    for idx, v in enumerate(vals):
+        out_name = sc.ir_name(users[idx], ctx) if idx in users else _fresh(f"{name}_out{idx}", ctx.used)
+        outputs.append(_meta_of(v, out_name, name, idx, f"{where} output {idx}"))
+        slots.append(out_name)
+    sc.produced[fx_node.name] = slots if isinstance(val, (list, tuple)) else slots[0]
+    path, stack = _module_info(fx_node)
+    for p, t in stack:
+        ctx.module_types.setdefault(p, t)
+    return OpNode(name=name, op_type=f"higher_order.{hop}", inputs=inputs, outputs=outputs, attrs=node_attrs,
+                  input_args=input_args, module_path=path, scope=dict(sc.state))
+
+
+def _subgraph(gm: torch.fx.GraphModule, key: str, ctx: _Ctx, where: str, state: dict[str, Any]) -> Subgraph:
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    inputs = []
+    for ph in phs:
+        inputs.append(_meta_of(ph.meta.get("val"), _fresh(f"{key}/{ph.name}", ctx.used), None, None,
+                               f"{where} input {ph.name!r}"))
+    sub = _Scope(gm=gm, produced={p.name: t.name for p, t in zip(phs, inputs)}, nodes=[], prefix=f"{key}/",
+                 state=dict(state), top=False)
+    ctx.subgraphs[key] = Subgraph(inputs=inputs, nodes=[], outputs=[])  # reserve the key before nested bodies
+    out_args = _convert_graph(sub, ctx)
+    outputs = []
+    for a in out_args:
+        name = sub.produced.get(a.name) if isinstance(a, torch.fx.Node) else None
+        if not isinstance(name, str):
+            raise ConversionError(f"{where}: returns {a!r}, which is not a tensor of the body")
+        outputs.append(name)
+    return Subgraph(inputs=inputs, nodes=sub.nodes, outputs=outputs)
+
+
+def _track_state(fx_node: torch.fx.Node, node: OpNode, ctx: _Ctx) -> None:
+    """Follow views of parameters, buffers, constants and inputs; record every op that writes into one."""
     op = fx_node.target
-    fix = ("a training-mode BatchNorm is the usual cause. Fix: call model.eval() before extracting, or keep state "
-           "updates out of forward")
-    for i, arg in enumerate(op._schema.arguments):
-        if arg.alias_info is None or not arg.alias_info.is_write:
+    schema = op._schema
+    arg_tensor: dict[str, str | None] = {}
+    for a in schema.arguments:
+        ref = node.input_args.get(a.name)
+        arg_tensor[a.name] = node.inputs[ref] if isinstance(ref, int) else None
+    written: list[str] = []
+    for a in schema.arguments:
+        if a.alias_info is not None and a.alias_info.is_write and str(op) not in _NOT_MUTATIONS:
+            tensor = arg_tensor.get(a.name)
+            if tensor is not None:
+                written.append(tensor)
+    if str(op).startswith("aten.batch_norm") and node.attrs.get("training") is True:
+        # batch_norm's schema carries no write annotation, but in training mode it updates the running statistics.
+        written += [t for t in (arg_tensor.get("running_mean"), arg_tensor.get("running_var")) if t]
+    for tensor in written:
+        root = ctx.alias_root.get(tensor)
+        if root is not None:
+            ctx.mutations.append(Mutation(target=root, node=node.name, kind=ctx.placeholders[root]))
+    # Outputs that alias an argument (views like slice/transpose, in-place results) share its root.
+    for i, ret in enumerate(schema.returns):
+        if ret.alias_info is None or i >= len(node.outputs):
             continue
-        value = fx_node.args[i] if i < len(fx_node.args) else fx_node.kwargs.get(arg.name)
-        if isinstance(value, torch.fx.Node) and (value.name in mapping or value.name in user_inputs):
-            what = repr(mapping[value.name]) if value.name in mapping else f"its input {value.name!r}"
-            raise ConversionError(f"the model mutates {what} in forward (node {fx_node.name!r}, {op}); {fix}")
-    if str(op).startswith("aten.batch_norm") and len(fx_node.args) > 5 and fx_node.args[5] is True:
-        stats = fx_node.args[3]
-        target = mapping.get(stats.name, stats.name) if isinstance(stats, torch.fx.Node) else "running statistics"
-        raise ConversionError(f"the model mutates {target!r} in forward (node {fx_node.name!r}, batch_norm in "
-                              f"training mode); {fix}")
+        for a in schema.arguments:
+            if a.alias_info is not None and set(a.alias_info.before_set) & set(ret.alias_info.before_set):
+                root = ctx.alias_root.get(arg_tensor.get(a.name) or "")
+                if root is not None:
+                    ctx.alias_root[node.outputs[i].name] = root
 
 
-def _convert_node(fx_node: torch.fx.Node, produced: dict[str, Any], names: set[str]) -> OpNode:
+def encode_data(value: Any) -> Any:
+    """Constant data for JSON: non-finite floats as the strings "inf", "-inf", "nan" (decode_data reverses it)."""
+    if isinstance(value, list):
+        return [encode_data(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    return value
+
+
+def decode_data(value: Any) -> Any:
+    if isinstance(value, list):
+        return [decode_data(v) for v in value]
+    if isinstance(value, str):
+        return float(value)
+    return value
+
+
+def _convert_node(fx_node: torch.fx.Node, produced: dict[str, Any], names: set[str],
+                  ir_name: Callable[[str], str] = lambda n: n, name: str | None = None) -> OpNode:
     op = fx_node.target
     op_type = str(op)  # "aten.linear.default"
+    name = name or fx_node.name
     where = f"node {fx_node.name!r} ({op_type})"
     inputs: list[str] = []
     input_args: dict[str, Any] = {}
@@ -279,11 +571,11 @@ def _convert_node(fx_node: torch.fx.Node, produced: dict[str, Any], names: set[s
             return None
         if not isinstance(value, torch.fx.Node):
             raise ConversionError(f"{where}: expected a tensor argument, found {value!r}")
-        name = produced.get(value.name)
-        if not isinstance(name, str):
+        tensor = produced.get(value.name)
+        if not isinstance(tensor, str):
             raise ConversionError(f"{where}: argument {value.name!r} is not a tensor (a symbolic size or a tuple): "
                                   "dynamic shapes cannot be recorded in a static IR")
-        inputs.append(name)
+        inputs.append(tensor)
         return len(inputs) - 1
 
     args, kwargs = fx_node.args, fx_node.kwargs
@@ -312,18 +604,17 @@ def _convert_node(fx_node: torch.fx.Node, produced: dict[str, Any], names: set[s
             if not isinstance(v, torch.Tensor):
                 slots.append(None)
                 continue
-            name = users.get(idx) or _fresh(f"{fx_node.name}_out{idx}", names)
-            outputs.append(_meta_of(v, name, fx_node.name, idx, f"{where} output {idx}"))
-            slots.append(name)
+            out_name = ir_name(users[idx]) if idx in users else _fresh(f"{name}_out{idx}", names)
+            outputs.append(_meta_of(v, out_name, name, idx, f"{where} output {idx}"))
+            slots.append(out_name)
         produced[fx_node.name] = slots
     elif isinstance(val, torch.Tensor):
-        outputs.append(_meta_of(val, fx_node.name, fx_node.name, 0, where))
-        produced[fx_node.name] = fx_node.name
+        outputs.append(_meta_of(val, name, name, 0, where))
+        produced[fx_node.name] = name
     elif val is not None:
         raise ConversionError(f"{where} returns {type(val).__name__} ({val}), not a tensor: a symbolic size "
                               "(dynamic shapes) cannot be recorded in a static IR")
-    return OpNode(name=fx_node.name, op_type=op_type, inputs=inputs, outputs=outputs, attrs=attrs,
-                  input_args=input_args)
+    return OpNode(name=name, op_type=op_type, inputs=inputs, outputs=outputs, attrs=attrs, input_args=input_args)
 
 
 def _fresh(name: str, names: set[str]) -> str:

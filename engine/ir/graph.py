@@ -5,11 +5,19 @@
        ── constants: {placeholder: TensorMeta} tensors lifted by torch.export (values in constant_data when real)
        ── nodes: [OpNode]                     in a topological order; each consumes tensors by name
        ── graph_outputs: [tensor name]
+       ── subgraphs: {key: Subgraph}          bodies of control-flow ops (cond branches, while_loop, map), schema 2
+       ── mutations: [Mutation]               parameters, buffers, constants or inputs forward writes to, schema 2
 
 An OpNode calls one operator: `op_type` is an ATen OpOverload name ("aten.linear.default"); tensor arguments are in
 `inputs` (flat, by tensor name) and `input_args` says which schema argument each belongs to; every other schema
 argument is in `attrs`. Multi-output ops (split, native_batch_norm…) name each of their outputs, so the graph has no
 getitem nodes.
+
+Higher-order ops that only scope state (grad mode, autocast, activation checkpointing) are inlined: their ops are
+ordinary nodes whose `scope` records the state (e.g. {"autocast": {"device_type": "cpu", "dtype": "bfloat16", …}}).
+Control flow is kept: a `higher_order.cond` / `higher_order.while_loop` / `higher_order.map_impl` node names its bodies
+in `attrs` (keys of `IR.subgraphs`); a subgraph reads only its own inputs (torch.export passes every weight a body uses
+as an operand) and its tensors are named `<key>/<name>`, so every tensor name in the IR is unique.
 """
 
 from __future__ import annotations
@@ -51,6 +59,30 @@ class OpNode:
     attrs: dict[str, Any] = field(default_factory=dict)
     input_args: dict[str, InputRef] = field(default_factory=dict)
     module_path: str = ""  # innermost nn.Module (state_dict-style path) whose forward called this op; "" for the root
+    # State an inlined higher-order op set around this op: {"autocast": {...}} and/or {"grad_enabled": bool}.
+    # Output dtypes inside an autocast scope are as traced (before autocast's casts); the executor re-applies it.
+    scope: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Subgraph:
+    """The body of a control-flow node: its own inputs, nodes (topological) and outputs."""
+    inputs: list[TensorMeta]
+    nodes: list[OpNode]
+    outputs: list[str]
+
+
+@dataclass
+class Mutation:
+    """forward writes into state: a parameter, buffer, lifted constant or user input (`target`, a placeholder name).
+
+    `node` wrote it in place (e.g. `aten.add_` on a step-counter buffer, a training-mode batch_norm on its running
+    statistics); or, when torch.export returned the new value as an output instead, `value` names that tensor.
+    """
+    target: str
+    node: str
+    kind: str  # "parameter", "buffer", "constant" or "input"
+    value: str | None = None
 
 
 @dataclass
@@ -67,6 +99,8 @@ class IR:
     weight_kinds: dict[str, str] = field(default_factory=dict)
     module_types: dict[str, str] = field(default_factory=dict)  # module path -> class name, for every called module
     torch_version: str = ""
+    subgraphs: dict[str, Subgraph] = field(default_factory=dict)
+    mutations: list[Mutation] = field(default_factory=list)
 
     # -- lookups ---------------------------------------------------------------------------------------------------
     def tensors(self) -> dict[str, TensorMeta]:
@@ -74,10 +108,16 @@ class IR:
         out: dict[str, TensorMeta] = {t.name: t for t in self.graph_inputs}
         out.update(self.weights)
         out.update(self.constants)
-        for node in self.nodes:
+        for sub in self.subgraphs.values():
+            out.update({t.name: t for t in sub.inputs})
+        for node in self.all_nodes():
             for t in node.outputs:
                 out[t.name] = t
         return out
+
+    def all_nodes(self) -> list[OpNode]:
+        """Every node: the graph's, then each subgraph's (control-flow bodies)."""
+        return self.nodes + [n for sub in self.subgraphs.values() for n in sub.nodes]
 
     def node(self, name: str) -> OpNode:
         for n in self.nodes:
@@ -86,7 +126,8 @@ class IR:
         raise KeyError(f"no node {name!r} in the IR of {self.model_name}")
 
     def op_histogram(self) -> Counter[str]:
-        return Counter(n.op_type for n in self.nodes)
+        """Op type -> count over every node, subgraphs included."""
+        return Counter(n.op_type for n in self.all_nodes())
 
     def module_stack(self, node: OpNode) -> list[str]:
         """The called modules enclosing a node, outermost first (the root excluded)."""
@@ -101,9 +142,12 @@ class IR:
         return sum(t.numel for name, t in self.weights.items() if kinds.get(name, "parameter") == "parameter")
 
     def summary(self) -> str:
-        return (f"{self.model_name}: {len(self.nodes)} nodes, {len(self.op_histogram())} op types, "
+        nested = sum(len(s.nodes) for s in self.subgraphs.values())
+        extra = f" (+{nested} in {len(self.subgraphs)} subgraph(s))" if self.subgraphs else ""
+        state = f", writes {len({m.target for m in self.mutations})} state tensor(s)" if self.mutations else ""
+        return (f"{self.model_name}: {len(self.nodes)} nodes{extra}, {len(self.op_histogram())} op types, "
                 f"{len(self.graph_inputs)} input(s), {len(self.graph_outputs)} output(s), {len(self.weights)} weights "
-                f"({self.parameter_count():,} parameters)")
+                f"({self.parameter_count():,} parameters){state}")
 
     # -- persistence (engine.ir.serialize does the work) -----------------------------------------------------------
     def save(self, path: str | Path) -> int:

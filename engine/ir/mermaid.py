@@ -4,6 +4,9 @@ Collapsed view: ops are grouped by the module that called them (torch.export's n
 (1 = the model's direct children: embedding, each decoder layer, the head). Modules in `expand` are opened one level
 and drawn as a subgraph around their children, so a 1000-op model stays a few dozen boxes.
 
+Control-flow nodes (cond, while_loop, map) drawn as boxes are followed by one subgraph box per body (a cond's true
+and false branches, a loop's condition and body), holding the body's inputs and ops, linked by a dotted edge.
+
 Labels are built from model, module, op and tensor names, so every character outside a small safe set is written as
 a mermaid entity code (`#60;` for "<"): no name can close a label, add an edge, a click handler or HTML.
 """
@@ -20,6 +23,8 @@ from engine.ir.graph import IR, OpNode, TensorMeta
 MERMAID_MAX_CHARS = 50_000
 MERMAID_MAX_EDGES = 500
 FANOUT_HIDE = 3
+BODY_ROLES = {"true_graph": "true branch", "false_graph": "false branch", "cond_graph": "condition",
+              "body_graph": "body"}
 _SAFE = re.compile(r"[A-Za-z0-9 _.,:/()+\-]")
 
 
@@ -34,6 +39,8 @@ def _label(*lines: str) -> str:
 
 def short_op(op_type: str) -> str:
     """aten.linear.default -> linear; aten.add.Tensor -> add.Tensor."""
+    if op_type.startswith("higher_order."):
+        return op_type.removeprefix("higher_order.")
     parts = op_type.split(".")
     if len(parts) == 3 and parts[0] == "aten":
         return parts[1] if parts[2] == "default" else f"{parts[1]}.{parts[2]}"
@@ -50,7 +57,7 @@ def _shapes(outputs: list[TensorMeta]) -> str:
 @dataclass
 class MermaidGraph:
     text: str
-    # mermaid id -> (kind, name), kind one of node, module, input, output
+    # mermaid id -> (kind, name), kind one of node, module, input, output, subgraph (a control-flow body)
     items: dict[str, tuple[str, str]] = field(default_factory=dict)
     edges: int = 0
     depth: int | None = None
@@ -165,6 +172,40 @@ def to_mermaid(ir: IR, *, depth: int | None = None, expand: Iterable[str] = (), 
                 for dst in dsts:
                     edges.pop((src, dst), None)
 
+    bodies: dict[str, str] = {}  # control-flow body box id -> subgraph key
+    body_edges: list[tuple[str, str, str]] = []
+
+    def emit_bodies(node: OpNode, indent: str) -> None:
+        """The subgraphs of a control-flow node, each a box of its inputs and ops."""
+        order = list(BODY_ROLES)  # the same order however the attrs were stored (JSON sorts keys)
+        ranked = sorted(node.attrs.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else 99, kv[0]))
+        for attr, key in ranked:
+            sub = ir.subgraphs.get(key) if attr.endswith("_graph") and isinstance(key, str) else None
+            if sub is None:
+                continue
+            hid = f"h{len(bodies)}"
+            bodies[hid] = key
+            role = BODY_ROLES.get(attr, attr)
+            count = f"{len(sub.nodes)} op" + ("s" if len(sub.nodes) != 1 else "")
+            lines.append(f"{indent}subgraph {hid}[{_label(key, f'{short_op(node.op_type)} {role} · {count}')}]")
+            local: dict[str, str] = {}
+            for t in sub.inputs:
+                local[t.name] = item_id(("input", t.name))
+                lines.append(f"{indent}  {local[t.name]}([{_label(t.name.rsplit('/', 1)[-1], t.shape_str())}])")
+                classes["inp"].append(local[t.name])
+            for inner in sub.nodes:
+                mid = item_id(("node", inner.name))
+                label = _label(inner.name.rsplit("/", 1)[-1], short_op(inner.op_type), _shapes(inner.outputs))
+                lines.append(f"{indent}  {mid}[{label}]")
+                for t in inner.inputs:
+                    if t in local and local[t] != mid:
+                        edges[(local[t], mid)] = None
+                for out in inner.outputs:
+                    local[out.name] = mid
+                emit_bodies(inner, indent + "  ")
+            lines.append(f"{indent}end")
+            body_edges.append((item_id(("node", node.name)), hid, role))
+
     def fan(mid: str) -> str:  # a box whose many constant-only out-edges were dropped says so
         return f"feeds {hidden_fanout[mid]} boxes (edges hidden)" if mid in hidden_fanout else ""
 
@@ -206,6 +247,7 @@ def to_mermaid(ir: IR, *, depth: int | None = None, expand: Iterable[str] = (), 
         elif kind == "node":
             node = nodes_by_name[name]
             lines.append(f"{indent}{mid}[{_label(name, short_op(node.op_type), _shapes(node.outputs), fan(mid))}]")
+            emit_bodies(node, indent)
         else:
             ops = group_ops[name]
             out = leaving.get(name)
@@ -220,6 +262,8 @@ def to_mermaid(ir: IR, *, depth: int | None = None, expand: Iterable[str] = (), 
         emit(key, "  ")
     for a, b in edges:
         lines.append(f"  {a} --> {b}")
+    for a, b, role in body_edges:
+        lines.append(f"  {a} -.->|{escape_label(role)}| {b}")
     lines.append("  classDef inp fill:#e8f4ea,stroke:#3c8c4f")
     lines.append("  classDef out fill:#fdf0e2,stroke:#c07a2c")
     lines.append("  classDef grp fill:#e9eefb,stroke:#4a66b5")
@@ -228,7 +272,8 @@ def to_mermaid(ir: IR, *, depth: int | None = None, expand: Iterable[str] = (), 
             lines.append(f"  class {','.join(ids[start:start + 200])} {cls}")
     by_id = {mid: key for key, mid in items.items()}
     by_id.update({sid: ("module", path) for sid, path in subgraphs.items()})
-    return MermaidGraph(text="\n".join(lines) + "\n", items=by_id, edges=len(edges),
+    by_id.update({hid: ("subgraph", key) for hid, key in bodies.items()})
+    return MermaidGraph(text="\n".join(lines) + "\n", items=by_id, edges=len(edges) + len(body_edges),
                         depth=depth, expanded=tuple(sorted(expand_set)))
 
 

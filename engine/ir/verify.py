@@ -98,15 +98,30 @@ def _compare(name: str, got: torch.Tensor, want: torch.Tensor, rtol: float, atol
 def verify_ir(ir: IR, model: nn.Module, inputs: Sequence[torch.Tensor], rtol: float = 1e-4, atol: float = 1e-4, *,
               weights: Mapping[str, torch.Tensor] | None = None) -> VerifyReport:
     """Run the IR with the model's real parameters and buffers (or `weights`, to test a change) and compare its outputs
-    with the model's own. Never raises for a mismatch or an IR that fails to run: the report says so."""
+    with the model's own. Never raises for a mismatch or an IR that fails to run: the report says so.
+
+    State the model writes in forward (IR.mutations: a step counter, running statistics) is copied before the model
+    runs, the IR starts from that copy, and each written tensor's final value is compared too ("state:<key>")."""
     report = VerifyReport(ok=False, model_name=ir.model_name, rtol=rtol, atol=atol)
+    weights = dict(model_weights(model) if weights is None else weights)
+    inputs = tuple(inputs)
+    written = {ir.weight_name_mapping.get(m.target, m.target) for m in ir.mutations}
+    input_names = [t.name for t in ir.graph_inputs]
+    if written:  # the model is about to change these: the IR must start from their values before it does
+        weights.update({k: v.clone() for k, v in weights.items() if k in written})
+        ir_inputs = tuple(x.clone() if n in written and isinstance(x, torch.Tensor) else x
+                          for n, x in zip(input_names, inputs))
+    else:
+        ir_inputs = inputs
     start = time.perf_counter()
     expected = model(*inputs)
     report.model_seconds = time.perf_counter() - start
     expected = list(torch.utils._pytree.tree_leaves(expected))
+    expected = [e for e in expected if isinstance(e, torch.Tensor)]
+    state: dict[str, torch.Tensor] = {}
     start = time.perf_counter()
     try:
-        got = execute_ir(ir, model_weights(model) if weights is None else weights, inputs)
+        got = execute_ir(ir, weights, ir_inputs, state_out=state)
     except IRError as exc:
         report.error = f"{type(exc).__name__}: {exc}"
         return report
@@ -115,6 +130,11 @@ def verify_ir(ir: IR, model: nn.Module, inputs: Sequence[torch.Tensor], rtol: fl
         report.error = f"the IR has {len(got)} output(s), the model returns {len(expected)}"
         return report
     report.outputs = [_compare(name, g, w, rtol, atol) for name, g, w in zip(ir.graph_outputs, got, expected)]
+    after = model_weights(model)
+    after.update(dict(zip(input_names, inputs)))
+    for key, value in state.items():
+        if key in after:
+            report.outputs.append(_compare(f"state:{key}", value, after[key], rtol, atol))
     report.ok = all(o.ok for o in report.outputs)
     return report
 
@@ -131,8 +151,17 @@ def verify_job(params: dict[str, Any], progress: Callable[[float, str], None]):
     rtol, atol = float(params.get("rtol", 1e-4)), float(params.get("atol", 1e-4))
     progress(0.05, "loading the IR")
     ir = load_ir(params["ir_path"])
-    progress(0.2, f"materialising {workload}/{preset} on the CPU (seed {seed})")
-    model, inputs = zoo.build(workload, preset, device="cpu", seed=seed)  # refuses presets over the size limit
+    if params.get("model"):  # a user model, imported here from where the user keeps it
+        from engine.workloads.user_model import ModelSpec, build_inputs, build_model, default_batches, resolve
+
+        spec = ModelSpec.from_params({**params, "seed": seed})
+        progress(0.2, f"building {spec.model} on the CPU (seed {seed})")
+        res = resolve(spec)
+        model = build_model(res, "cpu").eval()
+        inputs = build_inputs(res, default_batches(res)[2], "cpu")  # the batch size the extraction used
+    else:
+        progress(0.2, f"materialising {workload}/{preset} on the CPU (seed {seed})")
+        model, inputs = zoo.build(workload, preset, device="cpu", seed=seed)  # refuses presets over the size limit
     progress(0.5, "running the model and the IR")
     report = verify_ir(ir, model, inputs, rtol=rtol, atol=atol)
     out = Path(params["artifacts_dir"]) / "verify.json"

@@ -106,108 +106,10 @@ class TiedLM(nn.Module):
         return self.head(h)
 
 
-# -- a Llama-style decoder ----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LlamaConfig:
-    vocab: int = 256
-    dim: int = 64
-    layers: int = 2
-    heads: int = 4
-    kv_heads: int = 2
-    ffn: int = 128
-    seq: int = 16
-    batch: int = 1
-    rope_theta: float = 10000.0
-    eps: float = 1e-5
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.kv_heads, cfg.dim // cfg.heads
-        self.q_proj = nn.Linear(cfg.dim, cfg.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.heads * self.head_dim, cfg.dim, bias=False)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        if self.kv_heads != self.heads:  # grouped-query attention: share each k/v head between query heads
-            rep = self.heads // self.kv_heads
-            k = k[:, :, None].expand(b, self.kv_heads, rep, t, self.head_dim).reshape(b, self.heads, t, self.head_dim)
-            v = v[:, :, None].expand(b, self.kv_heads, rep, t, self.head_dim).reshape(b, self.heads, t, self.head_dim)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.dim, cfg.ffn, bias=False)
-        self.up_proj = nn.Linear(cfg.dim, cfg.ffn, bias=False)
-        self.down_proj = nn.Linear(cfg.ffn, cfg.dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.dim, cfg.eps)
-        self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.eps)
-        self.mlp = MLP(cfg)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class LlamaDecoder(nn.Module):
-    """Token embedding, N pre-norm decoder layers (RoPE, grouped-query causal attention, SwiGLU), RMSNorm, LM head."""
-
-    def __init__(self, cfg: LlamaConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab, cfg.dim)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.layers))
-        self.norm = RMSNorm(cfg.dim, cfg.eps)
-        self.lm_head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
-        head_dim = cfg.dim // cfg.heads
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        angles = torch.outer(torch.arange(cfg.seq, dtype=torch.float32), inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)
-        self.register_buffer("rope_cos", angles.cos(), persistent=False)
-        self.register_buffer("rope_sin", angles.sin(), persistent=False)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        t = tokens.shape[1]
-        cos, sin = self.rope_cos[:t], self.rope_sin[:t]
-        h = self.embed_tokens(tokens)
-        for layer in self.layers:
-            h = layer(h, cos, sin)
-        return self.lm_head(self.norm(h))
+# -- a Llama-style decoder: defined once in engine/workloads/llama.py (the LLM lab runs the same model) ------------
+from engine.workloads.llama import (  # noqa: E402,F401 - re-exported for the IR's users
+    PRESETS as LLAMA_PRESETS, Attention, DecoderLayer, LlamaConfig, LlamaDecoder, MLP, RMSNorm,
+)
 
 
 # -- the registry -------------------------------------------------------------------------------------------------
@@ -236,12 +138,7 @@ class ZooModel:
 
 
 def _llama_presets() -> dict[str, dict[str, Any]]:
-    return {
-        "tiny": dict(vocab=256, dim=64, layers=2, heads=4, kv_heads=2, ffn=128, seq=16),
-        "small": dict(vocab=1024, dim=256, layers=4, heads=8, kv_heads=4, ffn=688, seq=64),
-        "1B": dict(vocab=32000, dim=2048, layers=22, heads=32, kv_heads=4, ffn=5632, seq=2048),
-        "7B": dict(vocab=32000, dim=4096, layers=32, heads=32, kv_heads=32, ffn=11008, seq=2048),
-    }
+    return {name: dict(cfg) for name, cfg in LLAMA_PRESETS.items()}
 
 
 def _house_price(cfg: dict[str, Any]) -> nn.Module:

@@ -14,7 +14,9 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from engine.cli import CliError, _Bars, _device, _positive_float, _positive_int, _store, check_device
+from engine.cli import (
+    CliError, _Bars, _device, _positive_float, _positive_int, _store, add_model_args, check_device, user_model,
+)
 from engine.profiling.op_stats import compare, compare_metrics, comparable_kinds, short_name
 from engine.store import Store
 
@@ -40,7 +42,7 @@ def _phases(text: str) -> tuple[str, ...]:
 
 def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
     p = sub.add_parser("profile", help="profile a mode's step with torch.profiler (trace, op stats, idle time)")
-    p.add_argument("--workload", default="house_price")
+    p.add_argument("--workload", default=None, help="a lab workload (default: house_price); or see --model")
     p.add_argument("--mode", default="eager", help="a mode or a comma list, e.g. eager,compile (default: eager); "
                    "two or more are compared at the end")
     p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
@@ -54,6 +56,7 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.add_argument("--top-k", type=_positive_int, default=10, help="rows to print; kernels for --deep (max 10)")
     p.add_argument("--timeout", type=_positive_float, default=1800, help="seconds before a run counts as hung")
     common(p)
+    add_model_args(p)
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("profile-show", help="print a stored profile: step figures and top operators/kernels")
@@ -78,8 +81,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from engine.profiling.profile import default_phases, supported_phases
     from engine.workloads import get_workload
 
+    if args.model and args.workload:
+        raise CliError("give --workload or --model, not both")
     try:
-        get_workload(args.workload)
+        get_workload(args.workload or "house_price")
         modes = [get_mode(m.strip()) for m in args.mode.split(",") if m.strip()]
     except ValueError as exc:
         raise CliError(str(exc)) from exc
@@ -102,13 +107,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
         reason = ncu.unavailable(args.device)
         if reason:
             print(f"warning: --deep: {reason}; the profile runs without it", file=sys.stderr)
+    mine = user_model(args)  # your own model: imported and run once here, so a bad one fails before any run
+    workload = mine.workload.name if mine else args.workload or "house_price"
     store = _store(args)
-    params = {"workload": args.workload, "device": args.device, "wait": args.wait, "warmup": args.warmup,
-              "active": args.active, "deep": args.deep, "top_k": min(args.top_k, 10)}
+    params = {"workload": workload, "device": args.device, "wait": args.wait, "warmup": args.warmup,
+              "active": args.active, "deep": args.deep, "top_k": min(args.top_k, 10),
+              **(mine.resolved.spec.params() if mine else {})}
     if args.batch_size:
         params["batch_size"] = args.batch_size
-    specs = [JobSpec("profile", args.workload, m.name, args.device,
-                     {**params, "mode": m.name, "phases": phases[m.name]}, timeout_s=args.timeout) for m in modes]
+    target = "engine.workloads.user_model:profile_job" if mine else None
+    specs = [JobSpec("profile", workload, m.name, args.device, {**params, "mode": m.name, "phases": phases[m.name]},
+                     target=target, timeout_s=args.timeout) for m in modes]
     ids = create_runs(store, specs, group_id=uuid.uuid4().hex[:12] if len(specs) > 1 else None)
     statuses = run_jobs(store, ids, _Bars({i: f"profile {m.name}" for i, m in zip(ids, modes)}))
     ok_ids = [i for i in ids if statuses[i] == "ok"]

@@ -12,6 +12,11 @@ def get_workload(name: str) -> Workload:
     try:
         return WORKLOADS[name]
     except KeyError:
+        from engine.workloads.user_model import workload_from_env  # a user model a parent worker passed down
+
+        found = workload_from_env(name)
+        if found is not None:
+            return found
         raise ValueError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}") from None
 
 
