@@ -1,0 +1,398 @@
+"""The LLM lab's reports and read-back: one run → report.md, operators.md, metrics.json, env.json, inputs.json,
+assumptions.md; and the queries the LLM page and `python -m engine llm-report` use.
+
+A report is built from a `RunView`: the figures of one run, either fresh from the worker's RunResult (the worker
+writes the files as run artifacts) or read back from the store (to rebuild them later). Pure text in, text out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from engine.llm import metrics as M
+from engine.store import Artifact, RunResult, Store
+from engine.workloads.llama import PRESETS, LlamaConfig
+
+REPORT_FILES = ("report.md", "operators.md", "metrics.json", "env.json", "inputs.json", "assumptions.md")
+HEADLINE = {  # (phase, name) -> column of the page's and CLI's tables
+    ("prefill", "ttft_us"): "ttft_us", ("decode", "tpot_median_us"): "tpot_median_us",
+    ("decode", "tpot_p90_us"): "tpot_p90_us", ("decode", "tokens_per_s"): "tokens_per_s",
+    (None, "e2e_tokens_per_s"): "e2e_tokens_per_s", ("prefill", "mfu_pct"): "mfu_pct",
+    ("decode", "mbu_pct"): "mbu_pct", ("prefill", "first_call_us"): "first_call_prefill_us",
+    ("decode", "first_call_us"): "first_call_decode_us", (None, "peak_memory_bytes"): "peak_memory_bytes",
+    ("prefill", "max_rel_err"): "prefill_rel_err", ("decode", "max_rel_err"): "decode_rel_err",
+    ("prefill", "intensity"): "prefill_intensity", ("decode", "intensity"): "decode_intensity",
+    ("prefill", "achieved_flops"): "prefill_flops_per_s", ("decode", "achieved_flops"): "decode_flops_per_s",
+    ("decode", "achieved_bw"): "decode_bw", (None, "ceiling_copy_bw"): "ceiling_copy_bw",
+    (None, "ceiling_matmul_bf16"): "ceiling_matmul_bf16", (None, "ceiling_matmul_fp32"): "ceiling_matmul_fp32",
+    ("prefill", "mfu_datasheet_pct"): "mfu_datasheet_pct", ("decode", "mbu_datasheet_pct"): "mbu_datasheet_pct",
+}
+
+
+@dataclass
+class RunView:
+    """One run's figures, wherever they come from."""
+    run_id: int | None
+    params: dict[str, Any]
+    metrics: pd.DataFrame  # phase, batch_size, name, value, unit
+    op_stats: pd.DataFrame = field(default_factory=pd.DataFrame)
+    kernel_metrics: pd.DataFrame = field(default_factory=pd.DataFrame)
+    samples: pd.DataFrame = field(default_factory=pd.DataFrame)  # phase, idx, value (µs)
+    env: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def get(self, name: str, phase: str | None = None) -> float | None:
+        m = self.metrics
+        if m.empty:
+            return None
+        sel = m[(m["name"] == name) & (m["phase"].isna() if phase is None else m["phase"] == phase)]
+        if sel.empty:
+            return None
+        value = float(sel["value"].iloc[-1])
+        return None if math.isnan(value) else value
+
+    @property
+    def model_config(self) -> LlamaConfig | None:
+        name = self.params.get("preset")
+        if name not in PRESETS:
+            return None
+        layers = self.params.get("layers")
+        return LlamaConfig(**{**PRESETS[name], **({"layers": int(layers)} if layers else {})})
+
+
+def from_result(params: dict[str, Any], result: RunResult, run_id: int | None = None) -> RunView:
+    metrics = pd.DataFrame([m.__dict__ for m in result.metrics],
+                           columns=["name", "value", "unit", "phase", "batch_size"])
+    samples = pd.DataFrame([{"phase": s.phase, "idx": i, "value": v} for s in result.samples
+                            for i, v in enumerate(s.values)], columns=["phase", "idx", "value"])
+    return RunView(run_id=run_id, params=dict(params), metrics=metrics, op_stats=pd.DataFrame(result.op_stats),
+                   kernel_metrics=pd.DataFrame(result.kernel_metrics), samples=samples, env=dict(result.env),
+                   notes=list(result.notes))
+
+
+def from_store(store: Store, run_id: int) -> RunView:
+    run = store.run(run_id)
+    if run is None:
+        raise ValueError(f"no run {run_id} in {store.path}")
+    if run["kind"] != "llm":
+        raise ValueError(f"run {run_id} is a {run['kind']} run, not an LLM run")
+    if run["status"] != "ok":
+        first = next((line for line in str(run["error"] or "").splitlines() if line.strip()), "no result yet")
+        raise ValueError(f"run {run_id} is {run['status']}: {first}")
+    params = {k: v for k, v in run["params"].items() if not k.startswith("_")}
+    params.setdefault("mode", run["mode"])
+    params.setdefault("device", run["device"])
+    return RunView(run_id=run_id, params=params, metrics=store.metrics([run_id]), op_stats=store.op_stats([run_id]),
+                   kernel_metrics=store.kernel_metrics([run_id]), samples=store.samples([run_id]),
+                   env=store.environment(run_id) or {}, notes=run["notes"] or [])
+
+
+# -- formatting -----------------------------------------------------------------------------------------------------
+def fmt_time(us: float | None) -> str:
+    if us is None:
+        return "—"
+    if us >= 1e6:
+        return f"{us / 1e6:.2f} s"
+    return f"{us / 1e3:.2f} ms" if us >= 1e3 else f"{us:.1f} µs"
+
+
+def fmt_num(value: float | None, unit: str = "", digits: int = 1) -> str:
+    if value is None:
+        return "—"
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.{digits}f} {prefix}{unit}".rstrip()
+    return f"{value:.{digits}f} {unit}".rstrip()
+
+
+def fmt_pct(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f} %"
+
+
+def peak_key(view: RunView) -> str:
+    dtype = str(view.params.get("dtype") or ("bfloat16" if str(view.params.get("device", "")).startswith("cuda")
+                                               else "float32"))
+    return "matmul_fp32" if dtype in ("float32", "fp32") else "matmul_bf16"
+
+
+def ceiling_text(view: RunView, which: str) -> str:
+    """'the measured bf16 matmul rate (774 TFLOP/s) on NVIDIA H100 80GB HBM3, ceilings run #3' or why none."""
+    from engine.ceilings import CEILINGS
+
+    name = peak_key(view) if which == "peak" else "copy_bw"
+    value = view.get(f"ceiling_{name}")
+    device = view.env.get("device_name") or view.params.get("device", "")
+    if value is None:
+        return f"no {CEILINGS[name][1]} stored for {device}"
+    run = view.get("ceilings_run_id")
+    shown = fmt_num(value, "FLOP/s", 0) if name.startswith("matmul") else fmt_num(value, "B/s", 2)
+    return (f"the {CEILINGS[name][1]} ({shown}) on {device}"
+            + (f", ceilings run #{int(run)}" if run is not None else ""))
+
+
+def _of(view: RunView, which: str) -> str:
+    text = ceiling_text(view, which)
+    return text if text.startswith("no ") else f"of {text}"
+
+
+def what_was_run(view: RunView) -> str:
+    p = view.params
+    cfg = view.model_config
+    shape = (f"d={cfg.dim}, {cfg.layers} layers, {cfg.heads}/{cfg.kv_heads} heads, ffn {cfg.ffn}, vocab {cfg.vocab}"
+             if cfg else "unknown shape")
+    return (f"{p.get('preset')} ({shape}), prompt P={p.get('prompt_len')}, N={p.get('new_tokens')} decode steps, "
+            f"batch B={p.get('batch')}, mode {p.get('mode')} on {p.get('device')} "
+            f"({p.get('dtype') or ('bfloat16' if str(p.get('device', '')).startswith('cuda') else 'float32')}"
+            f"{', SDPA ' + p['sdpa'] if p.get('sdpa') else ''}"
+            f"{', q/k/v and gate/up fused' if p.get('fuse', True) else ''}"
+            f"{', max-autotune' if p.get('autotune') else ''})")
+
+
+def bound_sentences(view: RunView) -> list[str]:
+    """Which resource bounds each phase, from its arithmetic intensity against the ridge point of the measured roofs."""
+    peak, bw = view.get(f"ceiling_{peak_key(view)}"), view.get("ceiling_copy_bw")
+    out = []
+    if not (peak and bw):
+        return ["No measured ceilings for this device, so no roofline verdict (run `python -m engine ceilings`)."]
+    ridge = peak / bw
+    for phase, figure, name in (("prefill", "mfu_pct", "MFU"), ("decode", "mbu_pct", "MBU")):
+        ai = view.get("intensity", phase)
+        if ai is None:
+            continue
+        side = "compute-bound" if ai >= ridge else "memory-bound"
+        out.append(f"{phase.capitalize()}: {ai:,.1f} FLOP/byte against a ridge point of {ridge:,.0f} FLOP/byte "
+                   f"(measured matmul rate / copy bandwidth): {side}; judge it by {name}, "
+                   f"{fmt_pct(view.get(figure, phase))}.")
+    return out
+
+
+def top_operators(view: RunView, phase: str, k: int = 5) -> pd.DataFrame:
+    """The phase's top-k by self time per profiled step: kernels on a GPU, operators on the CPU."""
+    ops = view.op_stats
+    if ops.empty or "phase" not in ops:
+        return pd.DataFrame(columns=["name", "kind", "calls_per_step", "us_per_step", "share"])
+    sel = ops[ops["phase"] == phase]
+    kinds = ("kernel", "memcpy", "memset") if (sel["device"] != "cpu").any() else ("operator",)
+    sel = sel[sel["kind"].isin(kinds)]
+    steps = view.get("prof_steps", phase) or 1.0
+    total = float(sel["self_us"].sum()) or 1.0
+    top = sel.nlargest(k, "self_us")
+    return pd.DataFrame({"name": top["name"].values, "kind": top["kind"].values,
+                         "calls_per_step": (top["calls"] / steps).values,
+                         "us_per_step": (top["self_us"] / steps).values,
+                         "share": (100 * top["self_us"] / total).values})
+
+
+def _md_table(frame: pd.DataFrame) -> str:
+    if frame.empty:
+        return "(none)\n"
+    cols = list(frame.columns)
+    lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
+    for row in frame.itertuples(index=False):
+        lines.append("| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _ops_md(view: RunView, phase: str, k: int) -> str:
+    from engine.profiling.op_stats import short_name
+
+    top = top_operators(view, phase, k)
+    if top.empty:
+        return "(not profiled)\n"
+    shown = pd.DataFrame({"operator / kernel": [f"`{short_name(n, 90)}`" for n in top["name"]],
+                          "kind": top["kind"], "calls/step": top["calls_per_step"].map(lambda v: f"{v:.1f}"),
+                          "time/step": top["us_per_step"].map(fmt_time),
+                          "share": top["share"].map(lambda v: f"{v:.1f} %")})
+    return _md_table(shown)
+
+
+# -- rendering ------------------------------------------------------------------------------------------------------
+def render(view: RunView) -> dict[str, str]:
+    """The six report files, name → text."""
+    p = view.params
+    title = f"LLM run{' #' + str(view.run_id) if view.run_id is not None else ''}: {p.get('preset')} · {p.get('mode')}"
+    g = view.get
+    tol = g("tolerance")
+    rows = [
+        ("TTFT (prefill latency, median)", fmt_time(g("ttft_us", "prefill")),
+         f"p10 {fmt_time(g('ttft_p10_us', 'prefill'))}, p90 {fmt_time(g('ttft_p90_us', 'prefill'))}"),
+        ("TPOT (per decode step, median)", fmt_time(g("tpot_median_us", "decode")),
+         f"p90 {fmt_time(g('tpot_p90_us', 'decode'))}"),
+        ("Decode throughput", fmt_num(g("tokens_per_s", "decode"), "tokens/s"), "B / TPOT median"),
+        ("End-to-end throughput", fmt_num(g("e2e_tokens_per_s"), "tokens/s"), "B·(N+1) / (TTFT + N decode steps)"),
+        ("MFU (prefill)", fmt_pct(g("mfu_pct", "prefill")), _of(view, "peak")),
+        ("MFU vs datasheet", fmt_pct(g("mfu_datasheet_pct", "prefill")), "of the datasheet dense peak"),
+        ("MBU (decode)", fmt_pct(g("mbu_pct", "decode")), _of(view, "bw")),
+        ("MBU vs datasheet", fmt_pct(g("mbu_datasheet_pct", "decode")), "of the datasheet memory bandwidth"),
+        ("First prefill (compile)", fmt_time(g("first_call_us", "prefill")), "timed on its own"),
+        ("First decode step (compile, capture)", fmt_time(g("first_call_us", "decode")), "timed on its own"),
+        ("Peak device memory", fmt_num(g("peak_memory_bytes"), "B"), "torch.cuda.max_memory_allocated"),
+    ]
+    head = pd.DataFrame(rows, columns=["figure", "value", "note"])
+    eager_err = g("eager_fp32_rel_err")
+    check = (f"Logits vs eager: relative L2 error {g('max_rel_err', 'prefill') or 0:.2g} at prefill, "
+             f"{(g('max_rel_err', 'decode') or 0):.2g} at most over the checked decode steps (tolerance "
+             f"{f'{tol:.3g}' if tol is not None else '—'}"
+             + (f" = 4 × eager's own distance from float32, {eager_err:.2g}" if eager_err is not None else "")
+             + f"); {int(g('tokens_matched') or 0)} greedy token position(s) equal to eager's. Static cache vs a "
+             f"full recompute: {g('cache_vs_recompute_rel_err') or 0:.2g}.")
+    report = [f"# {title}", "", f"**What was run.** {what_was_run(view)}.", "",
+              f"Device: {view.env.get('device_name', '—')} · torch {view.env.get('torch', '—')} · "
+              f"git {view.env.get('git_commit') or '—'}", "", "## Headline figures", "", _md_table(head),
+              "## Correctness", "", check, "", "## Where the time goes", ""]
+    report += [f"**Top operators, prefill** (per profiled prefill)", "", _ops_md(view, "prefill", 5),
+               f"**Top operators, decode** (per profiled step)", "", _ops_md(view, "decode", 5)]
+    report += ["## Bound", "", *(f"- {s}" for s in bound_sentences(view)), ""]
+    if view.notes:
+        report += ["## Notes", "", *(f"- {n}" for n in view.notes), ""]
+    report += ["Formulas and the peaks used: assumptions.md. Every operator: operators.md.", ""]
+
+    ops = [f"# Operators: {title}", "",
+           "Self time per profiled step (torch.profiler; prefill and decode profiled apart, each inside its NVTX "
+           "range). On a GPU: device kernels and copies; on the CPU: host operators.", ""]
+    for phase in ("prefill", "decode"):
+        ops += [f"## {phase.capitalize()}", "", _ops_md(view, phase, 25)]
+    km = view.kernel_metrics
+    if not km.empty:
+        ops += ["## Nsight Compute (top decode kernels)", "",
+                _md_table(km[["kernel", "launches", "duration_us", "mem_throughput_pct", "sm_throughput_pct"]]
+                          .assign(kernel=lambda f: f["kernel"].map(lambda n: f"`{str(n)[:90]}`"))
+                          .round(2))]
+
+    metrics_json = json.dumps([{k: (None if isinstance(v, float) and math.isnan(v) else v)
+                                for k, v in row.items() if k != "run_id"}
+                               for row in view.metrics.to_dict("records")], indent=1, default=str)
+    cfg = view.model_config
+    inputs = {"run_id": view.run_id, "params": p,
+              "model": cfg.__dict__ if cfg else None,
+              "parameters": g("params"), "weight_bytes": g("weight_bytes"), "kv_cache_bytes": g("kv_cache_bytes")}
+    return {"report.md": "\n".join(report), "operators.md": "\n".join(ops), "metrics.json": metrics_json,
+            "env.json": json.dumps(view.env, indent=1, default=str), "inputs.json": json.dumps(inputs, indent=1,
+                                                                                           default=str),
+            "assumptions.md": assumptions(view)}
+
+
+def assumptions(view: RunView) -> str:
+    p, g, cfg = view.params, view.get, view.model_config
+    lines = ["# Assumptions: formulas and peaks", "", "## FLOP and byte formulas (engine/llm/metrics.py)", "",
+             "```", (M.__doc__ or "").strip(), "```", ""]
+    if cfg is not None:
+        B, P, N = int(p.get("batch", 1)), int(p.get("prompt_len", 1)), int(p.get("new_tokens", 1))
+        elem = 4 if peak_key(view) == "matmul_fp32" else 2
+        dec = M.decode_counts(cfg, B, P, N, elem)
+        lines += ["## This run's numbers", "",
+                  f"- B={B}, P={P}, N={N}, d={cfg.dim}, L={cfg.layers}, H={cfg.heads}, G={cfg.kv_heads}, "
+                  f"h={cfg.head_dim}, f={cfg.ffn}, V={cfg.vocab}, s={elem} bytes",
+                  f"- prefill: {M.prefill_flops(cfg, B, P):,} FLOPs (matmuls "
+                  f"{B * P * M.matmul_flops_per_token(cfg):,}, "
+                  f"attention {M.prefill_attention_flops(cfg, B, P):,}, LM head {M.lm_head_flops(cfg, B):,}); "
+                  f"{M.prefill_bytes(cfg, B, P, elem):,} bytes",
+                  f"- decode, mean over the N steps: {dec.flops:,.0f} FLOPs and {dec.bytes:,.0f} bytes per step "
+                  f"(weights {M.weight_bytes(cfg, B, elem):,} + K/V read "
+                  f"{dec.bytes - M.weight_bytes(cfg, B, elem):,.0f})",
+                  ""]
+    lines += ["## Peaks", "",
+              f"- MFU divides by {ceiling_text(view, 'peak')}.",
+              f"- MBU divides by {ceiling_text(view, 'bw')} (bytes read + written by a large device-to-device copy).",
+              "- The `*_datasheet_pct` figures divide by the vendor's dense datasheet peak for the device "
+              "(engine/ceilings.py DATASHEETS), named as such; the measured ceilings come first.", "",
+              "## Timing and correctness", "",
+              "- TTFT: median of the timed prefills (CUDA events around each; perf_counter on CPU), the greedy "
+              "first token included. TPOT: per decode step, one event between consecutive steps, no host sync "
+              "inside the loop; every step of every timed pass is a sample.",
+              f"- Logits of every mode are compared with eager's by relative L2 error (tolerance "
+              f"{g('tolerance') if g('tolerance') is not None else '—'}: bf16 5e-2, fp32 1e-4; why in "
+              "engine/llm/run.py TOLERANCE) and the greedy tokens must match (a flip between candidates closer than "
+              "twice the measured logit difference is a tie, noted, not a failure).",
+              "- Random weights from a fixed seed: the figures depend on shapes only, not on what the weights say.",
+              ""]
+    return "\n".join(lines)
+
+
+def write_reports(cfg: Any, result: RunResult, out_dir: Path, run_id: int | None = None) -> list[Artifact]:
+    """Render from a fresh RunResult into out_dir; the artifacts to record with the run."""
+    from engine.llm.run import params_of
+
+    files = render(from_result(params_of(cfg), result, run_id))
+    return write_files(files, out_dir)
+
+
+def write_files(files: dict[str, str], out_dir: Path) -> list[Artifact]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name, text in files.items():
+        path = out_dir / name
+        path.write_text(text)
+        out.append(Artifact(kind="report", name=name, path=str(path)))
+    return out
+
+
+def report_files(store: Store, run_id: int, out_dir: Path | None = None) -> dict[str, Path]:
+    """The run's report files: the ones it wrote, or (missing, or out_dir given) rebuilt from the store."""
+    arts = store.artifacts(run_id)
+    found = {} if arts.empty else {str(r.name): Path(r.path) for r in arts.itertuples() if r.kind == "report"}
+    if out_dir is None and found and all(found.get(n) and found[n].exists() for n in REPORT_FILES):
+        return {n: found[n] for n in REPORT_FILES}
+    view = from_store(store, run_id)
+    recorded = next(iter(found.values())).parent if found else None
+    if out_dir is None:  # beside the files it recorded, or (a store copied from another machine) under ours
+        from engine.jobs import artifacts_root
+
+        out_dir = recorded if recorded is not None and recorded.exists() else artifacts_root(store) / f"run_{run_id}"
+    target = out_dir
+    written = write_files(render(view), target)
+    return {a.name: Path(a.path) for a in written}
+
+
+# -- queries for the page and the CLI -------------------------------------------------------------------------------
+def llm_runs(store: Store, status: str | None = "ok", limit: int = 500) -> pd.DataFrame:
+    """LLM runs, newest first, with their parameters spread into columns and the headline figures."""
+    runs = store.runs(kind="llm", status=[status] if status else None, limit=limit)
+    if runs.empty:
+        return runs
+    params = [json.loads(p) if isinstance(p, str) and p else {} for p in runs["params"]]
+    for key in ("preset", "prompt_len", "new_tokens", "batch", "dtype", "sdpa", "sweep"):
+        runs[key] = [q.get(key) for q in params]
+    ok = runs[runs["status"] == "ok"]
+    if not ok.empty:
+        figures = headline(store, [int(i) for i in ok["id"]])
+        runs = runs.merge(figures, left_on="id", right_index=True, how="left")
+    return runs
+
+
+def headline(store: Store, run_ids: list[int]) -> pd.DataFrame:
+    """run_id-indexed headline figures (the HEADLINE columns) of these runs."""
+    cols = list(dict.fromkeys(HEADLINE.values()))
+    if not run_ids:
+        return pd.DataFrame(columns=cols)
+    m = store.metrics(run_ids)
+    if m.empty:
+        return pd.DataFrame(index=pd.Index(run_ids, name="run_id"), columns=cols)
+    rows: dict[int, dict[str, float]] = {int(r): {} for r in run_ids}
+    for r in m.itertuples():
+        phase = None if r.phase is None or (isinstance(r.phase, float) and math.isnan(r.phase)) else r.phase
+        col = HEADLINE.get((phase, r.name))
+        if col:
+            rows[int(r.run_id)][col] = float(r.value)
+    return pd.DataFrame.from_dict(rows, orient="index").reindex(columns=cols)
+
+
+def roofline_points(store: Store, run_ids: list[int]) -> pd.DataFrame:
+    """One point per (run, phase): arithmetic intensity (FLOP/B) and achieved FLOP/s, with B and P to label it."""
+    runs = llm_runs(store, status="ok", limit=100000)
+    runs = runs[runs["id"].isin(run_ids)] if not runs.empty else runs
+    out = []
+    for r in runs.itertuples():
+        for phase in ("prefill", "decode"):
+            ai, fl = getattr(r, f"{phase}_intensity", None), getattr(r, f"{phase}_flops_per_s", None)
+            if ai is None or fl is None or (isinstance(ai, float) and math.isnan(ai)):
+                continue
+            out.append({"run_id": int(r.id), "phase": phase, "mode": r.mode, "batch": r.batch,
+                        "prompt_len": r.prompt_len, "intensity": float(ai), "flops_per_s": float(fl)})
+    return pd.DataFrame(out, columns=["run_id", "phase", "mode", "batch", "prompt_len", "intensity", "flops_per_s"])

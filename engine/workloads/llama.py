@@ -1,0 +1,308 @@
+"""A Llama-style decoder (RoPE, grouped-query attention, SwiGLU, RMSNorm): one definition for the IR explorer and the
+LLM lab.
+
+Two ways to run it:
+
+- `forward(tokens)`: the plain full-sequence forward (logits for every position). The IR explorer exports this one on
+  the meta device; nothing below changes its graph.
+- `forward_cached(tokens, input_pos)`: the static KV-cache path of the LLM lab, after `setup_cache(batch, max_seq)`.
+  A prefill of P tokens (positions 0..P-1) writes the cache and attends causally among its own tokens; a decode step
+  of one token per sequence writes its K/V at `input_pos` and attends over the whole fixed-length cache with a mask.
+  Positions come in as a tensor, so every shape is static from one call to the next: torch.compile specialises once
+  and a CUDA graph can replay the step. It returns the logits of the last position only (what greedy sampling needs).
+
+`fuse_projections()` concatenates q/k/v into one `qkv_proj` and gate/up into one `gate_up_proj` (gpt-fast's `wqkv`):
+the same numbers in fewer, larger matrix products. Both forwards work either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab: int = 256
+    dim: int = 64
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    ffn: int = 128
+    seq: int = 16  # the IR's example sequence length, and the length of the RoPE tables
+    batch: int = 1
+    rope_theta: float = 10000.0
+    eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+
+# Shapes only; weights are random with a fixed seed. "1B" is Llama-3.2-1B-shaped (with a 32k vocabulary), "1.1B" is
+# TinyLlama-shaped, "7B" is Llama-2-7B-shaped.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(vocab=256, dim=64, layers=2, heads=4, kv_heads=2, ffn=128, seq=16),
+    "small": dict(vocab=1024, dim=256, layers=4, heads=8, kv_heads=4, ffn=688, seq=64),
+    "1B": dict(vocab=32000, dim=2048, layers=16, heads=32, kv_heads=8, ffn=8192, seq=2048),
+    "1.1B": dict(vocab=32000, dim=2048, layers=22, heads=32, kv_heads=4, ffn=5632, seq=2048),
+    "7B": dict(vocab=32000, dim=4096, layers=32, heads=32, kv_heads=32, ffn=11008, seq=2048),
+}
+
+
+def preset(name: str, **overrides: Any) -> LlamaConfig:
+    if name not in PRESETS:
+        raise ValueError(f"no Llama preset {name!r}; presets: {', '.join(PRESETS)}")
+    return LlamaConfig(**{**PRESETS[name], **overrides})
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def rope_tables(cfg: LlamaConfig, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles for positions 0..length-1 (float32; the model casts them to its dtype)."""
+    head_dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+class KVCache(nn.Module):
+    """Static K/V buffers, (batch, kv_heads, max_seq, head_dim): written in place at the given positions."""
+
+    def __init__(self, batch: int, kv_heads: int, max_seq: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device | str):
+        super().__init__()
+        shape = (batch, kv_heads, max_seq, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k.index_copy_(2, input_pos, k)
+        self.v.index_copy_(2, input_pos, v)
+        return self.k, self.v
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.dim, cfg.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.heads * self.head_dim, cfg.dim, bias=False)
+        self.qkv_proj: nn.Linear | None = None  # set by fuse()
+        self.kv_cache: KVCache | None = None  # set by LlamaDecoder.setup_cache()
+
+    def fuse(self) -> None:
+        fused = nn.Linear(self.q_proj.in_features, self.q_proj.out_features + 2 * self.k_proj.out_features,
+                          bias=False, device=self.q_proj.weight.device, dtype=self.q_proj.weight.dtype)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
+        del self.q_proj, self.k_proj, self.v_proj
+        self.qkv_proj = fused
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv_proj is not None:
+            q_out, kv_out = self.heads * self.head_dim, self.kv_heads * self.head_dim
+            return self.qkv_proj(x).split([q_out, kv_out, kv_out], dim=-1)
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
+    def _heads(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, t, _ = x.shape
+        q, k, v = self._qkv(x)
+        q = q.view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        return q, k, v
+
+    def _expand_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """Grouped-query attention: share each k/v head between heads // kv_heads query heads."""
+        if self.kv_heads == self.heads:
+            return x
+        b, _, t, d = x.shape
+        rep = self.heads // self.kv_heads
+        return x[:, :, None].expand(b, self.kv_heads, rep, t, d).reshape(b, self.heads, t, d)
+
+    def _out(self, attn: torch.Tensor) -> torch.Tensor:
+        b, _, t, _ = attn.shape
+        return self.o_proj(attn.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        q, k, v = self._heads(x, cos, sin)
+        out = F.scaled_dot_product_attention(q, self._expand_kv(k), self._expand_kv(v), is_causal=True)
+        return self._out(out)
+
+    def forward_cached(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, input_pos: torch.Tensor,
+                       mask: torch.Tensor | None) -> torch.Tensor:
+        if self.kv_cache is None:
+            raise RuntimeError("forward_cached needs a KV cache: call LlamaDecoder.setup_cache(batch, max_seq) first")
+        b, t, _ = x.shape
+        q, k, v = self._heads(x, cos, sin)
+        k_all, v_all = self.kv_cache.update(input_pos, k, v)
+        if t > 1:
+            # Prefill from position 0: the cache holds exactly these tokens, so causal attention among them is the
+            # whole computation (no mask tensor, so every SDPA backend, flash included, applies).
+            out = F.scaled_dot_product_attention(q, self._expand_kv(k), self._expand_kv(v), is_causal=True)
+            return self._out(out)
+        # Decode: one query per sequence against the whole static cache, masked beyond input_pos. The query heads
+        # that share a k/v head become rows of one head (same position, same mask), so the cache is read as it is,
+        # never copied out per query head.
+        rep = self.heads // self.kv_heads
+        out = F.scaled_dot_product_attention(q.reshape(b, self.kv_heads, rep, self.head_dim), k_all, v_all,
+                                             attn_mask=mask)
+        return self._out(out.reshape(b, self.heads, 1, self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.dim, cfg.ffn, bias=False)
+        self.up_proj = nn.Linear(cfg.dim, cfg.ffn, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn, cfg.dim, bias=False)
+        self.gate_up_proj: nn.Linear | None = None  # set by fuse()
+
+    def fuse(self) -> None:
+        fused = nn.Linear(self.gate_proj.in_features, 2 * self.gate_proj.out_features, bias=False,
+                          device=self.gate_proj.weight.device, dtype=self.gate_proj.weight.dtype)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat([self.gate_proj.weight, self.up_proj.weight]))
+        del self.gate_proj, self.up_proj
+        self.gate_up_proj = fused
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.dim, cfg.eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_cached(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, input_pos: torch.Tensor,
+                       mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.self_attn.forward_cached(self.input_layernorm(x), cos, sin, input_pos, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaDecoder(nn.Module):
+    """Token embedding, N pre-norm decoder layers (RoPE, grouped-query causal attention, SwiGLU), RMSNorm, LM head."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab, cfg.dim)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.layers))
+        self.norm = RMSNorm(cfg.dim, cfg.eps)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
+        cos, sin = rope_tables(cfg, cfg.seq)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.max_seq = 0  # the static cache's length once setup_cache ran
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        t = tokens.shape[1]
+        cos, sin = self.rope_cos[:t], self.rope_sin[:t]
+        h = self.embed_tokens(tokens)
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return self.lm_head(self.norm(h))
+
+    # -- the LLM lab's path: static KV cache ------------------------------------------------------------------------
+    def fuse_projections(self) -> None:
+        """q/k/v → qkv_proj and gate/up → gate_up_proj in every layer (same weights, concatenated)."""
+        for layer in self.layers:
+            if layer.self_attn.qkv_proj is None:
+                layer.self_attn.fuse()
+            if layer.mlp.gate_up_proj is None:
+                layer.mlp.fuse()
+
+    def setup_cache(self, batch: int, max_seq: int) -> None:
+        """Allocate a static K/V cache of `max_seq` positions per layer (and RoPE tables at least that long)."""
+        ref = self.lm_head.weight
+        if max_seq > self.rope_cos.shape[0]:
+            cos, sin = rope_tables(self.cfg, max_seq)
+            self.rope_cos = cos.to(device=ref.device, dtype=self.rope_cos.dtype)
+            self.rope_sin = sin.to(device=ref.device, dtype=self.rope_sin.dtype)
+        for layer in self.layers:
+            attn = layer.self_attn
+            attn.kv_cache = KVCache(batch, attn.kv_heads, max_seq, attn.head_dim, ref.dtype, ref.device)
+        self.max_seq = max_seq
+
+    def forward_cached(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        """Logits of the last position, (batch, vocab). `tokens` (batch, t) sit at positions `input_pos` (t,):
+        t > 1 is a prefill starting at position 0; t == 1 a decode step."""
+        t = tokens.shape[1]
+        cos, sin = self.rope_cos[input_pos], self.rope_sin[input_pos]
+        mask = None
+        if t == 1:  # keys at positions <= the current one; the rest of the static cache is not yet written
+            mask = (torch.arange(self.max_seq, device=tokens.device) <= input_pos[-1])[None, :]
+        h = self.embed_tokens(tokens)
+        for layer in self.layers:
+            h = layer.forward_cached(h, cos, sin, input_pos, mask)
+        return self.lm_head(self.norm(h[:, -1]))
+
+
+# Standard deviation of one query/key entry (of a unit-RMS input) in the LLM lab's random models: attention scores
+# q·k/√h then have a standard deviation of QK_STD² ≈ 2, so attention picks out a few positions, as a trained
+# model's does. With PyTorch's default init the scores are ~0.3: attention is nearly uniform, the logits barely
+# depend on positions or on what the cache holds, and a wrong cache slot or position would pass a logits comparison.
+QK_STD = 1.5
+
+
+def build_model(cfg: LlamaConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                seed: int = 0, qk_std: float | None = QK_STD) -> LlamaDecoder:
+    """Random weights from `seed`, created directly on `device` in `dtype` (no float32 copy of a 7B model first);
+    q and k projections redrawn with entries of std qk_std / √d (see QK_STD; None keeps PyTorch's init)."""
+    torch.manual_seed(seed)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaDecoder(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    if qk_std is not None:
+        with torch.no_grad():
+            for layer in model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+                    proj.weight.normal_(0.0, qk_std / cfg.dim ** 0.5)
+    return model.to(dtype).eval()  # the RoPE tables were built in float32: same dtype as the activations now
+
+
+def parameter_count(cfg: LlamaConfig) -> int:
+    """Parameters of the (unfused or fused: the same) model, counted from the shapes."""
+    hd = cfg.head_dim
+    per_layer = (cfg.dim * (cfg.heads + 2 * cfg.kv_heads) * hd + cfg.heads * hd * cfg.dim
+                 + 3 * cfg.dim * cfg.ffn + 2 * cfg.dim)
+    return cfg.vocab * cfg.dim + cfg.layers * per_layer + cfg.dim + cfg.dim * cfg.vocab

@@ -1,0 +1,132 @@
+"""The LLM page: queuing runs and sweeps, the cards (each % naming its ceiling), the decode-latency, operator and
+roofline charts from real stored runs, two runs side by side, the report downloads, and failures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from engine import jobs
+from engine.ceilings import CEILINGS
+from engine.envinfo import capture_env
+from engine.llm.modes import MODES, availability
+from engine.llm.run import LLMConfig, llm_run, params_of
+from engine.store import Metric, RunResult, Store
+
+PAGE = Path(__file__).resolve().parents[2] / "app" / "pages" / "6_LLM.py"
+
+
+def open_llm() -> AppTest:
+    return AppTest.from_file(str(PAGE), default_timeout=90)
+
+
+def texts(elements) -> str:
+    return "\n".join(str(e.value) for e in elements)
+
+
+@pytest.fixture(scope="module")
+def sweep_results(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[dict, RunResult]]:
+    """Two real eager runs of the tiny preset on the CPU (B=1 and B=2, a batch sweep), against stored ceilings."""
+    folder = tmp_path_factory.mktemp("llm-page")
+    store = Store(folder / "ceilings.duckdb")
+    store.init()
+    cid = store.create_run("ceilings", "ceilings", "measure", "cpu", {"device": "cpu"})
+    store.start_run(cid)
+    store.record_result(cid, RunResult(env=capture_env("cpu"), metrics=[
+        Metric("copy_bw", 2e10, CEILINGS["copy_bw"][0]), Metric("matmul_fp32", 5e10, "FLOP/s")]))
+    out = []
+    for batch in (1, 2):
+        cfg = LLMConfig(preset="tiny", prompt_len=8, new_tokens=4, batch=batch, mode="eager", prefill_iters=2,
+                        decode_passes=2, check_tokens=2, profile_decode_steps=2, sweep="batch", ceilings="stored",
+                        db=str(store.path), artifacts_dir=str(folder / f"b{batch}"))
+        out.append((params_of(cfg), llm_run(cfg)))
+    return out
+
+
+def add_runs(store: Store, results: list[tuple[dict, RunResult]], group: str | None = "g1") -> list[int]:
+    ids = []
+    for params, result in results:
+        run_id = store.create_run("llm", "llama-tiny", params["mode"], "cpu", params, group_id=group)
+        store.start_run(run_id)
+        store.record_result(run_id, result)
+        ids.append(run_id)
+    return ids
+
+
+def test_empty_store_offers_a_first_run(lab: Store) -> None:
+    at = open_llm().run()
+    assert not at.exception
+    assert "No LLM runs yet" in texts(at.info)
+    runnable = [n for n, m in MODES.items() if availability(m, "cpu", __import__("torch").float32) is None]
+    assert at.button(key="llm-run").label == f"Run ({len(runnable)} runs)"  # mode "all": every available mode
+    assert not at.get("plotly_chart")
+
+
+def test_run_button_queues_a_batch_sweep(lab: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    submitted = []
+
+    def fake_submit(store, specs, group_id=None):
+        submitted.append((specs, group_id))
+        return list(range(1, len(specs) + 1))
+
+    monkeypatch.setattr(jobs, "submit", fake_submit)
+    at = open_llm().run()
+    at.selectbox(key="new-mode").set_value("eager").run()
+    at.selectbox(key="new-sweep").set_value("batch B").run()
+    at.text_input(key="new-sweep-batch").set_value("1, 4").run()
+    assert at.button(key="llm-run").label == "Run (2 runs)"
+    at.button(key="llm-run").click().run()
+    assert not at.exception
+    (specs, group), = submitted
+    assert [s.params["batch"] for s in specs] == [1, 4] and group
+    assert all(s.kind == "llm" and s.mode == "eager" and s.params["sweep"] == "batch" for s in specs)
+    assert "Queued 2 LLM run(s)" in texts(at.success)
+
+
+def test_unavailable_mode_and_bad_sweep_disable_the_run(lab: Store) -> None:
+    at = open_llm().run()
+    at.selectbox(key="new-mode").set_value("compile-cudagraph").run()
+    assert "compile-cudagraph is not available on cpu" in texts(at.error)
+    assert at.button(key="llm-run").disabled
+    at.selectbox(key="new-mode").set_value("eager").run()
+    at.selectbox(key="new-sweep").set_value("prompt length P").run()
+    at.text_input(key="new-sweep-prompt_len").set_value("128, lots").run()
+    assert "Sweep values must be whole numbers" in texts(at.error)
+    assert at.button(key="llm-run").disabled
+
+
+def test_cards_charts_roofline_comparison_and_report(lab: Store, sweep_results) -> None:
+    ids = add_runs(lab, sweep_results)
+    at = open_llm().run()
+    assert not at.exception
+    labels = {m.label: m for m in at.metric}
+    for label in ("TTFT (prefill)", "TPOT (decode)", "Tokens/s (decode)", "MFU (prefill)", "MBU (decode)"):
+        assert label in labels and labels[label].value not in ("—", "")
+    captions = texts(at.caption)
+    assert "% of the measured fp32 matmul rate" in captions
+    assert "% of the measured device-to-device copy bandwidth" in captions
+    assert "memory-bound" in captions or "compute-bound" in captions
+    # decode latency, prefill box, prefill and decode operators, roofline, A-vs-B operator bars (2)
+    charts = at.get("plotly_chart")
+    assert len(charts) >= 7
+    roof = [c for c in charts if "Roofline" in c.proto.spec]
+    assert len(roof) == 1 and "measured roof" in roof[0].proto.spec
+    assert sorted(at.multiselect(key=f"roof-{ids[-1]}").value) == sorted(ids)  # the sweep's runs by default
+    table = next(d.value for d in at.dataframe if "B / A" in d.value.columns)  # (no lookup by key in AppTest)
+    assert list(table["figure"])[:3] == ["TTFT", "TPOT median", "TPOT p90"]
+    ttft = table.set_index("figure").loc["TTFT"]
+    assert ttft["B / A"].endswith("×") and "ms" in ttft.iloc[0] or "µs" in ttft.iloc[0]
+    assert len(at.download_button) == 6  # report.md … assumptions.md
+    assert f"python -m engine llm-report {ids[-1]}" in captions
+
+
+def test_failed_run_shows_its_error(lab: Store) -> None:
+    run_id = lab.create_run("llm", "llama-7B", "compile-cudagraph", "cuda", {"preset": "7B"})
+    lab.start_run(run_id)
+    lab.fail_run(run_id, "ToleranceError: compile-cudagraph: decode step 3 logits differ from eager's\n--- tb ---")
+    at = open_llm().run()
+    assert not at.exception
+    assert "decode step 3 logits differ" in texts(at.error)
+    assert "--- tb ---" in texts(at.code)

@@ -1,0 +1,76 @@
+"""`python -m engine llm` and `llm-report`: a sweep through the job runner (worker processes), the table it prints,
+the stored runs and their reports, and one-line errors for bad arguments."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.cli import main
+from engine.llm.report import REPORT_FILES, llm_runs
+from engine.store import Store
+
+
+def test_prompt_sweep_runs_grouped_and_reports(store: Store, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    code = main(["llm", "--preset", "tiny", "--prompt-len", "8", "--new-tokens", "3", "--mode", "eager",
+                 "--device", "cpu", "--sweep", "prompt=4,6", "--prefill-iters", "2", "--decode-passes", "1",
+                 "--no-profile", "--db", str(store.path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    runs = llm_runs(store)
+    assert sorted(runs["prompt_len"]) == [4, 6] and set(runs["sweep"]) == {"prompt"}
+    assert runs["group_id"].nunique() == 1 and runs["group_id"].notna().all()
+    assert set(runs["mode"]) == {"eager"} and (runs["ttft_us"] > 0).all() and (runs["tpot_median_us"] > 0).all()
+    for run_id in runs["id"]:
+        assert f"{run_id:>5} eager" in out  # one table row per run
+    # The worker measured this CPU's ceilings on the way (auto), so every run names its MBU denominator.
+    assert runs["mbu_pct"].notna().all() and runs["ceiling_copy_bw"].notna().all()
+
+    run_id = int(runs["id"].iloc[0])
+    assert main(["llm-report", str(run_id), "--db", str(store.path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith(f"# LLM run #{run_id}: tiny · eager")
+    assert "report.md" in captured.err and "assumptions.md" in captured.err
+    assert main(["llm-report", str(run_id), "--out", str(tmp_path / "copy"), "--db", str(store.path)]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == sorted(REPORT_FILES)
+    assert json.loads((tmp_path / "copy" / "inputs.json").read_text())["run_id"] == run_id
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mode", "turbo"], "unknown LLM mode(s) turbo"),
+    (["--mode", "compile-cudagraph"], "compile-cudagraph is not available on cpu: CUDA graphs need a CUDA device"),
+    (["--sweep", "batch=1,x"], "sweep values must be whole numbers"),
+    (["--sweep", "layers=1,2"], "write batch=1,2,4 or prompt=128"),
+    (["--preset", "70B"], "invalid choice: '70B'"),
+    (["--prompt-len", "0"], "must be at least 1"),
+])
+def test_bad_arguments_exit_2_with_one_line(store: Store, capsys: pytest.CaptureFixture, argv: list[str],
+                                           message: str) -> None:
+    try:  # argparse's errors exit; the command's own checks return 2
+        code = main(["llm", "--device", "cpu", *argv, "--db", str(store.path)])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert llm_runs(store).empty  # nothing was queued
+
+
+def test_report_of_a_missing_or_other_run_is_a_clear_error(store: Store, capsys: pytest.CaptureFixture) -> None:
+    assert main(["llm-report", "999", "--db", str(store.path)]) == 2
+    assert "no run 999" in capsys.readouterr().err
+    other = store.create_run("bench", "house_price", "eager", "cpu", {})
+    assert main(["llm-report", str(other), "--db", str(store.path)]) == 2
+    assert "not an LLM run" in capsys.readouterr().err
+
+
+def test_list_names_every_mode_and_why_some_cannot_run(capsys: pytest.CaptureFixture) -> None:
+    assert main(["llm", "--list", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    for name in ("eager", "sdpa-flash", "sdpa-efficient", "sdpa-math", "compile", "compile-reduce-overhead",
+                 "compile-cudagraph"):
+        assert name in out
+    assert "unavailable: CUDA graphs need a CUDA device" in out
