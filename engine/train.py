@@ -20,6 +20,7 @@ from engine import nvtx_ranges
 from engine.data import DEFAULT_CSV, FEATURE_NAMES, Normalizer, ensure_default_dataset, load_housing_csv, to_tensors
 from engine.envinfo import capture_env
 from engine.modes import get_mode
+from engine.modes.base import TRAIN_LR
 from engine.store import Artifact, Metric, RunResult, Samples, default_db_path
 from engine.workloads.house_price import HousePriceNN
 
@@ -80,6 +81,10 @@ def train_model(cfg: TrainConfig, progress: Progress = lambda f, m: None) -> tup
     if not ok:
         raise RuntimeError(f"mode {mode.name} is not available on {device}: {reason}")
     prepared = mode.prepare(model, (x_train[:batch_size].to(device),), True)
+    if prepared.train_step is not None and cfg.lr != TRAIN_LR:
+        # Modes that own the whole step (cuda-graph, triton, cuda) bake Adam's learning rate into their kernels.
+        raise ValueError(f"mode {mode.name} trains with its own fused Adam step at lr={TRAIN_LR:g}; "
+                         f"lr={cfg.lr:g} is not supported by it (use eager, fx, … for another rate)")
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     loss_fn = torch.nn.functional.mse_loss
 
@@ -93,6 +98,11 @@ def train_model(cfg: TrainConfig, progress: Progress = lambda f, m: None) -> tup
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
             if prepared.before_step:
                 prepared.before_step()
+            if prepared.train_step is not None:  # the mode runs zero_grad → forward → MSE → backward → Adam itself
+                with nvtx_ranges.range("train_step"):
+                    loss = prepared.train_step((xb,), yb)
+                losses.append(float(loss.item()))
+                continue
             optimizer.zero_grad(set_to_none=True)
             with nvtx_ranges.range("forward"):
                 loss = loss_fn(prepared.fn(xb), yb)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from engine.modes import aoti as _aoti
 from engine.modes import compile as _compile
 from engine.modes import custom_op as _custom_op
+from engine.modes import cuda_graph as _cuda_graph, cuda_mlp as _cuda_mlp, triton_mlp as _triton_mlp
 from engine.modes import eager as _eager
 from engine.modes import fx as _fx
 from engine.modes import torchscript as _torchscript
@@ -21,7 +22,7 @@ def register(mode: Mode) -> Mode:
 
 
 for _mode in (_eager.MODE, _fx.MODE, _torchscript.MODE, _compile.MODE, _compile.REDUCE_OVERHEAD,
-              _compile.MAX_AUTOTUNE, _custom_op.MODE, _aoti.MODE):
+              _compile.MAX_AUTOTUNE, _custom_op.MODE, _aoti.MODE, _cuda_graph.MODE, _triton_mlp.MODE, _cuda_mlp.MODE):
     register(_mode)
 
 

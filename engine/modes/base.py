@@ -14,6 +14,10 @@ import torch
 from torch import nn
 
 
+# The training step's optimizer, for every mode: torch.optim.Adam with this learning rate and default betas / eps.
+TRAIN_LR = 1e-3
+
+
 @dataclass
 class Prepared:
     fn: Callable[..., torch.Tensor]
@@ -29,6 +33,11 @@ class Prepared:
     # (phase, batch size), e.g. the aoti mode's native-runner latency. Returns engine.store.Metric objects; bench
     # sets their phase and batch size. May raise (a wrong result fails the run like any other mismatch).
     extra_metrics: Callable[..., list] | None = None
+    # Set by a mode that owns the whole training step (graph-captured or fused kernels): train_step(inputs, target)
+    # does zero_grad → forward → MSE (mean) → backward → Adam(lr=TRAIN_LR, default betas and eps) and returns the
+    # loss (it may be a static buffer, overwritten by the next step). It updates the model's parameters in place, so a
+    # caller compares real weights after a step. bench then builds no optimizer and never calls `fn` for training.
+    train_step: Callable[[tuple[torch.Tensor, ...], torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,15 @@ class Mode:
     def available(self, device: str) -> tuple[bool, str]:
         reason = self.availability(device)
         return (reason is None, reason or "")
+
+
+def owned_step_only(mode: str) -> Callable[..., torch.Tensor]:
+    """The `fn` of a mode prepared for training that owns the whole step: a clear error instead of a silent eager run."""
+    def fn(*args: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError(f"mode {mode} owns the whole training step: call Prepared.train_step(inputs, target), "
+                           "not fn (it has no autograd forward to put under another optimizer)")
+
+    return fn
 
 
 def cuda_only(device: str) -> str | None:
