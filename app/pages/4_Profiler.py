@@ -17,7 +17,8 @@ import plotly.graph_objects as go  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from app.common import (  # noqa: E402
-    device_info, first_line, flash, fmt_time, fmt_us, get_store, page_header, show_flash, submit, watch_active_runs,
+    device_info, first_line, flash, fmt_time, fmt_us, get_store, model_field, page_header, show_flash, submit,
+    watch_active_runs,
 )
 from engine.jobs import JobSpec  # noqa: E402
 from engine.modes import MODES  # noqa: E402
@@ -25,6 +26,7 @@ from engine.profiling import ncu  # noqa: E402
 from engine.profiling.op_stats import comparable_kinds, compare, compare_metrics, short_name  # noqa: E402
 from engine.profiling.profile import default_phases  # noqa: E402
 from engine.workloads import get_workload  # noqa: E402
+from engine.workloads.user_model import PROFILE_TARGET  # noqa: E402
 
 WORKLOAD = "house_price"
 PHASE_LABELS = {"train": "Training step (fwd + bwd + Adam)", "infer": "Inference (forward, no_grad)"}
@@ -126,11 +128,14 @@ def fmt_figure(value: float | None, unit: str, key: str) -> str:
 
 
 def run_label(row: dict[str, Any]) -> str:
-    return f"#{row['id']} · {row['mode']} on {row['device']} · {fmt_time(row['finished_at'])}"
+    model = "" if row.get("workload") in (WORKLOAD, None) else f" · {row['workload']}"  # your own model's profiles
+    return f"#{row['id']} · {row['mode']} on {row['device']}{model} · {fmt_time(row['finished_at'])}"
 
 
 def queue_profile(mode: str, device: str, params: dict[str, Any]) -> None:
-    ids = submit([JobSpec("profile", WORKLOAD, mode, device, {**params, "mode": mode, "device": device})])
+    target = PROFILE_TARGET if params.get("model") else None  # a user model is imported by the worker, not here
+    ids = submit([JobSpec("profile", params["workload"], mode, device, {**params, "mode": mode, "device": device},
+                          target=target)])
     if ids:
         flash("success", f"Queued profile #{ids[0]} of {mode} on {device}. Progress shows below; the profile appears "
                          "here when it finishes.")
@@ -163,10 +168,13 @@ with st.expander("New profile", expanded=runs.empty, icon=":material/speed:"):
         st.caption(f":material/block: {mode} is not available on {device}: {reason}")
     if not phases:
         st.caption(":material/error: Pick at least one phase to profile.")
-    params = {"workload": WORKLOAD, "phases": phases, "wait": 1, "warmup": 2, "active": active,
-              "deep": bool(deep and why_not_deep is None), "top_k": 5}
-    st.button("Profile", key="profile-run", type="primary", disabled=not (ok and phases), on_click=queue_profile,
-              args=(mode, device, params), help=reason or None)
+    mine = model_field("profile")  # your own model by import path; empty: the lab's house-price model
+    params = {"workload": mine.spec.name if mine else WORKLOAD, "phases": phases, "wait": 1, "warmup": 2,
+              "active": active, "deep": bool(deep and why_not_deep is None), "top_k": 5,
+              **(mine.spec.params() if mine else {})}
+    model_ok = mine is None or mine.ok
+    st.button("Profile", key="profile-run", type="primary", disabled=not (ok and phases and model_ok),
+              on_click=queue_profile, args=(mode, device, params), help=reason or None)
 show_flash()
 watch_active_runs(kind="profile")
 

@@ -5,8 +5,9 @@
         └── csrc/aoti_runner.cpp (another process, no Python: AOTIModelPackageLoader, warm-up + N timed calls → JSON)
 
 Packages are cached under .build/<torch tag>/aoti/<digest>/model.pt2, the digest covering the exported graph, the
-weights, the input dtypes, the device, the Inductor options and the torch version: a second benchmark of the same
-model reuses the package instead of compiling again (about 15-30 s on a 2-core CPU).
+exported program's tensors (weights, buffers, constants), the input dtypes, the device (type; on CUDA capability, name
+and Triton version), the Inductor options (and TORCHINDUCTOR_* settings) and the torch version: a second benchmark of
+the same model reuses the package instead of compiling again (about 15-30 s on a 2-core CPU).
 
 Loading a package runs native code inside the caller's process; a crash there (seen on one CUDA image: a segfault in
 `_load_aoti`) kills the process. `check_load_in_child` loads and runs a package in a throw-away child first, so the
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from engine.native.build import REPO_ROOT, build_lock, build_root, build_tag
+from engine.native.build import REPO_ROOT, build_lock, build_root, build_tag, record_build
 from engine.native.toolchain import with_libstdcxx_preloaded
 
 OPTIONS_ENV = "MODELAB_AOTI_OPTIONS"
@@ -93,18 +94,43 @@ def export(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], dynamic_bat
     return torch.export.export(model, inputs), False, notes
 
 
+def _inductor_env() -> dict[str, str]:
+    """TORCHINDUCTOR_* settings that change what Inductor generates (where caches live does not)."""
+    ignored = {"TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE",
+               "TORCHINDUCTOR_AUTOTUNE_LOCAL_CACHE"}
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("TORCHINDUCTOR_") and k not in ignored}
+
+
+def _tensor_bytes(t) -> bytes:
+    t = t.detach().cpu().contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
 def _digest(ep, model: torch.nn.Module, inputs, device: torch.device, options: dict, dynamic: bool) -> str:
+    """The package's cache key: everything that changes the compiled code or the numbers it computes."""
     h = hashlib.sha256()
     h.update(f"{torch.__version__}|{device.type}|{dynamic}|{json.dumps(options, sort_keys=True, default=str)}".encode())
+    h.update(json.dumps(_inductor_env()).encode())
     if device.type == "cuda":
-        h.update(str(torch.cuda.get_device_capability(device)).encode())
+        h.update(f"{torch.cuda.get_device_capability(device)}|{torch.cuda.get_device_name(device)}".encode())
+        try:  # Triton writes the GPU kernels inside the package
+            import triton
+
+            h.update(f"triton {triton.__version__}".encode())
+        except ImportError:
+            pass
     h.update(ep.graph_module.code.encode())
     for x in inputs:
         h.update(f"{x.dtype}|{tuple(x.shape[1:]) if dynamic else tuple(x.shape)}".encode())
-    for name, t in list(model.state_dict().items()):
+    # The exported program's own tensors: parameters, persistent buffers, and the constants and non-persistent
+    # buffers (e.g. rotary tables) that model.state_dict() leaves out but the package bakes in.
+    tensors = dict(getattr(ep, "state_dict", None) or model.state_dict())
+    tensors.update({f"constant:{k}": v for k, v in (getattr(ep, "constants", None) or {}).items()
+                    if isinstance(v, torch.Tensor)})
+    for name, t in sorted(tensors.items()):
         h.update(name.encode())
         h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(_tensor_bytes(t))
     return h.hexdigest()[:24]
 
 
@@ -137,9 +163,12 @@ def compile_package(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], op
             torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp), inductor_configs=options or None)
             compile_s = time.perf_counter() - start
             os.replace(tmp, path)
+            record_build("aoti_package", False, compile_s)
             (path.parent / "options.json").write_text(json.dumps(
                 {"options": options, "dynamic_batch": dynamic, "torch": torch.__version__, "device": str(device),
                  "compile_s": compile_s}, indent=2, default=str))
+    if hit:
+        record_build("aoti_package", True, 0.0)
     return Package(path=path, digest=digest, cache_hit=hit, export_s=export_s, compile_s=compile_s,
                    dynamic_batch=dynamic, options=options, exported_program=str(ep), notes=notes)
 

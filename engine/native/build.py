@@ -7,6 +7,10 @@ torch version. A machine-wide file lock (flock: the kernel drops it if the holde
 building the same thing at once; cpp_extension's own "baton" file would be left behind by a killed build and make the
 next one wait forever, so it is cleared while we hold the lock.
 
+Workers also keep Inductor's caches (FX graph, AOTAutograd, autotune, Triton) under the same folder
+(`configure_compile_caches`), and every build or package records whether it was a cache hit (`record_build`), which
+bench stores as `cache_*` metrics of the phase (engine.caches).
+
 Nothing here is imported by the dashboard: availability checks (`custom_ops_missing`, `compiler_missing`) only look
 for tools and never build.
 """
@@ -21,7 +25,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -49,7 +53,51 @@ def build_root() -> Path:
 def build_tag() -> str:
     """One folder per torch + Python version (+ CUDA version): binaries never cross an upgrade."""
     tag = f"torch-{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
+    # Wheels spell the CUDA version in torch.__version__ (+cu130); a source build ("2.11.0a0") does not.
+    if torch.version.cuda and "cu" not in torch.__version__.partition("+")[2]:
+        tag += f"-cu{torch.version.cuda}"
     return tag.replace("+", "_").replace("/", "_")
+
+
+def inductor_cache_dir() -> Path:
+    """Where workers keep Inductor's on-disk caches (FX graph, AOTAutograd, autotune, Triton kernels).
+
+    Inductor keys every entry itself (graph, input metadata, configs, device properties and a hash of torch's own
+    source), so one folder per build tag only adds a second line of defence and lets a user wipe one torch's caches.
+    """
+    return build_root() / build_tag() / "inductor"
+
+
+def configure_compile_caches(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Point Inductor's caches at inductor_cache_dir() (unless the user set their own) and turn them on explicitly:
+    the default /tmp/torchinductor_$USER is shared by everyone on the machine and wiped on reboot. Returns what was set.
+    """
+    env = os.environ if env is None else env
+    wanted = {"TORCHINDUCTOR_CACHE_DIR": str(inductor_cache_dir()),
+              "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",  # on by default on 2.11–2.13; explicit so a changed default shows
+              "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+              "TORCHINDUCTOR_AUTOTUNE_LOCAL_CACHE": "1"}
+    applied = {}
+    for key, value in wanted.items():
+        if key not in env:
+            env[key] = value
+            applied[key] = value
+    return applied
+
+
+# Native builds and packages done (or found cached) in this process since the last take_build_events(): bench stores
+# them as `cache_<name>_hit` metrics, so a run's first-use cost says which artifact was rebuilt.
+_build_events: list[dict] = []
+
+
+def record_build(name: str, cache_hit: bool, seconds: float) -> None:
+    _build_events.append({"name": name, "cache_hit": bool(cache_hit), "seconds": float(seconds)})
+
+
+def take_build_events() -> list[dict]:
+    events = list(_build_events)
+    _build_events.clear()
+    return events
 
 
 def _ensure_ninja_on_path() -> str | None:
@@ -160,6 +208,8 @@ def load_custom_ops(with_cuda: bool | None = None, verbose: bool = False) -> str
     build_dir.mkdir(parents=True, exist_ok=True)
     with build_lock(name):
         (build_dir / "lock").unlink(missing_ok=True)  # a killed build's baton; we hold the real lock
+        before = _newest_library(build_dir, name)
+        start = time.perf_counter()
         try:
             path = cpp_extension.load(
                 name=name, sources=sources, extra_cflags=["-O3"], extra_cuda_cflags=["-O3"],
@@ -167,11 +217,20 @@ def load_custom_ops(with_cuda: bool | None = None, verbose: bool = False) -> str
         except (RuntimeError, subprocess.CalledProcessError, OSError, ImportError) as exc:
             raise NativeBuildError(f"building the modelab custom ops ({', '.join(Path(s).name for s in sources)}) "
                                    f"in {build_dir} failed:\n{_tail(str(exc))}") from exc
+        # cpp_extension rebuilds when a source or flag changed (and bumps name_v1, name_v2 …): a hit leaves the newest
+        # library as it was.
+        record_build(name, before is not None and before == _newest_library(build_dir, name),
+                     time.perf_counter() - start)
     _loaded_ops = str(path)
     from engine.native import ops
 
     ops.register_python_side()
     return _loaded_ops
+
+
+def _newest_library(build_dir: Path, name: str) -> tuple[str, int] | None:
+    found = [(p.stat().st_mtime_ns, p.name) for p in build_dir.glob(f"{name}*.so")]
+    return (max(found)[1], max(found)[0]) if found else None
 
 
 def _lib_dir() -> Path:
@@ -237,9 +296,11 @@ def _build_runner_with(cxx: str | None, verbose: bool) -> Path:
     folder = build_root() / build_tag() / f"aoti_runner-{key}"
     exe = folder / "aoti_runner"
     if exe.is_file() and os.access(exe, os.X_OK):
+        record_build("aoti_runner", True, 0.0)
         return exe
     with build_lock("aoti_runner"):
         if exe.is_file():
+            record_build("aoti_runner", True, 0.0)
             return exe
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f"aoti_runner.tmp{os.getpid()}"
@@ -257,4 +318,5 @@ def _build_runner_with(cxx: str | None, verbose: bool) -> Path:
                                    f"{' '.join(cmd)}\n{_tail(done.stderr or done.stdout)}")
         (folder / "build_command.txt").write_text(" ".join(cmd) + f"\n# {time.monotonic() - start:.1f} s\n")
         os.replace(tmp, exe)
+        record_build("aoti_runner", False, time.monotonic() - start)
     return exe

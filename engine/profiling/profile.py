@@ -5,7 +5,11 @@ For each phase (`train`: zero_grad → forward → loss → backward → Adam st
 compilation happen here, outside the profile), called `settle` more times, then run under torch.profiler with a
 wait/warm-up/active schedule (CPU activity, plus CUDA on a GPU; input shapes recorded). The trace of the active steps
 is written gzipped under the run's artifacts folder and analysed by engine.profiling.op_stats. With `deep`, the top-k
-kernels by device time are measured again by Nsight Compute (engine.profiling.ncu) in a subprocess.
+kernels by device time are measured again by Nsight Compute (engine.profiling.ncu) in a subprocess. After the
+profile, the same step is timed `unprofiled_iters` times without the profiler (metric `step_median_us`), so the
+explainer (engine.explain) can state what the profiler itself added. For a compiled mode, a child process then
+compiles the step once more under depyf (engine.profiling.compiled_code): the decompiled code, guards and kernels
+become artifacts of kind `depyf`.
 
 Every phase of the run sits in an NVTX range (first call, settle, each profiler step with its schedule state, and the
 step's forward / backward / optimizer_step from engine.bench), so an Nsight Systems timeline reads the same way.
@@ -23,12 +27,13 @@ from pathlib import Path
 import torch
 
 from engine import nvtx_ranges
-from engine.bench import _sync, _train_step_fn
+from engine.bench import _sync, mode_train_step
 from engine.envinfo import capture_env
 from engine.modes import Mode, Prepared, get_mode
-from engine.profiling import ncu
+from engine.profiling import compiled_code, ncu
 from engine.profiling.op_stats import analyze, load_trace
 from engine.store import Artifact, Metric, RunResult
+from engine.timing import time_fn
 from engine.workloads import Workload, get_workload
 
 Progress = Callable[[float, str], None]
@@ -48,6 +53,8 @@ class ProfileConfig:
     warmup: int = 2
     active: int = 5
     settle: int = 2  # plain calls after the first call and before the profiler (CUDA graph trees record here)
+    unprofiled_iters: int = 10  # then the step timed without the profiler (metric step_median_us)
+    depyf: bool = True  # compiled modes: dump what torch.compile produced, in a child (engine.profiling.compiled_code)
     record_shapes: bool = True
     deep: bool = False  # Nsight Compute on the top-k kernels (CUDA, with ncu on PATH)
     top_k: int = 5
@@ -59,7 +66,7 @@ class ProfileConfig:
     def validate(self) -> None:
         if not self.phases or any(p not in PHASES for p in self.phases):
             raise ValueError(f"phases must be a non-empty subset of {PHASES}, not {self.phases!r}")
-        if self.wait < 0 or self.warmup < 0 or self.active < 1 or self.settle < 0:
+        if self.wait < 0 or self.warmup < 0 or self.active < 1 or self.settle < 0 or self.unprofiled_iters < 1:
             raise ValueError("the schedule needs wait ≥ 0, warmup ≥ 0, active ≥ 1 and settle ≥ 0")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -91,8 +98,7 @@ def build_step(workload: Workload, mode: Mode, base_model: torch.nn.Module, phas
     if phase == "train":
         model = copy.deepcopy(base_model).train()
         prepared = mode.prepare(model, inputs, True)
-        step, _ = _train_step_fn(prepared.fn, model, workload, inputs, target, prepared.before_step)
-        return step, prepared
+        return mode_train_step(prepared, model, workload, inputs, target), prepared
     if phase != "infer":
         raise ValueError(f"unknown phase {phase!r}; use one of {PHASES}")
     model = copy.deepcopy(base_model).eval()
@@ -149,9 +155,11 @@ def profile_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, p
     lo, hi = frac
     batch_size = default_batch_size(workload, cfg.batch_size)
     tag = dict(phase=phase, batch_size=batch_size)
-    progress(lo, f"{phase} B={batch_size}: preparing {mode.name}")
+    progress(lo, f"{mode.name} {phase} B={batch_size}: preparing")
     with torch.set_grad_enabled(phase == "train"), nvtx_ranges.range(f"profile {mode.name} {phase} B={batch_size}"):
         step, prepared = build_step(workload, mode, base_model, phase, batch_size, device)
+        progress(lo + 0.05 * (hi - lo), f"{mode.name} {phase} B={batch_size}: first call"
+                 + (": compiling (or loading from the cache)" if mode.compiles else ""))
         with nvtx_ranges.range("first_call"):
             step()
             _sync(device)
@@ -164,6 +172,10 @@ def profile_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, p
             step, device, out_dir / f"trace-{phase}.json.gz", cfg,
             on_step=lambda i, n: progress(lo + (0.3 + 0.5 * (i + 1) / n) * (hi - lo),
                                           f"{phase} B={batch_size}: profiler step {i + 1}/{n}"))
+        # The same step without the profiler, in the same process and minutes: what the profiler itself costs.
+        progress(lo + 0.82 * (hi - lo), f"{phase} B={batch_size}: timing without the profiler")
+        with nvtx_ranges.range("unprofiled timing"):
+            plain = time_fn(step, device, warmup=0, iters=cfg.unprofiled_iters, first_call=False)
     progress(lo + 0.85 * (hi - lo), f"{phase} B={batch_size}: analysing the trace")
     analysis = analyze(load_trace(trace_path), phase)
     if device.startswith("cuda") and not analysis.has_device:
@@ -171,6 +183,7 @@ def profile_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, p
     result.notes.extend(f"{phase}: {n}" for n in analysis.notes)
     for name, value in analysis.metrics.items():
         result.metrics.append(Metric(name, float(value), UNITS.get(name, "us"), **tag))
+    result.metrics.append(Metric("step_median_us", plain.stats.median, "us", **tag))
     result.artifacts.append(Artifact(kind="chrome_trace", name=trace_path.name, path=str(trace_path)))
     result.op_stats.extend(analysis.op_stats)
     for note in prepared.notes:
@@ -229,6 +242,13 @@ def profile_mode(cfg: ProfileConfig, progress: Progress = lambda f, msg: None) -
         if cfg.deep:
             progress(span[0] + 0.9 * (span[1] - span[0]), f"{phase}: Nsight Compute on the top-{cfg.top_k} kernels")
             deep_profile(cfg, phase, rows, out_dir, result, default_batch_size(workload, cfg.batch_size))
+    if mode.compiles and cfg.depyf:  # after every timed and profiled call: depyf slows a process's compiled code
+        for phase in phases:
+            progress(0.97, f"{mode.name} {phase}: writing what torch.compile produced (depyf, in a child process)")
+            files = compiled_code.dump_in_child(cfg.workload, mode.name, cfg.device, phase,
+                                                default_batch_size(workload, cfg.batch_size),
+                                                out_dir / f"depyf-{phase}", result.notes)
+            result.artifacts += [Artifact(kind="depyf", name=f"depyf-{phase}/{f.name}", path=str(f)) for f in files]
     progress(1.0, "done")
     return result
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -49,3 +51,40 @@ WORKLOAD = Workload(
     default_batch_sizes=(1, 64, 1024),
     default_train_batch_sizes=(64,),
 )
+
+
+# -- what one step must do, analytically (the explainer's floor: engine/explain.py) ---------------------------------
+@dataclass(frozen=True)
+class StepCost:
+    flops: float  # matmul FLOPs (2 per multiply-add); bias, ReLU, loss and Adam arithmetic are left out (tiny)
+    bytes: float  # bytes that must cross memory at least once (reads + writes), fp32
+    notes: tuple[str, ...] = ()
+
+
+def n_parameters(n_features: int = N_FEATURES, hidden: int = HIDDEN) -> int:
+    return (n_features * hidden + hidden) + (hidden * hidden + hidden) + (hidden + 1)
+
+
+def step_cost(batch_size: int, phase: str, n_features: int = N_FEATURES, hidden: int = HIDDEN) -> StepCost:
+    """FLOPs and compulsory bytes of one step of the 5→256→256→1 MLP at `batch_size`.
+
+    infer: the forward's matmuls, 2·B·Σ(in·out); bytes: the weights read once, the input read, the output written.
+    train: forward + the weight gradients (2·B·Σ(in·out) again) + the input gradients of layers 2 and 3 (layer 1's
+    input needs none); bytes: Adam reads the parameters and both moments and writes all three back (6 × 4 bytes per
+    parameter), plus the input and target. Activations and gradients are assumed to stay on chip — true for a fully
+    fused step (at B=64 they are 64 KiB) — so this is a floor, not what any mode moves.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    layers = [(n_features, hidden), (hidden, hidden), (hidden, 1)]
+    forward = 2.0 * batch_size * sum(i * o for i, o in layers)
+    params = n_parameters(n_features, hidden)
+    io = 4.0 * batch_size * (n_features + 1)  # input rows and one output (or target) per row
+    if phase == "infer":
+        return StepCost(forward, 4.0 * params + io, ("infer: weights read once, input read, output written",))
+    if phase == "train":
+        flops = forward + forward + 2.0 * batch_size * sum(i * o for i, o in layers[1:])
+        return StepCost(flops, 6 * 4.0 * params + io,
+                        ("train: Adam reads and writes parameters, exp_avg, exp_avg_sq (6 × 4 B per parameter); "
+                         "activations and gradients assumed on chip",))
+    raise ValueError(f"unknown phase {phase!r}; use infer or train")

@@ -108,13 +108,14 @@ def test_nvtx_ranges_label_every_phase(tmp_path, monkeypatch):
 
     monkeypatch.setattr(nvtx_ranges, "range", record)
     profile_mode(ProfileConfig(mode="eager", phases=("train", "infer"), wait=1, warmup=1, active=1, settle=1,
-                               artifacts_dir=str(tmp_path)))
+                               unprofiled_iters=2, artifacts_dir=str(tmp_path)))
     assert names[:2] == ["profile eager train B=64", "first_call"]
     for expected in ("settle", "profiler step 0 (wait)", "profiler step 1 (warmup)", "profiler step 2 (active)",
-                     "forward", "backward", "optimizer_step", "profile eager infer B=64"):
+                     "unprofiled timing", "forward", "backward", "optimizer_step", "profile eager infer B=64"):
         assert expected in names, expected
-    assert names.count("backward") == 1 + 1 + 3  # train only: first call, settle, three scheduled steps
-    assert names.count("forward") == 2 * 5
+    # train only: first call, settle, three scheduled steps, two timed without the profiler
+    assert names.count("backward") == 1 + 1 + 3 + 2
+    assert names.count("forward") == 2 * 7
 
 
 @pytest.mark.filterwarnings("ignore:Warning. Profiler clears events")

@@ -1,0 +1,37 @@
+"""`python -m engine explain RUN_A RUN_B`: why one mode's step is slower than another's (engine.explain).
+
+    python -m engine explain 12 15                      # bench and/or profile runs; the common phase and batch
+    python -m engine explain 12 15 --phase infer --batch-size 64 [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from engine.cli import CliError, _positive_int, _store
+
+
+def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser("explain", help="why is mode X slower than mode Y: each step split into compute, launches, "
+                       "framework overhead, guards and idle time, and its distance to the device's floor")
+    p.add_argument("run_a", type=int, help="a bench or profile run")
+    p.add_argument("run_b", type=int, help="another bench or profile run of the same workload")
+    p.add_argument("--phase", choices=["train", "infer"], default=None,
+                   help="default: train if both runs measured it, else infer")
+    p.add_argument("--batch-size", type=_positive_int, default=None, help="default: the common batch closest to 64")
+    p.add_argument("--json", action="store_true", help="print the explanation as JSON")
+    common(p)
+    p.set_defaults(func=cmd_explain)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from engine.explain import ExplainError, explain, render, to_json
+
+    store = _store(args)
+    try:
+        result = explain(store, args.run_a, args.run_b, args.phase, args.batch_size)
+    except ExplainError as exc:
+        raise CliError(str(exc)) from exc
+    print(to_json(result) if args.json else render(result))
+    return 0
