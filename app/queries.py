@@ -20,7 +20,9 @@ STAT_COLUMNS = """
     max(CASE WHEN m.name = 'graph_breaks' THEN m.value END) AS graph_breaks,
     max(CASE WHEN m.name = 'native_median' THEN m.value END) AS native_median_us,
     max(CASE WHEN m.name = 'native_p10' THEN m.value END) AS native_p10_us,
-    max(CASE WHEN m.name = 'native_p90' THEN m.value END) AS native_p90_us
+    max(CASE WHEN m.name = 'native_p90' THEN m.value END) AS native_p90_us,
+    max(CASE WHEN m.name = 'loop_median' THEN m.value END) AS loop_median_us,
+    max(CASE WHEN m.name = 'loop_block' THEN m.value END) AS loop_block
 """
 
 

@@ -13,12 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from engine import nvtx_ranges
+from engine.caches import cache_metrics, counter_snapshot
 from engine.envinfo import capture_env
-from engine.modes import Mode, get_mode
+from engine.modes import Mode, Prepared, get_mode
+from engine.native.build import take_build_events
+from engine.modes.base import TRAIN_LR
 from engine.store import Artifact, Metric, RunResult, Samples
-from engine.timing import time_first_call, time_fn
+from engine.timing import time_blocks, time_first_call, time_fn
 from engine.workloads import Workload, get_workload
 
 Progress = Callable[[float, str], None]
@@ -39,6 +43,11 @@ class BenchConfig:
     train_batch_sizes: tuple[int, ...] | None = None
     warmup: int = 10
     iters: int = 100
+    # Also time blocks of back-to-back calls (engine.timing.time_blocks: metrics loop_*); None: on CUDA only, where
+    # per-call events add the host's event cost to every launch-bound sample.
+    loop: bool | None = None
+    loop_block: int = 20
+    loop_reps: int = 25
     artifacts_dir: str | None = None
     extra: dict = field(default_factory=dict)
 
@@ -72,7 +81,7 @@ def _sync(device: str) -> None:
 
 def _train_step_fn(fn: Callable, model: torch.nn.Module, workload: Workload, inputs: tuple, target: torch.Tensor,
                    before_step: Callable | None) -> tuple[Callable[[], torch.Tensor], torch.optim.Optimizer]:
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=TRAIN_LR)
 
     def step() -> torch.Tensor:
         if before_step:
@@ -89,14 +98,41 @@ def _train_step_fn(fn: Callable, model: torch.nn.Module, workload: Workload, inp
     return step, optimizer
 
 
+def mode_train_step(prepared: Prepared, model: torch.nn.Module, workload: Workload, inputs: tuple,
+                    target: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """One training step of a prepared mode: its own whole step where it has one, else bench's Adam step around fn."""
+    if prepared.train_step is None:
+        return _train_step_fn(prepared.fn, model, workload, inputs, target, prepared.before_step)[0]
+    owned = prepared.train_step
+    if workload.loss_fn is not F.mse_loss:  # the owned steps compute MSE in their own kernels
+        raise ValueError(f"this mode's training step computes an MSE loss; workload {workload.name} uses "
+                         f"{getattr(workload.loss_fn, '__name__', workload.loss_fn)}")
+
+    def step() -> torch.Tensor:
+        if prepared.before_step:
+            prepared.before_step()
+        with nvtx_ranges.range("train_step"):
+            return owned(inputs, target)
+
+    return step
+
+
+def _first_call_message(mode: Mode, phase: str, batch_size: int) -> str:
+    what = "first call: compiling (or loading from the cache)" if mode.compiles else "first call"
+    return f"{mode.name} {phase} B={batch_size}: {what}"
+
+
 def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, phase: str, batch_size: int,
                 cfg: BenchConfig, result: RunResult, progress: Progress, frac: tuple[float, float]) -> None:
     device = cfg.device
     inputs, target = workload.make_batch(batch_size, device)
     lo, hi = frac
-    progress(lo, f"{phase} B={batch_size}: preparing {mode.name}")
+    progress(lo, f"{mode.name} {phase} B={batch_size}: preparing" + (" (export + compile unless cached)"
+                                                                      if mode.name == "aoti" else ""))
     tag = dict(phase=phase, batch_size=batch_size)
     graphs_before, breaks_before = _dynamo_counts()
+    caches_before = counter_snapshot()
+    take_build_events()  # start this phase with an empty record of native builds
 
     if phase == "infer":
         reference_model = copy.deepcopy(base_model).eval()
@@ -110,6 +146,7 @@ def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, pha
                     prepared.before_step()
                 return prepared.fn(*inputs)
 
+            progress(lo + 0.05 * (hi - lo), _first_call_message(mode, phase, batch_size))
             with nvtx_ranges.range(f"first_call {phase} B={batch_size}"):
                 first_out: list[torch.Tensor] = []
                 first_us = time_first_call(lambda: first_out.append(call().clone()), device)
@@ -125,7 +162,8 @@ def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, pha
         ref_step, _ = _train_step_fn(reference_model, reference_model, workload, inputs, target, None)
         expected_loss = ref_step().detach()
         prepared = mode.prepare(model, inputs, True)
-        step, _ = _train_step_fn(prepared.fn, model, workload, inputs, target, prepared.before_step)
+        step = mode_train_step(prepared, model, workload, inputs, target)
+        progress(lo + 0.05 * (hi - lo), _first_call_message(mode, phase, batch_size))
         with nvtx_ranges.range(f"first_call {phase} B={batch_size}"):
             losses: list[torch.Tensor] = []
             first_us = time_first_call(lambda: losses.append(step().detach().clone()), device)
@@ -137,11 +175,21 @@ def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, pha
         progress(lo + 0.2 * (hi - lo), f"{phase} B={batch_size}: timing")
         with nvtx_ranges.range(f"timed {phase} B={batch_size}"):
             m = time_fn(step, device, warmup=cfg.warmup, iters=cfg.iters, first_call=False)
+    loop = cfg.loop if cfg.loop is not None else device.startswith("cuda")
+    if loop:
+        with torch.set_grad_enabled(phase == "train"), nvtx_ranges.range(f"timed blocks {phase} B={batch_size}"):
+            blocks = time_blocks(call if phase == "infer" else step, device, block=cfg.loop_block,
+                                 reps=cfg.loop_reps)
     _sync(device)
     extra: list[Metric] = []
+    if loop:
+        bstats = blocks.stats
+        for name in ("median", "p10", "p90"):
+            extra.append(Metric(f"loop_{name}", getattr(bstats, name), "us"))
+        extra.append(Metric("loop_block", float(cfg.loop_block), "calls"))
     if prepared.extra_metrics:  # e.g. aoti's native runner: timed after, so the two never share the machine
         progress(lo + 0.8 * (hi - lo), f"{phase} B={batch_size}: extra metrics")
-        extra = prepared.extra_metrics(warmup=cfg.warmup, iters=cfg.iters, rtol=workload.rtol, atol=workload.atol)
+        extra += prepared.extra_metrics(warmup=cfg.warmup, iters=cfg.iters, rtol=workload.rtol, atol=workload.atol)
 
     stats = m.stats
     result.samples.append(Samples(phase=phase, batch_size=batch_size, values=m.samples_us, unit="us"))
@@ -152,6 +200,8 @@ def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, pha
     result.metrics.append(Metric("max_rel_err", max_rel, "", **tag))
     result.metrics.append(Metric("throughput", batch_size / (stats.median * 1e-6), "samples/s", **tag))
     for metric in extra:
+        result.metrics.append(Metric(metric.name, metric.value, metric.unit, **tag))
+    for metric in cache_metrics(caches_before, counter_snapshot(), take_build_events()):
         result.metrics.append(Metric(metric.name, metric.value, metric.unit, **tag))
     if mode.compiles:
         graphs_after, breaks_after = _dynamo_counts()

@@ -13,7 +13,8 @@ from engine.store import Store, StoreError, default_db_path
 
 
 # Modules that contribute subcommands (profiling, IR, …); each defines add_commands(subparsers, add_common_args).
-COMMAND_MODULES: list[str] = ["engine.profiling.cli", "engine.ir.cli", "engine.levels.cli"]
+COMMAND_MODULES: list[str] = ["engine.profiling.cli", "engine.ir.cli", "engine.levels.cli", "engine.llm.cli",
+                               "engine.explain_cli"]
 
 
 class CliError(Exception):
@@ -78,6 +79,34 @@ def _device(text: str) -> str:
     raise argparse.ArgumentTypeError(f"{text!r} is not a device; use cpu, cuda or cuda:N")
 
 
+def _devices(text: str) -> str:
+    """One device, a comma list (cuda:0,cuda:1 — or cpu:0,cpu:1, two lanes on the CPU) or cuda:all."""
+    parts = [p.strip().lower() for p in text.split(",") if p.strip()]
+    if parts == ["cuda:all"]:
+        return "cuda:all"
+    for part in parts:
+        if not (part.startswith("cpu:") and part[4:].isdigit()):
+            _device(part)
+    if not parts or len(set(parts)) != len(parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: name each device once, e.g. cuda:0,cuda:1 or cuda:all")
+    return ",".join(parts)
+
+
+def expand_devices(spec: str) -> list[str]:
+    """The devices of a --device value, checked: 'cuda:all' becomes every visible GPU."""
+    if spec == "cuda:all":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise CliError("--device cuda:all: torch sees no CUDA device on this machine")
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    devices = spec.split(",")
+    for device in devices:
+        if not device.startswith("cpu"):
+            check_device(device)
+    return devices
+
+
 def check_device(device: str) -> None:
     if device == "cpu":
         return
@@ -103,14 +132,59 @@ def _store(args: argparse.Namespace) -> Store:
     return store
 
 
+def add_model_args(p: argparse.ArgumentParser, *, seed: bool = True) -> None:
+    """--model (your own nn.Module by import path), --inputs, --model-path (and --seed): see
+    engine/workloads/user_model.py."""
+    g = p.add_argument_group("your own model (instead of --workload)")
+    g.add_argument("--model", default=None, metavar="MODULE:FACTORY[:INPUTS_FN]",
+                   help="an nn.Module factory by import path, e.g. my_pkg.models:make_model, or a built-in example "
+                        "such as transformers:gpt2-tiny or lab:llama (`python -m engine ir --list`)")
+    g.add_argument("--inputs", default=None, metavar="SPEC",
+                   help="its example inputs: 'float32[B,16];int64[B,32]@0-1000' (B: the batch dimension; integer "
+                        "inputs need @low-high, high exclusive)")
+    g.add_argument("--model-path", default=None, metavar="DIR",
+                   help="folder put first on the Python path to import --model (default: the current directory)")
+    if seed:
+        g.add_argument("--seed", type=int, default=0, help="seed of --model's weights and inputs (default 0)")
+
+
+def user_model(args: argparse.Namespace, *, probe: bool = True):
+    """The --model of these arguments registered as a workload (engine.workloads.user_model.Prepared), or None.
+    Imports the user's module and, with probe, runs one forward: a bad model is one line (CliError) here."""
+    if not getattr(args, "model", None):
+        if getattr(args, "inputs", None):
+            raise CliError("--inputs needs --model (the lab's workloads bring their own inputs)")
+        return None
+    from engine.workloads.user_model import UserModelError, build_inputs, register, spec_from_args
+
+    sizes = [*(getattr(args, "batch_sizes", None) or ()), *(getattr(args, "train_batch_sizes", None) or ()),
+             *([args.batch_size] if getattr(args, "batch_size", None) else [])]
+    try:
+        prepared = register(spec_from_args(args), probe=probe)
+        for size in dict.fromkeys(sizes):  # fixed-shape inputs take only their own batch size
+            build_inputs(prepared.resolved, size, "meta")
+    except UserModelError as exc:
+        raise CliError(f"--model {args.model}: {exc}") from exc
+    for note in prepared.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return prepared
+
+
 class _Bars:
     """One tqdm bar per run, fed by the supervisor's progress callback."""
 
     def __init__(self, labels: dict[int, str]):
+        import threading
+
         self.labels = labels
         self.bars: dict[int, object] = {}
+        self.lock = threading.Lock()  # sweeps over several devices report from one thread per device
 
     def __call__(self, run_id: int, frac: float, message: str) -> None:
+        with self.lock:
+            self._update(run_id, frac, message)
+
+    def _update(self, run_id: int, frac: float, message: str) -> None:
         from tqdm import tqdm
 
         if not sys.stderr.isatty():  # logs and CI get one line per finished run, not carriage-return noise
@@ -129,15 +203,18 @@ class _Bars:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from engine.jobs import JobSpec, create_runs, run_jobs
+    from engine.jobs import JobSpec, create_runs, run_jobs, run_jobs_spread, spread
     from engine.modes import resolve_modes
     from engine.workloads import get_workload
 
+    if args.model and args.workload:
+        raise CliError("give --workload or --model, not both")
     try:
-        get_workload(args.workload)
+        get_workload(args.workload or "house_price")
     except ValueError as exc:
         raise CliError(str(exc)) from exc
-    check_device(args.device)
+    devices = expand_devices(args.device)
+    args.device = devices[0]  # availability is the same on every device of a sweep (one host, one kind)
     try:
         modes, skipped = resolve_modes(args.mode, args.device)
     except ValueError as exc:
@@ -146,17 +223,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise CliError("; ".join(f"mode {m} is not available on {args.device}: {r}" for m, r in skipped.items()))
     for name, reason in skipped.items():
         print(f"skipping {name}: {reason}", file=sys.stderr)
+    mine = user_model(args)  # your own model: imported and run once here, so a bad one fails before any run
+    workload = mine.workload.name if mine else args.workload or "house_price"
     store = _store(args)
-    params = {"workload": args.workload, "device": args.device, "phases": list(args.phases), "warmup": args.warmup,
-              "iters": args.iters}
+    params = {"workload": workload, "device": args.device, "phases": list(args.phases), "warmup": args.warmup,
+              "iters": args.iters, **(mine.resolved.spec.params() if mine else {})}
     if args.batch_sizes:
         params["batch_sizes"] = list(args.batch_sizes)
     if args.train_batch_sizes:
         params["train_batch_sizes"] = list(args.train_batch_sizes)
-    specs = [JobSpec("bench", args.workload, m.name, args.device, {**params, "mode": m.name}, timeout_s=args.timeout)
-             for m in modes]
+    if args.loop != "auto":
+        params["loop"] = args.loop == "on"
+    lanes = spread(devices, len(modes))
+    target = "engine.workloads.user_model:bench_job" if mine else None
+    specs = [JobSpec("bench", workload, m.name, d, {**params, "mode": m.name, "device": d}, target=target,
+                     timeout_s=args.timeout) for m, d in zip(modes, lanes)]
     ids = create_runs(store, specs, group_id=uuid.uuid4().hex[:12])
-    statuses = run_jobs(store, ids, _Bars({i: f"bench {m.name}" for i, m in zip(ids, modes)}))
+    bars = _Bars({i: f"bench {m.name}" + (f" {d}" if len(devices) > 1 else "") for i, m, d in zip(ids, modes, lanes)})
+    statuses = (run_jobs_spread if len(devices) > 1 else run_jobs)(store, ids, bars)
     print_bench_table(store, ids)
     for run_id, status in statuses.items():
         if status != "ok":
@@ -333,9 +417,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--db", default=None, help=f"results database (default: $RESULTS_DB or {default_db_path()})")
 
     p = sub.add_parser("bench", help="benchmark execution modes (each in a worker process)")
-    p.add_argument("--workload", default="house_price")
+    p.add_argument("--workload", default=None, help="a lab workload (default: house_price); or see --model")
     p.add_argument("--mode", default="all", help="'all' or a comma list, e.g. eager,fx,compile (default: all)")
-    p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    p.add_argument("--device", type=_devices, default="cpu", help="cpu, cuda or cuda:N; several (cuda:0,cuda:1 or "
+                   "cuda:all) spread the runs over them, one timing run per device at a time (default: cpu)")
     p.add_argument("--phases", type=_phases, default=("infer", "train"),
                    help="infer,train (default: both)")
     p.add_argument("--batch-sizes", type=_positive_ints, default=None,
@@ -344,8 +429,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training-step batch sizes (default: 64)")
     p.add_argument("--iters", type=_positive_int, default=100, help="timed iterations (default: 100)")
     p.add_argument("--warmup", type=_non_negative_int, default=10, help="untimed warm-up iterations (default: 10)")
+    p.add_argument("--loop", choices=("auto", "on", "off"), default="auto",
+                   help="also time blocks of 20 back-to-back calls, one event pair per block (metrics loop_*): "
+                        "the step time a loop sees without per-call event cost (default: auto = on CUDA only)")
     p.add_argument("--timeout", type=_positive_float, default=1800, help="seconds before a run counts as hung")
     common(p)
+    add_model_args(p)
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("train", help="train the house-price model in one mode and save its weights")
@@ -419,6 +508,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except StoreError as exc:  # e.g. a damaged results.duckdb, found by any command's first read: one line
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -35,7 +35,7 @@ from engine.store import REPO_ROOT, Artifact, RunResult, Store
 
 TARGETS = {"bench": "engine.bench:bench_job", "train": "engine.train:train_job",
            "profile": "engine.profiling.profile:profile_job", "ceilings": "engine.ceilings:ceilings_job",
-           "levels": "engine.levels.run:levels_job"}
+           "levels": "engine.levels.run:levels_job", "llm": "engine.llm.run:llm_job"}
 DEFAULT_TIMEOUT_S = 1800.0
 OnProgress = Callable[[int, float, str], None]
 
@@ -273,6 +273,41 @@ def run_jobs(store: Store, run_ids: Sequence[int], on_progress: OnProgress | Non
             store.fail_run(run_id, f"supervisor error: {type(exc).__name__}: {exc}")
             statuses[run_id] = "failed"
     return statuses
+
+
+def run_jobs_spread(store: Store, run_ids: Sequence[int], on_progress: OnProgress | None = None) -> dict[int, str]:
+    """Supervise runs on several devices at once: one thread per device, each taking its device's runs in order.
+    The per-device lock still holds, so two timing runs never share a device; runs on one device behave exactly as
+    under run_jobs."""
+    store.set_owner(run_ids, os.getpid())
+    by_device: dict[str, list[int]] = {}
+    for run_id in run_ids:
+        run = store.run(run_id)
+        by_device.setdefault(run["device"] if run else "?", []).append(run_id)
+    statuses: dict[int, str] = {}
+    lock = threading.Lock()
+
+    def lane(ids: list[int]) -> None:
+        for run_id in ids:
+            try:
+                status = run_one(store, run_id, on_progress)
+            except Exception as exc:  # the supervisor must leave no run behind in 'running'
+                store.fail_run(run_id, f"supervisor error: {type(exc).__name__}: {exc}")
+                status = "failed"
+            with lock:
+                statuses[run_id] = status
+
+    threads = [threading.Thread(target=lane, args=(ids,), name=f"lane-{device}") for device, ids in by_device.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {run_id: statuses.get(run_id, "failed") for run_id in run_ids}
+
+
+def spread(devices: Sequence[str], count: int) -> list[str]:
+    """Round-robin device assignment for `count` runs of a sweep."""
+    return [devices[i % len(devices)] for i in range(count)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

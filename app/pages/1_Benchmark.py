@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,15 +14,17 @@ if str(ROOT) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from app import charts, queries  # noqa: E402
+from app import charts, explain_view, queries  # noqa: E402
 from app.common import (  # noqa: E402
-    device_info, first_line, flash, fmt_time, fmt_us, get_store, page_header, parse_batch_sizes, show_flash, submit,
-    watch_active_runs,
+    device_info, first_line, flash, fmt_time, fmt_us, get_store, model_field, page_header, parse_batch_sizes,
+    show_flash, submit, watch_active_runs,
 )
+from engine.explain import first_use as first_use_caches  # noqa: E402
 from engine.jobs import JobSpec  # noqa: E402
 from engine.modes import MODES  # noqa: E402
 from engine.report import with_speedup  # noqa: E402
 from engine.workloads import get_workload  # noqa: E402
+from engine.workloads.user_model import BENCH_TARGET  # noqa: E402
 
 WORKLOAD = "house_price"
 PHASE_LABELS = {"infer": "Inference (forward, no_grad)", "train": "Training step (fwd + bwd + Adam)"}
@@ -31,6 +34,17 @@ store = get_store()
 info = device_info()
 workload = get_workload(WORKLOAD)
 mode_names = list(MODES)
+with st.sidebar:
+    st.header("Model")
+    mine = model_field("bench", st.sidebar)  # your own model by import path; empty: the lab's house-price model
+    st.caption("Empty: the lab's house-price MLP." if mine is None else
+               (mine.description if mine.ok else "Runs are off until the model checks out."))
+if mine is not None:
+    WORKLOAD = mine.spec.name  # results are stored (and charted) under the model's name
+    if mine.ok:  # the page reads only the name, description and default batch sizes of the workload
+        workload = replace(workload, name=WORKLOAD, description=mine.description,
+                           default_batch_sizes=tuple(mine.batch_sizes),
+                           default_train_batch_sizes=tuple(mine.train_batch_sizes))
 
 page_header("Benchmark", f"{workload.description} Each card times one execution mode against eager; "
             "charts read every result from the store.")
@@ -62,10 +76,11 @@ with st.expander("Run settings", expanded=False):
     warmup = int(c2.number_input("Warm-up calls", min_value=0, max_value=10_000, value=10, step=1, key="warmup"))
     phases = c3.multiselect("Phases", ["infer", "train"], default=["infer", "train"], key="phases")
     c4, c5 = st.columns(2)
+    per_model = "" if mine is None else f"-{WORKLOAD}"  # another model starts from its own defaults
     infer_text = c4.text_input("Inference batch sizes", ", ".join(map(str, workload.default_batch_sizes)),
-                               key="batch_text", help="Whole numbers separated by commas or spaces.")
+                               key=f"batch_text{per_model}", help="Whole numbers separated by commas or spaces.")
     train_text = c5.text_input("Training batch sizes", ", ".join(map(str, workload.default_train_batch_sizes)),
-                               key="train_batch_text")
+                               key=f"train_batch_text{per_model}")
     parsed: dict[str, list[int]] = {}
     for name, label, text in (("batch_sizes", "Inference batch sizes", infer_text),
                               ("train_batch_sizes", "Training batch sizes", train_text)):
@@ -75,15 +90,19 @@ with st.expander("Run settings", expanded=False):
             settings_errors.append(f"{label}: {exc}")
     if not phases:
         settings_errors.append("Pick at least one phase to benchmark.")
+if mine is not None and not mine.ok:
+    settings_errors.append(f"Your model cannot run: {first_line(mine.error)}")
 for message in settings_errors:  # outside the expander, so a collapsed expander cannot hide why buttons are off
     st.error(message, icon=":material/error:")
 settings_ok = not settings_errors
 params: dict[str, Any] = {"workload": WORKLOAD, "device": device, "phases": phases, "warmup": warmup, "iters": iters,
-                          **parsed}
+                          **parsed, **(mine.spec.params() if mine is not None else {})}
 
 
 def queue_runs(modes: list[str], device: str, params: dict[str, Any]) -> None:
-    specs = [JobSpec("bench", WORKLOAD, m, device, {**params, "mode": m, "device": device}) for m in modes]
+    target = BENCH_TARGET if params.get("model") else None  # a user model is imported by the worker, not here
+    specs = [JobSpec("bench", params["workload"], m, device, {**params, "mode": m, "device": device}, target=target)
+             for m in modes]
     group = uuid.uuid4().hex[:12] if len(specs) > 1 else None
     ids = submit(specs, group_id=group)
     if ids:
@@ -115,6 +134,7 @@ summary = queries.latest_summary(store, WORKLOAD, device, phase, batch) if batch
 summary = with_speedup(summary) if summary is not None and not summary.empty else None
 by_mode = {row["mode"]: row for row in summary.to_dict("records")} if summary is not None else {}
 notes = queries.latest_notes(store, WORKLOAD, device)
+first_use = first_use_caches(store, [r["run_id"] for r in by_mode.values()], phase, batch) if by_mode else {}
 
 for start in range(0, len(mode_names), 3):
     for col, name in zip(st.columns(3), mode_names[start:start + 3]):
@@ -131,6 +151,13 @@ for start in range(0, len(mode_names), 3):
                           delta_color="off", delta_arrow="off")
                 st.caption(f"p10–p90 {fmt_us(row['p10_us'])} – {fmt_us(row['p90_us'])} · first call "
                            f"{fmt_us(row['first_call_us'])} · run #{row['run_id']} · {fmt_time(row['finished_at'])}")
+                loop_us = row.get("loop_median_us")
+                if loop_us is not None and loop_us == loop_us:  # NaN where the run timed per call only
+                    st.caption(f"In a loop: {fmt_us(loop_us)} per call (median of blocks of "
+                               f"{int(row['loop_block'])} back-to-back calls, one event pair per block, so no "
+                               "per-call event cost)")
+                if first_use.get(row["run_id"]):  # which compiled artifacts the first call found cached
+                    st.caption(f"First call: {first_use[row['run_id']]}")
                 native = row.get("native_median_us")
                 if native is not None and native == native:  # NaN where the mode has no native runner
                     gap = row["median_us"] - native
@@ -177,6 +204,10 @@ with st.container(border=True, key="charts"):
         if show_history:
             past = queries.history(store, WORKLOAD, device, phase, batch)
             st.plotly_chart(charts.history_line(past, mode_names), key="chart-history")
+
+# -- why is X slower than Y? (engine.explain; the view is app/explain_view.py) ------------------------------------
+with st.container(border=True, key="explain"):
+    explain_view.section(store, WORKLOAD, device, phase, batch, mode_names)
 
 # -- failures -------------------------------------------------------------------------------------------------------
 failed = store.runs(kind="bench", status=["failed"], limit=10)

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from engine.cli import CliError, _Bars, _device, _non_negative_int, _positive_float, _positive_int, _store, \
-    check_device
+from engine.cli import CliError, _Bars, _devices, _non_negative_int, _positive_float, _positive_int, _store, \
+    expand_devices
 from engine.store import Store
 
 
@@ -28,7 +28,8 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
                    "L3-compile,L4-triton,L5-cuda (or 1–5)")
     p.add_argument("--shape", default=None, help="a shape name or a comma list (default: every shape meant for "
                    "the device: small ones on CPU, real ones on CUDA)")
-    p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    p.add_argument("--device", type=_devices, default="cpu", help="cpu, cuda or cuda:N; several (cuda:0,cuda:1 or "
+                   "cuda:all) spread the runs over them (default: cpu)")
     p.add_argument("--iters", type=_positive_int, default=30, help="timed calls (default: 30)")
     p.add_argument("--warmup", type=_non_negative_int, default=5, help="untimed calls first (default: 5)")
     p.add_argument("--timeout", type=_positive_float, default=1200, help="seconds before a run counts as hung")
@@ -76,20 +77,23 @@ def cmd_levels(args: argparse.Namespace) -> int:
     if args.list:
         print_catalogue()
         return 0
-    from engine.jobs import JobSpec, create_runs, run_jobs
+    from engine.jobs import JobSpec, create_runs, run_jobs, run_jobs_spread, spread
 
-    check_device(args.device)
+    devices = expand_devices(args.device)
+    args.device = devices[0]
     plan, notes = _plan(args)
     for note in notes:
         print(note, file=sys.stderr)
     store = _store(args)
-    specs = [JobSpec("levels", component, level, args.device,
-                     {"component": component, "shape": shape, "level": level, "device": args.device,
+    lanes = spread(devices, len(plan))
+    specs = [JobSpec("levels", component, level, device,
+                     {"component": component, "shape": shape, "level": level, "device": device,
                       "iters": args.iters, "warmup": args.warmup}, timeout_s=args.timeout)
-             for component, shape, level in plan]
+             for (component, shape, level), device in zip(plan, lanes)]
     ids = create_runs(store, specs, group_id=uuid.uuid4().hex[:12])
-    labels = {i: f"{c[:12]} {s} {lv}" for i, (c, s, lv) in zip(ids, plan)}
-    statuses = run_jobs(store, ids, _Bars(labels))
+    labels = {i: f"{c[:12]} {s} {lv}" + (f" {d}" if len(devices) > 1 else "")
+              for i, (c, s, lv), d in zip(ids, plan, lanes)}
+    statuses = (run_jobs_spread if len(devices) > 1 else run_jobs)(store, ids, _Bars(labels))
     frame = levels_table(store, ids)
     if not frame.empty:
         print()

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from engine.timing import Measurement, summarize, time_first_call, time_fn
+from engine.timing import Measurement, summarize, time_blocks, time_first_call, time_fn
 
 
 def test_summarize_one_to_hundred_uses_linear_percentiles():
@@ -129,3 +129,30 @@ def test_time_fn_rejects_zero_iters():
 
 def test_time_first_call_measures_wall_time():
     assert time_first_call(lambda: time.sleep(0.02), "cpu") >= 20_000
+
+
+def test_time_blocks_divides_each_block_by_its_calls():
+    fn = Counter()
+    m = time_blocks(lambda: (fn(), time.sleep(0.002)), "cpu", block=5, reps=3)
+    assert fn.calls == 15  # no warm-up or first call of its own: the caller has already warmed up
+    assert len(m.samples_us) == 3
+    assert all(2_000 <= v < 40_000 for v in m.samples_us)  # per call, not per block of five (≥ 10 ms)
+    assert math.isnan(m.first_call_us)
+
+
+def test_time_blocks_rejects_empty_blocks():
+    with pytest.raises(ValueError, match="block"):
+        time_blocks(lambda: None, "cpu", block=0)
+
+
+def test_bench_records_loop_metrics_when_asked():
+    from engine.bench import BenchConfig, bench_mode
+
+    result = bench_mode(BenchConfig(mode="eager", batch_sizes=(4,), train_batch_sizes=(8,), warmup=1, iters=3,
+                                    loop=True, loop_block=4, loop_reps=3))
+    got = {(m.name, m.phase): m.value for m in result.metrics if m.name.startswith("loop_")}
+    for phase in ("infer", "train"):
+        assert got[("loop_block", phase)] == 4
+        assert 0 < got[("loop_p10", phase)] <= got[("loop_median", phase)] <= got[("loop_p90", phase)]
+    off = bench_mode(BenchConfig(mode="eager", phases=("infer",), batch_sizes=(4,), warmup=0, iters=2))
+    assert not [m for m in off.metrics if m.name.startswith("loop_")]  # CPU default: per-call timing only

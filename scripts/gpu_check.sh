@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One device-machine call: the GPU-only tests of the newer parts, then the figures the issues ask for.
+# Usage (from the repository root, on the GPU machine): scripts/gpu_check.sh PART [OUT]
+#   PART = tests | mlp | llm7b | bench-all | llm1b-all        OUT (default $OUT or /tmp/out): logs and the store
+# Carries duckdb/nvtx as wheels in .whl/ when the machine lacks them (see the device README).
+set -uo pipefail
+part=${1:?part}; out=${2:-${OUT:-/tmp/out}}; mkdir -p "$out"
+if ! python3 -c "import duckdb" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export RESULTS_DB="$out/gpu.duckdb" ARTIFACTS_DIR=/tmp/art MODELAB_BUILD_DIR=${MODELAB_BUILD_DIR:-/tmp/mb}
+t() { local s=$SECONDS; "$@"; local rc=$?; echo "[$((SECONDS - s)) s, rc $rc] $*"; return $rc; }
+case $part in
+  tests) t python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_mlp_modes.py tests/engine/kernels/test_cuda_levels.py \
+           tests/engine/test_timing.py tests/engine/test_explain.py -k "cuda or loop or blocks or explain" 2>&1 | tail -15 ;;
+  mlp) t python3 -m engine ceilings --device cuda >"$out/ceilings.log" 2>&1
+       t python3 -m engine bench --mode eager,cuda-graph,triton,cuda --device cuda --iters 200 >"$out/mlp.log" 2>&1
+       python3 -m engine sql "SELECT r.mode, m.phase, m.batch_size, round(max(CASE WHEN m.name='median' THEN m.value END),1) AS median_us,
+         round(max(CASE WHEN m.name='loop_median' THEN m.value END),1) AS loop_us FROM runs r JOIN metrics m ON m.run_id=r.id
+         WHERE r.kind='bench' AND r.status='ok' GROUP BY r.id, r.mode, m.phase, m.batch_size ORDER BY m.phase, m.batch_size, median_us" ;;
+  llm7b) t python3 -m engine llm --preset 7B --prompt-len 512 --new-tokens 128 --mode compile-cudagraph --device cuda \
+           --no-profile >"$out/llm7b.log" 2>&1; tail -25 "$out/llm7b.log" ;;
+  bench-all) t timeout 370 python3 -m engine bench --mode all --device cuda >"$out/bench_cold.log" 2>&1
+             t timeout 150 python3 -m engine bench --mode all --device cuda >"$out/bench_warm.log" 2>&1
+             tail -5 "$out/bench_cold.log" "$out/bench_warm.log" ;;
+  llm1b-all) t timeout 400 python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --mode all --device cuda \
+               >"$out/llm1b_all.log" 2>&1; tail -30 "$out/llm1b_all.log" ;;
+  *) echo "unknown part $part"; exit 2 ;;
+esac
