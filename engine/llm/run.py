@@ -382,7 +382,7 @@ def _deep(cfg: LLMConfig, rows: list[dict], out_dir: Path, result: RunResult) ->
     if reason:
         result.notes.append(f"deep profile skipped: {reason}")
         return
-    kernels = [r["name"] for r in sorted((r for r in rows if r["kind"] == "kernel"), key=lambda r: -r["self_us"])]
+    kernels = ncu.top_kernel_names(rows)
     if not kernels:
         result.notes.append("deep profile skipped: the decode profile recorded no kernels")
         return

@@ -46,6 +46,11 @@ def ncu_path() -> str | None:
     return shutil.which("ncu")
 
 
+def top_kernel_names(rows: list[dict]) -> list[str]:
+    """Kernel names of op_stats rows, by own device time, longest first (what a deep profile measures)."""
+    return [r["name"] for r in sorted((r for r in rows if r["kind"] == "kernel"), key=lambda r: -r["self_us"])]
+
+
 def unavailable(device: str) -> str | None:
     """Why a deep profile cannot run here, or None."""
     if ncu_path() is None:

@@ -199,7 +199,7 @@ def deep_profile(cfg: ProfileConfig, phase: str, rows: list[dict], out_dir: Path
     if reason:
         result.notes.append(f"deep profile skipped: {reason}")
         return
-    kernels = [r["name"] for r in sorted((r for r in rows if r["kind"] == "kernel"), key=lambda r: -r["self_us"])]
+    kernels = ncu.top_kernel_names(rows)
     if not kernels:
         result.notes.append(f"deep profile of {phase} skipped: the profile recorded no kernels")
         return
