@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import uuid
 from collections.abc import Sequence
@@ -203,6 +204,22 @@ class _Bars:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from engine.jobs import new_launcher
+
+    devices = expand_devices(args.device)
+    # The fork server's imports (torch, Inductor) overlap this process's own checks below (the store is opened only
+    # after them: a refused command leaves no results file behind).
+    launcher = new_launcher(Store(args.db)) if len(devices) == 1 else None
+    if launcher:
+        launcher.prestart()
+    try:
+        return _bench(args, devices, launcher)
+    finally:
+        if launcher:
+            launcher.close()
+
+
+def _bench(args: argparse.Namespace, devices: list[str], launcher) -> int:
     from engine.jobs import JobSpec, create_runs, run_jobs, run_jobs_spread, spread
     from engine.modes import resolve_modes
     from engine.workloads import get_workload
@@ -213,7 +230,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         get_workload(args.workload or "house_price")
     except ValueError as exc:
         raise CliError(str(exc)) from exc
-    devices = expand_devices(args.device)
     args.device = devices[0]  # availability is the same on every device of a sweep (one host, one kind)
     try:
         modes, skipped = resolve_modes(args.mode, args.device)
@@ -240,7 +256,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                      timeout_s=args.timeout) for m, d in zip(modes, lanes)]
     ids = create_runs(store, specs, group_id=uuid.uuid4().hex[:12])
     bars = _Bars({i: f"bench {m.name}" + (f" {d}" if len(devices) > 1 else "") for i, m, d in zip(ids, modes, lanes)})
-    statuses = (run_jobs_spread if len(devices) > 1 else run_jobs)(store, ids, bars)
+    statuses = run_jobs_spread(store, ids, bars) if len(devices) > 1 else run_jobs(store, ids, bars, launcher)
     print_bench_table(store, ids)
     for run_id, status in statuses.items():
         if status != "ok":
@@ -502,11 +518,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _leave_now(code: int) -> None:
+    """`python -m engine bench|train|ceilings` only supervised workers: everything is in the store (each write is its
+    own closed connection) and printed, so skip torch's interpreter teardown (1–3 s on a small CPU), as workers do.
+    MODELAB_FAST_EXIT=0 keeps the normal exit."""
+    if os.environ.get("MODELAB_FAST_EXIT", "1") == "0":
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        if argv is None and args.func in (cmd_bench, cmd_train, cmd_ceilings):
+            _leave_now(code)
+        return code
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

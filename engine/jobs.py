@@ -3,8 +3,9 @@
     dashboard / CLI ──create runs (queued)──▶ store
          │ submit(): detached supervisor          run_jobs(): the CLI itself supervises
          ▼
-    supervisor ── takes the device lock ── starts `python -m engine.worker job.json` ── reads progress lines
-         │                                   (own session, PDEATHSIG)                 writes progress to store
+    supervisor ── takes the device lock ── starts a worker for the run ──────────── tails progress.jsonl
+         │            (forked by the lane's fork server, engine.forkserver,          writes progress to store
+         │             or `python -m engine.worker job.json`; own session, PDEATHSIG)
          └── exit 0 + result.json → record_result (one transaction, status ok)
              anything else (exception, signal, timeout) → status failed with the reason and the log's tail
 
@@ -18,7 +19,6 @@ import argparse
 import fcntl
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.forkserver import ForkServer, ForkServerError
+from engine.forkserver import enabled as forkserver_enabled
 from engine.store import REPO_ROOT, Artifact, RunResult, Store
 
 TARGETS = {"bench": "engine.bench:bench_job", "train": "engine.train:train_job",
@@ -161,7 +163,157 @@ def _tail(path: Path, lines: int = 25) -> str:
     return "\n".join(kept[-lines:])
 
 
-def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None) -> str:
+class _Tail:
+    """New complete lines of a file another process appends to (a worker's progress.jsonl)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.partial = path, 0, b""
+
+    def new_lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(chunk)
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        return [line.decode(errors="replace") for line in lines if line.strip()]
+
+
+class _FreshWorker:
+    """`python -m engine.worker job.json` in its own session: the fallback when no fork server serves."""
+
+    def __init__(self, spec_file: Path, log_file: Path) -> None:
+        with open(log_file, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "engine.worker", str(spec_file)], cwd=REPO_ROOT,
+                                         env=_child_env(), stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.pid = self.proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def kill(self) -> None:
+        os.killpg(self.pid, signal.SIGKILL)
+
+    def wait_killed(self) -> int:
+        return self.proc.wait()
+
+
+class _ForkedWorker:
+    """A child of the fork server (its own session too, so killpg reaches everything it started)."""
+
+    def __init__(self, server: ForkServer, spec_file: Path, log_file: Path) -> None:
+        self.server = server
+        self.pid = server.spawn(spec_file, log_file)
+
+    def poll(self) -> int | None:
+        return self.server.exit_code(self.pid)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def wait_killed(self) -> int:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                code = self.poll()
+            except ForkServerError:
+                return -signal.SIGKILL
+            if code is not None:
+                return code
+            time.sleep(0.02)
+        return -signal.SIGKILL
+
+
+# Imported once by the fork server so that no run pays for them: torch, dynamo, Inductor's config and Triton. Inductor's
+# compiler (torch._inductor.compile_fx) only where there is no NVIDIA device: on the H100 machine importing it starts
+# the CUDA driver (a "cuda…" thread), after which a forked child could not use CUDA; the server would refuse to serve.
+PRELOAD = ("torch", "torch._dynamo", "torch._inductor.config", "triton")
+PRELOAD_WITHOUT_GPU = ("torch._inductor.compile_fx",)
+
+
+def default_preload() -> tuple[str, ...]:
+    no_gpu = not any(Path("/dev").glob("nvidia*"))  # no device node: nothing can start the CUDA driver
+    return PRELOAD + (PRELOAD_WITHOUT_GPU if no_gpu else ())
+
+
+class Launcher:
+    """Starts the workers of one supervisor lane: forked by a fork server (engine.forkserver) when it can, else a
+    fresh `python -m engine.worker`. Either way every run is its own process; the server only saves the imports."""
+
+    def __init__(self, log_path: Path | None = None, preload: Sequence[str] | None = None) -> None:
+        self.preload = list(default_preload() if preload is None else preload)
+        self.log_path = log_path
+        self.server: ForkServer | None = None
+        self.why_not: str | None = None if forkserver_enabled() and log_path else "fork server off"
+
+    def prestart(self) -> None:
+        """Start the fork server's imports without waiting for them (they overlap whatever the caller does next)."""
+        if self.server is not None or self.why_not:
+            return
+        try:
+            self.server = ForkServer(self.preload, _child_env(), REPO_ROOT, self.log_path)
+        except OSError as exc:
+            self.why_not = f"fork server unavailable, workers start afresh: {exc}"
+
+    def open(self) -> None:
+        """Have a ready fork server (started outside any device lock); on failure, fall back to fresh workers."""
+        self.prestart()
+        if self.server is None:
+            return
+        try:
+            self.server.wait_ready()
+        except ForkServerError as exc:
+            self.server = None
+            self.why_not = f"fork server unavailable, workers start afresh: {exc}"
+            print(self.why_not, file=sys.stderr)
+
+    def start(self, spec_file: Path, log_file: Path) -> _FreshWorker | _ForkedWorker:
+        self.open()
+        if self.server is not None and self.server.alive():
+            try:
+                return _ForkedWorker(self.server, spec_file, log_file)
+            except ForkServerError as exc:  # a dead server costs a fresh one for the rest of the lane
+                print(f"fork server failed ({exc}); starting a new one", file=sys.stderr)
+                self.server.close()
+                self.server = None
+                self.open()
+                if self.server is not None:
+                    return _ForkedWorker(self.server, spec_file, log_file)
+        return _FreshWorker(spec_file, log_file)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
+def new_launcher(store: Store, name: str = "lane") -> Launcher:
+    return Launcher(artifacts_root(store) / f"forkserver-{os.getpid()}-{name}.log")
+
+
+@contextmanager
+def lane_launcher(store: Store, run_ids: Sequence[int], name: str = "lane",
+                  launcher: Launcher | None = None) -> Iterator[Launcher]:
+    """The lane's launcher (the given one, perhaps pre-started by the CLI, or a new one); closed at the end."""
+    launcher = launcher or new_launcher(store, name)
+    try:
+        if len(run_ids) > 1:  # one run gains nothing from a server: it would import the same modules once anyway
+            launcher.open()
+        else:
+            launcher.why_not = launcher.why_not or "a single run"
+        yield launcher
+    finally:
+        launcher.close()
+
+
+def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None,
+            launcher: Launcher | None = None) -> str:
     """Supervise one queued run to its end; returns the final status ('ok' or 'failed')."""
     run = store.run(run_id)
     if run is None:
@@ -189,52 +341,58 @@ def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None) ->
         store.start_run(run_id, "starting worker")
         report(0.0, "starting worker")
         spec_file, result_file, log_file = workdir / "job.json", workdir / "result.json", workdir / "worker.log"
-        error_file = workdir / "error.json"
-        result_file.unlink(missing_ok=True)
-        error_file.unlink(missing_ok=True)
+        error_file, progress_file = workdir / "error.json", workdir / "progress.jsonl"
+        for stale in (result_file, error_file, progress_file):
+            stale.unlink(missing_ok=True)
+        log_file.write_bytes(b"")
         spec_file.write_text(json.dumps({"run_id": run_id, "target": target, "params": params,
-                                         "result_file": str(result_file)}))
-        with open(log_file, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "engine.worker", str(spec_file)],
-                cwd=REPO_ROOT, env=_child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                start_new_session=True, text=True, bufsize=1,
-            )
-        lines: queue.Queue[str] = queue.Queue()
-        reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True)
-        reader.start()
-        deadline = time.monotonic() + timeout_s
-        timed_out = False
-        last_write = 0.0
-        pending: tuple[float, str] | None = None
-        while True:
-            try:
-                proc.wait(timeout=0.1)
-                finished = True
-                reader.join(timeout=2)  # the pipe is at EOF: let the reader queue every last line first
-            except subprocess.TimeoutExpired:
-                finished = False
-            while not lines.empty():
+                                         "result_file": str(result_file), "progress_file": str(progress_file)}))
+        own_launcher = launcher is None
+        launcher = launcher or Launcher()
+        try:
+            worker = launcher.start(spec_file, log_file)
+            progress_lines = _Tail(progress_file)
+            deadline = time.monotonic() + timeout_s
+            timed_out = False
+            last_write = 0.0
+            pending: tuple[float, str] | None = None
+            returncode: int | None = None
+            lost: str | None = None
+            while True:
                 try:
-                    msg = json.loads(lines.get_nowait())
-                    pending = (float(msg["progress"]), str(msg["message"]))
-                    report(*pending)
-                except (ValueError, KeyError, TypeError):
-                    continue
-            # Throttled: the dashboard polls about once a second; more writes only contend for the file lock.
-            if pending and time.monotonic() - last_write > 0.5:
-                store.update_progress(run_id, *pending)
-                last_write, pending = time.monotonic(), None
-            if finished:
-                break
-            if time.monotonic() > deadline:
-                timed_out = True
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                break
-        reader.join(timeout=2)
+                    returncode = worker.poll()
+                except ForkServerError as exc:  # the server died: its child (our run) died with it
+                    lost = str(exc)
+                finished = returncode is not None or lost is not None
+                for line in progress_lines.new_lines():
+                    try:
+                        msg = json.loads(line)
+                        pending = (float(msg["progress"]), str(msg["message"]))
+                        report(*pending)
+                    except (ValueError, KeyError, TypeError):
+                        continue
+                # Throttled: the dashboard polls about once a second; more writes only contend for the file lock.
+                if pending and time.monotonic() - last_write > 0.5:
+                    store.update_progress(run_id, *pending)
+                    last_write, pending = time.monotonic(), None
+                if finished:
+                    break
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    worker.kill()
+                    returncode = worker.wait_killed()
+                    break
+                time.sleep(0.05)
+        finally:
+            if own_launcher:
+                launcher.close()
 
-    if proc.returncode == 0 and result_file.exists():
+    if lost is not None:
+        store.fail_run(run_id, lost + (f"\n--- last lines of {log_file} ---\n{_tail(log_file)}" if _tail(log_file)
+                                       else ""))
+        report(1.0, "failed")
+        return "failed"
+    if returncode == 0 and result_file.exists():
         try:
             result = RunResult.from_json(result_file.read_text())
         except (ValueError, TypeError) as exc:
@@ -245,7 +403,7 @@ def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None) ->
         report(1.0, "done")
         return "ok"
 
-    error = describe_exit(proc.returncode, timed_out, timeout_s)
+    error = describe_exit(returncode, timed_out, timeout_s)
     caught = None
     if error_file.exists() and not timed_out:  # the worker caught an exception and wrote it down
         try:
@@ -262,16 +420,18 @@ def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None) ->
     return "failed"
 
 
-def run_jobs(store: Store, run_ids: Sequence[int], on_progress: OnProgress | None = None) -> dict[int, str]:
+def run_jobs(store: Store, run_ids: Sequence[int], on_progress: OnProgress | None = None,
+             launcher: Launcher | None = None) -> dict[int, str]:
     """Supervise runs one after another in this process (the CLI's path; `submit` runs this detached)."""
     store.set_owner(run_ids, os.getpid())
     statuses = {}
-    for run_id in run_ids:
-        try:
-            statuses[run_id] = run_one(store, run_id, on_progress)
-        except Exception as exc:  # the supervisor must leave no run behind in 'running'
-            store.fail_run(run_id, f"supervisor error: {type(exc).__name__}: {exc}")
-            statuses[run_id] = "failed"
+    with lane_launcher(store, run_ids, launcher=launcher) as launcher:
+        for run_id in run_ids:
+            try:
+                statuses[run_id] = run_one(store, run_id, on_progress, launcher)
+            except Exception as exc:  # the supervisor must leave no run behind in 'running'
+                store.fail_run(run_id, f"supervisor error: {type(exc).__name__}: {exc}")
+                statuses[run_id] = "failed"
     return statuses
 
 
@@ -287,17 +447,19 @@ def run_jobs_spread(store: Store, run_ids: Sequence[int], on_progress: OnProgres
     statuses: dict[int, str] = {}
     lock = threading.Lock()
 
-    def lane(ids: list[int]) -> None:
-        for run_id in ids:
-            try:
-                status = run_one(store, run_id, on_progress)
-            except Exception as exc:  # the supervisor must leave no run behind in 'running'
-                store.fail_run(run_id, f"supervisor error: {type(exc).__name__}: {exc}")
-                status = "failed"
-            with lock:
-                statuses[run_id] = status
+    def lane(device: str, ids: list[int]) -> None:
+        with lane_launcher(store, ids, device.replace(":", "")) as launcher:
+            for run_id in ids:
+                try:
+                    status = run_one(store, run_id, on_progress, launcher)
+                except Exception as exc:  # the supervisor must leave no run behind in 'running'
+                    store.fail_run(run_id, f"supervisor error: {type(exc).__name__}: {exc}")
+                    status = "failed"
+                with lock:
+                    statuses[run_id] = status
 
-    threads = [threading.Thread(target=lane, args=(ids,), name=f"lane-{device}") for device, ids in by_device.items()]
+    threads = [threading.Thread(target=lane, args=(device, ids), name=f"lane-{device}")
+               for device, ids in by_device.items()]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -136,3 +136,33 @@ def time_blocks(fn: Callable[[], object], device: str, *, block: int = 20, reps:
                 fn()
             samples.append((time.perf_counter() - start) * 1e6 / block)
     return Measurement(samples_us=samples, first_call_us=float("nan"), device=device)
+
+
+def time_in_graph(calls: list[Callable[[], object]], *, replays: int = 20, warmup: int = 2) -> Measurement:
+    """Device time per call of `calls`, captured back to back into one CUDA graph and replayed: no host launch cost,
+    as inside a decode step's graph. Give calls that read different buffers (e.g. rotating copies of a weight, more
+    bytes in all than L2 holds) to time reads from HBM rather than L2. Each sample = one replay / len(calls); the
+    callables must already have run once outside capture (Triton autotuning, cuBLAS handles, lazy allocations)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            for call in calls:
+                call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
+    for start, end in pairs:
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    samples = [start.elapsed_time(end) * 1e3 / len(calls) for start, end in pairs]
+    return Measurement(samples_us=samples, first_call_us=float("nan"), device="cuda")

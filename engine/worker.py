@@ -1,10 +1,11 @@
 """The worker process: runs one job's target function and hands back its result as a file.
 
-Started by engine.jobs with a job.json. Progress goes out as JSON lines on the original stdout (everything else the
-code prints is moved to stderr, the run's log). The result, or the exception that stopped it, is written to
-result.json; a crash writes nothing and the supervisor reports the signal and the log's tail (faulthandler puts the
-Python stack of a segfault there). After a result is written the worker leaves with os._exit, skipping torch's slow
-interpreter teardown (MODELAB_WORKER_FAST_EXIT=0 keeps the normal exit).
+Started by engine.jobs for every run, either as `python -m engine.worker job.json` or forked by engine.forkserver
+(which has the imports done already). job.json names the progress file (JSON lines the supervisor tails) and the log;
+everything the code prints goes to the log. The result, or the exception that stopped it, is written to result.json;
+a crash writes nothing and the supervisor reports the signal and the log's tail (faulthandler puts the Python stack of
+a segfault there). After a result is written the worker leaves with os._exit, skipping torch's slow interpreter
+teardown (MODELAB_WORKER_FAST_EXIT=0 keeps the normal exit of a worker started afresh).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import traceback
 from pathlib import Path
 
 
-def _die_with_parent() -> None:
-    # If the supervisor is killed (kill -9), do not run on orphaned: Linux sends us SIGKILL.
+def die_with_parent() -> None:
+    # If the supervisor (or fork server) is killed (kill -9), do not run on orphaned: Linux sends us SIGKILL.
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
@@ -50,14 +51,19 @@ def classify(exc: BaseException) -> str:
     return text
 
 
-def main(argv: list[str]) -> int:
-    _die_with_parent()
-    faulthandler.enable()
-    progress_out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # stray prints (ours, torch's, C++'s) go to the log, not into the progress channel
-    sys.stdout = sys.stderr
-    job = json.loads(Path(argv[0]).read_text())
+def _flush_all(*streams) -> None:
+    for stream in (*streams, sys.stdout, sys.stderr, sys.__stderr__):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+def run_job(job_path: str | Path) -> int:
+    """Run the job described by job.json in this process; 0 when a result was written, 1 when an error was."""
+    job = json.loads(Path(job_path).read_text())
     result_file = Path(job["result_file"])
+    progress_out = open(job["progress_file"], "a", buffering=1)
 
     def progress(frac: float, message: str) -> None:
         progress_out.write(json.dumps({"progress": float(frac), "message": str(message)}) + "\n")
@@ -75,18 +81,48 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         tb = "".join(traceback.format_exception(exc)[-6:])
         _write_atomic(result_file.with_name("error.json"), json.dumps({"error": classify(exc), "traceback": tb}))
+        _flush_all(progress_out)
         return 1
-    # The result is on disk and everything a run writes (traces, caches, packages) was written synchronously: skip
-    # the interpreter's teardown of torch (1.5–3.5 s per worker on a 2-core CPU, paid by every run of `bench --mode
-    # all`). Flush first: os._exit drops buffered output.
-    for stream in (progress_out, sys.stderr, sys.__stderr__):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
-    if os.environ.get("MODELAB_WORKER_FAST_EXIT", "1") != "0":
-        os._exit(0)
+    _flush_all(progress_out)
     return 0
+
+
+def forked_main(job_path: str, log_file: str) -> None:
+    """Entry of a child forked by engine.forkserver: own session, output to the run's log, then run_job. Never
+    returns (os._exit), so nothing of the server's loop runs on in the child."""
+    code = 1
+    try:
+        os.setsid()  # its own process group: a timeout kills it and everything it started, never the server
+        die_with_parent()
+        fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)  # the server's command pipe is not ours to read
+        os.close(null)
+        faulthandler.enable()
+        print(f"worker pid {os.getpid()} forked by the fork server (pid {os.getppid()})", file=sys.stderr)
+        code = run_job(job_path)
+    except BaseException:  # noqa: BLE001 - a child must never fall back into the server's loop
+        traceback.print_exc()
+    finally:
+        _flush_all()
+        os._exit(code)
+
+
+def main(argv: list[str]) -> int:
+    die_with_parent()
+    faulthandler.enable()
+    sys.stdout = sys.stderr  # both go to the run's log; one stream keeps their order
+    code = run_job(argv[0])
+    # The result is on disk and everything a run writes (traces, caches, packages) was written synchronously: skip
+    # the interpreter's teardown of torch (1.5–3.5 s per worker on a 2-core CPU). Flush first: os._exit drops
+    # buffered output.
+    _flush_all()
+    if code == 0 and os.environ.get("MODELAB_WORKER_FAST_EXIT", "1") != "0":
+        os._exit(0)
+    return code
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine call: the GPU-only tests of the newer parts, then the figures the issues ask for.
 # Usage (from the repository root, on the GPU machine): scripts/gpu_check.sh PART [OUT]
-#   PART = tests | mlp | llm7b | bench-all | llm1b-all        OUT (default $OUT or /tmp/out): logs and the store
+#   PART = tests | mlp | llm7b | bench-all | bench-cold | bench-warm | llm1b-all | llm-gemv        OUT (default $OUT or /tmp/out): logs and the store
 # Carries duckdb/nvtx as wheels in .whl/ when the machine lacks them (see the device README).
 set -uo pipefail
 part=${1:?part}; out=${2:-${OUT:-/tmp/out}}; mkdir -p "$out"
@@ -24,6 +24,18 @@ case $part in
   bench-all) t timeout 370 python3 -m engine bench --mode all --device cuda >"$out/bench_cold.log" 2>&1
              t timeout 150 python3 -m engine bench --mode all --device cuda >"$out/bench_warm.log" 2>&1
              tail -5 "$out/bench_cold.log" "$out/bench_warm.log" ;;
+  bench-cold) t timeout 580 python3 -m engine bench --mode all --device cuda >"$out/bench_cold.log" 2>&1
+              tail -16 "$out/bench_cold.log" ;;
+  bench-warm) t timeout 200 python3 -m engine bench --mode all --device cuda >"$out/bench_warm.log" 2>&1
+              tail -5 "$out/bench_warm.log" ;;
+  llm-gemv) t python3 -m engine ceilings --device cuda >"$out/ceilings.log" 2>&1
+            t python3 -m pytest -q -x -p no:cacheprovider tests/engine/kernels/test_gemv.py 2>&1 | tail -3
+            t python3 scripts/gemv_bench.py --preset 1B,7B >"$out/gemv.log" 2>&1
+            t python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --mode compile-cudagraph,triton-gemv \
+              --device cuda >"$out/llm1b.log" 2>&1
+            t python3 -m engine llm --preset 7B --prompt-len 512 --new-tokens 128 --mode compile-cudagraph,triton-gemv \
+              --device cuda --no-profile >"$out/llm7b.log" 2>&1
+            tail -12 "$out/llm1b.log"; tail -12 "$out/llm7b.log"; cat "$out/gemv.log" ;;
   llm1b-all) t timeout 400 python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --mode all --device cuda \
                >"$out/llm1b_all.log" 2>&1; tail -30 "$out/llm1b_all.log" ;;
   *) echo "unknown part $part"; exit 2 ;;

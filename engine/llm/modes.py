@@ -9,6 +9,9 @@
 | compile-reduce-overhead | torch.compile | torch.compile mode="reduce-overhead" (CUDA graph trees)                 |
 | compile-cudagraph       | torch.compile | torch.compile, then the whole step captured by hand into one CUDA graph |
 |                         |               | (gpt-fast's loop)                                                       |
+| triton-gemv             | torch.compile | compile-cudagraph, every linear of the step (B=1) the hand-written      |
+|                         |               | Triton GEMV (engine/kernels/triton/gemv.py) or cuBLAS, whichever is     |
+|                         |               | faster for that weight shape here (timed once per process)              |
 
 Every compiled function is compiled with dynamic=False and fullgraph=True after torch._dynamo.reset(): the static
 cache keeps every shape fixed, so one graph per phase, and a graph break would be a bug worth failing on.
@@ -40,6 +43,7 @@ class LLMMode:
     prefill: str = "eager"  # eager | compile
     decode: str = "eager"  # eager | compile | reduce-overhead | cudagraph
     sdpa: str | None = None  # a forced SDPA backend, else torch chooses
+    gemv: bool = False  # linears through engine.kernels.triton.gemv (one-row products; F.linear otherwise)
 
     @property
     def compiles(self) -> bool:
@@ -61,6 +65,11 @@ MODES: dict[str, LLMMode] = {m.name: m for m in (
     LLMMode("compile-cudagraph", "gpt-fast style: prefill compiled; the compiled decode step, argmax and the "
             "token/position update captured by hand into one CUDA graph, replayed once per token.",
             prefill="compile", decode="cudagraph"),
+    LLMMode("triton-gemv", "compile-cudagraph with every linear layer of the decode step through the project's "
+            "Triton GEMV (row blocks per program, fp32 accumulation, tiles autotuned per shape) or cuBLAS, "
+            "whichever streams that weight shape faster here (both timed in a CUDA graph at the first step): the "
+            "decode step at B=1 is a chain of weight-streaming GEMVs. Prefill and B > 1 take F.linear.",
+            prefill="compile", decode="cudagraph", gemv=True),
 )}
 
 
@@ -125,6 +134,11 @@ def availability(mode: LLMMode, device: str, dtype: torch.dtype) -> str | None:
         reason = _compiler_missing(device)
         if reason:
             return reason
+    if mode.gemv:
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "Triton is not installed (the GEMV kernel is written in Triton)"
     if mode.sdpa:
         return sdpa_unavailable(mode.sdpa, device, dtype, "prefill")
     return None
@@ -179,6 +193,11 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
     if mode.compiles:
         torch._dynamo.reset()
         configure_inductor()
+    if mode.gemv:
+        from engine.kernels.triton.gemv import swap_linears
+
+        notes.append(f"{swap_linears(model)} linear layers run through the Triton GEMV "
+                     "(engine/kernels/triton/gemv.py) when given one row")
     plain = step_fn(model)
     compile_mode = "max-autotune-no-cudagraphs" if autotune else None
     prefill = _compile(plain, compile_mode) if mode.prefill == "compile" else plain

@@ -575,6 +575,14 @@ def llm_run(cfg: LLMConfig, progress: Progress = lambda f, m: None) -> RunResult
         if device.startswith("cuda"):
             result.metrics.append(Metric("peak_memory_bytes", float(torch.cuda.max_memory_allocated(device)),
                                          "bytes"))
+        if mode.gemv:
+            from engine.kernels.triton.gemv import choices
+
+            picked = [f"{c['N']}×{c['K']} {c['impl']} (Triton {c['triton_us']:.1f} µs, cuBLAS {c['cublas_us']:.1f} "
+                      "µs)" for c in choices()]
+            if picked:
+                result.notes.append("GEMV per weight shape, timed in a CUDA graph over weight copies that exceed L2 "
+                                    "(their memory is in peak_memory_bytes): " + "; ".join(picked))
 
         # -- profiles --
         decode_rows: list[dict] = []

@@ -7,7 +7,9 @@ module instance of the same class would hit the previous instance's guards and c
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 
 import torch
 from torch import nn
@@ -28,9 +30,11 @@ def compiler_missing(device: str) -> str | None:
         except ImportError:
             return "Triton is not installed (Inductor generates Triton kernels on CUDA)"
         return None
-    from torch._inductor import config
-
-    cxx = config.cpp.cxx[-1] if isinstance(config.cpp.cxx, tuple) else config.cpp.cxx
+    # Inductor's default compiler is $CXX, else g++ (config.cpp.cxx); read it from its config only where Inductor is
+    # imported already: importing it costs the CLI ~2.5 s on a small CPU just to list the available modes.
+    inductor_config = sys.modules.get("torch._inductor.config")
+    cxx = getattr(getattr(inductor_config, "cpp", None), "cxx", None) or os.environ.get("CXX")
+    cxx = cxx[-1] if isinstance(cxx, tuple) else cxx
     if not (cxx and shutil.which(cxx)) and not shutil.which("g++") and not shutil.which("clang++"):
         return "no C++ compiler on PATH (Inductor compiles C++ kernels on CPU)"
     return None

@@ -68,3 +68,16 @@ def exit_3(params: dict, progress) -> RunResult:
 def not_a_result(params: dict, progress):
     _mark(params)
     return {"metrics": []}
+
+
+def where_am_i(params: dict, progress) -> RunResult:
+    """What the worker found at its start: was torch already imported (the fork server's preload), and can torch
+    still use its thread pools (a fork with a pool's lock held would hang here)."""
+    _mark(params)
+    preloaded = "torch" in sys.modules
+    import torch
+
+    torch.set_num_threads(2)
+    a = torch.ones(256, 256)
+    total = float((a @ a).sum())
+    return RunResult(metrics=[Metric("torch_preloaded", float(preloaded), ""), Metric("matmul_sum", total, "")], env={"python": "test"})

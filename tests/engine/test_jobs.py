@@ -41,11 +41,13 @@ def target_pid(run_dir: Path) -> int:
     return int((run_dir / "target.pid").read_text())
 
 
-@pytest.fixture(scope="module")
-def faults(tmp_path_factory):
-    """Run every fault target once, in one supervisor (this process), sharing the worker start-up cost."""
+@pytest.fixture(scope="module", params=["forked", "fresh"])
+def faults(request, tmp_path_factory):
+    """Run every fault target once, in one supervisor (this process): once with workers forked by the lane's fork
+    server (the default), once with every worker started afresh (MODELAB_FORKSERVER=0, the fallback)."""
     tmp = tmp_path_factory.mktemp("faults")
     with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MODELAB_FORKSERVER", "1" if request.param == "forked" else "0")
         mp.setenv("ARTIFACTS_DIR", str(tmp / "artifacts"))
         mp.setenv("MODELAB_LOCK_DIR", str(tmp / "locks"))
         store = Store(tmp / "results.duckdb")
@@ -59,11 +61,12 @@ def faults(tmp_path_factory):
             "not_a_result": spec("not_a_result"),
             "missing_function": JobSpec("bench", "house_price", "x", "cpu", target=f"{TARGETS}:nope"),
             "missing_module": JobSpec("bench", "house_price", "x", "cpu", target="no_such_module_anywhere:run"),
+            "where_am_i": spec("where_am_i"),
         }
         ids = dict(zip(specs, create_runs(store, list(specs.values()), group_id="faults")))
         events: list[tuple[int, float, str]] = []
         statuses = run_jobs(store, list(ids.values()), lambda rid, frac, msg: events.append((rid, frac, msg)))
-    return SimpleNamespace(store=store, ids=ids, statuses=statuses, events=events,
+    return SimpleNamespace(store=store, ids=ids, statuses=statuses, events=events, launch=request.param,
                            dirs={name: tmp / "artifacts" / f"run_{rid}" for name, rid in ids.items()})
 
 
@@ -158,7 +161,21 @@ def test_unknown_targets_fail_with_the_import_error(faults):
 
 def test_every_run_ends_ok_or_failed(faults):
     counts = faults.store.status_counts()
-    assert counts == {"queued": 0, "running": 0, "ok": 1, "failed": len(faults.ids) - 1}
+    assert counts == {"queued": 0, "running": 0, "ok": 2, "failed": len(faults.ids) - 2}
+
+
+def test_forked_workers_start_with_the_imports_done_and_nothing_else(faults):
+    rid = faults.ids["where_am_i"]
+    assert faults.statuses[rid] == "ok", faults.store.run(rid)["error"]
+    metrics = faults.store.metrics([rid]).set_index("name")["value"]
+    assert metrics["matmul_sum"] == 256.0 ** 3  # torch's thread pool works in the child
+    log = (faults.dirs["where_am_i"] / "worker.log").read_text()
+    if faults.launch == "forked":
+        assert metrics["torch_preloaded"] == 1.0 and "forked by the fork server" in log
+        pids = {target_pid(faults.dirs[name]) for name in ("ok", "segfault", "where_am_i")}
+        assert len(pids) == 3  # a process per run, even from one server
+    else:
+        assert "forked by the fork server" not in log
 
 
 def test_a_finished_run_is_not_run_again(faults):
@@ -218,6 +235,57 @@ def test_kill_9_of_the_supervisor_kills_the_worker_and_leaves_a_stale_run(store,
     assert run["error"].startswith(f"interrupted: the process that ran it (pid {supervisor.pid}) is gone")
 
 
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_kill_9_of_the_supervisor_also_ends_its_fork_server_and_the_forked_worker(store, child_env, lab_env):
+    ids = create_runs(store, [spec("hang", timeout_s=120), spec("ok")])
+    worker = server = None
+    supervisor = subprocess.Popen([sys.executable, "-m", "engine.jobs", "--db", str(store.path), *map(str, ids)],
+                                  cwd=REPO_ROOT, env=child_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: (r := store.run(ids[0]))["status"] == "running" and r["message"] == "hanging", 60,
+                   "the first run to be running")
+        worker = target_pid(Path(lab_env["ARTIFACTS_DIR"]) / f"run_{ids[0]}")
+        server = parent_of(worker)
+        assert server in children(supervisor.pid) and worker in children(server)  # forked, not started afresh
+        supervisor.send_signal(signal.SIGKILL)
+        supervisor.wait(timeout=10)
+        wait_until(lambda: not pid_alive(server) and not pid_alive(worker), 10, "server and worker to die")
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+        for pid in (worker, server):
+            if pid and pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert sorted(store.fail_stale_runs()) == ids  # the running one and the queued one behind it
+
+
+def test_a_dead_fork_server_fails_only_the_run_it_was_running(store, lab_env, monkeypatch):
+    import threading
+
+    monkeypatch.setenv("MODELAB_FORKSERVER", "1")
+    ids = create_runs(store, [spec("hang", timeout_s=120), spec("ok", value=5)])
+    statuses: dict = {}
+    thread = threading.Thread(target=lambda: statuses.update(run_jobs(store, ids)))
+    thread.start()
+    try:
+        wait_until(lambda: store.run(ids[0])["message"] == "hanging", 60, "the first run to be running")
+        worker = target_pid(Path(lab_env["ARTIFACTS_DIR"]) / f"run_{ids[0]}")
+        os.kill(parent_of(worker), signal.SIGKILL)  # the fork server, not the run
+        thread.join(timeout=90)
+    finally:
+        if thread.is_alive():
+            os.kill(target_pid(Path(lab_env["ARTIFACTS_DIR"]) / f"run_{ids[0]}"), signal.SIGKILL)
+            thread.join()
+    assert statuses == {ids[0]: "failed", ids[1]: "ok"}
+    assert store.run(ids[0])["error"].startswith("the fork server died")
+    wait_until(lambda: not pid_alive(worker), 10, "the orphaned worker to die with its server")
+    assert store.metrics([ids[1]]).set_index("name")["value"]["echo"] == 5.0
+
+
 # -- device lock -----------------------------------------------------------------------------------------------------
 
 def test_device_lock_serialises_processes(tmp_path, child_env, lab_env):
@@ -262,3 +330,23 @@ def test_submit_returns_at_once_and_the_run_completes(store, lab_env):
     assert store.metrics([rid]).set_index("name")["value"]["echo"] == 3.0
     assert (Path(lab_env["ARTIFACTS_DIR"]) / f"supervisor-{rid}.log").exists()
     wait_until(lambda: not pid_alive(supervisor), 10, "the supervisor to exit")
+
+
+# -- fork server -----------------------------------------------------------------------------------------------------
+
+def test_fork_server_refuses_to_fork_a_threaded_process_and_runs_start_afresh(tmp_path, child_env, lab_env):
+    from engine.forkserver import ForkServer, ForkServerError
+    from engine.jobs import Launcher, _FreshWorker
+
+    with pytest.raises(ForkServerError, match="forking a threaded process is unsafe"):
+        ForkServer(["tests.engine.starts_a_thread"], child_env, REPO_ROOT, tmp_path / "server.log").wait_ready()
+    launcher = Launcher(tmp_path / "server2.log", preload=["tests.engine.starts_a_thread"])
+    (tmp_path / "job.json").write_text(json.dumps({
+        "run_id": 1, "target": f"{TARGETS}:ok", "params": {"artifacts_dir": str(tmp_path), "steps": []},
+        "result_file": str(tmp_path / "result.json"), "progress_file": str(tmp_path / "progress.jsonl")}))
+    try:
+        worker = launcher.start(tmp_path / "job.json", tmp_path / "worker.log")
+        assert isinstance(worker, _FreshWorker) and "unsafe" in launcher.why_not
+        assert worker.proc.wait(timeout=60) == 0 and (tmp_path / "result.json").exists()
+    finally:
+        launcher.close()

@@ -1,0 +1,151 @@
+"""y = x @ W.T for one row x (decode at batch 1): a bandwidth-bound GEMV, hand-written in Triton.
+
+Why: a decode step at B=1 reads every weight once and does 2 FLOPs per weight, so its speed is the speed at which
+the GEMVs stream W from memory. Each program owns BLOCK_N output features and walks K in BLOCK_K chunks: the W tile
+(BLOCK_N, BLOCK_K) is contiguous along K in nn.Linear's (N, K) layout, so every load is coalesced; x's chunk is
+broadcast; products accumulate in fp32 and are reduced once at the end. Tiles are autotuned per (N, K); small
+BLOCK_N keeps enough programs in flight for 132 SMs even where N is 2048 (no split-K, so no atomics and no extra
+buffer or cast kernel inside the decode graph).
+
+`linear(x, w)` is a torch custom op (`modelab::gemv_linear`): torch.compile treats it as one opaque kernel (no graph
+break), CUDA graphs capture it. Rows other than one (B > 1, prefill) take F.linear: this kernel re-reading W per row
+would lose to a GEMM. For one row it picks, per weight shape and once per process, whichever of this kernel and
+cuBLAS (F.linear) is faster here, both timed the way the decode step runs them (`time_choice`): like Inductor's
+max-autotune, which keeps cuBLAS among its candidates. `choices()` lists what was picked, with both times. `_reference` is F.linear in float64; the check and the timing sit in scripts/llm_decode_probe.py
+and tests/engine/kernels/test_gemv.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from engine.kernels.triton._common import is_interpreted
+
+
+# (BLOCK_N, BLOCK_K, num_warps): few enough that the first decode step's autotuning stays short (every config is a
+# compile), spread from many small programs (N = 2048 still fills 132 SMs) to wide tiles for the 7B's long rows.
+TILES = ((2, 512, 4), (4, 256, 4), (4, 512, 4), (4, 1024, 4), (8, 256, 4), (8, 512, 8), (8, 1024, 8), (16, 256, 8),
+         (16, 512, 8), (32, 256, 8))
+
+
+def _configs() -> list[triton.Config]:
+    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=1) for n, k, w in TILES]
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :],
+                    other=0.0, eviction_policy="evict_first")  # streamed once: keep L2 for x and the activations
+        x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    tl.store(y_ptr + offs_n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+_gemv_tuned = triton.autotune(_configs(), key=["N", "K"])(_gemv_kernel)
+# One fixed config for the interpreter (CPU tests): autotuning there would time Python.
+INTERPRETER_CONFIG = {"BLOCK_N": 8, "BLOCK_K": 128}
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x (K,) or (1, K) · W (N, K) → (N,) or (1, N), in x's dtype, accumulated in fp32."""
+    if x.numel() != x.shape[-1]:
+        raise ValueError(f"gemv takes one row; x has shape {tuple(x.shape)}")
+    if w.dim() != 2 or w.shape[1] != x.shape[-1]:
+        raise ValueError(f"weight {tuple(w.shape)} does not match x's {x.shape[-1]} features")
+    if w.stride(1) != 1:
+        w = w.contiguous()
+    x_row = x.reshape(-1).contiguous()
+    n, k = w.shape
+    y = torch.empty(n, device=x.device, dtype=x.dtype)
+    if is_interpreted(_gemv_kernel):
+        cfg = INTERPRETER_CONFIG
+        _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](x_row, w, y, n, k, w.stride(0), **cfg)
+    else:
+        _gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](x_row, w, y, n, k, w.stride(0))
+    return y.reshape(*x.shape[:-1], n)
+
+
+# (N, K, dtype, device) → {"impl": "triton" | "cublas", "triton_us": …, "cublas_us": …}
+_CHOICES: dict[tuple, dict] = {}
+
+
+def time_choice(x: torch.Tensor, w: torch.Tensor, l2_multiple: float = 3.0) -> dict:
+    """Device time per call of cuBLAS and of the Triton GEMV for this shape: calls on rotating copies of W (more
+    bytes than L2 holds, so W comes from HBM as in a decode step) captured in one CUDA graph (no launch cost)."""
+    from engine.timing import time_in_graph
+
+    l2 = torch.cuda.get_device_properties(x.device).L2_cache_size or (50 << 20)
+    copies = max(2, min(32, int(l2_multiple * l2 // (w.numel() * w.element_size())) + 1))
+    weights = [w.clone() for _ in range(copies)]
+    gemv(x, w)  # autotune outside the capture
+    times = {}
+    for impl, fn in (("cublas", F.linear), ("triton", gemv)):
+        calls = [lambda ww=ww, fn=fn: fn(x, ww) for ww in weights]
+        times[impl + "_us"] = time_in_graph(calls, replays=10).stats.median
+    del weights
+    return times
+
+
+def choices() -> list[dict]:
+    """What `linear` picked per weight shape in this process, with the times it compared."""
+    return [{"N": k[0], "K": k[1], "dtype": str(k[2]).replace("torch.", ""), **v} for k, v in _CHOICES.items()]
+
+
+def _one_row_impl(x: torch.Tensor, w: torch.Tensor) -> str:
+    if not x.is_cuda:
+        return "triton"  # the interpreter (CPU tests)
+    key = (w.shape[0], w.shape[1], w.dtype, str(x.device))
+    if key not in _CHOICES:
+        if torch.cuda.is_current_stream_capturing():
+            return "triton"  # no timing inside someone's capture; decided at the next call outside one
+        times = time_choice(x, w)
+        _CHOICES[key] = {"impl": "triton" if times["triton_us"] < times["cublas_us"] else "cublas", **times}
+    return _CHOICES[key]["impl"]
+
+
+@torch.library.custom_op("modelab::gemv_linear", mutates_args=())
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, weight) (no bias); one row goes to the faster of the Triton GEMV and cuBLAS for its shape."""
+    if x.numel() == x.shape[-1] and (x.is_cuda or is_interpreted(_gemv_kernel)):
+        if _one_row_impl(x, weight) == "triton":
+            return gemv(x, weight)
+    return F.linear(x, weight)
+
+
+@linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return F.linear(x.double(), w.double())
+
+
+class GemvLinear(torch.nn.Linear):
+    """nn.Linear whose product goes through `linear` (the Triton GEMV for one row). swap_linears makes them."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = linear(x, self.weight)
+        return y if self.bias is None else y + self.bias
+
+
+def swap_linears(module: torch.nn.Module) -> int:
+    """Turn every nn.Linear inside `module` into a GemvLinear in place (same parameters, same state dict); returns
+    how many. Undo with `module.apply(lambda m: setattr(m, '__class__', torch.nn.Linear) if isinstance(m,
+    GemvLinear) else None)`."""
+    count = 0
+    for sub in module.modules():
+        if type(sub) is torch.nn.Linear:
+            sub.__class__ = GemvLinear
+            count += 1
+    return count

@@ -1,0 +1,73 @@
+"""The Triton GEMV of the LLM lab's `triton-gemv` mode against float64 F.linear (interpreted on CPU; see conftest),
+the custom op's fallback for several rows, and a Llama decoder whose linears were swapped onto it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+triton = pytest.importorskip("triton")
+
+from engine.kernels.triton import gemv as gemv_mod  # noqa: E402
+from engine.kernels.triton._common import is_interpreted  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and not is_interpreted(gemv_mod._gemv_kernel):
+    pytest.skip("the GEMV kernel was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+
+# Relative L2 error of the output: fp32 accumulates in fp32 (only summation order differs); bf16 stores rounded
+# outputs (2^-9 per element).
+TOL = {torch.float32: 1e-6, torch.bfloat16: 8e-3}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double().cpu() - ref.cpu()).norm() / ref.cpu().norm())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,k", [(64, 256), (37, 300), (5, 1000), (130, 129)])  # ragged N and K tails included
+def test_gemv_matches_float64_linear(n: int, k: int, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(n * 1000 + k)
+    x = torch.randn(1, k, generator=gen).to(DEVICE, dtype)
+    w = torch.randn(n, k, generator=gen).to(DEVICE, dtype)
+    y = gemv_mod.gemv(x, w)
+    assert y.shape == (1, n) and y.dtype == dtype
+    assert rel_err(y, gemv_mod._reference(x, w)) < TOL[dtype]
+    assert gemv_mod.gemv(x[0], w).shape == (n,)
+
+
+def test_gemv_reads_a_strided_weight_and_refuses_bad_shapes() -> None:
+    x = torch.randn(1, 64).to(DEVICE)
+    w = torch.randn(64, 40).to(DEVICE).t()  # (40, 64), stride (1, 40): copied to rows first
+    assert rel_err(gemv_mod.gemv(x, w), gemv_mod._reference(x, w)) < TOL[torch.float32]
+    with pytest.raises(ValueError, match="one row"):
+        gemv_mod.gemv(torch.randn(2, 64).to(DEVICE), w)
+    with pytest.raises(ValueError, match="does not match"):
+        gemv_mod.gemv(torch.randn(1, 63).to(DEVICE), w)
+
+
+def test_the_op_takes_f_linear_for_several_rows_and_compiles_without_a_graph_break() -> None:
+    x, w = torch.randn(3, 1, 32).to(DEVICE), torch.randn(16, 32).to(DEVICE)
+    assert torch.equal(gemv_mod.linear(x, w), F.linear(x, w))
+    compiled = torch.compile(lambda a, b: gemv_mod.linear(a, b) * 2, fullgraph=True, backend="eager")
+    assert rel_err(compiled(x[0], w), 2 * gemv_mod._reference(x[0], w)) < TOL[torch.float32]
+
+
+def test_a_decoder_with_swapped_linears_decodes_like_the_original() -> None:
+    from engine.llm.generate import Decoder, generate, step_fn
+    from engine.workloads.llama import build_model, preset
+
+    cfg = preset("tiny")
+    model = build_model(cfg, DEVICE, torch.float32, seed=3).eval()
+    model.setup_cache(1, 24)
+    prompt = torch.randint(0, cfg.vocab, (1, 8), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    with torch.no_grad():
+        ref = generate(step_fn(model), Decoder(step_fn(model)), prompt, 4)
+        linears = sum(type(m) is torch.nn.Linear for m in model.modules())
+        assert gemv_mod.swap_linears(model) == linears > 0
+        assert not any(type(m) is torch.nn.Linear for m in model.modules())
+        got = generate(step_fn(model), Decoder(step_fn(model)), prompt, 4)
+    assert torch.equal(got.tokens, ref.tokens)
+    for a, b in zip(got.logits, ref.logits):
+        assert rel_err(a, b.double()) < 1e-5
