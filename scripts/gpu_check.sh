@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine call: the GPU-only tests of the newer parts, then the figures the issues ask for.
 # Usage (from the repository root, on the GPU machine): scripts/gpu_check.sh PART [OUT]
-#   PART = tests | mlp | llm7b | bench-all | bench-cold | bench-warm | llm1b-all | llm-gemv        OUT (default $OUT or /tmp/out): logs and the store
+#   PART = tests | mlp | llm7b | bench-all | bench-cold | bench-warm | llm1b-all | llm-gemv | llm7b-gemv        OUT (default $OUT or /tmp/out): logs and the store
 # Carries duckdb/nvtx as wheels in .whl/ when the machine lacks them (see the device README).
 set -uo pipefail
 part=${1:?part}; out=${2:-${OUT:-/tmp/out}}; mkdir -p "$out"
@@ -27,7 +27,11 @@ case $part in
   bench-cold) t timeout 580 python3 -m engine bench --mode all --device cuda >"$out/bench_cold.log" 2>&1
               tail -16 "$out/bench_cold.log" ;;
   bench-warm) t timeout 200 python3 -m engine bench --mode all --device cuda >"$out/bench_warm.log" 2>&1
-              tail -5 "$out/bench_warm.log" ;;
+              tail -3 "$out/bench_warm.log"
+              python3 -m engine sql "SELECT id, mode, status, round(epoch(finished_at) - epoch(started_at), 1) AS s FROM runs
+                WHERE kind = 'bench' ORDER BY id" ;;
+  llm7b-gemv) t python3 -m engine llm --preset 7B --prompt-len 512 --new-tokens 128 --mode triton-gemv --device cuda \
+                --no-profile >"$out/llm7b_gemv.log" 2>&1; tail -4 "$out/llm7b_gemv.log" ;;
   llm-gemv) t python3 -m engine ceilings --device cuda >"$out/ceilings.log" 2>&1
             t python3 -m pytest -q -x -p no:cacheprovider tests/engine/kernels/test_gemv.py 2>&1 | tail -3
             t python3 scripts/gemv_bench.py --preset 1B,7B >"$out/gemv.log" 2>&1
