@@ -399,6 +399,8 @@ def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None,
             store.fail_run(run_id, f"worker wrote an unreadable result: {exc}")
             return "failed"
         result.artifacts.append(Artifact(kind="log", name="worker.log", path=str(log_file)))
+        if progress_file.exists():  # the run's phases with their times (see engine.worker)
+            result.artifacts.append(Artifact(kind="log", name="progress.jsonl", path=str(progress_file)))
         store.record_result(run_id, result)
         report(1.0, "done")
         return "ok"

@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -64,9 +65,12 @@ def run_job(job_path: str | Path) -> int:
     job = json.loads(Path(job_path).read_text())
     result_file = Path(job["result_file"])
     progress_out = open(job["progress_file"], "a", buffering=1)
+    started = time.perf_counter()
 
     def progress(frac: float, message: str) -> None:
-        progress_out.write(json.dumps({"progress": float(frac), "message": str(message)}) + "\n")
+        # "t" (seconds into the run) makes the file a timeline of the run's phases, kept as an artifact.
+        progress_out.write(json.dumps({"progress": float(frac), "message": str(message),
+                                       "t": round(time.perf_counter() - started, 3)}) + "\n")
 
     try:
         # Compiled artifacts (Inductor's FX graph / AOTAutograd / autotune caches) persist under MODELAB_BUILD_DIR,

@@ -91,7 +91,10 @@ def test_ok_target_stores_its_result(faults):
 def test_ok_run_records_the_worker_log(faults):
     rid = faults.ids["ok"]
     artifacts = faults.store.artifacts(rid).set_index("name")
-    assert set(artifacts.index) == {"note.txt", "worker.log"}
+    assert set(artifacts.index) == {"note.txt", "worker.log", "progress.jsonl"}
+    timeline = [json.loads(line) for line in Path(artifacts.loc["progress.jsonl", "path"]).read_text().splitlines()]
+    assert [e["message"] for e in timeline] == ["step 0.25", "step 0.5", "step 0.75"]
+    assert all(0 <= a["t"] <= b["t"] for a, b in zip(timeline, timeline[1:]))
     log = artifacts.loc["worker.log"]
     assert log["kind"] == "log"
     assert Path(log["path"]) == faults.dirs["ok"] / "worker.log"
