@@ -12,6 +12,8 @@
 | triton-gemv             | torch.compile | compile-cudagraph, every linear of the step (B=1) the hand-written      |
 |                         |               | Triton GEMV (engine/kernels/triton/gemv.py) or cuBLAS, whichever is     |
 |                         |               | faster for that weight shape here (timed once per process)              |
+| triton-decode           | torch.compile | triton-gemv, and the step's attention a Triton flash-decoding kernel    |
+|                         |               | (engine/kernels/triton/decode_attention.py) instead of SDPA             |
 
 Every compiled function is compiled with dynamic=False and fullgraph=True after torch._dynamo.reset(): the static
 cache keeps every shape fixed, so one graph per phase, and a graph break would be a bug worth failing on.
@@ -44,6 +46,7 @@ class LLMMode:
     decode: str = "eager"  # eager | compile | reduce-overhead | cudagraph
     sdpa: str | None = None  # a forced SDPA backend, else torch chooses
     gemv: bool = False  # linears through engine.kernels.triton.gemv (one-row products; F.linear otherwise)
+    decode_attn: bool = False  # the decode step's attention through engine.kernels.triton.decode_attention
 
     @property
     def compiles(self) -> bool:
@@ -70,6 +73,10 @@ MODES: dict[str, LLMMode] = {m.name: m for m in (
             "whichever streams that weight shape faster here (both timed in a CUDA graph at the first step): the "
             "decode step at B=1 is a chain of weight-streaming GEMVs. Prefill and B > 1 take F.linear.",
             prefill="compile", decode="cudagraph", gemv=True),
+    LLMMode("triton-decode", "triton-gemv, and the decode step's attention over the static cache a Triton "
+            "flash-decoding kernel (every (kv head, 64 cached positions) its own program, then one combine per "
+            "head) instead of SDPA, whose kernel gives each kv head one program at B=1.",
+            prefill="compile", decode="cudagraph", gemv=True, decode_attn=True),
 )}
 
 
@@ -134,11 +141,11 @@ def availability(mode: LLMMode, device: str, dtype: torch.dtype) -> str | None:
         reason = _compiler_missing(device)
         if reason:
             return reason
-    if mode.gemv:
+    if mode.gemv or mode.decode_attn:
         try:
             import triton  # noqa: F401
         except ImportError:
-            return "Triton is not installed (the GEMV kernel is written in Triton)"
+            return "Triton is not installed (the mode's kernels are written in Triton)"
     if mode.sdpa:
         return sdpa_unavailable(mode.sdpa, device, dtype, "prefill")
     return None
@@ -198,6 +205,12 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
 
         notes.append(f"{swap_linears(model)} linear layers run through the Triton GEMV "
                      "(engine/kernels/triton/gemv.py) when given one row")
+    if mode.decode_attn:
+        from engine.kernels.triton.decode_attention import decode_attention
+
+        for layer in model.layers:
+            layer.self_attn.decode_attn = decode_attention
+        notes.append("decode attention: the Triton flash-decoding kernel (engine/kernels/triton/decode_attention.py)")
     plain = step_fn(model)
     compile_mode = "max-autotune-no-cudagraphs" if autotune else None
     prefill = _compile(plain, compile_mode) if mode.prefill == "compile" else plain

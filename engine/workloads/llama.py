@@ -17,6 +17,7 @@ the same numbers in fewer, larger matrix products. Both forwards work either way
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +111,9 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.heads * self.head_dim, cfg.dim, bias=False)
         self.qkv_proj: nn.Linear | None = None  # set by fuse()
         self.kv_cache: KVCache | None = None  # set by LlamaDecoder.setup_cache()
+        # The decode step's attention over the static cache, (q, k_cache, v_cache, input_pos) -> (b, heads, 1, hd);
+        # None: SDPA with a mask. The LLM lab's triton-decode mode sets engine.kernels.triton.decode_attention here.
+        self.decode_attn: Callable[..., torch.Tensor] | None = None
 
     def fuse(self) -> None:
         fused = nn.Linear(self.q_proj.in_features, self.q_proj.out_features + 2 * self.k_proj.out_features,
@@ -165,6 +169,8 @@ class Attention(nn.Module):
             # whole computation (no mask tensor, so every SDPA backend, flash included, applies).
             out = F.scaled_dot_product_attention(q, self._expand_kv(k), self._expand_kv(v), is_causal=True)
             return self._out(out)
+        if self.decode_attn is not None:
+            return self._out(self.decode_attn(q, k_all, v_all, input_pos))
         # Decode: one query per sequence against the whole static cache, masked beyond input_pos. The query heads
         # that share a k/v head become rows of one head (same position, same mask), so the cache is read as it is,
         # never copied out per query head.

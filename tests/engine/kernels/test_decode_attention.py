@@ -1,0 +1,83 @@
+"""The Triton flash-decoding kernel of the LLM lab's `triton-decode` mode against SDPA's masked math in float64
+(interpreted on CPU; see conftest), and a Llama decoder whose decode attention was switched onto it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from engine.kernels.triton import decode_attention as da  # noqa: E402
+from engine.kernels.triton._common import is_interpreted  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and not is_interpreted(da._split_kernel):
+    pytest.skip("the kernel was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+
+TOL = {torch.float32: 1e-6, torch.bfloat16: 8e-3}  # relative L2; bf16 outputs are rounded (2^-9 per element)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert torch.isfinite(out).all()
+    return float((out.double().cpu() - ref.cpu()).norm() / ref.cpu().norm())
+
+
+# (batch, heads, kv heads, head dim, cache length): GQA groups of 4 and of 1 (7B-like), a cache length that is not a
+# multiple of the split, batch > 1.
+SHAPES = [(1, 8, 2, 16, 40), (2, 4, 4, 32, 33), (1, 8, 1, 64, 24)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b,h,kvh,d,s", SHAPES)
+def test_matches_masked_sdpa_math_at_every_kind_of_position(b, h, kvh, d, s, dtype) -> None:
+    gen = torch.Generator().manual_seed(b * 100 + h + d + s)
+    q = torch.randn(b, h, 1, d, generator=gen).to(DEVICE, dtype)
+    k = torch.randn(b, kvh, s, d, generator=gen).to(DEVICE, dtype)
+    v = torch.randn(b, kvh, s, d, generator=gen).to(DEVICE, dtype)
+    # Position 0 (one key: the splits past it must add nothing), inside the first split, exactly at a split boundary,
+    # and the last slot of the cache.
+    split = da.INTERPRETER["SPLIT"] if DEVICE == "cpu" else da.SPLIT
+    for pos in sorted({0, 5, min(split, s - 1), s - 1}):
+        p = torch.tensor([pos], device=DEVICE)
+        out = da.decode_attention(q, k, v, p)
+        assert out.shape == q.shape and out.dtype == dtype
+        assert rel_err(out, da._reference(q, k, v, p)) < TOL[dtype], pos
+
+
+def test_keys_beyond_the_position_do_not_matter() -> None:
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 4, 1 if i == 0 else 20, 16, generator=gen).to(DEVICE) for i in range(3))
+    k, v = k[:, :2], v[:, :2]
+    p = torch.tensor([9], device=DEVICE)
+    before = da.decode_attention(q, k, v, p)
+    k[:, :, 10:], v[:, :, 10:] = 1e4, float("nan")  # garbage in the unwritten part of the static cache
+    assert torch.equal(da.decode_attention(q, k, v, p), before)
+
+
+def test_refuses_shapes_it_does_not_handle() -> None:
+    k = torch.zeros(1, 2, 8, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="one query position"):
+        da.decode_attention_fwd(torch.zeros(1, 4, 2, 16, device=DEVICE), k, k, torch.tensor([0]))
+    with pytest.raises(ValueError, match="does not fit"):
+        da.decode_attention_fwd(torch.zeros(1, 3, 1, 16, device=DEVICE), k, k, torch.tensor([0]))
+    k12 = torch.zeros(1, 2, 8, 12, device=DEVICE)
+    with pytest.raises(ValueError, match="power of two"):
+        da.decode_attention_fwd(torch.zeros(1, 4, 1, 12, device=DEVICE), k12, k12, torch.tensor([0]))
+
+
+def test_a_decoder_on_the_kernel_decodes_like_sdpa() -> None:
+    from engine.llm.generate import Decoder, generate, step_fn
+    from engine.workloads.llama import build_model, preset
+
+    cfg = preset("tiny")  # 4 heads over 2 kv heads: GQA groups of 2
+    model = build_model(cfg, DEVICE, torch.float32, seed=5).eval()
+    model.setup_cache(1, 24)
+    prompt = torch.randint(0, cfg.vocab, (1, 8), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    with torch.no_grad():
+        ref = generate(step_fn(model), Decoder(step_fn(model)), prompt, 5)
+        for layer in model.layers:
+            layer.self_attn.decode_attn = da.decode_attention
+        got = generate(step_fn(model), Decoder(step_fn(model)), prompt, 5)
+    assert torch.equal(got.tokens, ref.tokens)
+    assert max(rel_err(a, b.double()) for a, b in zip(got.logits, ref.logits)) < 1e-5
