@@ -45,3 +45,30 @@ def bench_table(store: Store, run_ids: Sequence[int]) -> pd.DataFrame:
         "max_abs_err": frame["max_abs_err"].map(lambda v: f"{v:.1e}"),
     })
     return table.sort_values(["phase", "batch", "mode"]).reset_index(drop=True)
+
+
+def run_timeline(store: Store, run_id: int) -> pd.DataFrame:
+    """The phases a run went through, from its progress.jsonl artifact (engine.worker stamps each line with the
+    seconds since the run's worker started): step, started_s, seconds (until the next step; the last one has none).
+    Empty for runs from before the stamps, or without the artifact."""
+    import json
+    from pathlib import Path
+
+    columns = ["step", "started_s", "seconds"]
+    arts = store.artifacts(run_id)
+    rows = arts[arts["name"] == "progress.jsonl"] if not arts.empty else arts
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    events = []
+    try:
+        lines = Path(rows.iloc[0]["path"]).read_text(errors="replace").splitlines()
+    except OSError:
+        return pd.DataFrame(columns=columns)
+    for line in lines:
+        try:
+            event = json.loads(line)
+            events.append((str(event["message"]), float(event["t"])))
+        except (ValueError, KeyError, TypeError):
+            continue
+    out = [(msg, t, (events[i + 1][1] - t) if i + 1 < len(events) else None) for i, (msg, t) in enumerate(events)]
+    return pd.DataFrame(out, columns=columns)

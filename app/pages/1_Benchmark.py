@@ -22,7 +22,7 @@ from app.common import (  # noqa: E402
 from engine.explain import first_use as first_use_caches  # noqa: E402
 from engine.jobs import JobSpec  # noqa: E402
 from engine.modes import MODES  # noqa: E402
-from engine.report import with_speedup  # noqa: E402
+from engine.report import run_timeline, with_speedup  # noqa: E402
 from engine.workloads import get_workload  # noqa: E402
 from engine.workloads.user_model import BENCH_TARGET  # noqa: E402
 
@@ -164,6 +164,15 @@ for start in range(0, len(mode_names), 3):
                     st.caption(f"Native runner (C++, same .pt2): {fmt_us(native)} · "
                                + (f"Python adds {fmt_us(gap)} per call" if gap >= 0 else
                                   f"the native call is {fmt_us(-gap)} slower"))
+                timeline = run_timeline(store, int(row["run_id"]))
+                if not timeline.empty:  # where this run's time went: preparing, compiling, checking, timing …
+                    with st.expander(f"Timeline of run #{row['run_id']}", icon=":material/schedule:",
+                                     key=f"timeline-{name}"):
+                        st.dataframe(timeline, hide_index=True,
+                                     column_config={"started_s": st.column_config.NumberColumn("started (s)",
+                                                                                                format="%.2f"),
+                                                    "seconds": st.column_config.NumberColumn("took (s)",
+                                                                                             format="%.2f")})
             else:
                 st.caption("No result for these filters yet.")
             if notes.get(name):  # once per card, however many batch sizes repeated the warning

@@ -136,6 +136,11 @@ def test_real_eager_run_ends_in_a_chart(lab: Store, page) -> None:
     assert not at.exception
     assert at.get("plotly_chart")
     assert any("B=1" in m.label for m in at.metric)
+    # The card says where the run's time went, step by step, from its progress timeline.
+    run_id = int(lab.runs(kind="bench").iloc[0]["id"])
+    timeline = next(e for e in at.expander if e.label == f"Timeline of run #{run_id}")
+    steps = list(timeline.dataframe[0].value["step"])
+    assert any("first call" in step for step in steps) and any("timing" in step for step in steps)
 
 
 def test_run_of_a_dead_supervisor_is_shown_failed(lab: Store, page) -> None:

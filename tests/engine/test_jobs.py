@@ -95,6 +95,11 @@ def test_ok_run_records_the_worker_log(faults):
     timeline = [json.loads(line) for line in Path(artifacts.loc["progress.jsonl", "path"]).read_text().splitlines()]
     assert [e["message"] for e in timeline] == ["step 0.25", "step 0.5", "step 0.75"]
     assert all(0 <= a["t"] <= b["t"] for a, b in zip(timeline, timeline[1:]))
+    from engine.report import run_timeline
+
+    steps = run_timeline(faults.store, rid)
+    assert list(steps["step"]) == ["step 0.25", "step 0.5", "step 0.75"]
+    assert steps["seconds"].iloc[:2].ge(0).all() and steps["seconds"].isna().iloc[-1]
     log = artifacts.loc["worker.log"]
     assert log["kind"] == "log"
     assert Path(log["path"]) == faults.dirs["ok"] / "worker.log"
