@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from engine import nvtx_ranges
 from engine.caches import cache_metrics, counter_snapshot
+from engine.checks import compare
 from engine.envinfo import capture_env
 from engine.modes import Mode, Prepared, get_mode
 from engine.native.build import take_build_events
@@ -27,10 +28,6 @@ from engine.workloads import Workload, get_workload
 
 Progress = Callable[[float, str], None]
 PHASES = ("infer", "train")
-
-
-class ToleranceError(AssertionError):
-    """A mode's output differs from eager's by more than the workload's tolerance."""
 
 
 @dataclass
@@ -50,22 +47,6 @@ class BenchConfig:
     loop_reps: int = 25
     artifacts_dir: str | None = None
     extra: dict = field(default_factory=dict)
-
-
-def compare(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float, what: str) -> tuple[float, float]:
-    """Max abs and rel error of `actual` against `expected`; raises ToleranceError when allclose fails."""
-    actual, expected = actual.detach().float().cpu(), expected.detach().float().cpu()
-    if actual.shape != expected.shape:
-        raise ToleranceError(f"{what}: shape {tuple(actual.shape)} differs from eager's {tuple(expected.shape)}")
-    diff = (actual - expected).abs()
-    max_abs = float(diff.max()) if diff.numel() else 0.0
-    max_rel = float((diff / expected.abs().clamp_min(1e-12)).max()) if diff.numel() else 0.0
-    if not torch.isfinite(actual).all():
-        raise ToleranceError(f"{what}: output has NaN or inf")
-    if not torch.allclose(actual, expected, rtol=rtol, atol=atol):
-        raise ToleranceError(f"{what}: differs from eager (max abs err {max_abs:.3g}, max rel err {max_rel:.3g}; "
-                             f"tolerance rtol={rtol:g}, atol={atol:g})")
-    return max_abs, max_rel
 
 
 def _dynamo_counts() -> tuple[int, int]:

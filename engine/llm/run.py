@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from engine import nvtx_ranges
-from engine.bench import ToleranceError
+from engine.checks import ToleranceError
 from engine.llm import metrics as M
 from engine.llm.generate import Decoder, Generation, generate, step_fn
 from engine.llm.modes import MODES, Prepared, availability, get_mode, prepare

@@ -96,7 +96,7 @@ def prepare(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], train: b
     prepared.artifacts = {"aoti_exported_program.txt": pkg.exported_program, **aoti.generated_sources(pkg.path)}
 
     def extra_metrics(warmup: int = 10, iters: int = 100, rtol: float = 1e-4, atol: float = 1e-4) -> list:
-        from engine.bench import compare
+        from engine.checks import compare
         from engine.native.build import NativeBuildError, build_aoti_runner
         from engine.store import Metric
         from engine.timing import summarize

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.bench import BenchConfig, ToleranceError, bench_mode
+from engine.bench import BenchConfig, bench_mode
+from engine.checks import ToleranceError
 from engine.modes import MODES, Mode, Prepared, get_mode, register, resolve_modes
 from engine.store import RunResult
 from engine.timing import summarize

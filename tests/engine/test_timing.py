@@ -156,3 +156,18 @@ def test_bench_records_loop_metrics_when_asked():
         assert 0 < got[("loop_p10", phase)] <= got[("loop_median", phase)] <= got[("loop_p90", phase)]
     off = bench_mode(BenchConfig(mode="eager", phases=("infer",), batch_sizes=(4,), warmup=0, iters=2))
     assert not [m for m in off.metrics if m.name.startswith("loop_")]  # CPU default: per-call timing only
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device (CUDA graphs)")
+def test_time_in_graph_times_each_captured_call_and_scales_with_the_work():
+    import torch
+
+    from engine.timing import time_in_graph
+
+    small, big = torch.empty(1 << 20, device="cuda"), torch.empty(1 << 26, device="cuda")
+    calls = [lambda: small.fill_(1.0)] * 4
+    few = time_in_graph(calls, replays=10)
+    assert len(few.samples_us) == 10 and all(s > 0 for s in few.samples_us)
+    heavy = time_in_graph([lambda: big.fill_(1.0)] * 4, replays=10)
+    assert heavy.stats.median > 8 * few.stats.median  # 64× the bytes: the sample is the work, not a fixed cost
+    assert small[0].item() == 1.0 and big[-1].item() == 1.0  # the captured calls really ran

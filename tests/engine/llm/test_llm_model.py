@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.bench import ToleranceError
+from engine.checks import ToleranceError
 from engine.ir import zoo
 from engine.llm.generate import Decoder, generate, recompute_generate, step_fn
 from engine.llm.run import LLMConfig, build, calibrate, check_generation, rel_l2

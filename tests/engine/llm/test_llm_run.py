@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.bench import ToleranceError
+from engine.checks import ToleranceError
 from engine.ceilings import CEILINGS
 from engine.envinfo import capture_env
 from engine.llm import metrics as M
