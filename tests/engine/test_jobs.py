@@ -358,3 +358,18 @@ def test_fork_server_refuses_to_fork_a_threaded_process_and_runs_start_afresh(tm
         assert worker.proc.wait(timeout=60) == 0 and (tmp_path / "result.json").exists()
     finally:
         launcher.close()
+
+
+def test_submitted_group_runs_through_one_fork_server_that_ends_with_its_supervisor(store, lab_env):
+    ids = submit(store, [spec("ok", value=1), spec("where_am_i"), spec("ok", value=2)])
+    supervisor = int(store.run(ids[0])["pid"])
+    wait_until(lambda: all(store.run(i)["status"] in ("ok", "failed") for i in ids), 90, "the group to finish", 0.2)
+    assert [store.run(i)["status"] for i in ids] == ["ok", "ok", "ok"]
+    assert store.metrics([ids[1]]).set_index("name")["value"]["torch_preloaded"] == 1.0  # forked, imports done
+    logs = [(Path(lab_env["ARTIFACTS_DIR"]) / f"run_{i}" / "worker.log").read_text() for i in ids]
+    servers = {line.split("(pid ")[1].rstrip(")") for log in logs for line in log.splitlines()
+               if "forked by the fork server" in line}
+    assert len(servers) == 1  # one server for the whole group, a child per run
+    server = int(next(iter(servers)))
+    wait_until(lambda: not pid_alive(supervisor) and not pid_alive(server), 15,
+               "the supervisor and its fork server to exit")
