@@ -1,0 +1,74 @@
+"""Compile the LLM lab's Triton kernels for a GPU target offline, without a GPU (Triton's bundled ptxas).
+
+    python scripts/triton_aot_check.py [--arch 90]
+
+Why: the `triton-gemv` and `triton-decode` kernels are checked for correctness under Triton's interpreter on CPU, but
+the interpreter does not lower anything to the GPU, so a construct the compiler rejects (a shape, a layout, an op)
+would first show on the GPU machine. This compiles every tile configuration they can use, at the 1B and 7B shapes, for
+sm_ARCH and prints one row per kernel (shared memory, compile seconds). Exit 1 on any failure. Run with
+TRITON_INTERPRET unset (the interpreter's jit functions cannot be compiled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def jobs():
+    from engine.kernels.triton import decode_attention as da
+    from engine.kernels.triton import gemv as gm
+
+    split_sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "pos_ptr": "*i32", "m_ptr": "*fp32",
+                 "l_ptr": "*fp32", "o_ptr": "*fp32", "scale": "fp32", "KVH": "i32", "S_MAX": "i32",
+                 "NUM_SPLITS": "i32"}
+    combine_sig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "o_ptr": "*fp32", "out_ptr": "*bf16", "NUM_SPLITS": "i32"}
+    for preset, rep, d in (("1B", 4, 64), ("7B", 1, 128)):
+        rep_pad = 1 << (rep - 1).bit_length()
+        yield (f"decode_attention split {preset}", da._split_kernel, split_sig,
+               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": da.SPLIT, "BLOCK_S": da.BLOCK_S}, 4)
+        yield (f"decode_attention combine {preset}", da._combine_kernel, combine_sig,
+               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLITS_PAD": 16}, 4)
+    gemv_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32", "K": "i32", "stride_wn": "i32"}
+    for n, k, warps in gm.TILES:
+        yield f"gemv {n}x{k} w{warps}", gm._gemv_kernel, gemv_sig, {"BLOCK_N": n, "BLOCK_K": k}, warps
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90, help="compute capability × 10 (default 90: H100/H200)")
+    args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("TRITON_INTERPRET is set: interpreted kernels cannot be compiled; unset it", file=sys.stderr)
+        return 2
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", args.arch, 32)
+    failed = 0
+    rows = []
+    for name, fn, signature, constants, warps in jobs():
+        start = time.perf_counter()
+        try:
+            src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constants}},
+                            constexprs=constants)
+            kernel = triton.compile(src, target=target, options={"num_warps": warps})
+            rows.append((name, "ok", kernel.metadata.shared, time.perf_counter() - start))
+        except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
+            failed += 1
+            rows.append((name, f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", 0,
+                         time.perf_counter() - start))
+    print(f"{'kernel':34} {'sm':>3} {'shared B':>8} {'s':>5}  result")
+    for name, result, shared, seconds in rows:
+        print(f"{name:34} {args.arch:3d} {shared:8d} {seconds:5.1f}  {result}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
