@@ -242,6 +242,17 @@ def default_preload() -> tuple[str, ...]:
     return PRELOAD + (PRELOAD_WITHOUT_GPU if no_gpu else ())
 
 
+def preload_for(store: Store, run_ids: Sequence[int]) -> tuple[str, ...]:
+    """What a lane's fork server may import for these runs. A kernel-level run off CUDA switches Triton to its
+    interpreter inside the worker (engine.levels.base.use_triton_interpreter), which only works while Triton is not
+    imported yet, and dynamo and Inductor import it: such lanes preload torch alone."""
+    for run_id in run_ids:
+        run = store.run(run_id)
+        if run is not None and run["kind"] == "levels" and not str(run["device"]).startswith("cuda"):
+            return ("torch",)
+    return default_preload()
+
+
 class Launcher:
     """Starts the workers of one supervisor lane: forked by a fork server (engine.forkserver) when it can, else a
     fresh `python -m engine.worker`. Either way every run is its own process; the server only saves the imports."""
@@ -293,15 +304,15 @@ class Launcher:
             self.server = None
 
 
-def new_launcher(store: Store, name: str = "lane") -> Launcher:
-    return Launcher(artifacts_root(store) / f"forkserver-{os.getpid()}-{name}.log")
+def new_launcher(store: Store, name: str = "lane", preload: Sequence[str] | None = None) -> Launcher:
+    return Launcher(artifacts_root(store) / f"forkserver-{os.getpid()}-{name}.log", preload)
 
 
 @contextmanager
 def lane_launcher(store: Store, run_ids: Sequence[int], name: str = "lane",
                   launcher: Launcher | None = None) -> Iterator[Launcher]:
     """The lane's launcher (the given one, perhaps pre-started by the CLI, or a new one); closed at the end."""
-    launcher = launcher or new_launcher(store, name)
+    launcher = launcher or new_launcher(store, name, preload_for(store, run_ids))
     try:
         if len(run_ids) > 1:  # one run gains nothing from a server: it would import the same modules once anyway
             launcher.open()

@@ -111,6 +111,10 @@ for start in range(0, len(level_keys), 3):
                                   if pct == pct and pct is not None else "")
                                + (f" · {row['pct_copy_bw']:.0f} % of the measured copy bandwidth"
                                   if row.get("pct_copy_bw") == row.get("pct_copy_bw") else ""))
+                graph_us = row.get("graph_median_us")
+                if graph_us is not None and graph_us == graph_us:  # NaN on CPU and where capture failed
+                    st.caption(f"In a CUDA graph: {fmt_us(graph_us)} per call (device time; the median above "
+                               "includes the host's cost of each call)")
                 st.caption(f"rel. error {row['rel_l2_err']:.1e} (≤ {row['tolerance']:g}) · p10–p90 "
                            f"{fmt_us(row['p10_us'])}–{fmt_us(row['p90_us'])} · first call "
                            f"{fmt_us(row['first_call_us'])} · run #{row['id']} · {fmt_time(row['finished_at'])}")
@@ -156,6 +160,8 @@ else:
         stages = stages.merge(timed[["id", "mode"]], left_on="run_id", right_on="id")
         shown = pd.DataFrame({"level": stages["mode"], "stage": stages["phase"],
                               "median": stages["median"].map(fmt_us),
+                              "in a CUDA graph": (stages["graph_median"].map(fmt_us) if "graph_median" in stages
+                                                  else "—"),
                               "TFLOP/s": (stages.get("flops_per_s", pd.Series(dtype=float)) / 1e12).round(2),
                               "rel. error": stages["rel_l2_err"].map(lambda v: f"{v:.1e}")})
         st.dataframe(shown, hide_index=True)

@@ -30,8 +30,8 @@ def add_ceilings(store: Store, device: str = "cuda") -> int:
 
 
 def add_level_run(store: Store, level: str, median_us: float, *, device: str = "cuda", shape: str = "S=4096",
-                  component: str = "causal_attention", interpreted: bool = False, stage_us: float | None = None
-                  ) -> int:
+                  component: str = "causal_attention", interpreted: bool = False, stage_us: float | None = None,
+                  graph_us: float | None = None, stage_graph_us: float | None = None) -> int:
     run_id = store.create_run("levels", component, level, device,
                               {"component": component, "shape": shape, "level": level, "device": device})
     store.start_run(run_id)
@@ -48,6 +48,10 @@ def add_level_run(store: Store, level: str, median_us: float, *, device: str = "
                 Metric("pct_copy_bw", 100 * nbytes / sec / 2.98e12, "%", "forward"),
                 Metric("ceiling_copy_bw", 2.98e12, "B/s")]
     samples = [Samples("forward", [median_us] * 5)]
+    if graph_us is not None:
+        metrics.append(Metric("graph_median", graph_us, "us", "forward"))
+    if stage_graph_us is not None:
+        metrics.append(Metric("graph_median", stage_graph_us, "us", "patch_embed"))
     if stage_us is not None:
         metrics += [Metric("median", stage_us, "us", "patch_embed"), Metric("rel_l2_err", 1e-3, "", "patch_embed"),
                     Metric("flops_per_s", 14.8e9 / (stage_us * 1e-6), "FLOP/s", "patch_embed")]
@@ -124,7 +128,8 @@ def test_cpu_cards_grey_out_cuda_with_the_reason_and_show_sources(lab: Store) ->
 def test_vit_stage_table(lab: Store) -> None:
     add_ceilings(lab)
     add_level_run(lab, "L1-naive", 3000.0, component="vit_patch_attention", shape="ViT-B/16", stage_us=657.0)
-    add_level_run(lab, "L4-triton", 400.0, component="vit_patch_attention", shape="ViT-B/16", stage_us=55.0)
+    add_level_run(lab, "L4-triton", 400.0, component="vit_patch_attention", shape="ViT-B/16", stage_us=145.0,
+                  graph_us=350.0, stage_graph_us=41.5)
     at = open_levels()
     at.run()
     at.sidebar.selectbox(key="component").set_value("vit_patch_attention").run()
@@ -133,6 +138,12 @@ def test_vit_stage_table(lab: Store) -> None:
     assert any(s.value == "Stages timed on their own" for s in at.subheader)
     table = at.dataframe[0].value
     assert set(table["stage"]) == {"patch_embed"} and "657.0 µs" in set(table["median"])
+    # The CUDA-graph (device) time sits beside the per-call median, where the run has one.
+    triton_row = table[table["level"] == "L4-triton"].iloc[0]
+    assert triton_row["median"] == "145.0 µs" and triton_row["in a CUDA graph"] == "41.5 µs"
+    assert table[table["level"] == "L1-naive"].iloc[0]["in a CUDA graph"] == "—"
+    captions = "\n".join(c.value for c in at.caption)
+    assert "In a CUDA graph: 350.0 µs per call" in captions
 
 
 def test_run_all_queues_every_available_level(lab: Store, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -373,3 +373,15 @@ def test_submitted_group_runs_through_one_fork_server_that_ends_with_its_supervi
     server = int(next(iter(servers)))
     wait_until(lambda: not pid_alive(supervisor) and not pid_alive(server), 15,
                "the supervisor and its fork server to exit")
+
+
+def test_lanes_with_cpu_kernel_levels_preload_torch_alone(store):
+    from engine.jobs import default_preload, preload_for
+
+    bench = create_runs(store, [JobSpec("bench", "house_price", "eager", "cpu", {})])
+    cpu_level = create_runs(store, [JobSpec("levels", "causal_attention", "L4-triton", "cpu", {})])
+    gpu_level = create_runs(store, [JobSpec("levels", "causal_attention", "L4-triton", "cuda", {})])
+    assert preload_for(store, bench) == default_preload() and "torch._dynamo" in default_preload()
+    assert preload_for(store, gpu_level) == default_preload()
+    # Dynamo imports Triton, after which the worker could no longer switch Triton to its interpreter.
+    assert preload_for(store, bench + cpu_level) == ("torch",)
