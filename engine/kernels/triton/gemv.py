@@ -11,8 +11,9 @@ buffer or cast kernel inside the decode graph).
 break), CUDA graphs capture it. Rows other than one (B > 1, prefill) take F.linear: this kernel re-reading W per row
 would lose to a GEMM. For one row it picks, per weight shape and once per process, whichever of this kernel and
 cuBLAS (F.linear) is faster here, both timed the way the decode step runs them (`time_choice`): like Inductor's
-max-autotune, which keeps cuBLAS among its candidates. `choices()` lists what was picked, with both times. `_reference` is F.linear in float64; the check and the timing sit in scripts/llm_decode_probe.py
-and tests/engine/kernels/test_gemv.py.
+max-autotune, which keeps cuBLAS among its candidates. `choices()` lists what was picked, with both times.
+`_reference` is F.linear in float64; the checks sit in tests/engine/kernels/test_gemv.py, the table of both
+implementations per preset shape in scripts/gemv_bench.py, the offline sm_90 compile in scripts/triton_aot_check.py.
 """
 
 from __future__ import annotations
