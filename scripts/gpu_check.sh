@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device-machine call: the GPU-only tests of the newer parts, then the figures the issues ask for.
 # Usage (from the repository root, on the GPU machine): scripts/gpu_check.sh PART [OUT]
-#   PART = tests | mlp | llm7b | bench-all | bench-cold | bench-warm | llm1b-all | llm-gemv | llm7b-gemv        OUT (default $OUT or /tmp/out): logs and the store
+#   PART = tests | mlp | llm7b | bench-all | bench-cold | bench-warm | llm1b-all | llm-gemv | llm7b-gemv |
+#          next (what the third session could not run: triton-decode, level graph times, aoti's timeline)        OUT (default $OUT or /tmp/out): logs and the store
 # Carries duckdb/nvtx as wheels in .whl/ when the machine lacks them (see the device README).
 set -uo pipefail
 part=${1:?part}; out=${2:-${OUT:-/tmp/out}}; mkdir -p "$out"
@@ -40,6 +41,14 @@ case $part in
             t python3 -m engine llm --preset 7B --prompt-len 512 --new-tokens 128 --mode compile-cudagraph,triton-gemv \
               --device cuda --no-profile >"$out/llm7b.log" 2>&1
             tail -12 "$out/llm1b.log"; tail -12 "$out/llm7b.log"; cat "$out/gemv.log" ;;
+  next) t python3 scripts/triton_aot_check.py | tail -3
+        t python3 -m pytest -q -x -p no:cacheprovider tests/engine/kernels/test_decode_attention.py 2>&1 | tail -2
+        t python3 -m engine llm --preset 7B --prompt-len 512 --new-tokens 128 --mode triton-gemv,triton-decode \
+          --device cuda --no-profile >"$out/llm7b_decode.log" 2>&1; tail -5 "$out/llm7b_decode.log"
+        t python3 -m engine levels --component vit_patch_attention,causal_attention --level all --device cuda \
+          >"$out/levels.log" 2>&1; tail -25 "$out/levels.log"
+        t python3 -m engine bench --mode aoti --device cuda >"$out/aoti.log" 2>&1
+        cat /tmp/art/run_*/progress.jsonl 2>/dev/null | tail -30 ;;
   llm1b-all) t timeout 400 python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --mode all --device cuda \
                >"$out/llm1b_all.log" 2>&1; tail -30 "$out/llm1b_all.log" ;;
   *) echo "unknown part $part"; exit 2 ;;
