@@ -378,13 +378,9 @@ def _deep(cfg: LLMConfig, rows: list[dict], out_dir: Path, result: RunResult) ->
     failures, when it cannot run."""
     from engine.profiling import ncu
 
-    reason = ncu.unavailable(cfg.device)
+    kernels, reason = ncu.deep_targets(cfg.device, rows, "decode")
     if reason:
-        result.notes.append(f"deep profile skipped: {reason}")
-        return
-    kernels = ncu.top_kernel_names(rows)
-    if not kernels:
-        result.notes.append("deep profile skipped: the decode profile recorded no kernels")
+        result.notes.append(reason)
         return
     csv_path = out_dir / "ncu-decode.csv"
     # ncu.build_command ends with `python -m engine.profiling.ncu <args>`: keep its ncu options, run our target.

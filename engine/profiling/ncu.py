@@ -60,6 +60,18 @@ def unavailable(device: str) -> str | None:
     return None
 
 
+def deep_targets(device: str, rows: list[dict], what: str) -> tuple[list[str], str | None]:
+    """The kernels a deep profile of `what` would measure (longest first), or why it cannot run: ncu missing, not a
+    CUDA device, or a profile without kernels. The callers turn the reason into a run note, never a failure."""
+    reason = unavailable(device)
+    if reason:
+        return [], f"deep profile skipped: {reason}"
+    kernels = top_kernel_names(rows)
+    if not kernels:
+        return [], f"deep profile of {what} skipped: the profile recorded no kernels"
+    return kernels, None
+
+
 def kernel_regex(kernels: Sequence[str]) -> str:
     """`regex:` filter for ncu -k matching any of these kernels by function name (ncu's default name base)."""
     names = sorted({base_name(k) for k in kernels if base_name(k)})

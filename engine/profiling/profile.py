@@ -195,13 +195,9 @@ def profile_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, p
 def deep_profile(cfg: ProfileConfig, phase: str, rows: list[dict], out_dir: Path, result: RunResult,
                  batch_size: int) -> None:
     """Nsight Compute on this phase's top-k kernels; a note (never a failure) when it cannot run."""
-    reason = ncu.unavailable(cfg.device)
+    kernels, reason = ncu.deep_targets(cfg.device, rows, phase)
     if reason:
-        result.notes.append(f"deep profile skipped: {reason}")
-        return
-    kernels = ncu.top_kernel_names(rows)
-    if not kernels:
-        result.notes.append(f"deep profile of {phase} skipped: the profile recorded no kernels")
+        result.notes.append(reason)
         return
     deep = ncu.run_deep_profile(workload=cfg.workload, mode=cfg.mode, device=cfg.device, phase=phase,
                                 batch_size=batch_size, kernels=kernels[: cfg.top_k], out_dir=out_dir,

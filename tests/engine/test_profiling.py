@@ -354,6 +354,19 @@ def test_ncu_availability(monkeypatch):
     assert "CUDA" in ncu.unavailable("cpu")
 
 
+def test_deep_targets_pick_kernels_longest_first_or_say_why_not(monkeypatch):
+    rows = [{"kind": "kernel", "name": "short", "self_us": 1.0}, {"kind": "op", "name": "aten::mm", "self_us": 9.0},
+            {"kind": "kernel", "name": "long", "self_us": 5.0}]
+    monkeypatch.setattr(ncu.shutil, "which", lambda name: "/usr/local/cuda/bin/ncu")
+    assert ncu.deep_targets("cuda", rows, "train") == (["long", "short"], None)
+    assert ncu.deep_targets("cuda", rows[1:2], "decode") == (
+        [], "deep profile of decode skipped: the profile recorded no kernels")
+    kernels, reason = ncu.deep_targets("cpu", rows, "train")
+    assert kernels == [] and reason.startswith("deep profile skipped: ") and "CUDA" in reason
+    monkeypatch.setattr(ncu.shutil, "which", lambda name: None)
+    assert ncu.deep_targets("cuda", rows, "train") == ([], f"deep profile skipped: {ncu.NOT_FOUND}")
+
+
 def test_deep_profile_runs_ncu_and_parses_its_log(tmp_path):
     """The subprocess plumbing, with a stand-in `ncu` that writes the sample CSV to --log-file."""
     fake = tmp_path / "ncu"
