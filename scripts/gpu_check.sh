@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine call: the GPU-only tests of the newer parts, then the figures the issues ask for.
 # Usage (from the repository root, on the GPU machine): scripts/gpu_check.sh PART [OUT]
-#   PART = tests | mlp | llm7b | bench-all | bench-cold | bench-warm | llm1b-all | llm-gemv | llm7b-gemv |
+#   PART = tests | mlp | llm7b | bench-all | bench-cold | bench-warm | llm1b-all | llm-gemv | llm7b-gemv | decode | aoti-timeline | bench-both |
 #          next (what the third session could not run: triton-decode, level graph times, aoti's timeline)        OUT (default $OUT or /tmp/out): logs and the store
 # Carries duckdb/nvtx as wheels in .whl/ when the machine lacks them (see the device README).
 set -uo pipefail
@@ -49,6 +49,25 @@ case $part in
           >"$out/levels.log" 2>&1; tail -25 "$out/levels.log"
         t python3 -m engine bench --mode aoti --device cuda >"$out/aoti.log" 2>&1
         cat /tmp/art/run_*/progress.jsonl 2>/dev/null | tail -30 ;;
+  decode) t python3 -m pytest -q -x -p no:cacheprovider tests/engine/kernels/test_decode_attention.py 2>&1 | tail -2
+          t python3 -m engine llm --preset 7B --prompt-len 512 --new-tokens 128 --mode triton-gemv,triton-decode \
+            --device cuda --no-profile >"$out/llm7b_decode.log" 2>&1; tail -6 "$out/llm7b_decode.log" ;;
+  aoti-timeline) for pass in cold warm; do
+            t python3 -m engine bench --mode aoti --device cuda >"$out/aoti_$pass.log" 2>&1; tail -3 "$out/aoti_$pass.log"; done
+          python3 - <<'PY'
+from engine.report import run_timeline
+from engine.store import Store
+s = Store()
+for rid in s.query("SELECT id FROM runs WHERE kind = 'bench' ORDER BY id")["id"]:
+    print(f"run {rid}"); print(run_timeline(s, int(rid)).to_string(index=False))
+print(s.query("SELECT run_id, name, phase, batch_size, round(value, 2) AS v FROM metrics WHERE name IN "
+              "('export_time', 'aoti_compile_time', 'native_load', 'median', 'native_median') ORDER BY run_id, name"))
+PY
+          ;;
+  bench-both) t timeout 440 python3 -m engine bench --mode all --device cuda >"$out/bench_cold.log" 2>&1
+              t timeout 140 python3 -m engine bench --mode all --device cuda >"$out/bench_warm.log" 2>&1
+              python3 -m engine sql "SELECT id, mode, status, round(epoch(finished_at) - epoch(started_at), 1) AS s FROM runs
+                WHERE kind = 'bench' ORDER BY id" ;;
   llm1b-all) t timeout 400 python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --mode all --device cuda \
                >"$out/llm1b_all.log" 2>&1; tail -30 "$out/llm1b_all.log" ;;
   *) echo "unknown part $part"; exit 2 ;;

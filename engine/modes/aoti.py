@@ -10,7 +10,8 @@ Inference only: a package holds the forward graph, no autograd, so the mode decl
 
 On CUDA the package is first loaded in a child process (set MODELAB_AOTI_CHECK_IN_CHILD=0 to skip, =1 to force on
 CPU): on one image aoti_load_package segfaulted in `_load_aoti`, and a child's crash lets this run fail with that
-reason (and whether the native runner loads the same file) instead of taking the worker down.
+reason (and whether the native runner loads the same file) instead of taking the worker down. A marker file beside
+the cached package records a passed check, so a warm rerun skips it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from engine.modes.base import Mode, Prepared
 PHASES = ("infer",)
 PROFILER_LABEL = "## Call AOTInductor package ##"  # engine.explain counts this range's own time as compute
 CHECK_ENV = "MODELAB_AOTI_CHECK_IN_CHILD"
-_checked: set = set()  # (package path, device) already loaded fine in a child: once per process is enough
+
+
+def _check_marker(pkg_path, device: torch.device):
+    """A file beside the cached package saying it already loaded and ran in a child on this device: the check is
+    about this package file on this machine (the package directory is keyed by device and torch), so once is enough."""
+    from pathlib import Path
+
+    return Path(pkg_path).parent / f"loaded-in-child-{str(device).replace(':', '-')}.ok"
 
 
 class InferenceOnlyError(RuntimeError):
@@ -73,12 +81,14 @@ def prepare(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], train: b
     options = f", Inductor options {pkg.options}" if pkg.options else ""
     notes.append(f"aoti: torch.export → aoti_compile_and_package with {shape_note}{options}; package {pkg.digest}")
 
-    if _check_in_child(device) and (pkg.path, str(device)) not in _checked:
+    marker = _check_marker(pkg.path, device)
+    if _check_in_child(device) and not marker.is_file():
         try:
             aoti.check_load_in_child(pkg.path, example_inputs, device)
         except aoti.NativeRunError as exc:
             raise aoti.NativeRunError(f"{exc}\n{_native_verdict(pkg.path, example_inputs, device)}") from None
-        _checked.add((pkg.path, str(device)))
+        marker.write_text("aoti_load_package loaded and ran this package in a child process\n")
+        notes.append("aoti: the package loaded and ran in a child process first (a crash there fails only this run)")
 
     loaded = aoti.load(pkg.path, device)
 

@@ -186,10 +186,21 @@ def generated_sources(pt2: Path, limit: int = 1 << 20) -> dict[str, str]:
 
 
 def load(pt2: Path | str, device: torch.device | str):
-    """aoti_load_package onto `device` (CPU packages: index -1; cuda:N: N)."""
+    """Load a package onto `device` (CPU packages: index -1; cuda:N: N) with libtorch's AOTIModelPackageLoader, the
+    loader the native runner uses and torch's own load_package falls back to.
+
+    Not through torch._inductor.aoti_load_package: before loading, it compares this machine with the package's
+    metadata only to log an advisory warning, and that comparison picks the CPU vector ISA by test-compiling C++ —
+    57 s in a fresh process on the H100 machine (scripts/aoti_timing.py), twice per CUDA run with the child check."""
     device = torch.device(device)
     index = device.index if device.type == "cuda" and device.index is not None else -1
-    return torch._inductor.aoti_load_package(str(pt2), device_index=index)
+    try:
+        from torch._inductor.package import AOTICompiledModel
+
+        loader = torch._C._aoti.AOTIModelPackageLoader
+    except (ImportError, AttributeError):  # another torch layout: the public path is slower but equivalent
+        return torch._inductor.aoti_load_package(str(pt2), device_index=index)
+    return AOTICompiledModel(loader(str(pt2), "model", False, 1, index))
 
 
 # ---- raw tensor files shared with the native runner -------------------------------------------------------------

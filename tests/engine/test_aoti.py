@@ -112,6 +112,27 @@ def test_load_checked_in_a_child_process(package):
     aoti.check_load_in_child(package.path, inputs, "cpu")  # no exception: loads and runs in a fresh process
 
 
+def test_child_load_check_runs_once_per_package(package, monkeypatch):
+    """The aoti mode's crash check (forced on here; default on CUDA) runs in a child the first time, leaves a marker
+    beside the cached package, and a later prepare of the same package skips it."""
+    from engine.modes import aoti as aoti_mode
+
+    monkeypatch.setenv(aoti_mode.CHECK_ENV, "1")
+    marker = aoti_mode._check_marker(package.path, torch.device("cpu"))
+    marker.unlink(missing_ok=True)
+    calls = []
+    real = aoti.check_load_in_child
+    monkeypatch.setattr(aoti, "check_load_in_child", lambda *a, **k: (calls.append(a[0]), real(*a, **k)))
+    inputs, _ = make_batch(4, "cpu")
+    first = get_mode("aoti").prepare(make_model(), inputs, False)
+    assert calls == [package.path] and marker.is_file()
+    assert any("child process first" in n for n in first.notes)
+    second = get_mode("aoti").prepare(make_model(), inputs, False)
+    assert calls == [package.path]  # not checked again
+    torch.testing.assert_close(second.fn(*inputs), first.fn(*inputs))
+    marker.unlink()
+
+
 def test_train_phase_is_refused_clearly():
     from engine.modes.aoti import InferenceOnlyError
 
