@@ -98,6 +98,33 @@ def mode_train_step(prepared: Prepared, model: torch.nn.Module, workload: Worklo
     return step
 
 
+def build_step(workload: Workload, mode: Mode, base_model: torch.nn.Module, phase: str, batch_size: int,
+               device: str) -> tuple[Callable[[], torch.Tensor], Prepared]:
+    """The callable one profiler step runs, on a fresh copy of the model prepared by the mode.
+
+    `train` reuses engine.bench's training step (the one bench times). `infer` must be called (and is
+    prepared) under torch.no_grad(); the caller sets the grad mode for the whole loop.
+    """
+    inputs, target = workload.make_batch(batch_size, device)
+    if phase == "train":
+        model = copy.deepcopy(base_model).train()
+        prepared = mode.prepare(model, inputs, True)
+        return mode_train_step(prepared, model, workload, inputs, target), prepared
+    if phase != "infer":
+        raise ValueError(f"unknown phase {phase!r}; use one of {PHASES}")
+    model = copy.deepcopy(base_model).eval()
+    with torch.no_grad():
+        prepared = mode.prepare(model, inputs, False)
+
+    def call() -> torch.Tensor:
+        if prepared.before_step:
+            prepared.before_step()
+        with nvtx_ranges.range("forward"):
+            return prepared.fn(*inputs)
+
+    return call, prepared
+
+
 def _first_call_message(mode: Mode, phase: str, batch_size: int) -> str:
     what = "first call: compiling (or loading from the cache)" if mode.compiles else "first call"
     return f"{mode.name} {phase} B={batch_size}: {what}"

@@ -98,6 +98,13 @@ def cmd_levels(args: argparse.Namespace) -> int:
     if not frame.empty:
         print()
         print(frame.to_string(index=False))
+        if frame["in_graph_us"].ne("").any():
+            print("in_graph_us: the same calls captured in one CUDA graph and replayed (device time, no per-call host "
+                  "cost); median_us is per call from Python, CUDA events around each call")
+    stages = stage_table(store, ids)
+    if not stages.empty:
+        print()
+        print(stages.to_string(index=False))
     for run_id, status in statuses.items():
         if status != "ok":
             run = store.run(run_id)
@@ -118,12 +125,28 @@ def levels_table(store: Store, run_ids: list[int]) -> pd.DataFrame:
         rows.append({
             "component": r["workload"], "shape": r["shape"], "level": r["mode"], "status": r["status"],
             "median_us": _fmt(r.get("median_us"), "{:.1f}"), "p10-p90": _range(r),
+            "in_graph_us": _fmt(r.get("graph_median_us"), "{:.1f}"),
             "TFLOP/s": _fmt(r.get("flops_per_s"), "{:.2f}", 1e12), "TB/s": _fmt(r.get("bytes_per_s"), "{:.3f}", 1e12),
             "%matmul": _fmt(r.get("pct_matmul"), "{:.0f}"), "%copy": _fmt(r.get("pct_copy_bw"), "{:.0f}"),
             "vs L1-naive": _fmt(r.get("speedup"), "{:.2f}x"), "rel_err": _fmt(r.get("rel_l2_err"), "{:.1e}"),
             "note": "interpreted" if r.get("interpreted") == 1 else "",
         })
     return pd.DataFrame(rows)
+
+
+def stage_table(store: Store, run_ids: list[int]) -> pd.DataFrame:
+    """One printable row per stage timed on its own (the ViT patch embedding): per call and in a CUDA graph."""
+    from engine.levels.results import stage_results
+
+    frame = stage_results(store, run_ids)
+    if frame.empty:
+        return pd.DataFrame()
+    levels = store.query(f"SELECT id, mode FROM runs WHERE id IN ({','.join('?' * len(run_ids))})",
+                         [int(i) for i in run_ids]).set_index("id")["mode"]
+    return pd.DataFrame([{
+        "stage": r["phase"], "level": levels.get(r["run_id"], ""), "run": int(r["run_id"]),
+        "median_us": _fmt(r.get("median"), "{:.1f}"), "in_graph_us": _fmt(r.get("graph_median"), "{:.1f}"),
+    } for _, r in frame.iterrows()])
 
 
 def _fmt(value, pattern: str, scale: float = 1.0) -> str:

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from engine.modes import get_mode
-    from engine.profiling.profile import build_step
+    from engine.bench import build_step
     from engine.workloads import get_workload
 
     workload = get_workload(args.workload)

@@ -251,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from engine.bench import _sync
     from engine.modes import get_mode
-    from engine.profiling.profile import build_step
+    from engine.bench import build_step
     from engine.workloads import get_workload
 
     workload = get_workload(args.workload)

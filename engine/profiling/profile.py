@@ -18,7 +18,6 @@ The worker never touches DuckDB: everything comes back in the RunResult (op_stat
 
 from __future__ import annotations
 
-import copy
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,9 +26,9 @@ from pathlib import Path
 import torch
 
 from engine import nvtx_ranges
-from engine.bench import _sync, mode_train_step
+from engine.bench import _sync, build_step
 from engine.envinfo import capture_env
-from engine.modes import Mode, Prepared, get_mode
+from engine.modes import Mode, get_mode
 from engine.profiling import compiled_code, ncu
 from engine.profiling.op_stats import analyze, load_trace
 from engine.store import Artifact, Metric, RunResult
@@ -85,33 +84,6 @@ def default_phases(mode: Mode) -> tuple[str, ...]:
 
 def default_batch_size(workload: Workload, batch_size: int | None) -> int:
     return int(batch_size or workload.default_train_batch_sizes[0])
-
-
-def build_step(workload: Workload, mode: Mode, base_model: torch.nn.Module, phase: str, batch_size: int,
-               device: str) -> tuple[Callable[[], torch.Tensor], Prepared]:
-    """The callable one profiler step runs, on a fresh copy of the model prepared by the mode.
-
-    `train` reuses engine.bench's training step (the one the Benchmark page times). `infer` must be called (and is
-    prepared) under torch.no_grad(); the caller sets the grad mode for the whole loop.
-    """
-    inputs, target = workload.make_batch(batch_size, device)
-    if phase == "train":
-        model = copy.deepcopy(base_model).train()
-        prepared = mode.prepare(model, inputs, True)
-        return mode_train_step(prepared, model, workload, inputs, target), prepared
-    if phase != "infer":
-        raise ValueError(f"unknown phase {phase!r}; use one of {PHASES}")
-    model = copy.deepcopy(base_model).eval()
-    with torch.no_grad():
-        prepared = mode.prepare(model, inputs, False)
-
-    def call() -> torch.Tensor:
-        if prepared.before_step:
-            prepared.before_step()
-        with nvtx_ranges.range("forward"):
-            return prepared.fn(*inputs)
-
-    return call, prepared
 
 
 def activities(device: str) -> list[torch.profiler.ProfilerActivity]:

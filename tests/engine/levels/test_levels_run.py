@@ -141,3 +141,26 @@ def test_cli_lists_checks_arguments_and_runs(child_env: dict[str, str]) -> None:
                "--iters", "2", "--warmup", "0", env=child_env)
     assert ran.returncode == 0, ran.stderr
     assert "L1-native" in ran.stdout and "1.00x" in ran.stdout  # L1-naive is its own baseline
+
+
+def test_cli_tables_show_graph_time_and_stages(store: Store) -> None:
+    """A CUDA level run stores per-call and in-graph figures for the whole forward and for its stages; the CLI's
+    tables show both side by side (runs recorded as a GPU worker records them: no GPU is needed to read them)."""
+    from engine.levels.cli import levels_table, stage_table
+    from engine.store import Metric, RunResult
+
+    ids = []
+    for level, (per_call, graph, stage_call, stage_graph) in {"L4-triton": (561.9, 286.6, 153.8, 49.7),
+                                                              "L5-cuda": (364.3, 338.1, 93.4, 78.2)}.items():
+        run_id = store.create_run("levels", "vit_patch_attention", level, "cuda", params={"shape": "ViT-B/16"})
+        store.start_run(run_id)
+        store.record_result(run_id, RunResult(metrics=[
+            Metric("median", per_call, "us", phase="forward"), Metric("graph_median", graph, "us", phase="forward"),
+            Metric("median", stage_call, "us", phase="patch_embed"),
+            Metric("graph_median", stage_graph, "us", phase="patch_embed")]))
+        ids.append(run_id)
+    table = levels_table(store, ids)
+    assert list(table["median_us"]) == ["561.9", "364.3"] and list(table["in_graph_us"]) == ["286.6", "338.1"]
+    stages = stage_table(store, ids)
+    assert stages[["stage", "level", "median_us", "in_graph_us"]].values.tolist() == [
+        ["patch_embed", "L4-triton", "153.8", "49.7"], ["patch_embed", "L5-cuda", "93.4", "78.2"]]
