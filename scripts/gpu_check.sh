@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine call: the GPU-only tests of the newer parts, then the figures the issues ask for.
 # Usage (from the repository root, on the GPU machine): scripts/gpu_check.sh PART [OUT]
-#   PART = tests | mlp | llm7b | bench-all | bench-cold | bench-warm | llm1b-all | llm-gemv | llm7b-gemv | decode | aoti-timeline | bench-both | host-cost |
+#   PART = tests | mlp | llm7b | bench-all | bench-cold | bench-warm | llm1b-all | llm-gemv | llm7b-gemv | decode | aoti-timeline | bench-both | host-cost | fused |
 #          next (what the third session could not run: triton-decode, level graph times, aoti's timeline)        OUT (default $OUT or /tmp/out): logs and the store
 # Carries duckdb/nvtx as wheels in .whl/ when the machine lacks them (see the device README).
 set -uo pipefail
@@ -68,6 +68,11 @@ PY
               t timeout 140 python3 -m engine bench --mode all --device cuda >"$out/bench_warm.log" 2>&1
               python3 -m engine sql "SELECT id, mode, status, round(epoch(finished_at) - epoch(started_at), 1) AS s FROM runs
                 WHERE kind = 'bench' ORDER BY id" ;;
+  fused) t python3 -m pytest -q -x -p no:cacheprovider tests/engine/kernels/test_gemv.py 2>&1 | tail -2
+         for preset in 7B 1B; do
+           t python3 -m engine llm --preset $preset --prompt-len 512 --new-tokens 128 --device cuda --no-profile \
+             --mode triton-gemv,triton-decode,triton-fused >"$out/llm${preset}_fused.log" 2>&1; tail -6 "$out/llm${preset}_fused.log"
+         done ;;
   host-cost) t python3 scripts/triton_host_cost.py >"$out/host_cost.log" 2>&1; tail -70 "$out/host_cost.log" ;;
   llm1b-all) t timeout 400 python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --mode all --device cuda \
                >"$out/llm1b_all.log" 2>&1; tail -30 "$out/llm1b_all.log" ;;

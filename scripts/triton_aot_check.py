@@ -2,7 +2,7 @@
 
     python scripts/triton_aot_check.py [--arch 90]
 
-Why: the `triton-gemv` and `triton-decode` kernels are checked for correctness under Triton's interpreter on CPU, but
+Why: the `triton-gemv`, `triton-decode` and `triton-fused` kernels are checked for correctness under Triton's interpreter on CPU, but
 the interpreter does not lower anything to the GPU, so a construct the compiler rejects (a shape, a layout, an op)
 would first show on the GPU machine. This compiles every tile configuration they can use, at the 1B and 7B shapes, for
 sm_ARCH and prints one row per kernel (shared memory, compile seconds). Exit 1 on any failure. Run with
@@ -34,9 +34,13 @@ def jobs():
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": da.SPLIT, "BLOCK_S": da.BLOCK_S}, 4)
         yield (f"decode_attention combine {preset}", da._combine_kernel, combine_sig,
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLITS_PAD": 16}, 4)
-    gemv_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32", "K": "i32", "stride_wn": "i32"}
+    gemv_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "g_ptr": "*bf16", "r_ptr": "*bf16", "N": "i32",
+                "K": "i32", "stride_wn": "i32", "eps": "fp32"}
     for n, k, warps in gm.TILES:
-        yield f"gemv {n}x{k} w{warps}", gm._gemv_kernel, gemv_sig, {"BLOCK_N": n, "BLOCK_K": k}, warps
+        for norm, add in ((False, False), (True, False), (False, True)):  # plain; norm_linear; linear_add
+            tag = " +norm" if norm else " +residual" if add else ""
+            yield (f"gemv {n}x{k} w{warps}{tag}", gm._gemv_kernel, gemv_sig,
+                   {"BLOCK_N": n, "BLOCK_K": k, "NORM": norm, "ADD": add}, warps)
 
 
 def main() -> int:

@@ -14,6 +14,8 @@
 |                         |               | faster for that weight shape here (timed once per process)              |
 | triton-decode           | torch.compile | triton-gemv, and the step's attention a Triton flash-decoding kernel    |
 |                         |               | (engine/kernels/triton/decode_attention.py) instead of SDPA             |
+| triton-fused            | torch.compile | triton-decode, and the RMSNorms and residual adds inside the GEMVs next |
+|                         |               | to them (norm_linear / linear_add in engine/kernels/triton/gemv.py)     |
 
 Every compiled function is compiled with dynamic=False and fullgraph=True after torch._dynamo.reset(): the static
 cache keeps every shape fixed, so one graph per phase, and a graph break would be a bug worth failing on.
@@ -47,6 +49,7 @@ class LLMMode:
     sdpa: str | None = None  # a forced SDPA backend, else torch chooses
     gemv: bool = False  # linears through engine.kernels.triton.gemv (one-row products; F.linear otherwise)
     decode_attn: bool = False  # the decode step's attention through engine.kernels.triton.decode_attention
+    fused: bool = False  # norms and residual adds inside the GEMVs (engine.kernels.triton.gemv.FusedDecodeOps)
 
     @property
     def compiles(self) -> bool:
@@ -77,6 +80,10 @@ MODES: dict[str, LLMMode] = {m.name: m for m in (
             "flash-decoding kernel (every (kv head, 64 cached positions) its own program, then one combine per "
             "head) instead of SDPA, whose kernel gives each kv head one program at B=1.",
             prefill="compile", decode="cudagraph", gemv=True, decode_attn=True),
+    LLMMode("triton-fused", "triton-decode, and each RMSNorm and residual add of the decode step inside the GEMV "
+            "next to it (the norm's sum of squares taken in the GEMV's own pass over x, the residual added in its "
+            "epilogue): two kernels fewer per layer.",
+            prefill="compile", decode="cudagraph", gemv=True, decode_attn=True, fused=True),
 )}
 
 
@@ -200,6 +207,8 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
     if mode.compiles:
         torch._dynamo.reset()
         configure_inductor()
+    if mode.fused:
+        model.fuse_projections()  # before the swap, so the fused projections are GEMV linears too (prefill aside)
     if mode.gemv:
         from engine.kernels.triton.gemv import swap_linears
 
@@ -211,6 +220,12 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
         for layer in model.layers:
             layer.self_attn.decode_attn = decode_attention
         notes.append("decode attention: the Triton flash-decoding kernel (engine/kernels/triton/decode_attention.py)")
+    if mode.fused:
+        from engine.kernels.triton.gemv import FusedDecodeOps
+
+        model.set_fused_ops(FusedDecodeOps)
+        notes.append("decode step: RMSNorm inside the qkv, gate_up and lm_head GEMVs, residual adds inside the o and "
+                     "down GEMVs (engine.kernels.triton.gemv.norm_linear / linear_add)")
     plain = step_fn(model)
     compile_mode = "max-autotune-no-cudagraphs" if autotune else None
     prefill = _compile(plain, compile_mode) if mode.prefill == "compile" else plain

@@ -114,6 +114,10 @@ class Attention(nn.Module):
         # The decode step's attention over the static cache, (q, k_cache, v_cache, input_pos) -> (b, heads, 1, hd);
         # None: SDPA with a mask. The LLM lab's triton-decode mode sets engine.kernels.triton.decode_attention here.
         self.decode_attn: Callable[..., torch.Tensor] | None = None
+        # The decode step's one-row products with the norm before them / the residual after them inside the product
+        # (norm_linear(x, norm_w, eps, w), linear_add(x, w, residual)); None: the plain modules. Set through
+        # LlamaDecoder.set_fused_ops (the LLM lab's triton-fused mode: engine.kernels.triton.gemv.FusedDecodeOps).
+        self.fused_ops: Any = None
 
     def fuse(self) -> None:
         fused = nn.Linear(self.q_proj.in_features, self.q_proj.out_features + 2 * self.k_proj.out_features,
@@ -129,10 +133,17 @@ class Attention(nn.Module):
             return self.qkv_proj(x).split([q_out, kv_out, kv_out], dim=-1)
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
-    def _heads(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    def _heads(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm: RMSNorm | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v in heads with RoPE applied; `norm`, when given, is applied to x first (fused into the product for
+        one row when fused_ops is set)."""
         b, t, _ = x.shape
-        q, k, v = self._qkv(x)
+        if norm is not None and self.fused_ops is not None and t == 1 and self.qkv_proj is not None:
+            q_out, kv_out = self.heads * self.head_dim, self.kv_heads * self.head_dim
+            qkv = self.fused_ops.norm_linear(x, norm.weight, norm.eps, self.qkv_proj.weight)
+            q, k, v = qkv.split([q_out, kv_out, kv_out], dim=-1)
+        else:
+            q, k, v = self._qkv(norm(x) if norm is not None else x)
         q = q.view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = k.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -148,9 +159,15 @@ class Attention(nn.Module):
         rep = self.heads // self.kv_heads
         return x[:, :, None].expand(b, self.kv_heads, rep, t, d).reshape(b, self.heads, t, d)
 
-    def _out(self, attn: torch.Tensor) -> torch.Tensor:
+    def _out(self, attn: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The output projection of (b, heads, t, hd), plus `residual` when given."""
         b, _, t, _ = attn.shape
-        return self.o_proj(attn.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        flat = attn.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
+        if residual is None:
+            return self.o_proj(flat)
+        if self.fused_ops is not None and t == 1:
+            return self.fused_ops.linear_add(flat, self.o_proj.weight, residual)
+        return residual + self.o_proj(flat)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         q, k, v = self._heads(x, cos, sin)
@@ -158,26 +175,28 @@ class Attention(nn.Module):
         return self._out(out)
 
     def forward_cached(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, input_pos: torch.Tensor,
-                       mask: torch.Tensor | None) -> torch.Tensor:
+                       mask: torch.Tensor | None, norm: RMSNorm | None = None,
+                       residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of x (normalised by `norm` first when given) over the static cache, plus `residual` if given."""
         if self.kv_cache is None:
             raise RuntimeError("forward_cached needs a KV cache: call LlamaDecoder.setup_cache(batch, max_seq) first")
         b, t, _ = x.shape
-        q, k, v = self._heads(x, cos, sin)
+        q, k, v = self._heads(x, cos, sin, norm)
         k_all, v_all = self.kv_cache.update(input_pos, k, v)
         if t > 1:
             # Prefill from position 0: the cache holds exactly these tokens, so causal attention among them is the
             # whole computation (no mask tensor, so every SDPA backend, flash included, applies).
             out = F.scaled_dot_product_attention(q, self._expand_kv(k), self._expand_kv(v), is_causal=True)
-            return self._out(out)
+            return self._out(out, residual)
         if self.decode_attn is not None:
-            return self._out(self.decode_attn(q, k_all, v_all, input_pos))
+            return self._out(self.decode_attn(q, k_all, v_all, input_pos), residual)
         # Decode: one query per sequence against the whole static cache, masked beyond input_pos. The query heads
         # that share a k/v head become rows of one head (same position, same mask), so the cache is read as it is,
         # never copied out per query head.
         rep = self.heads // self.kv_heads
         out = F.scaled_dot_product_attention(q.reshape(b, self.kv_heads, rep, self.head_dim), k_all, v_all,
                                              attn_mask=mask)
-        return self._out(out.reshape(b, self.heads, 1, self.head_dim))
+        return self._out(out.reshape(b, self.heads, 1, self.head_dim), residual)
 
 
 class MLP(nn.Module):
@@ -187,6 +206,7 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.dim, cfg.ffn, bias=False)
         self.down_proj = nn.Linear(cfg.ffn, cfg.dim, bias=False)
         self.gate_up_proj: nn.Linear | None = None  # set by fuse()
+        self.fused_ops: Any = None  # as Attention.fused_ops
 
     def fuse(self) -> None:
         fused = nn.Linear(self.gate_proj.in_features, 2 * self.gate_proj.out_features, bias=False,
@@ -196,11 +216,21 @@ class MLP(nn.Module):
         del self.gate_proj, self.up_proj
         self.gate_up_proj = fused
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, norm: RMSNorm | None = None, residual: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """SwiGLU of x (normalised by `norm` first when given), plus `residual` when given."""
+        if self.fused_ops is not None and norm is not None and residual is not None and self.gate_up_proj is not None \
+                and x.shape[-2] == 1:
+            gate, up = self.fused_ops.norm_linear(x, norm.weight, norm.eps, self.gate_up_proj.weight).chunk(2, dim=-1)
+            return self.fused_ops.linear_add(F.silu(gate) * up, self.down_proj.weight, residual)
+        if norm is not None:
+            x = norm(x)
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            out = self.down_proj(F.silu(gate) * up)
+        else:
+            out = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out if residual is None else residual + out
 
 
 class DecoderLayer(nn.Module):
@@ -217,8 +247,8 @@ class DecoderLayer(nn.Module):
 
     def forward_cached(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, input_pos: torch.Tensor,
                        mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.self_attn.forward_cached(self.input_layernorm(x), cos, sin, input_pos, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = self.self_attn.forward_cached(x, cos, sin, input_pos, mask, norm=self.input_layernorm, residual=x)
+        return self.mlp(x, norm=self.post_attention_layernorm, residual=x)
 
 
 class LlamaDecoder(nn.Module):
@@ -235,6 +265,7 @@ class LlamaDecoder(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.max_seq = 0  # the static cache's length once setup_cache ran
+        self.fused_ops: Any = None  # see set_fused_ops
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         t = tokens.shape[1]
@@ -252,6 +283,24 @@ class LlamaDecoder(nn.Module):
                 layer.self_attn.fuse()
             if layer.mlp.gate_up_proj is None:
                 layer.mlp.fuse()
+
+    def set_fused_ops(self, ops: Any) -> None:
+        """Route the decode step's one-row products through `ops` (norm_linear, linear_add: the norms and residual
+        adds inside the products), or back to the plain modules with None. Needs fuse_projections first."""
+        if ops is not None:
+            if any(layer.self_attn.qkv_proj is None or layer.mlp.gate_up_proj is None for layer in self.layers):
+                raise RuntimeError("set_fused_ops needs fused projections: call fuse_projections() first")
+            projections = [self.lm_head] + [m for layer in self.layers for m in (
+                layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+            # The fused ops read .weight and compute x @ W.T: a bias, or a module that does more in its forward
+            # (tensor parallel's RowParallelLinear all-reduces its output), would be skipped.
+            if any(m.bias is not None or getattr(m, "reduce", None) is not None for m in projections):
+                raise RuntimeError("set_fused_ops needs bias-free projections that compute x @ W.T alone (no tensor "
+                                   "parallel sharding)")
+        self.fused_ops = ops
+        for layer in self.layers:
+            layer.self_attn.fused_ops = ops
+            layer.mlp.fused_ops = ops
 
     def setup_cache(self, batch: int, max_seq: int) -> None:
         """Allocate a static K/V cache of `max_seq` positions per layer (and RoPE tables at least that long)."""
@@ -276,6 +325,8 @@ class LlamaDecoder(nn.Module):
         h = self.embed_tokens(tokens)
         for layer in self.layers:
             h = layer.forward_cached(h, cos, sin, input_pos, mask)
+        if self.fused_ops is not None and t == 1:
+            return self.fused_ops.norm_linear(h[:, -1], self.norm.weight, self.norm.eps, self.lm_head.weight)
         return self.lm_head(self.norm(h[:, -1]))
 
 

@@ -12,6 +12,10 @@ break), CUDA graphs capture it. Rows other than one (B > 1, prefill) take F.line
 would lose to a GEMM. For one row it picks, per weight shape and once per process, whichever of this kernel and
 cuBLAS (F.linear) is faster here, both timed the way the decode step runs them (`time_choice`): like Inductor's
 max-autotune, which keeps cuBLAS among its candidates. `choices()` lists what was picked, with both times.
+`norm_linear` and `linear_add` (custom ops `modelab::gemv_norm_linear` / `modelab::gemv_linear_add`, the
+`triton-fused` mode) run the same kernel with an RMSNorm in its prologue or a residual in its epilogue: at B=1 the
+norm and the add are kernels of their own that read a few KB each, so moving them into the GEMVs saves two launches
+and their ramps per layer, at no extra traffic (the norm's sum of squares is taken in the GEMV's pass over x).
 `_reference` is F.linear in float64; the checks sit in tests/engine/kernels/test_gemv.py, the table of both
 implementations per preset shape in scripts/gemv_bench.py, the offline sm_90 compile in scripts/triton_aot_check.py.
 """
@@ -37,43 +41,73 @@ def _configs() -> list[triton.Config]:
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_wn, eps, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr):
+    """y = x @ W.T; NORM: x is first RMS-normalised and scaled by g (y = rstd · (x∘g) @ W.T, the sum of squares
+    taken in the same pass over x, so the norm costs no extra traffic); ADD: y += r (a residual)."""
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    sumsq = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
         w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :],
                     other=0.0, eviction_policy="evict_first")  # streamed once: keep L2 for x and the activations
-        x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0)
-        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-    tl.store(y_ptr + offs_n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_mask)
+        x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        if NORM:
+            sumsq += x * x
+            x = x * tl.load(g_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * x[None, :]
+    y = tl.sum(acc, axis=1)
+    if NORM:
+        y = y * tl.rsqrt(tl.sum(sumsq, axis=0) / K + eps)
+    if ADD:
+        y += tl.load(r_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
-_gemv_tuned = triton.autotune(_configs(), key=["N", "K"])(_gemv_kernel)
+_gemv_tuned = triton.autotune(_configs(), key=["N", "K", "NORM", "ADD"])(_gemv_kernel)
 # One fixed config for the interpreter (CPU tests): autotuning there would time Python.
 INTERPRETER_CONFIG = {"BLOCK_N": 8, "BLOCK_K": 128}
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x (K,) or (1, K) · W (N, K) → (N,) or (1, N), in x's dtype, accumulated in fp32."""
+def gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+         residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x (K,) or (1, K) · W (N, K) → (N,) or (1, N), in x's dtype, accumulated in fp32.
+
+    With `norm_weight` (K,): x is replaced by RMSNorm(x) = x · rsqrt(mean(x²) + eps) · norm_weight first (in fp32,
+    never rounded to x's dtype in between). With `residual` (N elements): it is added to the product."""
     if x.numel() != x.shape[-1]:
         raise ValueError(f"gemv takes one row; x has shape {tuple(x.shape)}")
     if w.dim() != 2 or w.shape[1] != x.shape[-1]:
         raise ValueError(f"weight {tuple(w.shape)} does not match x's {x.shape[-1]} features")
+    n, k = w.shape
+    if norm_weight is not None and norm_weight.numel() != k:
+        raise ValueError(f"norm weight has {norm_weight.numel()} elements for {k} features")
+    if residual is not None and residual.numel() != n:
+        raise ValueError(f"residual has {residual.numel()} elements for {n} outputs")
     if w.stride(1) != 1:
         w = w.contiguous()
     x_row = x.reshape(-1).contiguous()
-    n, k = w.shape
+    g = norm_weight.reshape(-1).contiguous() if norm_weight is not None else x_row  # unread unless NORM
+    r = residual.reshape(-1).contiguous() if residual is not None else x_row  # unread unless ADD
     y = torch.empty(n, device=x.device, dtype=x.dtype)
+    flags = dict(NORM=norm_weight is not None, ADD=residual is not None)
     if is_interpreted(_gemv_kernel):
         cfg = INTERPRETER_CONFIG
-        _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](x_row, w, y, n, k, w.stride(0), **cfg)
+        _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](x_row, w, y, g, r, n, k, w.stride(0), float(eps), **cfg,
+                                                        **flags)
     else:
-        _gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](x_row, w, y, n, k, w.stride(0))
+        _gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](x_row, w, y, g, r, n, k, w.stride(0),
+                                                                     float(eps), **flags)
     return y.reshape(*x.shape[:-1], n)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The LLM lab's RMSNorm (engine.workloads.llama.RMSNorm.forward), for the unfused fallbacks."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
 # (N, K, dtype, device) → {"impl": "triton" | "cublas", "triton_us": …, "cublas_us": …}
@@ -126,6 +160,47 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 @linear.register_fake
 def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _fused_one_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return x.numel() == x.shape[-1] and (x.is_cuda or is_interpreted(_gemv_kernel)) \
+        and _one_row_impl(x, weight) == "triton"
+
+
+@torch.library.custom_op("modelab::gemv_norm_linear", mutates_args=())
+def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
+    """F.linear(rms_norm(x, norm_weight, eps), weight): for one row, the norm inside the GEMV (one kernel instead of
+    a norm kernel and a GEMV) where the GEMV is the faster choice for this shape; else the two ops."""
+    if _fused_one_row(x, weight):
+        return gemv(x, weight, norm_weight=norm_weight, eps=eps)
+    return F.linear(rms_norm(x, norm_weight, eps), weight)
+
+
+@norm_linear.register_fake
+def _(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("modelab::gemv_linear_add", mutates_args=())
+def linear_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + F.linear(x, weight): for one row, the residual added in the GEMV's epilogue."""
+    if _fused_one_row(x, weight) and residual.shape == (*x.shape[:-1], weight.shape[0]):
+        return gemv(x, weight, residual=residual)
+    return residual + F.linear(x, weight)
+
+
+@linear_add.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(residual)
+
+
+class FusedDecodeOps:
+    """What the decoder calls for its one-row products when the LLM lab's triton-fused mode sets it
+    (LlamaDecoder.set_fused_ops): the RMSNorm in front of qkv, gate_up and lm_head, and the residual adds after o
+    and down, inside the GEMVs — two kernels fewer per layer than norm + GEMV + add."""
+
+    norm_linear = staticmethod(norm_linear)
+    linear_add = staticmethod(linear_add)
 
 
 def _reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

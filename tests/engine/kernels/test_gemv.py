@@ -71,3 +71,65 @@ def test_a_decoder_with_swapped_linears_decodes_like_the_original() -> None:
     assert torch.equal(got.tokens, ref.tokens)
     for a, b in zip(got.logits, ref.logits):
         assert rel_err(a, b.double()) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,k", [(64, 256), (37, 300)])
+def test_norm_and_residual_inside_the_gemv(n: int, k: int, dtype: torch.dtype) -> None:
+    """RMSNorm in the prologue (rstd from the same pass over x) and a residual in the epilogue, against float64."""
+    gen = torch.Generator().manual_seed(7 * n + k)
+    x = (3 * torch.randn(1, k, generator=gen)).to(DEVICE, dtype)  # RMS far from 1: a skipped norm would show
+    g = (1 + 0.5 * torch.randn(k, generator=gen)).to(DEVICE, dtype)
+    w = torch.randn(n, k, generator=gen).to(DEVICE, dtype)
+    r = torch.randn(1, n, generator=gen).to(DEVICE, dtype)
+    eps = 1e-5
+    normed = gemv_mod.rms_norm(x.double(), g.double(), eps)
+    assert rel_err(gemv_mod.gemv(x, w, norm_weight=g, eps=eps), F.linear(normed, w.double())) < TOL[dtype]
+    assert rel_err(gemv_mod.gemv(x, w, residual=r), r.double() + gemv_mod._reference(x, w)) < TOL[dtype]
+    both = gemv_mod.gemv(x, w, norm_weight=g, eps=eps, residual=r)
+    assert rel_err(both, r.double() + F.linear(normed, w.double())) < TOL[dtype]
+    # the custom ops: the fused kernel for one row, the unfused ops for several, the same values either way
+    assert rel_err(gemv_mod.norm_linear(x, g, eps, w), F.linear(normed, w.double())) < TOL[dtype]
+    assert rel_err(gemv_mod.linear_add(x, w, r), r.double() + gemv_mod._reference(x, w)) < TOL[dtype]
+    rows = x.expand(3, k).contiguous()
+    assert torch.equal(gemv_mod.norm_linear(rows, g, eps, w), F.linear(gemv_mod.rms_norm(rows, g, eps), w))
+    with pytest.raises(ValueError, match="norm weight"):
+        gemv_mod.gemv(x, w, norm_weight=g[:-1], eps=eps)
+    with pytest.raises(ValueError, match="residual"):
+        gemv_mod.gemv(x, w, residual=r[:, :-1])
+
+
+def test_a_decoder_with_fused_ops_decodes_like_the_original() -> None:
+    """set_fused_ops: norms and residual adds inside the decode step's GEMVs (prefill unchanged), compiled without a
+    graph break; same tokens, logits within fp32 summation-order error; refused before fuse_projections."""
+    from engine.llm.generate import Decoder, generate, step_fn
+    from engine.workloads.llama import build_model, preset
+
+    cfg = preset("tiny")
+    model = build_model(cfg, DEVICE, torch.float32, seed=5).eval()
+    model.setup_cache(1, 24)
+    prompt = torch.randint(0, cfg.vocab, (1, 8), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    with pytest.raises(RuntimeError, match="fuse_projections"):
+        model.set_fused_ops(gemv_mod.FusedDecodeOps)
+    with torch.no_grad():
+        model.fuse_projections()
+        ref = generate(step_fn(model), Decoder(step_fn(model)), prompt, 5)
+        model.set_fused_ops(gemv_mod.FusedDecodeOps)
+        calls = []
+        real = gemv_mod.gemv
+        gemv_mod.gemv = lambda *a, **kw: (calls.append(sorted(kw)), real(*a, **kw))[1]
+        try:
+            got = generate(step_fn(model), Decoder(step_fn(model)), prompt, 5)
+        finally:
+            gemv_mod.gemv = real
+        compiled = torch.compile(step_fn(model), fullgraph=True, backend="eager")
+        graphed = generate(step_fn(model), Decoder(compiled), prompt, 5)
+        model.set_fused_ops(None)
+        back = generate(step_fn(model), Decoder(step_fn(model)), prompt, 5)
+    # per decode step: qkv with its norm and o with its residual per layer, gate_up + down, and lm_head with the norm
+    per_step = [["eps", "norm_weight"], ["residual"], ["eps", "norm_weight"], ["residual"]] * cfg.layers
+    assert calls[:len(per_step) + 1] == per_step + [["eps", "norm_weight"]]
+    for out in (got, graphed, back):
+        assert torch.equal(out.tokens, ref.tokens)
+        for a, b in zip(out.logits, ref.logits):
+            assert rel_err(a, b.double()) < 1e-5

@@ -71,6 +71,6 @@ def test_list_names_every_mode_and_why_some_cannot_run(capsys: pytest.CaptureFix
     assert main(["llm", "--list", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     for name in ("eager", "sdpa-flash", "sdpa-efficient", "sdpa-math", "compile", "compile-reduce-overhead",
-                 "compile-cudagraph", "triton-gemv", "triton-decode"):
+                 "compile-cudagraph", "triton-gemv", "triton-decode", "triton-fused"):
         assert name in out
     assert "unavailable: CUDA graphs need a CUDA device" in out
