@@ -54,16 +54,7 @@ case $part in
             --device cuda --no-profile >"$out/llm7b_decode.log" 2>&1; tail -6 "$out/llm7b_decode.log" ;;
   aoti-timeline) for pass in cold warm; do
             t python3 -m engine bench --mode aoti --device cuda >"$out/aoti_$pass.log" 2>&1; tail -3 "$out/aoti_$pass.log"; done
-          python3 - <<'PY'
-from engine.report import run_timeline
-from engine.store import Store
-s = Store()
-for rid in s.query("SELECT id FROM runs WHERE kind = 'bench' ORDER BY id")["id"]:
-    print(f"run {rid}"); print(run_timeline(s, int(rid)).to_string(index=False))
-print(s.query("SELECT run_id, name, phase, batch_size, round(value, 2) AS v FROM metrics WHERE name IN "
-              "('export_time', 'aoti_compile_time', 'native_load', 'median', 'native_median') ORDER BY run_id, name"))
-PY
-          ;;
+          python3 scripts/run_timelines.py --kind bench ;;
   bench-both) t timeout 440 python3 -m engine bench --mode all --device cuda >"$out/bench_cold.log" 2>&1
               t timeout 140 python3 -m engine bench --mode all --device cuda >"$out/bench_warm.log" 2>&1
               python3 -m engine sql "SELECT id, mode, status, round(epoch(finished_at) - epoch(started_at), 1) AS s FROM runs
@@ -75,6 +66,7 @@ PY
          done ;;
   host-cost) t python3 scripts/triton_host_cost.py >"$out/host_cost.log" 2>&1; tail -70 "$out/host_cost.log" ;;
   llm1b-all) t timeout 400 python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --mode all --device cuda \
-               >"$out/llm1b_all.log" 2>&1; tail -30 "$out/llm1b_all.log" ;;
+               >"$out/llm1b_all.log" 2>&1; tail -30 "$out/llm1b_all.log"
+             python3 scripts/run_timelines.py --kind llm ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac
