@@ -17,6 +17,7 @@ the cached package records a passed check, so a warm rerun skips it.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -28,11 +29,9 @@ PROFILER_LABEL = "## Call AOTInductor package ##"  # engine.explain counts this 
 CHECK_ENV = "MODELAB_AOTI_CHECK_IN_CHILD"
 
 
-def _check_marker(pkg_path, device: torch.device):
+def _check_marker(pkg_path: str | os.PathLike[str], device: torch.device) -> Path:
     """A file beside the cached package saying it already loaded and ran in a child on this device: the check is
     about this package file on this machine (the package directory is keyed by device and torch), so once is enough."""
-    from pathlib import Path
-
     return Path(pkg_path).parent / f"loaded-in-child-{str(device).replace(':', '-')}.ok"
 
 
@@ -87,7 +86,10 @@ def prepare(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], train: b
             aoti.check_load_in_child(pkg.path, example_inputs, device)
         except aoti.NativeRunError as exc:
             raise aoti.NativeRunError(f"{exc}\n{_native_verdict(pkg.path, example_inputs, device)}") from None
-        marker.write_text("aoti_load_package loaded and ran this package in a child process\n")
+        try:
+            marker.write_text("engine.native.aoti.load loaded and ran this package in a child process\n")
+        except OSError:  # a read-only cache: the check simply runs again next time
+            pass
         notes.append("aoti: the package loaded and ran in a child process first (a crash there fails only this run)")
 
     loaded = aoti.load(pkg.path, device)
