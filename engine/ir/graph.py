@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 # Tensor argument of an op: the index into OpNode.inputs, a list of them (Tensor[] / Tensor?[]), or None.
@@ -148,18 +147,6 @@ class IR:
         return (f"{self.model_name}: {len(self.nodes)} nodes{extra}, {len(self.op_histogram())} op types, "
                 f"{len(self.graph_inputs)} input(s), {len(self.graph_outputs)} output(s), {len(self.weights)} weights "
                 f"({self.parameter_count():,} parameters){state}")
-
-    # -- persistence (engine.ir.serialize does the work) -----------------------------------------------------------
-    def save(self, path: str | Path) -> int:
-        from engine.ir.serialize import save_ir
-
-        return save_ir(self, path)
-
-    @classmethod
-    def load(cls, path: str | Path) -> IR:
-        from engine.ir.serialize import load_ir
-
-        return load_ir(path)
 
 
 _SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "int64": "i64", "int32": "i32",
