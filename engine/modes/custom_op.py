@@ -73,10 +73,10 @@ def availability(device: str) -> str | None:
 
 
 def prepare(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], train: bool) -> Prepared:
-    from engine.native.build import load_custom_ops
+    from engine.native import ops
 
     device = example_inputs[0].device if example_inputs else torch.device("cpu")
-    load_custom_ops(with_cuda=True if device.type == "cuda" else None)
+    ops.load(with_cuda=True if device.type == "cuda" else None)
     gm = fx.symbolic_trace(model)  # shares the original's parameters, so training updates them
     fused = rewrite_linear_relu(gm)
     if fused:

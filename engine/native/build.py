@@ -182,8 +182,8 @@ def _cuda_arch_tag() -> str:
 def load_custom_ops(with_cuda: bool | None = None, verbose: bool = False) -> str:
     """Build (first time: about a minute) and load the `modelab` ops into this process; returns the library's path.
 
-    Idempotent. `with_cuda` defaults to: torch sees a GPU and nvcc is found. After loading, the Python side
-    (fake kernels for torch.compile / torch.export, autograd formulas) is registered once.
+    Idempotent. `with_cuda` defaults to: torch sees a GPU and nvcc is found. The Python side (fake kernels for
+    torch.compile / torch.export) is engine.native.ops's: call `ops.load()`, which loads through here and adds it.
     """
     global _loaded_ops
     if _loaded_ops is not None:
@@ -222,9 +222,6 @@ def load_custom_ops(with_cuda: bool | None = None, verbose: bool = False) -> str
         record_build(name, before is not None and before == _newest_library(build_dir, name),
                      time.perf_counter() - start)
     _loaded_ops = str(path)
-    from engine.native import ops
-
-    ops.register_python_side()
     return _loaded_ops
 
 

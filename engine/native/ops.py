@@ -6,7 +6,7 @@ this 2-core CPU, the kernel itself ~5 µs). Here, once the library is loaded: th
 (torch.library.register_fake), shape and dtype only, so torch.compile and torch.export can trace the ops on fake
 tensors without running them.
 
-`load()` (= engine.native.build.load_custom_ops) builds and loads the library and then calls `register_python_side`.
+`load()` builds and loads the library (engine.native.build.load_custom_ops) and then calls `register_python_side`.
 The C++ library names this module with `m.set_python_module`, so torch imports it if it needs a fake kernel first.
 """
 
@@ -46,7 +46,9 @@ def load(with_cuda: bool | None = None) -> str:
     """Build (cached) and load the ops with their Python side; returns the library path."""
     from engine.native.build import load_custom_ops
 
-    return load_custom_ops(with_cuda=with_cuda)
+    path = load_custom_ops(with_cuda=with_cuda)
+    register_python_side()
+    return path
 
 
 def bias_relu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

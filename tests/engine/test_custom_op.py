@@ -22,7 +22,9 @@ def ops() -> str:
     reason = build.custom_ops_missing("cpu")
     if reason:
         pytest.skip(f"cannot build the custom ops here: {reason}")
-    return build.load_custom_ops()
+    from engine.native import ops as native_ops
+
+    return native_ops.load()
 
 
 def test_modes_are_registered():
