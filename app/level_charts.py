@@ -31,13 +31,28 @@ def _layout(fig: go.Figure, title: str, y_title: str, height: int = 340) -> go.F
     return fig
 
 
+def _in_graph(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows timed in a CUDA graph too (graph_median_us; NaN on CPU), with the device-time throughput: the same
+    FLOPs over the in-graph time instead of the per-call median."""
+    if "graph_median_us" not in frame.columns:
+        return frame.iloc[0:0]
+    rows = frame.dropna(subset=["graph_median_us"])
+    rows = rows[rows["graph_median_us"] > 0]
+    return rows.assign(graph_flops_per_s=rows["flops_per_s"] * rows["median_us"] / rows["graph_median_us"])
+
+
 def latency_bar(frame: pd.DataFrame, levels: Sequence[str]) -> go.Figure:
     order = [lv for lv in levels if lv in set(frame["mode"])]
     df = frame.assign(err_plus=frame["p90_us"] - frame["median_us"], err_minus=frame["median_us"] - frame["p10_us"])
     fig = px.bar(df, x="mode", y="median_us", color="mode", error_y="err_plus", error_y_minus="err_minus",
                  category_orders={"mode": order}, color_discrete_map=_colors(levels),
                  hover_data={"id": True, "median_us": ":.1f", "p10_us": ":.1f", "p90_us": ":.1f"})
-    return _layout(fig, "Median latency per level (p10–p90 bars)", "µs")
+    graphed = _in_graph(frame)
+    if not graphed.empty:  # where the host's per-call cost hides the kernel, the gap between bar and diamond shows it
+        fig.add_trace(go.Scatter(x=graphed["mode"], y=graphed["graph_median_us"], mode="markers",
+                                 marker=dict(symbol="diamond", size=11, color="black"),
+                                 name="in a CUDA graph (device time)"))
+    return _layout(fig, "Median latency per level (p10–p90 bars; ◆ in a CUDA graph)", "µs")
 
 
 def value_bar(frame: pd.DataFrame, levels: Sequence[str], column: str, title: str, y_title: str,
@@ -51,7 +66,8 @@ def value_bar(frame: pd.DataFrame, levels: Sequence[str], column: str, title: st
 
 def roofline(frame: pd.DataFrame, ceilings: Ceilings | None, matmul_key: str, levels: Sequence[str]) -> go.Figure:
     """Arithmetic intensity (FLOP/B) vs achieved FLOP/s, log-log, under the measured roofs: the copy bandwidth
-    slope and the matmul ceiling of the component's dtype."""
+    slope and the matmul ceiling of the component's dtype. Filled points: per-call medians; hollow ones (CUDA runs):
+    the same calls replayed in a CUDA graph, i.e. the kernel's throughput without the host's per-call cost."""
     fig = go.Figure()
     colors = _colors(levels)
     points = frame.dropna(subset=["intensity", "flops_per_s"])
@@ -74,6 +90,11 @@ def roofline(frame: pd.DataFrame, ceilings: Ceilings | None, matmul_key: str, le
         fig.add_trace(go.Scatter(x=[r["intensity"]], y=[r["flops_per_s"] / 1e12], mode="markers+text",
                                  text=[r["mode"]], textposition="top center", name=r["mode"],
                                  marker=dict(size=12, color=colors.get(r["mode"], "black"))))
+    for _, r in _in_graph(points).iterrows():  # hollow: the kernel's own throughput, without the host's cost
+        fig.add_trace(go.Scatter(x=[r["intensity"]], y=[r["graph_flops_per_s"] / 1e12], mode="markers",
+                                 name=f"{r['mode']} in a CUDA graph",
+                                 marker=dict(size=12, symbol="circle-open", line=dict(width=2),
+                                             color=colors.get(r["mode"], "black"))))
     fig.update_layout(title="Roofline: achieved throughput against this device's measured ceilings",
                       xaxis=dict(type="log", title="arithmetic intensity (FLOP per minimum byte)"),
                       yaxis=dict(type="log", title="TFLOP/s"), height=420, margin=dict(l=10, r=10, t=50, b=10),

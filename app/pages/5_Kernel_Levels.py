@@ -145,6 +145,10 @@ else:
                                                "GB/s", 1e9), key="chart-gbps")
     matmul_key = dtype_key(shape.dtype)
     st.plotly_chart(level_charts.roofline(timed, ceilings, matmul_key, level_keys), key="chart-roofline")
+    if "graph_median_us" in timed and timed["graph_median_us"].notna().any():
+        st.caption("Filled points: per-call medians (a Python call each, CUDA events around it). Hollow points: the "
+                   "same calls replayed from one CUDA graph — the kernel's own throughput without the host's cost "
+                   "of each call. Where they differ a lot, the host, not the kernel, sets the per-call time.")
     if ceilings is None:
         st.warning("No ceilings measured for this device yet, so the roofline has no roof: run "
                    f"`python -m engine ceilings --device {device}` (level runs measure them on first use).")

@@ -144,6 +144,7 @@ def test_vit_stage_table(lab: Store) -> None:
     assert table[table["level"] == "L1-naive"].iloc[0]["in a CUDA graph"] == "—"
     captions = "\n".join(c.value for c in at.caption)
     assert "In a CUDA graph: 350.0 µs per call" in captions
+    assert "Hollow points: the same calls replayed from one CUDA graph" in captions  # the roofline says what it shows
 
 
 def test_run_all_queues_every_available_level(lab: Store, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,3 +159,25 @@ def test_run_all_queues_every_available_level(lab: Store, monkeypatch: pytest.Mo
     assert levels[:4] == ["L1-naive", "L1-native", "L2-torchscript", "L3-compile"] and "L5-cuda" not in levels
     assert all(s.kind == "levels" and s.params["shape"] == "small" for s in queued)
     assert any("Queued #1 L1-naive" in s.value for s in at.success)
+
+
+def test_charts_add_the_in_graph_time_where_a_run_has_one(lab: Store) -> None:
+    """A level timed in a CUDA graph too gets a diamond on the latency bars and a hollow roofline point at the same
+    FLOPs over the in-graph time; a level without one gets neither."""
+    from app import level_charts
+    from engine.ceilings import latest_ceilings
+    from engine.levels.results import level_results
+
+    add_ceilings(lab)
+    add_level_run(lab, "L1-native", 500.0)
+    add_level_run(lab, "L4-triton", 270.0, graph_us=60.0)  # host-bound per call: the kernel itself is 4.5x faster
+    frame = level_results(lab, component="causal_attention", device="cuda")
+    levels = ["L1-native", "L4-triton"]
+    bars = level_charts.latency_bar(frame, levels)
+    diamonds = [t for t in bars.data if t.name == "in a CUDA graph (device time)"]
+    assert len(diamonds) == 1 and list(diamonds[0].x) == ["L4-triton"] and list(diamonds[0].y) == [60.0]
+    roof = level_charts.roofline(frame, latest_ceilings(lab, device="cuda"), "bf16", levels)
+    per_call = {t.name: t.y[0] for t in roof.data if t.name in levels}
+    hollow = {t.name: t.y[0] for t in roof.data if t.name and t.name.endswith("in a CUDA graph")}
+    assert list(hollow) == ["L4-triton in a CUDA graph"]
+    assert hollow["L4-triton in a CUDA graph"] == pytest.approx(per_call["L4-triton"] * 270.0 / 60.0)
