@@ -100,10 +100,11 @@ def mode_train_step(prepared: Prepared, model: torch.nn.Module, workload: Worklo
 
 def build_step(workload: Workload, mode: Mode, base_model: torch.nn.Module, phase: str, batch_size: int,
                device: str) -> tuple[Callable[[], torch.Tensor], Prepared]:
-    """The callable one profiler step runs, on a fresh copy of the model prepared by the mode.
+    """One step of `mode` as a callable, on a fresh copy of the model prepared by the mode: what the profiler,
+    Nsight Compute and the compiled-code dump run (engine.profiling).
 
-    `train` reuses engine.bench's training step (the one bench times). `infer` must be called (and is
-    prepared) under torch.no_grad(); the caller sets the grad mode for the whole loop.
+    `train` is the training step bench times. `infer` must be called (and is prepared) under torch.no_grad(); the
+    caller sets the grad mode for the whole loop.
     """
     inputs, target = workload.make_batch(batch_size, device)
     if phase == "train":
