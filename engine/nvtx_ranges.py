@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from typing import Any
 
 try:
     import nvtx as _nvtx
@@ -27,10 +27,21 @@ def enabled() -> bool:
     return _enabled
 
 
-@contextlib.contextmanager
-def range(name: str) -> Iterator[None]:  # noqa: A001 - mirrors nvtx.annotate's role
+_OFF = contextlib.nullcontext()
+_annotations: dict[str, Any] = {}  # name → nvtx.annotate: reusable (its enter/exit are a stateless push/pop)
+
+
+def range(name: str) -> contextlib.AbstractContextManager[Any]:  # noqa: A001 - mirrors nvtx.annotate's role
+    """A context manager marking `name` on the Nsight timeline; a shared no-op while ranges are off.
+
+    It sits inside timed steps (bench's per-call samples), so it avoids per-call work: a generator-based context
+    manager cost 2.5 µs a call even when off on the 2-core CPU; the shared nullcontext costs 0.25 µs, and an
+    annotate object is built once per name."""
     if not _enabled:
-        yield
-        return
-    with _nvtx.annotate(name, domain="modelab"):
-        yield
+        return _OFF
+    annotation = _annotations.get(name)
+    if annotation is None:
+        annotation = _nvtx.annotate(name, domain="modelab")
+        if len(_annotations) < 4096:  # names with run-specific parts (profiler step i) stay bounded
+            _annotations[name] = annotation
+    return annotation
