@@ -1,9 +1,9 @@
 """AOTInductor: the model compiled ahead of time into a .pt2 package, run from Python and from a C++ runner.
 
 prepare: torch.export (batch dimension dynamic, so one package serves every batch size) →
-aoti_compile_and_package → model.pt2 (cached; see engine/native/aoti.py) → aoti_load_package. That loaded package is
-what bench times and checks against eager. Its `extra_metrics` hook then runs the same .pt2 on the same inputs in
-csrc/aoti_runner.cpp (libtorch's AOTIModelPackageLoader, no Python), checks that output against eager too, and
+aoti_compile_and_package → model.pt2 (cached; see engine/native/aoti.py) → engine.native.aoti.load. That loaded
+package is what bench times and checks against eager. Its `extra_metrics` hook then runs the same .pt2 on the same
+inputs in csrc/aoti_runner.cpp (libtorch's AOTIModelPackageLoader, no Python), checks that output against eager too, and
 returns the runner's latency as `native_*` metrics, so a run shows what the Python call path costs.
 
 Inference only: a package holds the forward graph, no autograd, so the mode declares phases=("infer",).
@@ -149,6 +149,6 @@ def prepare(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], train: b
 
 MODE = Mode(
     name="aoti",
-    description="AOTInductor: torch.export → .pt2 package, run via aoti_load_package; also timed by a C++ runner "
+    description="AOTInductor: torch.export → .pt2 package, loaded in Python; also timed by a C++ runner "
                 "(native_* metrics: the cost of Python).",
     prepare=prepare, availability=availability, phases=PHASES)

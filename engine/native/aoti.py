@@ -1,7 +1,7 @@
 """AOTInductor packages: export → compile → .pt2, loading it in Python, and timing it in the native runner.
 
     torch.export.export (batch dimension dynamic) → torch._inductor.aoti_compile_and_package → model.pt2
-        ├── torch._inductor.aoti_load_package (in this process: what the `aoti` mode times)
+        ├── load(): libtorch's AOTIModelPackageLoader from Python (in this process: what the `aoti` mode times)
         └── csrc/aoti_runner.cpp (another process, no Python: AOTIModelPackageLoader, warm-up + N timed calls → JSON)
 
 Packages are cached under .build/<torch tag>/aoti/<digest>/model.pt2, the digest covering the exported graph, the
@@ -277,7 +277,7 @@ def check_load_in_child(pt2: Path, inputs: tuple[torch.Tensor, ...], device: tor
         except subprocess.TimeoutExpired as exc:
             raise NativeRunError(f"loading {pt2.name} in a child process hung for {timeout_s:.0f} s") from exc
     if done.returncode < 0:
-        raise NativeRunError(f"aoti_load_package {_signal_text(done.returncode)} loading or running {pt2.name} on "
+        raise NativeRunError(f"the package loader {_signal_text(done.returncode)} loading or running {pt2.name} on "
                              f"{device} (checked in a child process); last lines:\n{done.stderr.strip()[-1500:]}")
     if done.returncode != 0:
         raise NativeRunError(f"loading {pt2.name} in a child process failed (exit {done.returncode}):\n"

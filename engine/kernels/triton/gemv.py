@@ -148,12 +148,17 @@ def _one_row_impl(x: torch.Tensor, w: torch.Tensor) -> str:
     return _CHOICES[key]["impl"]
 
 
+def _gemv_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """One row, on CUDA (or interpreted), and the Triton GEMV the faster choice for this weight shape."""
+    return x.numel() == x.shape[-1] and (x.is_cuda or is_interpreted(_gemv_kernel)) \
+        and _one_row_impl(x, weight) == "triton"
+
+
 @torch.library.custom_op("modelab::gemv_linear", mutates_args=())
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """F.linear(x, weight) (no bias); one row goes to the faster of the Triton GEMV and cuBLAS for its shape."""
-    if x.numel() == x.shape[-1] and (x.is_cuda or is_interpreted(_gemv_kernel)):
-        if _one_row_impl(x, weight) == "triton":
-            return gemv(x, weight)
+    if _gemv_takes(x, weight):
+        return gemv(x, weight)
     return F.linear(x, weight)
 
 
@@ -162,16 +167,11 @@ def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-def _fused_one_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return x.numel() == x.shape[-1] and (x.is_cuda or is_interpreted(_gemv_kernel)) \
-        and _one_row_impl(x, weight) == "triton"
-
-
 @torch.library.custom_op("modelab::gemv_norm_linear", mutates_args=())
 def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
     """F.linear(rms_norm(x, norm_weight, eps), weight): for one row, the norm inside the GEMV (one kernel instead of
     a norm kernel and a GEMV) where the GEMV is the faster choice for this shape; else the two ops."""
-    if _fused_one_row(x, weight):
+    if _gemv_takes(x, weight):
         return gemv(x, weight, norm_weight=norm_weight, eps=eps)
     return F.linear(rms_norm(x, norm_weight, eps), weight)
 
@@ -184,7 +184,7 @@ def _(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tens
 @torch.library.custom_op("modelab::gemv_linear_add", mutates_args=())
 def linear_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """residual + F.linear(x, weight): for one row, the residual added in the GEMV's epilogue."""
-    if _fused_one_row(x, weight) and residual.shape == (*x.shape[:-1], weight.shape[0]):
+    if _gemv_takes(x, weight) and residual.shape == (*x.shape[:-1], weight.shape[0]):
         return gemv(x, weight, residual=residual)
     return residual + F.linear(x, weight)
 
