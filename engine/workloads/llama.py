@@ -61,6 +61,11 @@ def preset(name: str, **overrides: Any) -> LlamaConfig:
     return LlamaConfig(**{**PRESETS[name], **overrides})
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x · rsqrt(mean(x²) + eps) · weight over the last dimension (also the fused GEMV's unfused fallback)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -68,7 +73,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return rms_norm(x, self.weight, self.eps)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

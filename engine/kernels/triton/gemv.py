@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.triton._common import is_interpreted
+from engine.workloads.llama import rms_norm  # the decoder's own RMSNorm: the unfused fallbacks compute exactly it
 
 
 # (BLOCK_N, BLOCK_K, num_warps): few enough that the first decode step's autotuning stays short (every config is a
@@ -103,11 +104,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = No
         _gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](x_row, w, y, g, r, n, k, w.stride(0),
                                                                      float(eps), **flags)
     return y.reshape(*x.shape[:-1], n)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The LLM lab's RMSNorm (engine.workloads.llama.RMSNorm.forward), for the unfused fallbacks."""
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
 # (N, K, dtype, device) → {"impl": "triton" | "cublas", "triton_us": …, "cublas_us": …}
