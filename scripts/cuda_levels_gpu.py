@@ -148,7 +148,7 @@ def compile_only(out_dir: Path, arch: str) -> int:
     for name in cl.SOURCES:
         if name.endswith(".cu"):
             cmd = [str(nvcc), "-c", "-std=c++17", *COMMON_NVCC_FLAGS, "-O3",
-                   f"-gencode=arch=compute_{arch},code=sm_{arch}", "--resource-usage", "-Xcompiler", "-fPIC",
+                   *cl.arch_flags(int(arch[:-1]), int(arch[-1])), "--resource-usage", "-Xcompiler", "-fPIC",
                    *inc_flags, str(cl.SOURCE_DIR / name), "-o", str(out_dir / f"{name}.o")]
         else:
             cmd = [os.environ.get("CXX", "c++"), "-std=c++17", "-fsyntax-only", *inc_flags, str(cl.SOURCE_DIR / name)]
@@ -201,8 +201,7 @@ def small_checks() -> None:
     torch.manual_seed(1)
     for dtype in (torch.bfloat16, torch.float16):
         for D in (64, 128):
-            variants = cl.ATTENTION_VARIANTS_BF16_D128 if (dtype == torch.bfloat16 and D == 128) \
-                else cl.ATTENTION_VARIANTS
+            variants = cl.attention_variants(dtype, D)
             for S in (1, 33, 197, 300):
                 for causal in (False, True):
                     q, k, v = attn_inputs(2, 2, S, D, dtype)
@@ -245,7 +244,7 @@ def attention_real(iters: int) -> None:
         sdpa = time_us(lambda i: F.scaled_dot_product_attention(q, k, v, is_causal=causal), iters)
         sdpa_tf = flops / sdpa[0] / 1e6
         add_row(f"attn SDPA S={S} causal={causal}", sdpa, f"{sdpa_tf:.0f} TFLOP/s")
-        variants = cl.ATTENTION_VARIANTS_BF16_D128 if S == 4096 else (cl.ATTENTION_VARIANT,)
+        variants = cl.attention_variants(torch.bfloat16, D) if S == 4096 else (cl.default_variant(torch.bfloat16, D),)
         for var in variants:
             out = cl._attention_variant(q, k, v, causal, None, var)
             note_check(f"attn real S={S} causal={causal} v{var} vs SDPA fp32", cl._rel_l2(out, ref), 1.5e-2)

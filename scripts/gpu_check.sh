@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine call: the GPU-only tests of the newer parts, then the figures the issues ask for.
 # Usage (from the repository root, on the GPU machine): scripts/gpu_check.sh PART [OUT]
-#   PART = tests | mlp | llm7b | bench-all | bench-cold | bench-warm | llm1b-all | llm-gemv | llm7b-gemv | decode | aoti-timeline | bench-both | host-cost | fused |
+#   PART = tests | mlp | llm7b | bench-all | bench-cold | bench-warm | llm1b-all | llm-gemv | llm7b-gemv | decode | aoti-timeline | bench-both | host-cost | fused | wgmma |
 #          next (what the third session could not run: triton-decode, level graph times, aoti's timeline)        OUT (default $OUT or /tmp/out): logs and the store
 # Carries duckdb/nvtx as wheels in .whl/ when the machine lacks them (see the device README).
 set -uo pipefail
@@ -64,6 +64,13 @@ case $part in
            t python3 -m engine llm --preset $preset --prompt-len 512 --new-tokens 128 --device cuda --no-profile \
              --mode triton-gemv,triton-decode,triton-fused >"$out/llm${preset}_fused.log" 2>&1; tail -6 "$out/llm${preset}_fused.log"
          done ;;
+  wgmma) t python3 -c "from engine.kernels import cuda_levels as c; c.load(verbose=True)" >"$out/build.log" 2>&1
+         grep -A2 "attention_wgmma" "$out/build.log" | grep -E "registers|spill" | head -8
+         t python3 scripts/attention_variant_probe.py --variants 6,5,4
+         t timeout 300 python3 scripts/cuda_levels_gpu.py --only small,attn --out "$out/cl" >"$out/cl.log" 2>&1
+         grep -E "attention_wgmma|FAIL" "$out/cl.log" | head -20; tail -22 "$out/cl.log"
+         t python3 -m engine levels --component causal_attention --level L1-native,L4-triton,L5-cuda --device cuda \
+           >"$out/levels.log" 2>&1; tail -12 "$out/levels.log" ;;
   host-cost) t python3 scripts/triton_host_cost.py >"$out/host_cost.log" 2>&1; tail -70 "$out/host_cost.log" ;;
   llm1b-all) t timeout 400 python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --mode all --device cuda \
                >"$out/llm1b_all.log" 2>&1; tail -30 "$out/llm1b_all.log"

@@ -14,6 +14,10 @@
 
 namespace modelab_levels {
 
+// attention_sm90.cu: the wgmma (Hopper) variants 4..6; refuses with the reason where they are not built.
+void attention_wgmma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, bool causal,
+                     double scale, int64_t variant, cudaStream_t stream);
+
 namespace {
 
 // Loads ROWS rows (starting at row0, D elements each) of a (S, D) matrix into a swizzled shared tile; rows >= S
@@ -248,7 +252,9 @@ void launch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::T
 //   2: BM=128, BN=64, 4 warps x 32 rows, q re-read from shared memory: each K/V fragment feeds two MMAs
 //   3: BM=128, BN=32, 4 warps x 32 rows, q from shared memory (fewer score registers than 2)
 // Variants 2 and 3 are built for bf16 with D=128 only (the benchmark shape), to keep the build short.
-constexpr int kNumVariants = 4;
+//   4..6: the wgmma kernels of attention_sm90.cu (sm_90a builds, D=128): 4 overlaps the next tile's q k^T with this
+//         tile's softmax (bf16, fp16); 5 takes one tile at a time; 6 is 5 with P V as two n64 products (bf16)
+constexpr int kNumVariants = 7;
 
 template <typename T, int D>
 void dispatch_variant(int64_t variant, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
@@ -263,10 +269,11 @@ void dispatch_variant(int64_t variant, const at::Tensor& q, const at::Tensor& k,
     case 3:
       if constexpr (kAll) { launch<T, D, 128, 32, 4, false>(q, k, v, o, causal, scale, stream); return; }
       break;
+    case 4: case 5: case 6: attention_wgmma(q, k, v, o, causal, scale, variant, stream); return;
     default: break;
   }
   TORCH_CHECK(false, "modelab_levels::attention: variant ", variant, " is not built for this dtype / head dim ",
-              "(0..", kNumVariants - 1, "; 2 and 3: bfloat16 with D=128 only)");
+              "(0..", kNumVariants - 1, "; 2 and 3: bfloat16 with D=128 only; 4..6: D=128 on sm_90a)");
 }
 
 }  // namespace

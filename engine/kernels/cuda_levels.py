@@ -30,16 +30,31 @@ import torch
 from engine.native import build as native
 
 SOURCE_DIR = native.CSRC / "levels"
-SOURCES = ("attention.cu", "patch_embed.cu", "message_passing.cu", "bindings.cpp")
+SOURCES = ("attention.cu", "attention_sm90.cu", "patch_embed.cu", "message_passing.cu", "bindings.cpp")
 HEADERS = ("common.cuh",)
 OPS = "modelab_levels"  # the TORCH_LIBRARY namespace (bindings.cpp)
 
-# Attention tile variant used by `attention` (see the table in csrc/levels/attention.cu); picked from the H100
-# timings of scripts/cuda_levels_gpu.py. Variants 2 and 3 exist for bf16 with D=128 only. H100, 2026-11-23, causal
-# S=4096 B=4 H=16: v0 1104 µs, v1 1017, v2 989, v3 1015 (SDPA 468): v2 where it is built, v0 elsewhere.
-ATTENTION_VARIANT = 2
-ATTENTION_VARIANTS_BF16_D128 = (0, 1, 2, 3)
+# Attention variants (the table in csrc/levels/attention.cu). 0..3 are mma.sync (sm_80+); 2 and 3 exist for bf16 with
+# D=128 only. 4..6 are wgmma (csrc/levels/attention_sm90.cu), built for sm_90a on compute capability 9.0 with D=128:
+# 4 for bf16 and fp16, 5 and 6 for bf16. H100, 2026-11-23, causal S=4096 B=4 H=16 (scripts/cuda_levels_gpu.py):
+# v0 1104 µs, v1 1017, v2 989, v3 1015 (SDPA 468).
 ATTENTION_VARIANTS = (0, 1)
+ATTENTION_VARIANTS_BF16_D128 = (0, 1, 2, 3)
+WGMMA_VARIANTS = {torch.bfloat16: (4, 5, 6), torch.float16: (4,)}
+
+
+def attention_variants(dtype: torch.dtype, head_dim: int) -> tuple[int, ...]:
+    """The variants built for this dtype and head dim on this machine's GPU (wgmma ones only on 9.0)."""
+    built = ATTENTION_VARIANTS_BF16_D128 if (dtype == torch.bfloat16 and head_dim == 128) else ATTENTION_VARIANTS
+    if head_dim == 128 and torch.cuda.is_available() and _arch() == (9, 0):
+        built = built + WGMMA_VARIANTS.get(dtype, ())
+    return built
+
+
+def default_variant(dtype: torch.dtype, head_dim: int) -> int:
+    """What `attention` runs: the wgmma kernel where it is built, else the fastest mma.sync tile measured."""
+    built = attention_variants(dtype, head_dim)
+    return 4 if 4 in built else 2 if 2 in built else 0
 
 ATTN_DTYPES = (torch.bfloat16, torch.float16)
 MP_X_DTYPES = (torch.float32, torch.bfloat16)
@@ -55,11 +70,19 @@ def _arch() -> tuple[int, int]:
     return torch.cuda.get_device_capability()
 
 
+def arch_flags(major: int, minor: int) -> list[str]:
+    """-gencode for one GPU architecture. Compute capability 9.0 (H100, H200) builds for sm_90a, the target with
+    Hopper's own instructions (wgmma: attention variants 4..6), and defines MODELAB_SM90A so those are compiled;
+    a sm_90a binary runs only on 9.0 devices, which is the device it is built for."""
+    if (major, minor) == (9, 0):
+        return ["-gencode=arch=compute_90a,code=sm_90a", "-DMODELAB_SM90A"]
+    return [f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"]
+
+
 def cuda_flags() -> list[str]:
-    """nvcc flags: -O3 for this GPU's own architecture (sm_90 on H100) and ptxas's register/spill report.
+    """nvcc flags: -O3 for this GPU's own architecture (sm_90a on H100) and ptxas's register/spill report.
     No --use_fast_math: the softmax uses ex2.approx explicitly and everything else stays IEEE."""
-    major, minor = _arch()
-    return ["-O3", f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}", "--resource-usage"]
+    return ["-O3", *arch_flags(*_arch()), "--resource-usage"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -254,16 +277,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 
     scale defaults to 1/sqrt(D). Returns (B, H, S, D) in q's dtype. fp32 accumulation and softmax.
     """
-    variant = ATTENTION_VARIANT if (q.dtype == torch.bfloat16 and q.shape[-1] == 128) else 0
-    return _attention_variant(q, k, v, causal, scale, variant)
+    return _attention_variant(q, k, v, causal, scale, default_variant(q.dtype, q.shape[-1]))
 
 
 def _attention_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
                        variant: int) -> torch.Tensor:
     """`attention` with an explicit tile variant (tests, scripts/cuda_levels_gpu.py)."""
     scale = _check_attention(q, k, v, causal, scale)
-    allowed = ATTENTION_VARIANTS_BF16_D128 if (q.dtype == torch.bfloat16 and q.shape[-1] == 128) \
-        else ATTENTION_VARIANTS
+    allowed = attention_variants(q.dtype, q.shape[-1])
     if variant not in allowed:
         raise ValueError(f"attention: variant {variant} is not built for {q.dtype} with D={q.shape[-1]} "
                          f"(built: {allowed})")

@@ -128,7 +128,8 @@ def _sources(*paths: str):
 _TRITON_FILES = {"causal_attention": ["engine/kernels/triton/attention.py"],
                  "vit_patch_attention": ["engine/kernels/triton/patch_embed.py", "engine/kernels/triton/attention.py"],
                  "gnn_message_passing": ["engine/kernels/triton/message_passing.py"]}
-_CUDA_FILES = {"causal_attention": ["csrc/levels/attention.cu"],
+# causal attention: D=128 runs the wgmma kernel (attention_sm90.cu) on compute capability 9.0, mma.sync elsewhere
+_CUDA_FILES = {"causal_attention": ["csrc/levels/attention_sm90.cu", "csrc/levels/attention.cu"],
                "vit_patch_attention": ["csrc/levels/patch_embed.cu", "csrc/levels/attention.cu"],
                "gnn_message_passing": ["csrc/levels/message_passing.cu"]}
 
@@ -146,7 +147,7 @@ LEVEL_LIST = [
     Level("L4-triton", 4, "hand-written Triton", "Triton kernels written for this component.", _triton,
           availability=triton_missing,
           sources=lambda c: _TRITON_FILES.get(c.name, []) + ["engine/levels/builders.py"]),
-    Level("L5-cuda", 5, "hand-written CUDA", "CUDA C++ kernels (tensor cores, shared memory) built with "
-          "torch.utils.cpp_extension.", _cuda, availability=_cuda_missing,
+    Level("L5-cuda", 5, "hand-written CUDA", "CUDA C++ kernels (tensor cores — wgmma on H100/H200, mma.sync "
+          "elsewhere — and shared memory) built with torch.utils.cpp_extension.", _cuda, availability=_cuda_missing,
           sources=lambda c: _CUDA_FILES.get(c.name, []) + ["engine/kernels/cuda_levels.py"]),
 ]

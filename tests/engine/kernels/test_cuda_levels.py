@@ -89,10 +89,28 @@ def test_build_key_changes_with_every_input():
 def test_every_source_file_exists_and_every_launch_is_checked():
     for name in cl.SOURCES + cl.HEADERS:
         assert (cl.SOURCE_DIR / name).is_file(), name
-    for name in ("attention.cu", "patch_embed.cu", "message_passing.cu"):
+    for name in ("attention.cu", "attention_sm90.cu", "patch_embed.cu", "message_passing.cu"):
         text = (cl.SOURCE_DIR / name).read_text()
         launches = text.count(">>>(")
         assert launches > 0 and text.count("CUDA_CHECK_LAUNCH();") >= launches, name
+
+
+def test_hopper_builds_sm90a_with_the_wgmma_variants_and_other_gpus_do_not(monkeypatch):
+    assert cl.arch_flags(9, 0) == ["-gencode=arch=compute_90a,code=sm_90a", "-DMODELAB_SM90A"]
+    assert cl.arch_flags(8, 0) == ["-gencode=arch=compute_80,code=sm_80"]
+    assert cl.arch_flags(12, 0) == ["-gencode=arch=compute_120,code=sm_120"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cl, "_arch", lambda: (9, 0))
+    assert cl.attention_variants(torch.bfloat16, 128) == (0, 1, 2, 3, 4, 5, 6)
+    assert cl.attention_variants(torch.float16, 128) == (0, 1, 4)
+    assert cl.attention_variants(torch.bfloat16, 64) == (0, 1)
+    assert [cl.default_variant(t, d) for t, d in ((torch.bfloat16, 128), (torch.float16, 128),
+                                                   (torch.bfloat16, 64))] == [4, 4, 0]
+    assert "-DMODELAB_SM90A" in cl.cuda_flags()
+    monkeypatch.setattr(cl, "_arch", lambda: (8, 9))
+    assert cl.attention_variants(torch.bfloat16, 128) == (0, 1, 2, 3)
+    assert [cl.default_variant(torch.bfloat16, 128), cl.default_variant(torch.float16, 128)] == [2, 0]
+    assert not any("90a" in f or "SM90A" in f for f in cl.cuda_flags())
 
 
 def _cpu(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -214,7 +232,7 @@ def _attn_inputs(B, H, S, D, dtype):
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_matches_float64(dtype, D, S, causal):
     q, k, v = _attn_inputs(2, 3, S, D, dtype)
-    variants = cl.ATTENTION_VARIANTS_BF16_D128 if (dtype == torch.bfloat16 and D == 128) else cl.ATTENTION_VARIANTS
+    variants = cl.attention_variants(dtype, D)
     ref = cl._ref_attention(q, k, v, causal)
     for variant in variants:
         _poison_allocator(q.numel() * q.element_size())
