@@ -62,7 +62,8 @@ case $part in
   fused) t python3 -m pytest -q -x -p no:cacheprovider tests/engine/kernels/test_gemv.py 2>&1 | tail -2
          for preset in 7B 1B; do
            t python3 -m engine llm --preset $preset --prompt-len 512 --new-tokens 128 --device cuda --no-profile \
-             --mode triton-gemv,triton-decode,triton-fused >"$out/llm${preset}_fused.log" 2>&1; tail -6 "$out/llm${preset}_fused.log"
+             --mode ${FUSED_MODES:-triton-gemv,triton-decode,triton-fused} >"$out/llm${preset}_fused.log" 2>&1
+           tail -6 "$out/llm${preset}_fused.log"
          done ;;
   wgmma) t python3 -c "from engine.kernels import cuda_levels as c; c.load(verbose=True)" >"$out/build.log" 2>&1
          grep -A2 "attention_wgmma" "$out/build.log" | grep -E "registers|spill" | head -8

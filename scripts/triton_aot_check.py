@@ -37,10 +37,12 @@ def jobs():
     gemv_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "g_ptr": "*bf16", "r_ptr": "*bf16", "N": "i32",
                 "K": "i32", "stride_wn": "i32", "eps": "fp32"}
     for n, k, warps in gm.TILES:
-        for norm, add in ((False, False), (True, False), (False, True)):  # plain; norm_linear; linear_add
-            tag = " +norm" if norm else " +residual" if add else ""
+        # plain; norm_linear; linear_add; swiglu_linear_add
+        for norm, add, swiglu in ((False, False, False), (True, False, False), (False, True, False),
+                                  (False, True, True)):
+            tag = " +norm" if norm else " +swiglu +residual" if swiglu else " +residual" if add else ""
             yield (f"gemv {n}x{k} w{warps}{tag}", gm._gemv_kernel, gemv_sig,
-                   {"BLOCK_N": n, "BLOCK_K": k, "NORM": norm, "ADD": add}, warps)
+                   {"BLOCK_N": n, "BLOCK_K": k, "NORM": norm, "ADD": add, "SWIGLU": swiglu}, warps)
 
 
 def main() -> int:

@@ -14,8 +14,9 @@
 |                         |               | faster for that weight shape here (timed once per process)              |
 | triton-decode           | torch.compile | triton-gemv, and the step's attention a Triton flash-decoding kernel    |
 |                         |               | (engine/kernels/triton/decode_attention.py) instead of SDPA             |
-| triton-fused            | torch.compile | triton-decode, and the RMSNorms and residual adds inside the GEMVs next |
-|                         |               | to them (norm_linear / linear_add in engine/kernels/triton/gemv.py)     |
+| triton-fused            | torch.compile | triton-decode, and the RMSNorms, residual adds and SwiGLU inside the    |
+|                         |               | GEMVs next to them (norm_linear / linear_add / swiglu_linear_add in     |
+|                         |               | engine/kernels/triton/gemv.py)                                          |
 
 Every compiled function is compiled with dynamic=False and fullgraph=True after torch._dynamo.reset(): the static
 cache keeps every shape fixed, so one graph per phase, and a graph break would be a bug worth failing on.
@@ -225,7 +226,8 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
 
         model.set_fused_ops(FusedDecodeOps)
         notes.append("decode step: RMSNorm inside the qkv, gate_up and lm_head GEMVs, residual adds inside the o and "
-                     "down GEMVs (engine.kernels.triton.gemv.norm_linear / linear_add)")
+                     "down GEMVs, SwiGLU in the down GEMV's load (engine.kernels.triton.gemv.norm_linear / "
+                     "linear_add / swiglu_linear_add)")
     plain = step_fn(model)
     compile_mode = "max-autotune-no-cudagraphs" if autotune else None
     prefill = _compile(plain, compile_mode) if mode.prefill == "compile" else plain

@@ -120,7 +120,8 @@ class Attention(nn.Module):
         # None: SDPA with a mask. The LLM lab's triton-decode mode sets engine.kernels.triton.decode_attention here.
         self.decode_attn: Callable[..., torch.Tensor] | None = None
         # The decode step's one-row products with the norm before them / the residual after them inside the product
-        # (norm_linear(x, norm_w, eps, w), linear_add(x, w, residual)); None: the plain modules. Set through
+        # (norm_linear(x, norm_w, eps, w), linear_add(x, w, residual), swiglu_linear_add(gate_up, w, residual));
+        # None: the plain modules. Set through
         # LlamaDecoder.set_fused_ops (the LLM lab's triton-fused mode: engine.kernels.triton.gemv.FusedDecodeOps).
         self.fused_ops: Any = None
 
@@ -226,8 +227,8 @@ class MLP(nn.Module):
         """SwiGLU of x (normalised by `norm` first when given), plus `residual` when given."""
         if self.fused_ops is not None and norm is not None and residual is not None and self.gate_up_proj is not None \
                 and x.shape[-2] == 1:
-            gate, up = self.fused_ops.norm_linear(x, norm.weight, norm.eps, self.gate_up_proj.weight).chunk(2, dim=-1)
-            return self.fused_ops.linear_add(F.silu(gate) * up, self.down_proj.weight, residual)
+            gate_up = self.fused_ops.norm_linear(x, norm.weight, norm.eps, self.gate_up_proj.weight)
+            return self.fused_ops.swiglu_linear_add(gate_up, self.down_proj.weight, residual)
         if norm is not None:
             x = norm(x)
         if self.gate_up_proj is not None:
@@ -290,8 +291,9 @@ class LlamaDecoder(nn.Module):
                 layer.mlp.fuse()
 
     def set_fused_ops(self, ops: Any) -> None:
-        """Route the decode step's one-row products through `ops` (norm_linear, linear_add: the norms and residual
-        adds inside the products), or back to the plain modules with None. Needs fuse_projections first."""
+        """Route the decode step's one-row products through `ops` (norm_linear, linear_add, swiglu_linear_add: the
+        norms, residual adds and the SwiGLU inside the products), or back to the plain modules with None. Needs
+        fuse_projections first."""
         if ops is not None:
             if any(layer.self_attn.qkv_proj is None or layer.mlp.gate_up_proj is None for layer in self.layers):
                 raise RuntimeError("set_fused_ops needs fused projections: call fuse_projections() first")

@@ -43,9 +43,10 @@ def _configs() -> list[triton.Config]:
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_wn, eps, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr):
+                 BLOCK_K: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr, SWIGLU: tl.constexpr = False):
     """y = x @ W.T; NORM: x is first RMS-normalised and scaled by g (y = rstd · (x∘g) @ W.T, the sum of squares
-    taken in the same pass over x, so the norm costs no extra traffic); ADD: y += r (a residual)."""
+    taken in the same pass over x, so the norm costs no extra traffic); ADD: y += r (a residual); SWIGLU: x_ptr
+    holds [gate, up] (2K values) and x = silu(gate) · up is formed as it is loaded (in fp32, never stored)."""
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -57,6 +58,9 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_wn, eps, BLOCK_
         w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :],
                     other=0.0, eviction_policy="evict_first")  # streamed once: keep L2 for x and the activations
         x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        if SWIGLU:
+            up = tl.load(x_ptr + K + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+            x = x * tl.sigmoid(x) * up
         if NORM:
             sumsq += x * x
             x = x * tl.load(g_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
@@ -69,21 +73,27 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_wn, eps, BLOCK_
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
-_gemv_tuned = triton.autotune(_configs(), key=["N", "K", "NORM", "ADD"])(_gemv_kernel)
+_gemv_tuned = triton.autotune(_configs(), key=["N", "K", "NORM", "ADD", "SWIGLU"])(_gemv_kernel)
 # One fixed config for the interpreter (CPU tests): autotuning there would time Python.
 INTERPRETER_CONFIG = {"BLOCK_N": 8, "BLOCK_K": 128}
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-         residual: torch.Tensor | None = None) -> torch.Tensor:
+         residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
     """x (K,) or (1, K) · W (N, K) → (N,) or (1, N), in x's dtype, accumulated in fp32.
 
     With `norm_weight` (K,): x is replaced by RMSNorm(x) = x · rsqrt(mean(x²) + eps) · norm_weight first (in fp32,
-    never rounded to x's dtype in between). With `residual` (N elements): it is added to the product."""
+    never rounded to x's dtype in between). With `residual` (N elements): it is added to the product. With
+    `swiglu`: x is [gate, up] (2K features) and the product is silu(gate) · up @ W.T (formed in fp32 on load)."""
     if x.numel() != x.shape[-1]:
         raise ValueError(f"gemv takes one row; x has shape {tuple(x.shape)}")
-    if w.dim() != 2 or w.shape[1] != x.shape[-1]:
-        raise ValueError(f"weight {tuple(w.shape)} does not match x's {x.shape[-1]} features")
+    features = x.shape[-1] // 2 if swiglu else x.shape[-1]
+    if swiglu and x.shape[-1] % 2:
+        raise ValueError(f"swiglu needs [gate, up]: an even number of features, got {x.shape[-1]}")
+    if swiglu and norm_weight is not None:
+        raise ValueError("gemv: swiglu and norm_weight do not combine")
+    if w.dim() != 2 or w.shape[1] != features:
+        raise ValueError(f"weight {tuple(w.shape)} does not match x's {features} features")
     n, k = w.shape
     if norm_weight is not None and norm_weight.numel() != k:
         raise ValueError(f"norm weight has {norm_weight.numel()} elements for {k} features")
@@ -95,7 +105,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = No
     g = norm_weight.reshape(-1).contiguous() if norm_weight is not None else x_row  # unread unless NORM
     r = residual.reshape(-1).contiguous() if residual is not None else x_row  # unread unless ADD
     y = torch.empty(n, device=x.device, dtype=x.dtype)
-    flags = dict(NORM=norm_weight is not None, ADD=residual is not None)
+    flags = dict(NORM=norm_weight is not None, ADD=residual is not None, SWIGLU=swiglu)
     if is_interpreted(_gemv_kernel):
         cfg = INTERPRETER_CONFIG
         _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](x_row, w, y, g, r, n, k, w.stride(0), float(eps), **cfg,
@@ -190,13 +200,30 @@ def _(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Te
     return torch.empty_like(residual)
 
 
+@torch.library.custom_op("modelab::gemv_swiglu_linear_add", mutates_args=())
+def swiglu_linear_add(gate_up: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + F.linear(silu(gate) * up, weight) for gate_up = [gate, up]: for one row, the SwiGLU formed as
+    the GEMV loads its input and the residual added in its epilogue (the MLP's down projection in one kernel)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    if _gemv_takes(gate, weight) and residual.shape == (*gate_up.shape[:-1], weight.shape[0]) \
+            and gate_up.shape[-1] == 2 * weight.shape[1]:
+        return gemv(gate_up, weight, residual=residual, swiglu=True)
+    return residual + F.linear(F.silu(gate) * up, weight)
+
+
+@swiglu_linear_add.register_fake
+def _(gate_up: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(residual)
+
+
 class FusedDecodeOps:
     """What the decoder calls for its one-row products when the LLM lab's triton-fused mode sets it
-    (LlamaDecoder.set_fused_ops): the RMSNorm in front of qkv, gate_up and lm_head, and the residual adds after o
-    and down, inside the GEMVs — two kernels fewer per layer than norm + GEMV + add."""
+    (LlamaDecoder.set_fused_ops): the RMSNorm in front of qkv, gate_up and lm_head, the residual add after o, and
+    SwiGLU + residual around down, inside the GEMVs — three kernels fewer per layer than norm + GEMV + add."""
 
     norm_linear = staticmethod(norm_linear)
     linear_add = staticmethod(linear_add)
+    swiglu_linear_add = staticmethod(swiglu_linear_add)
 
 
 def _reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

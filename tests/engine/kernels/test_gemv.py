@@ -99,6 +99,28 @@ def test_norm_and_residual_inside_the_gemv(n: int, k: int, dtype: torch.dtype) -
         gemv_mod.gemv(x, w, residual=r[:, :-1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,k", [(64, 256), (37, 300)])
+def test_swiglu_inside_the_gemv(n: int, k: int, dtype: torch.dtype) -> None:
+    """silu(gate) · up formed as the GEMV loads [gate, up], the residual in the epilogue, against float64."""
+    gen = torch.Generator().manual_seed(11 * n + k)
+    gate_up = (2 * torch.randn(1, 2 * k, generator=gen)).to(DEVICE, dtype)
+    w = torch.randn(n, k, generator=gen).to(DEVICE, dtype)
+    r = torch.randn(1, n, generator=gen).to(DEVICE, dtype)
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    want = r.double() + F.linear(F.silu(gate) * up, w.double())
+    assert rel_err(gemv_mod.gemv(gate_up, w, residual=r, swiglu=True), want) < TOL[dtype]
+    assert rel_err(gemv_mod.swiglu_linear_add(gate_up, w, r), want) < TOL[dtype]
+    # several rows: the unfused ops, the same values
+    rows = gate_up.expand(3, 2 * k).contiguous()
+    g3, u3 = rows.chunk(2, dim=-1)
+    assert torch.equal(gemv_mod.swiglu_linear_add(rows, w, r.expand(3, n)), r + F.linear(F.silu(g3) * u3, w))
+    with pytest.raises(ValueError, match="even number"):
+        gemv_mod.gemv(gate_up[:, :-1], w, swiglu=True)
+    with pytest.raises(ValueError, match="does not match"):
+        gemv_mod.gemv(gate_up, w[:, :-1], swiglu=True)
+
+
 def test_a_decoder_with_fused_ops_decodes_like_the_original() -> None:
     """set_fused_ops: norms and residual adds inside the decode step's GEMVs (prefill unchanged), compiled without a
     graph break; same tokens, logits within fp32 summation-order error; refused before fuse_projections."""
@@ -126,8 +148,9 @@ def test_a_decoder_with_fused_ops_decodes_like_the_original() -> None:
         graphed = generate(step_fn(model), Decoder(compiled), prompt, 5)
         model.set_fused_ops(None)
         back = generate(step_fn(model), Decoder(step_fn(model)), prompt, 5)
-    # per decode step: qkv with its norm and o with its residual per layer, gate_up + down, and lm_head with the norm
-    per_step = [["eps", "norm_weight"], ["residual"], ["eps", "norm_weight"], ["residual"]] * cfg.layers
+    # per decode step: qkv with its norm and o with its residual per layer, gate_up with its norm, down with the
+    # SwiGLU and the residual, and lm_head with the norm
+    per_step = [["eps", "norm_weight"], ["residual"], ["eps", "norm_weight"], ["residual", "swiglu"]] * cfg.layers
     assert calls[:len(per_step) + 1] == per_step + [["eps", "norm_weight"]]
     for out in (got, graphed, back):
         assert torch.equal(out.tokens, ref.tokens)
