@@ -99,6 +99,22 @@ def test_norm_and_residual_inside_the_gemv(n: int, k: int, dtype: torch.dtype) -
         gemv_mod.gemv(x, w, residual=r[:, :-1])
 
 
+def test_a_swapped_linear_sends_only_one_row_through_the_custom_op(monkeypatch) -> None:
+    """Several rows (prefill) take plain F.linear — the graph torch.compile sees is the unswapped one — and one row
+    goes through modelab::gemv_linear."""
+    layer = torch.nn.Linear(32, 16, bias=True).to(DEVICE)
+    x = torch.randn(2, 5, 32, device=DEVICE)
+    want = layer(x)
+    assert gemv_mod.swap_linears(layer) == 1 and type(layer) is gemv_mod.GemvLinear
+    calls = []
+    real = gemv_mod.linear
+    monkeypatch.setattr(gemv_mod, "linear", lambda *a: (calls.append(a[0].shape), real(*a))[1])
+    with torch.no_grad():
+        assert torch.equal(layer(x), want) and calls == []
+        row = x[:1, :1]
+        assert rel_err(layer(row), want[:1, :1].double()) < 1e-5 and calls == [row.shape]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,k", [(64, 256), (37, 300)])
 def test_swiglu_inside_the_gemv(n: int, k: int, dtype: torch.dtype) -> None:
