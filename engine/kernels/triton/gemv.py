@@ -12,10 +12,11 @@ break), CUDA graphs capture it. Rows other than one (B > 1, prefill) take F.line
 would lose to a GEMM. For one row it picks, per weight shape and once per process, whichever of this kernel and
 cuBLAS (F.linear) is faster here, both timed the way the decode step runs them (`time_choice`): like Inductor's
 max-autotune, which keeps cuBLAS among its candidates. `choices()` lists what was picked, with both times.
-`norm_linear` and `linear_add` (custom ops `modelab::gemv_norm_linear` / `modelab::gemv_linear_add`, the
-`triton-fused` mode) run the same kernel with an RMSNorm in its prologue or a residual in its epilogue: at B=1 the
-norm and the add are kernels of their own that read a few KB each, so moving them into the GEMVs saves two launches
-and their ramps per layer, at no extra traffic (the norm's sum of squares is taken in the GEMV's pass over x).
+`norm_linear`, `linear_add` and `swiglu_linear_add` (custom ops `modelab::gemv_norm_linear` / `gemv_linear_add` /
+`gemv_swiglu_linear_add`, the `triton-fused` mode) run the same kernel with an RMSNorm in its prologue, a residual in
+its epilogue, or silu(gate) · up formed as it loads [gate, up]: at B=1 the norm, the add and the SwiGLU are kernels of
+their own that read a few KB each, so moving them into the GEMVs saves three launches and their ramps per layer, at
+no extra traffic (the norm's sum of squares is taken in the GEMV's pass over x).
 `_reference` is F.linear in float64; the checks sit in tests/engine/kernels/test_gemv.py, the table of both
 implementations per preset shape in scripts/gemv_bench.py, the offline sm_90 compile in scripts/triton_aot_check.py.
 """
@@ -245,8 +246,8 @@ class GemvLinear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() != x.shape[-1]:
-            # several rows (prefill, B > 1): plain F.linear, so torch.compile traces the graph it would without the
-            # swap (the same Inductor fusions, and its cached compile of that graph is reused)
+            # several rows (prefill, B > 1): plain F.linear, visible to Inductor (its own GEMM choice and fusions)
+            # rather than an opaque custom op that would call F.linear anyway
             return F.linear(x, self.weight, self.bias)
         y = linear(x, self.weight)
         return y if self.bias is None else y + self.bias

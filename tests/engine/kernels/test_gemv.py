@@ -100,8 +100,8 @@ def test_norm_and_residual_inside_the_gemv(n: int, k: int, dtype: torch.dtype) -
 
 
 def test_a_swapped_linear_sends_only_one_row_through_the_custom_op(monkeypatch) -> None:
-    """Several rows (prefill) take plain F.linear — the graph torch.compile sees is the unswapped one — and one row
-    goes through modelab::gemv_linear."""
+    """Several rows (prefill) take plain F.linear — visible to Inductor rather than inside an opaque custom op —
+    and one row goes through modelab::gemv_linear."""
     layer = torch.nn.Linear(32, 16, bias=True).to(DEVICE)
     x = torch.randn(2, 5, 32, device=DEVICE)
     want = layer(x)
