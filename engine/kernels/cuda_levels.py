@@ -51,6 +51,14 @@ def attention_variants(dtype: torch.dtype, head_dim: int) -> tuple[int, ...]:
     return built
 
 
+def describe_variant(variant: int) -> str:
+    """One line naming the attention kernel a variant runs (for a run's notes)."""
+    if variant >= 4:
+        return (f"attention: wgmma kernel, variant {variant} (csrc/levels/attention_sm90.cu, built for sm_90a: "
+                "warpgroup MMAs from swizzled shared-memory tiles)")
+    return f"attention: mma.sync kernel, tile variant {variant} (csrc/levels/attention.cu)"
+
+
 def default_variant(dtype: torch.dtype, head_dim: int) -> int:
     """What `attention` runs: the wgmma kernel where it is built, else the fastest mma.sync tile measured."""
     built = attention_variants(dtype, head_dim)

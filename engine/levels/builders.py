@@ -92,7 +92,12 @@ def _triton(component: Component, shape: Shape, naive: nn.Module, device: str) -
 def _cuda(component: Component, shape: Shape, naive: nn.Module, device: str) -> Built:
     from engine.kernels import cuda_levels
 
-    return kernel_level(cuda_levels, component, shape, naive)
+    built = kernel_level(cuda_levels, component, shape, naive)
+    head_dim = {"causal_attention": lambda d: d["D"], "vit_patch_attention": lambda d: d["E"] // d["heads"]}
+    if component.name in head_dim and device.startswith("cuda"):  # which attention kernel this GPU runs
+        dim = head_dim[component.name](shape.dims)
+        built.notes.append(cuda_levels.describe_variant(cuda_levels.default_variant(shape.torch_dtype, dim)))
+    return built
 
 
 def _cuda_missing(device: str) -> str | None:

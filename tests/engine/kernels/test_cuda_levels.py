@@ -107,6 +107,8 @@ def test_hopper_builds_sm90a_with_the_wgmma_variants_and_other_gpus_do_not(monke
     assert [cl.default_variant(t, d) for t, d in ((torch.bfloat16, 128), (torch.float16, 128),
                                                    (torch.bfloat16, 64))] == [4, 4, 0]
     assert "-DMODELAB_SM90A" in cl.cuda_flags()
+    assert "wgmma" in cl.describe_variant(4) and "attention_sm90.cu" in cl.describe_variant(4)
+    assert "mma.sync" in cl.describe_variant(2) and "attention.cu" in cl.describe_variant(2)
     monkeypatch.setattr(cl, "_arch", lambda: (8, 9))
     assert cl.attention_variants(torch.bfloat16, 128) == (0, 1, 2, 3)
     assert [cl.default_variant(torch.bfloat16, 128), cl.default_variant(torch.float16, 128)] == [2, 0]

@@ -164,3 +164,14 @@ def test_cli_tables_show_graph_time_and_stages(store: Store) -> None:
     stages = stage_table(store, ids)
     assert stages[["stage", "level", "median_us", "in_graph_us"]].values.tolist() == [
         ["patch_embed", "L4-triton", "153.8", "49.7"], ["patch_embed", "L5-cuda", "93.4", "78.2"]]
+
+
+def test_the_cuda_level_names_the_attention_kernel_it_runs() -> None:
+    """L5's notes say which attention kernel this GPU gets (mma.sync here: the wgmma one needs compute capability
+    9.0); building the level needs no GPU, only running it does."""
+    from engine.levels.builders import _cuda
+
+    for name, shape in (("causal_attention", "S=4096"), ("vit_patch_attention", "ViT-B/16")):
+        component = COMPONENTS[name]
+        built = _cuda(component, component.shapes[shape], component.make_naive(component.shapes[shape]), "cuda")
+        assert any(n.startswith("attention: mma.sync kernel, tile variant") for n in built.notes), built.notes
