@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.triton._common import check_device, is_hopper_or_newer, is_interpreted
+from engine.kernels.triton._common import LaunchCache, check_device, is_hopper_or_newer, is_interpreted
 
 try:  # host-side tensor descriptors (TMA): Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -168,6 +168,7 @@ def _prune(configs: list[triton.Config], nargs: dict, **kwargs) -> list[triton.C
 
 _attn_fwd_tuned = triton.autotune(_gpu_configs(), key=["S", "HEAD_DIM", "CAUSAL", "USE_DESC"],
                                   prune_configs_by={"early_config_prune": _prune})(_attn_fwd)
+_LAUNCH = LaunchCache(_attn_fwd_kernel)  # tuned launches after the first per key, without Triton's per-call Python
 
 # One fixed config for the interpreter: autotuning there is slow and measures nothing.
 INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32}
@@ -218,8 +219,11 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
     if interpreted and config is None:
         config = dict(INTERPRETER_CONFIG)
     k_desc = v_desc = None
+    key = (tuple(q.shape), q.dtype, q.device.index, causal, use_desc, LaunchCache.aligned(q, k, v, out))
+    tuned = _LAUNCH.meta(key) if config is None and not interpreted else None
     if use_desc:
-        block_n = config["BLOCK_N"] if config else 64  # the autotune pre-hook resets it per config
+        # the autotune pre-hook resets the block shape per config tried; a kept launch uses its winner's
+        block_n = config["BLOCK_N"] if config else tuned["BLOCK_N"] if tuned else 64
         k_desc = TensorDescriptor(k, shape=[B * H * S, D], strides=[D, 1], block_shape=[block_n, D])
         v_desc = TensorDescriptor(v, shape=[B * H * S, D], strides=[D, 1], block_shape=[block_n, D])
 
@@ -235,6 +239,10 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
         if interpreted:
             launch = {}
         _attn_fwd[grid](*args, **meta, **cfg, **launch)
+    elif tuned is not None:
+        _LAUNCH.launch(key, grid(tuned), *args)
+    elif not interpreted and key not in _LAUNCH.entries:
+        _LAUNCH.first(key, lambda: _attn_fwd_tuned[grid](*args, **meta), len(args))
     else:
         _attn_fwd_tuned[grid](*args, **meta)
     return out

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.triton._common import check_device, is_interpreted
+from engine.kernels.triton._common import LaunchCache, check_device, is_interpreted
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FP32_DOT = "tf32x3"  # float32 GEMMs: three TF32 tensor-core products, about fp32 accuracy (see attention.FP32_DOT)
@@ -107,6 +107,7 @@ def _gpu_configs() -> list[triton.Config]:
 
 
 _patch_embed_tuned = triton.autotune(_gpu_configs(), key=["M", "E", "K"])(_patch_embed)
+_LAUNCH = LaunchCache(_patch_embed_kernel)  # tuned launches after the first per key, without Triton's per-call Python
 
 INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2}
 
@@ -170,6 +171,14 @@ def _patch_embed_impl(images: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         launch = {key: cfg.pop(key) for key in ("num_warps", "num_stages") if key in cfg}
         cfg.setdefault("GROUP_M", 8)
         _patch_embed[grid](*args, **meta, **cfg, **({} if interpreted else launch))
+        return out
+    key = (tuple(images.shape), images.dtype, tuple(weight.shape), bias.dtype, cls.dtype, pos.dtype,
+           images.device.index, LaunchCache.aligned(images, weight, bias, cls, pos, out))
+    tuned = None if interpreted else _LAUNCH.meta(key)
+    if tuned is not None:
+        _LAUNCH.launch(key, grid(tuned), *args)
+    elif not interpreted and key not in _LAUNCH.entries:
+        _LAUNCH.first(key, lambda: _patch_embed_tuned[grid](*args, **meta), len(args))
     else:
         _patch_embed_tuned[grid](*args, **meta)
     return out
