@@ -7,6 +7,8 @@ object itself, so a process that set the variable late still gets a consistent a
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -62,7 +64,13 @@ def check_device(kernel: object, name: str, *tensors: torch.Tensor) -> torch.dev
 
 def is_hopper_or_newer(device: torch.device) -> bool:
     """Compute capability >= 9.0: the TMA (tensor descriptor) path is available."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return device.type == "cuda" and _capability(device.index)[0] >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int | None) -> tuple[int, int]:
+    # asked on every launch: the query costs µs, the answer never changes
+    return torch.cuda.get_device_capability(index)
 
 
 class LaunchCache:
@@ -99,7 +107,7 @@ class LaunchCache:
         return entry[1] if entry else None
 
     def first(self, key: tuple, run, n_positional: int):  # type: ignore[no-untyped-def]
-        """Call run() (the normal launch, which returns Triton's compiled kernel) and keep what a direct launch needs."""
+        """Call run() (the normal launch; it returns Triton's compiled kernel) and keep what a direct launch needs."""
         captured: dict = {}
 
         def hook(*args: object, **kwargs: object) -> None:  # the last call is the launch itself (after tuning)
@@ -125,5 +133,5 @@ class LaunchCache:
         if entry is None:
             return False
         compiled, meta = entry
-        compiled[grid](*args, *meta.values())
+        compiled[(*grid, 1, 1)[:3]](*args, *meta.values())  # the compiled kernel's runner takes a 3-d grid
         return True

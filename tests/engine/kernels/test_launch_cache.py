@@ -53,6 +53,8 @@ def test_the_first_call_is_kept_and_later_calls_launch_it_in_signature_order() -
     FakeCompiled.launches.clear()
     assert cache.launch(key, (3, 1, 1), "x1", "y1", 5)
     assert FakeCompiled.launches == [((3, 1, 1), ("x1", "y1", 5, 64, True, 7))]
+    assert cache.launch(key, (2,), "x2", "y2", 5)  # a 1-d grid reaches the runner as the 3-d one it indexes
+    assert FakeCompiled.launches[-1] == ((2, 1, 1), ("x2", "y2", 5, 64, True, 7))
     assert not cache.launch(("other",), (1,), "x", "y", 1)
 
 
