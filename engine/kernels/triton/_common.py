@@ -96,6 +96,7 @@ class LaunchCache:
         self.defaults = {p.name: p.default for p in inspect.signature(fn.fn).parameters.values()  # type: ignore
                          if p.default is not inspect.Parameter.empty}
         self.entries: dict[tuple, tuple | None] = {}  # key -> (compiled kernel, meta values) or None (path refused)
+        self.refused: str | None = None  # why a kept launch was refused, the last time one was
 
     @staticmethod
     def aligned(*tensors: torch.Tensor) -> tuple[bool, ...]:
@@ -133,5 +134,12 @@ class LaunchCache:
         if entry is None:
             return False
         compiled, meta = entry
-        compiled[(*grid, 1, 1)[:3]](*args, *meta.values())  # the compiled kernel's runner takes a 3-d grid
+        try:
+            compiled[(*grid, 1, 1)[:3]](*args, *meta.values())  # the compiled kernel's runner takes a 3-d grid
+        except (IndexError, TypeError, ValueError, AttributeError) as exc:
+            # refused before any launch (a Triton whose launcher takes its arguments otherwise): the normal path
+            # from now on, for this key
+            self.entries[key] = None
+            self.refused = f"{type(exc).__name__}: {exc}"
+            return False
         return True

@@ -239,8 +239,8 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
         if interpreted:
             launch = {}
         _attn_fwd[grid](*args, **meta, **cfg, **launch)
-    elif tuned is not None:
-        _LAUNCH.launch(key, grid(tuned), *args)
+    elif tuned is not None and _LAUNCH.launch(key, grid(tuned), *args):
+        pass
     elif not interpreted and key not in _LAUNCH.entries:
         _LAUNCH.first(key, lambda: _attn_fwd_tuned[grid](*args, **meta), len(args))
     else:

@@ -175,8 +175,8 @@ def _patch_embed_impl(images: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     key = (tuple(images.shape), images.dtype, tuple(weight.shape), bias.dtype, cls.dtype, pos.dtype,
            images.device.index, LaunchCache.aligned(images, weight, bias, cls, pos, out))
     tuned = None if interpreted else _LAUNCH.meta(key)
-    if tuned is not None:
-        _LAUNCH.launch(key, grid(tuned), *args)
+    if tuned is not None and _LAUNCH.launch(key, grid(tuned), *args):
+        pass
     elif not interpreted and key not in _LAUNCH.entries:
         _LAUNCH.first(key, lambda: _patch_embed_tuned[grid](*args, **meta), len(args))
     else:

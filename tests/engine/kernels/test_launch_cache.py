@@ -64,3 +64,18 @@ def test_a_run_that_returns_no_compiled_kernel_keeps_the_slow_path() -> None:
     key = ("k",)
     cache.first(key, lambda: (jit.run("x", "y", 1, BLOCK=16, FLAG=False), None)[1], 3)
     assert key in cache.entries and cache.meta(key) is None and not cache.launch(key, (1,), "x", "y", 1)
+
+
+def test_a_launcher_that_refuses_the_kept_arguments_sends_the_key_back_to_the_normal_path() -> None:
+    class Refusing(FakeCompiled):
+        def __getitem__(self, grid):
+            def runner(*args):
+                raise TypeError("function takes exactly 9 arguments (12 given)")
+            return runner
+
+    jit = FakeJit()
+    cache = LaunchCache(jit)
+    cache.first(("k",), lambda: (jit.run("x", "y", 1, BLOCK=16, FLAG=False), Refusing())[1], 3)
+    assert cache.meta(("k",)) is not None
+    assert not cache.launch(("k",), (1,), "x", "y", 1)
+    assert cache.meta(("k",)) is None and "TypeError" in cache.refused and ("k",) in cache.entries
