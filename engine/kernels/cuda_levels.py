@@ -43,10 +43,10 @@ ATTENTION_VARIANTS_BF16_D128 = (0, 1, 2, 3)
 WGMMA_VARIANTS = {torch.bfloat16: (4, 5, 6), torch.float16: (4,)}
 
 
-def attention_variants(dtype: torch.dtype, head_dim: int) -> tuple[int, ...]:
-    """The variants built for this dtype and head dim on this machine's GPU (wgmma ones only on 9.0)."""
+def attention_variants(dtype: torch.dtype, head_dim: int, device: int | None = None) -> tuple[int, ...]:
+    """The variants built for this dtype and head dim on this GPU (CUDA device index; the wgmma ones only on 9.0)."""
     built = ATTENTION_VARIANTS_BF16_D128 if (dtype == torch.bfloat16 and head_dim == 128) else ATTENTION_VARIANTS
-    if head_dim == 128 and torch.cuda.is_available() and _arch() == (9, 0):
+    if head_dim == 128 and torch.cuda.is_available() and _arch(device) == (9, 0):
         built = built + WGMMA_VARIANTS.get(dtype, ())
     return built
 
@@ -59,9 +59,9 @@ def describe_variant(variant: int) -> str:
     return f"attention: mma.sync kernel, tile variant {variant} (csrc/levels/attention.cu)"
 
 
-def default_variant(dtype: torch.dtype, head_dim: int) -> int:
+def default_variant(dtype: torch.dtype, head_dim: int, device: int | None = None) -> int:
     """What `attention` runs: the wgmma kernel where it is built, else the fastest mma.sync tile measured."""
-    built = attention_variants(dtype, head_dim)
+    built = attention_variants(dtype, head_dim, device)
     return 4 if 4 in built else 2 if 2 in built else 0
 
 ATTN_DTYPES = (torch.bfloat16, torch.float16)
@@ -74,8 +74,9 @@ _loaded: str | None = None  # path of the library loaded into this process
 _failed: str | None = None  # the reason a build failed in this process (not retried)
 
 
-def _arch() -> tuple[int, int]:
-    return torch.cuda.get_device_capability()
+@functools.lru_cache(maxsize=None)
+def _arch(device: int | None = None) -> tuple[int, int]:  # asked on every attention call: cached per device
+    return torch.cuda.get_device_capability(device)
 
 
 def arch_flags(major: int, minor: int) -> list[str]:
@@ -285,14 +286,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 
     scale defaults to 1/sqrt(D). Returns (B, H, S, D) in q's dtype. fp32 accumulation and softmax.
     """
-    return _attention_variant(q, k, v, causal, scale, default_variant(q.dtype, q.shape[-1]))
+    return _attention_variant(q, k, v, causal, scale, default_variant(q.dtype, q.shape[-1], q.device.index))
 
 
 def _attention_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
                        variant: int) -> torch.Tensor:
     """`attention` with an explicit tile variant (tests, scripts/cuda_levels_gpu.py)."""
     scale = _check_attention(q, k, v, causal, scale)
-    allowed = attention_variants(q.dtype, q.shape[-1])
+    allowed = attention_variants(q.dtype, q.shape[-1], q.device.index)
     if variant not in allowed:
         raise ValueError(f"attention: variant {variant} is not built for {q.dtype} with D={q.shape[-1]} "
                          f"(built: {allowed})")

@@ -24,6 +24,14 @@ PATCH_TOL = {torch.bfloat16: 1e-2, torch.float16: 3e-3}
 MP_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
 
 
+@pytest.fixture(autouse=True)
+def _fresh_capability_cache():
+    """cl._arch caches each device's capability; tests that fake the capability must not leave a fake behind."""
+    cl._arch.cache_clear()
+    yield
+    cl._arch.cache_clear()
+
+
 # ---- without a GPU ------------------------------------------------------------------------------------------------
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
@@ -44,6 +52,7 @@ def test_available_reports_missing_nvcc(monkeypatch):
     monkeypatch.setattr(cl, "_loaded", None)
     assert cl.available() == "nvcc not found (CUDA_HOME unset)"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    cl._arch.cache_clear()  # another GPU, as far as this process can tell
     assert "compute capability 8.0" in cl.available()
 
 
@@ -100,7 +109,7 @@ def test_hopper_builds_sm90a_with_the_wgmma_variants_and_other_gpus_do_not(monke
     assert cl.arch_flags(8, 0) == ["-gencode=arch=compute_80,code=sm_80"]
     assert cl.arch_flags(12, 0) == ["-gencode=arch=compute_120,code=sm_120"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(cl, "_arch", lambda: (9, 0))
+    monkeypatch.setattr(cl, "_arch", lambda device=None: (9, 0))
     assert cl.attention_variants(torch.bfloat16, 128) == (0, 1, 2, 3, 4, 5, 6)
     assert cl.attention_variants(torch.float16, 128) == (0, 1, 4)
     assert cl.attention_variants(torch.bfloat16, 64) == (0, 1)
@@ -109,7 +118,7 @@ def test_hopper_builds_sm90a_with_the_wgmma_variants_and_other_gpus_do_not(monke
     assert "-DMODELAB_SM90A" in cl.cuda_flags()
     assert "wgmma" in cl.describe_variant(4) and "attention_sm90.cu" in cl.describe_variant(4)
     assert "mma.sync" in cl.describe_variant(2) and "attention.cu" in cl.describe_variant(2)
-    monkeypatch.setattr(cl, "_arch", lambda: (8, 9))
+    monkeypatch.setattr(cl, "_arch", lambda device=None: (8, 9))
     assert cl.attention_variants(torch.bfloat16, 128) == (0, 1, 2, 3)
     assert [cl.default_variant(torch.bfloat16, 128), cl.default_variant(torch.float16, 128)] == [2, 0]
     assert not any("90a" in f or "SM90A" in f for f in cl.cuda_flags())
