@@ -102,51 +102,41 @@ __device__ __forceinline__ void fence_regs(float (&r)[N]) {
   "+f"(d[OFF + 24]), "+f"(d[OFF + 25]), "+f"(d[OFF + 26]), "+f"(d[OFF + 27]), "+f"(d[OFF + 28]), "+f"(d[OFF + 29]), \
   "+f"(d[OFF + 30]), "+f"(d[OFF + 31])
 
+// One wgmma per element type: TY is the type's name in the instruction ("bf16" or "f16").
+#define WGMMA_SS_M64N128(TY)                                                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                            \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {" WGMMA_ACC64 "}, "       \
+               "%64, %65, p, 1, 1, 0, 0;\n}\n"                                                        \
+               : WGMMA_OUT64(0) : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+#define WGMMA_RS_M64N128(TY)                                                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                            \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {" WGMMA_ACC64 "}, "       \
+               "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                          \
+               : WGMMA_OUT64(OFF) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
+#define WGMMA_RS_M64N64(TY)                                                                           \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                            \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {" WGMMA_ACC32 "}, "        \
+               "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                          \
+               : WGMMA_OUT32(OFF) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
+
 // D(64 x 128, fp32) (+)= A(64 x 16) B(16 x 128)^T, both from shared memory (K-major); scale_d = 0 overwrites D.
 template <typename T>
 __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WGMMA_ACC64 "}, "
-                 "%64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : WGMMA_OUT64(0) : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-  } else {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" WGMMA_ACC64 "}, "
-                 "%64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : WGMMA_OUT64(0) : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-  }
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) WGMMA_SS_M64N128("bf16");
+  else WGMMA_SS_M64N128("f16");
 }
 
 // D[OFF..] (64 x N, fp32) += A(64 x 16, registers) B(16 x N), B N-major in shared memory (imm-trans-b = 1).
 template <typename T, int OFF>
 __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WGMMA_ACC64 "}, "
-                 "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : WGMMA_OUT64(OFF) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-  } else {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" WGMMA_ACC64 "}, "
-                 "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : WGMMA_OUT64(OFF) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-  }
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) WGMMA_RS_M64N128("bf16");
+  else WGMMA_RS_M64N128("f16");
 }
 
 template <typename T, int OFF>
 __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WGMMA_ACC32 "}, "
-                 "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : WGMMA_OUT32(OFF) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-  } else {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" WGMMA_ACC32 "}, "
-                 "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : WGMMA_OUT32(OFF) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-  }
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) WGMMA_RS_M64N64("bf16");
+  else WGMMA_RS_M64N64("f16");
 }
 
 // ---- the pieces of one key tile ---------------------------------------------------------------------------------
