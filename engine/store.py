@@ -266,11 +266,20 @@ def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
+# The error classes a busy file shows up as (ResourceInUseException: DuckDB >= 1.1, where it exists).
+_BUSY_ERRORS: tuple[type[Exception], ...] = tuple(
+    c for c in (duckdb.IOException, duckdb.ConnectionException, getattr(duckdb, "ResourceInUseException", None))
+    if c is not None)
+
+
 def _is_lock_error(exc: Exception) -> bool:
     text = str(exc).lower()
-    # The last one: another thread of this process holds the file with the other read_only setting (the dashboard
-    # serves each session from its own thread); it is as temporary as another process's lock.
-    return "lock" in text or "conflicting" in text or "different configuration" in text
+    # "different configuration": another thread of this process holds the file with the other read_only setting (the
+    # dashboard serves each session from its own thread). "unique file handle conflict": another thread of this
+    # process is attaching or detaching the same file at this instant (DuckDB's ResourceInUse error; two lanes of a
+    # sweep hit it). Both are as temporary as another process's lock.
+    return "lock" in text or "conflicting" in text or "different configuration" in text \
+        or "unique file handle conflict" in text
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -327,7 +336,7 @@ class Store:
             except duckdb.Error as exc:
                 if is_damage_error(exc):
                     raise StoreDamagedError(damaged_message(self.path, str(exc))) from exc
-                if not isinstance(exc, (duckdb.IOException, duckdb.ConnectionException)) or not _is_lock_error(exc):
+                if not isinstance(exc, _BUSY_ERRORS) or not _is_lock_error(exc):
                     raise StoreError(f"cannot open {self.path}: {exc}") from exc
                 if time.monotonic() > deadline:
                     raise StoreBusyError(

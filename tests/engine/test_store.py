@@ -416,3 +416,28 @@ def test_concurrent_writers_and_a_reader_lose_nothing(store, tmp_path, child_env
     assert run_counts == sorted(run_counts) and metric_counts == sorted(metric_counts)
     assert reads[-1] == [total, 2 * total]
     assert any(0 < r[0] < total for r in reads), "the reader saw no intermediate state: no real concurrency"
+
+
+def test_threads_opening_and_closing_one_store_wait_for_each_other(tmp_path):
+    """Two lanes of a sweep are threads of one process: while one detaches the file another may be attaching it,
+    and DuckDB says "Unique file handle conflict" — as temporary as a lock, so it is waited out, never a failed run."""
+    import threading
+
+    store = Store(tmp_path / "r.duckdb")
+    store.init()
+    errors: list[str] = []
+
+    def work(read_only: bool) -> None:
+        for _ in range(150):
+            try:
+                with store.connect(read_only=read_only) as con:
+                    con.execute("SELECT count(*) FROM runs").fetchone()
+            except StoreError as exc:
+                errors.append(str(exc))
+
+    threads = [threading.Thread(target=work, args=(ro,)) for ro in (False, False, True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
