@@ -228,6 +228,14 @@ __device__ __forceinline__ void pack_p(const float (&s)[64], uint32_t (&p)[8][4]
   }
 }
 
+// Every thread's cp.async copies have landed and are visible to the tensor cores (async proxy), and every warpgroup
+// is past the previous tile, so its buffers may be refilled.
+__device__ __forceinline__ void tiles_landed() {
+  cp_async_wait<0>();
+  fence_proxy_async();
+  __syncthreads();
+}
+
 template <typename T, bool OVERLAP, bool SPLIT>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -266,9 +274,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (num_n > 1) load_tile(sK + kTileBytes, kb, kRows, S, tid);
     load_tile(sV, vb, 0, S, tid);
     cp_async_commit();
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();
+    tiles_landed();
     wgmma_fence();
     issue_qk<T>(s, q_rows, sK);
     wgmma_commit();
@@ -277,9 +283,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int nb = 0; nb < num_n; ++nb) {
       // K(nb+1) and V(nb) have landed; every warpgroup is past q K(nb)^T and P V(nb-1), so K(nb)'s buffer takes
       // K(nb+2) and V(nb-1)'s takes V(nb+1)
-      cp_async_wait<0>();
-      fence_proxy_async();
-      __syncthreads();
+      tiles_landed();
       if (nb + 2 < num_n) load_tile(sK + (nb & 1) * kTileBytes, kb, (nb + 2) * kRows, S, tid);
       if (nb + 1 < num_n) load_tile(sV + ((nb + 1) & 1) * kTileBytes, vb, (nb + 1) * kRows, S, tid);
       cp_async_commit();
@@ -311,9 +315,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_commit();
     for (int nb = 0; nb < num_n; ++nb) {
       // tile nb has landed; every warpgroup is past tile nb-1, so its buffers may be refilled with tile nb+1
-      cp_async_wait<0>();
-      fence_proxy_async();
-      __syncthreads();
+      tiles_landed();
       if (nb + 1 < num_n) {
         load_tile(sK + ((nb + 1) & 1) * kTileBytes, kb, (nb + 1) * kRows, S, tid);
         load_tile(sV + ((nb + 1) & 1) * kTileBytes, vb, (nb + 1) * kRows, S, tid);
