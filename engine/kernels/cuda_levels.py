@@ -286,7 +286,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 
     scale defaults to 1/sqrt(D). Returns (B, H, S, D) in q's dtype. fp32 accumulation and softmax.
     """
-    return _attention_variant(q, k, v, causal, scale, default_variant(q.dtype, q.shape[-1], q.device.index))
+    scale = _check_attention(q, k, v, causal, scale)  # first: a bad argument gets its message, not an AttributeError
+    # the default is built by definition: no second lookup of the built variants on this per-call path
+    return _ops().attention(q, k, v, causal, scale, default_variant(q.dtype, q.shape[-1], q.device.index))
 
 
 def _attention_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
