@@ -266,15 +266,22 @@ def ceilings_for(device: str, db: str | None, measure_if_missing: bool = True, q
             return found
     if not measure_if_missing:
         return None
-    values = measure(device, quick=quick)
-    run_id = None
-    if store is not None:
-        store.init()
-        run_id = store.create_run("ceilings", "ceilings", "measure", device,
-                                  {"device": device, "auto": True, "quick": quick})
-        store.start_run(run_id, "measuring (asked for by another run)")
-        result = RunResult(env=env, metrics=[Metric(k, v, CEILINGS[k][0]) for k, v in values.items()])
-        store.record_result(run_id, result)
+    from engine.device_lock import exclusive
+
+    with exclusive():  # a measurement: the device alone, even in a worker that prepares beside others
+        if store is not None:  # another run of the group may have measured them while this one waited
+            found = latest_ceilings(store, device_name=name, device=device)
+            if found is not None:
+                return found
+        values = measure(device, quick=quick)
+        run_id = None
+        if store is not None:
+            store.init()
+            run_id = store.create_run("ceilings", "ceilings", "measure", device,
+                                      {"device": device, "auto": True, "quick": quick})
+            store.start_run(run_id, "measuring (asked for by another run)")
+            result = RunResult(env=env, metrics=[Metric(k, v, CEILINGS[k][0]) for k, v in values.items()])
+            store.record_result(run_id, result)
     return Ceilings(device_name=str(name or device), values=values, run_id=run_id)
 
 

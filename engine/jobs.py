@@ -16,13 +16,12 @@ crashed. A run whose supervisor is killed (kill -9) stays 'running' until `Store
 from __future__ import annotations
 
 import argparse
-import fcntl
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.device_lock import device_lock, lock_dir, lock_path  # noqa: F401 - the runner's lock, named here too
 from engine.forkserver import ForkServer, ForkServerError
 from engine.forkserver import enabled as forkserver_enabled
 from engine.store import REPO_ROOT, Artifact, RunResult, Store
@@ -55,41 +55,6 @@ class JobSpec:
 
 def artifacts_root(store: Store) -> Path:
     return Path(os.environ.get("ARTIFACTS_DIR") or store.path.parent / "artifacts")
-
-
-def lock_dir() -> Path:
-    return Path(os.environ.get("MODELAB_LOCK_DIR") or tempfile.gettempdir())
-
-
-def lock_path(device: str) -> Path:
-    name = device if ":" in device else (device + ":0" if device == "cuda" else device)
-    return lock_dir() / f"modelab-device-{name.replace(':', '')}.lock"
-
-
-@contextmanager
-def device_lock(device: str, on_wait: Callable[[str], None] | None = None, poll_s: float = 0.2) -> Iterator[None]:
-    """Exclusive, machine-wide lock on a device; the kernel drops it if the holder dies, so it never goes stale."""
-    path = lock_path(device)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
-    try:
-        waited = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if on_wait and not waited:
-                    holder = Path(path).read_text().strip() or "another process"
-                    on_wait(f"waiting for {device}: held by {holder}")
-                waited = True
-                time.sleep(poll_s)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
 
 
 def create_runs(store: Store, specs: Sequence[JobSpec], group_id: str | None = None) -> list[int]:
@@ -262,6 +227,7 @@ class Launcher:
         self.log_path = log_path
         self.server: ForkServer | None = None
         self.why_not: str | None = None if forkserver_enabled() and log_path else "fork server off"
+        self._lock = threading.Lock()
 
     def prestart(self) -> None:
         """Start the fork server's imports without waiting for them (they overlap whatever the caller does next)."""
@@ -285,6 +251,10 @@ class Launcher:
             print(self.why_not, file=sys.stderr)
 
     def start(self, spec_file: Path, log_file: Path) -> _FreshWorker | _ForkedWorker:
+        with self._lock:  # runs that prepare side by side start their workers from several threads
+            return self._start(spec_file, log_file)
+
+    def _start(self, spec_file: Path, log_file: Path) -> _FreshWorker | _ForkedWorker:
         self.open()
         if self.server is not None and self.server.alive():
             try:
@@ -323,9 +293,17 @@ def lane_launcher(store: Store, run_ids: Sequence[int], name: str = "lane",
         launcher.close()
 
 
+# Kinds whose workers mark their timed sections (engine.device_lock.exclusive), so they may prepare side by side.
+PHASED_KINDS = frozenset({"llm"})
+
+
 def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None,
-            launcher: Launcher | None = None) -> str:
-    """Supervise one queued run to its end; returns the final status ('ok' or 'failed')."""
+            launcher: Launcher | None = None, group_size: int = 1) -> str:
+    """Supervise one queued run to its end; returns the final status ('ok' or 'failed').
+
+    group_size > 1 (a run of a kind in PHASED_KINDS, supervised beside up to group_size - 1 others of its group): the
+    supervisor does not hold the device; the worker holds it shared while it prepares and exclusively while it times
+    (engine.device_lock), so the group's compiles overlap and its timings never do."""
     run = store.run(run_id)
     if run is None:
         raise ValueError(f"no run {run_id} in {store.path}")
@@ -348,7 +326,10 @@ def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None,
         store.update_progress(run_id, 0.0, message)
         report(0.0, message)
 
-    with device_lock(device, on_wait=waiting):
+    phased = group_size > 1
+    if phased and run["kind"] not in PHASED_KINDS:
+        raise ValueError(f"run {run_id} ({run['kind']}) does not mark its timed sections: it cannot share its device")
+    with (contextlib.nullcontext() if phased else device_lock(device, on_wait=waiting)):
         store.start_run(run_id, "starting worker")
         report(0.0, "starting worker")
         spec_file, result_file, log_file = workdir / "job.json", workdir / "result.json", workdir / "worker.log"
@@ -356,8 +337,11 @@ def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None,
         for stale in (result_file, error_file, progress_file):
             stale.unlink(missing_ok=True)
         log_file.write_bytes(b"")
-        spec_file.write_text(json.dumps({"run_id": run_id, "target": target, "params": params,
-                                         "result_file": str(result_file), "progress_file": str(progress_file)}))
+        job = {"run_id": run_id, "target": target, "params": params, "result_file": str(result_file),
+               "progress_file": str(progress_file)}
+        if phased:
+            job["device_phases"] = {"device": device, "group_size": group_size}
+        spec_file.write_text(json.dumps(job))
         own_launcher = launcher is None
         launcher = launcher or Launcher()
         try:
@@ -434,18 +418,46 @@ def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None,
 
 
 def run_jobs(store: Store, run_ids: Sequence[int], on_progress: OnProgress | None = None,
-             launcher: Launcher | None = None) -> dict[int, str]:
-    """Supervise runs one after another in this process (the CLI's path; `submit` runs this detached)."""
+             launcher: Launcher | None = None, prepare_parallel: int = 1) -> dict[int, str]:
+    """Supervise runs in this process (the CLI's path; `submit` runs this detached): one after another, or with
+    prepare_parallel > 1, up to that many at once, each preparing beside the others and timing alone (run_one's
+    group_size; only for runs of PHASED_KINDS on one device)."""
     store.set_owner(run_ids, os.getpid())
-    statuses = {}
-    with lane_launcher(store, run_ids, launcher=launcher) as launcher:
-        for run_id in run_ids:
+    statuses: dict[int, str] = {}
+    slots = min(prepare_parallel, len(run_ids))
+    if slots > 1:
+        runs = [store.run(i) for i in run_ids]
+        if any(r is None or r["kind"] not in PHASED_KINDS for r in runs) or len({r["device"] for r in runs}) > 1:
+            raise ValueError(f"only runs of {', '.join(sorted(PHASED_KINDS))} on one device prepare side by side")
+    todo = list(run_ids)
+    guard = threading.Lock()
+
+    def lane(launcher: Launcher) -> None:
+        while True:
+            with guard:
+                if not todo:
+                    return
+                run_id = todo.pop(0)
             try:
-                statuses[run_id] = run_one(store, run_id, on_progress, launcher)
+                status = run_one(store, run_id, on_progress, launcher, group_size=slots)
             except Exception as exc:  # the supervisor must leave no run behind in 'running'
                 store.fail_run(run_id, f"supervisor error: {type(exc).__name__}: {exc}")
-                statuses[run_id] = "failed"
-    return statuses
+                status = "failed"
+            with guard:
+                statuses[run_id] = status
+
+    with lane_launcher(store, run_ids, launcher=launcher) as launcher:
+        if slots <= 1:
+            lane(launcher)  # in this thread, as always: Ctrl-C stops the supervisor where it is
+        else:
+            threads = [threading.Thread(target=lane, args=(launcher,), name=f"slot-{i}", daemon=True)
+                       for i in range(slots)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                while thread.is_alive():  # join in slices, so Ctrl-C reaches this thread
+                    thread.join(0.5)
+    return {run_id: statuses.get(run_id, "failed") for run_id in run_ids}
 
 
 def run_jobs_spread(store: Store, run_ids: Sequence[int], on_progress: OnProgress | None = None) -> dict[int, str]:

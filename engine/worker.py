@@ -67,7 +67,10 @@ def run_job(job_path: str | Path) -> int:
     progress_out = open(job["progress_file"], "a", buffering=1)
     started = time.perf_counter()
 
+    last = [0.0]
+
     def progress(frac: float, message: str) -> None:
+        last[0] = frac
         # "t" (seconds into the run) makes the file a timeline of the run's phases, kept as an artifact.
         progress_out.write(json.dumps({"progress": float(frac), "message": str(message),
                                        "t": round(time.perf_counter() - started, 3)}) + "\n")
@@ -78,6 +81,12 @@ def run_job(job_path: str | Path) -> int:
         from engine.native.build import configure_compile_caches
 
         configure_compile_caches()
+        if job.get("device_phases"):  # preparing beside other runs of its group: shared now, exclusive to time
+            from engine.device_lock import begin_phases
+
+            phases = job["device_phases"]
+            begin_phases(phases["device"], on_wait=lambda message: progress(last[0], message),
+                         group_size=int(phases.get("group_size", 2)))
         target = load_target(job["target"])
         result = target(job["params"], progress)
         _write_atomic(result_file, result.to_json())

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine call: the GPU-only tests of the newer parts, then the figures the issues ask for.
 # Usage (from the repository root, on the GPU machine): scripts/gpu_check.sh PART [OUT]
-#   PART = tests | mlp | llm7b | bench-all | bench-cold | bench-warm | llm1b-all | llm-gemv | llm7b-gemv | decode | aoti-timeline | bench-both | host-cost | fused | wgmma |
+#   PART = tests | mlp | llm7b | bench-all | bench-cold | bench-warm | llm1b-all | llm-gemv | llm7b-gemv | decode | aoti-timeline | bench-both | host-cost | fused | wgmma | pdl |
 #          next (what the third session could not run: triton-decode, level graph times, aoti's timeline)        OUT (default $OUT or /tmp/out): logs and the store
 # Carries duckdb/nvtx as wheels in .whl/ when the machine lacks them (see the device README).
 set -uo pipefail
@@ -76,5 +76,12 @@ case $part in
   llm1b-all) t timeout 400 python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --mode all --device cuda \
                >"$out/llm1b_all.log" 2>&1; tail -30 "$out/llm1b_all.log"
              python3 scripts/run_timelines.py --kind llm ;;
+  pdl) t timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/engine/kernels/test_gemv.py \
+          tests/engine/kernels/test_decode_attention.py 2>&1 | tail -3
+       for preset in ${PDL_PRESETS:-1B 7B}; do for pdl in 0 1; do
+         MODELAB_TRITON_PDL=$pdl t python3 -m engine llm --preset $preset --prompt-len 512 --new-tokens 128 \
+           --device cuda --no-profile --mode triton-fused >"$out/llm${preset}_pdl$pdl.log" 2>&1
+         echo "$preset PDL=$pdl"; tail -4 "$out/llm${preset}_pdl$pdl.log" | head -2
+       done; done ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

@@ -20,10 +20,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def jobs():
+def jobs(arch: int):
     from engine.kernels.triton import decode_attention as da
     from engine.kernels.triton import gemv as gm
 
+    pdl = arch >= 90  # what the GPU runs: programmatic dependent launch on Hopper and later (_common.pdl_enabled)
     split_sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "pos_ptr": "*i32", "m_ptr": "*fp32",
                  "l_ptr": "*fp32", "o_ptr": "*fp32", "scale": "fp32", "KVH": "i32", "S_MAX": "i32",
                  "NUM_SPLITS": "i32"}
@@ -31,9 +32,9 @@ def jobs():
     for preset, rep, d in (("1B", 4, 64), ("7B", 1, 128)):
         rep_pad = 1 << (rep - 1).bit_length()
         yield (f"decode_attention split {preset}", da._split_kernel, split_sig,
-               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": da.SPLIT, "BLOCK_S": da.BLOCK_S}, 4)
+               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": da.SPLIT, "BLOCK_S": da.BLOCK_S, "PDL": pdl}, 4)
         yield (f"decode_attention combine {preset}", da._combine_kernel, combine_sig,
-               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLITS_PAD": 16}, 4)
+               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLITS_PAD": 16, "PDL": pdl}, 4)
     gemv_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "g_ptr": "*bf16", "r_ptr": "*bf16", "N": "i32",
                 "K": "i32", "stride_wn": "i32", "eps": "fp32"}
     for n, k, warps in gm.TILES:
@@ -42,7 +43,7 @@ def jobs():
                                   (False, True, True)):
             tag = " +norm" if norm else " +swiglu +residual" if swiglu else " +residual" if add else ""
             yield (f"gemv {n}x{k} w{warps}{tag}", gm._gemv_kernel, gemv_sig,
-                   {"BLOCK_N": n, "BLOCK_K": k, "NORM": norm, "ADD": add, "SWIGLU": swiglu}, warps)
+                   {"BLOCK_N": n, "BLOCK_K": k, "NORM": norm, "ADD": add, "SWIGLU": swiglu, "PDL": pdl}, warps)
 
 
 def main() -> int:
@@ -59,12 +60,12 @@ def main() -> int:
     target = GPUTarget("cuda", args.arch, 32)
     failed = 0
     rows = []
-    for name, fn, signature, constants, warps in jobs():
+    for name, fn, signature, constants, warps in jobs(args.arch):
         start = time.perf_counter()
         try:
             src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constants}},
                             constexprs=constants)
-            kernel = triton.compile(src, target=target, options={"num_warps": warps})
+            kernel = triton.compile(src, target=target, options={"num_warps": warps, "launch_pdl": bool(constants.get("PDL"))})
             rows.append((name, "ok", kernel.metadata.shared, time.perf_counter() - start))
         except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
             failed += 1

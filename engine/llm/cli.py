@@ -4,6 +4,9 @@
     python -m engine llm --preset 1B --mode compile-cudagraph --device cuda --sweep batch=1,2,4,8,16,32,64
     python -m engine llm --preset 7B --mode eager --device cuda --sweep prompt=128,256,512,1024,2048,4096
     python -m engine llm --list --device cuda
+
+Several runs (`--mode all`, a sweep) on a GPU prepare side by side — build, check against eager, compile — and are
+timed and profiled one at a time with the device to themselves (engine.device_lock); --serial runs them one by one.
     python -m engine llm-report RUN_ID [--out DIR]
 """
 
@@ -32,6 +35,40 @@ def _sweep(text: str) -> tuple[str, tuple[int, ...]]:
     if not points or any(v < 1 for v in points):
         raise argparse.ArgumentTypeError(f"{text!r}: sweep values must be at least 1")
     return name, points
+
+
+def _prepare_parallel(text: str) -> int | str:
+    return "auto" if text.strip().lower() == "auto" else _positive_int(text)
+
+
+# Device memory a run's process holds beyond memory_needed: the CUDA context, activations, logits, CUDA graph pools
+# and the GEMV choice's weight copies (three L2s' worth).
+PROCESS_OVERHEAD_BYTES = 2 << 30
+
+
+def prepare_slots(requested: int | str, cfgs: list, serial: bool) -> tuple[int, str]:
+    """How many runs may prepare at once, and why that many. auto: on CUDA, as many as fit in 90 % of the free
+    device memory (each with its model, calibration twin and cache, plus PROCESS_OVERHEAD_BYTES); else one."""
+    if serial or len(cfgs) < 2:
+        return 1, "one run at a time" + (" (--serial)" if serial else "")
+    if any(c.autotune for c in cfgs):
+        return 1, "one run at a time: --autotune times candidate kernels while it compiles"
+    if any(c.tp > 1 for c in cfgs):
+        return 1, "one run at a time: --tp runs its own processes"
+    if requested != "auto":
+        return min(int(requested), len(cfgs)), f"--prepare-parallel {requested}"
+    device = cfgs[0].device
+    if not device.startswith("cuda"):
+        return 1, "one run at a time on the CPU (the compiles would take the cores the timings need)"
+    import torch
+
+    from engine.llm.run import memory_needed
+
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    need = max(memory_needed(c) for c in cfgs) + PROCESS_OVERHEAD_BYTES
+    slots = max(1, min(len(cfgs), int(0.9 * free // need)))
+    return slots, (f"{slots} at a time: {free / 2**30:.0f} GiB free, {need / 2**30:.1f} GiB per run "
+                   "(model, float32 twin, KV cache, process)")
 
 
 def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -63,6 +100,11 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tp", type=_positive_int, default=1, help="tensor parallelism over N ranks (torchrun: one "
                    "per GPU with NCCL on cuda, N gloo processes on cpu), beside a 1-rank baseline; eager only")
+    p.add_argument("--prepare-parallel", type=_prepare_parallel, default="auto", metavar="N|auto",
+                   help="runs that build, check and compile side by side, each timed with the device to itself "
+                   "(default auto: on CUDA as many as fit in its free memory, on CPU one)")
+    p.add_argument("--serial", action="store_true", help="one run at a time from start to end (cold compile "
+                   "times without other runs' contention); same as --prepare-parallel 1")
     p.add_argument("--list", action="store_true", help="list the modes and whether each runs on --device")
     p.add_argument("--timeout", type=_positive_float, default=1800, help="seconds before a run counts as hung")
     common(p)
@@ -94,7 +136,8 @@ def _resolve_modes(text: str, device: str, dtype) -> list[str]:
 def cmd_llm(args: argparse.Namespace) -> int:
     from engine.jobs import JobSpec, create_runs, run_jobs
     from engine.llm.report import fmt_num, fmt_pct, fmt_time, headline
-    from engine.llm.run import LLMConfig, params_of
+    from engine.llm.modes import MODES
+    from engine.llm.run import LLMConfig, config_from_params, params_of
 
     check_device(args.device)
     base = LLMConfig(preset=args.preset, layers=args.layers, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
@@ -133,10 +176,15 @@ def cmd_llm(args: argparse.Namespace) -> int:
             specs.append(JobSpec("llm", f"llama-{cfg.preset}", mode, args.device, params_of(cfg),
                                  timeout_s=args.timeout))
             labels.append(f"{mode} B={cfg.batch} P={cfg.prompt_len}")
+    slots, why = prepare_slots(args.prepare_parallel, [config_from_params(s.params) for s in specs], args.serial)
     store = _store(args)
     group = uuid.uuid4().hex[:12] if len(specs) > 1 else None
     ids = create_runs(store, specs, group)
-    statuses = run_jobs(store, ids, _Bars(dict(zip(ids, labels))))
+    if len(ids) > 1:
+        print(f"{len(ids)} runs; preparing {why}; timing one at a time", file=sys.stderr)
+    # The compiling modes first: they take longest to prepare, and the quick ones fill in behind them.
+    order = sorted(ids, key=lambda i: not MODES[specs[ids.index(i)].mode].compiles)
+    statuses = run_jobs(store, order, _Bars(dict(zip(ids, labels))), prepare_parallel=slots)
     figures = headline(store, [i for i in ids if statuses[i] == "ok"])
     print(f"\n{'run':>5} {'mode':<24} {'B':>3} {'P':>5} {'TTFT':>10} {'TPOT med':>10} {'TPOT p90':>10} "
           f"{'tok/s':>9} {'MFU':>7} {'MBU':>7} {'1st prefill':>11} {'1st decode':>11}")

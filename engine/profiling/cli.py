@@ -15,20 +15,11 @@ from collections.abc import Callable
 import pandas as pd
 
 from engine.cli import (
-    CliError, _Bars, _device, _positive_float, _positive_int, _store, add_model_args, check_device, user_model,
+    CliError, _Bars, _device, _non_negative_int, _positive_float, _positive_int, _store, add_model_args, check_device,
+    user_model,
 )
 from engine.profiling.op_stats import compare, compare_metrics, comparable_kinds, short_name
 from engine.store import Store
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return value
 
 
 def _phases(text: str) -> tuple[str, ...]:

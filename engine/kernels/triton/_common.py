@@ -8,6 +8,7 @@ object itself, so a process that set the variable late still gets a consistent a
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -143,3 +144,13 @@ class LaunchCache:
             self.refused = f"{type(exc).__name__}: {exc}"
             return False
         return True
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Programmatic dependent launch for the decode step's kernels (the GEMVs, decode attention): on sm_90+ (Hopper
+    and later), unless MODELAB_TRITON_PDL=0 — the switch that lets a run measure the same step without it. A kernel
+    launched this way may start while the one before it drains; it waits (gdc_wait) before reading anything that
+    kernel wrote, so it is as correct as a plain launch after any kernel."""
+    if os.environ.get("MODELAB_TRITON_PDL", "1") == "0" or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9

@@ -25,14 +25,17 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.triton._common import is_interpreted
+from engine.kernels.triton._common import is_interpreted, pdl_enabled
 
 
 @triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
                   KVH, S_MAX, NUM_SPLITS,
                   REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
-                  BLOCK_S: tl.constexpr):
+                  BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # programmatic dependent launch: let the next kernel start early; wait for the previous one's q and cache
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     bk = tl.program_id(0)  # b * KVH + kv head
     split = tl.program_id(1)
     length = tl.load(pos_ptr) + 1  # positions 0 .. input_pos are valid
@@ -71,7 +74,11 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
 
 @triton.jit
 def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, NUM_SPLITS,
-                    REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, SPLITS_PAD: tl.constexpr):
+                    REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                    PDL: tl.constexpr = False):
+    if PDL:  # the o projection's GEMV after this one loads its first weight tile while this runs
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     bh = tl.program_id(0)  # b * H + head
     bk = bh // REP
     r = bh % REP
@@ -114,11 +121,12 @@ def decode_attention_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     m = torch.empty(b * kvh * num_splits * rep_pad, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
     o = torch.empty(b * kvh * num_splits * rep_pad, d, device=q.device, dtype=torch.float32)
+    pdl = {} if is_interpreted(_split_kernel) or not pdl_enabled(q.device) else {"PDL": True, "launch_pdl": True}
     _split_kernel[(b * kvh, num_splits)](q3, k_c, v_c, pos, m, l, o, 1.0 / math.sqrt(d), kvh, s_max, num_splits,
-                                         REP=rep, REP_PAD=rep_pad, D=d, **tiles, num_warps=4)
+                                         REP=rep, REP_PAD=rep_pad, D=d, **tiles, num_warps=4, **pdl)
     out = torch.empty(b, h, 1, d, device=q.device, dtype=q.dtype)
     _combine_kernel[(b * h,)](m, l, o, out, num_splits, REP=rep, REP_PAD=rep_pad, D=d,
-                              SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4)
+                              SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4, **pdl)
     return out
 
 

@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from engine.kernels.triton._common import is_interpreted
+from engine.device_lock import exclusive
+from engine.kernels.triton._common import is_interpreted, pdl_enabled
 from engine.workloads.llama import rms_norm  # the decoder's own RMSNorm: the unfused fallbacks compute exactly it
 
 
@@ -45,20 +46,34 @@ def _configs() -> list[triton.Config]:
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_wn, eps, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr, SWIGLU: tl.constexpr = False):
+                 BLOCK_K: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr, SWIGLU: tl.constexpr = False,
+                 PDL: tl.constexpr = False):
     """y = x @ W.T; NORM: x is first RMS-normalised and scaled by g (y = rstd · (x∘g) @ W.T, the sum of squares
     taken in the same pass over x, so the norm costs no extra traffic); ADD: y += r (a residual); SWIGLU: x_ptr
-    holds [gate, up] (2K values) and x = silu(gate) · up is formed as it is loaded (in fp32, never stored)."""
+    holds [gate, up] (2K values) and x = silu(gate) · up is formed as it is loaded (in fp32, never stored).
+    PDL (programmatic dependent launch, sm_90+): the next kernel may start once every program here has; this one
+    loads its first W tile before waiting for the previous kernel (W does not depend on it), so the weight stream
+    of one GEMV starts while the one before drains."""
     pid_n = tl.program_id(0)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     sumsq = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    w_rows = w_ptr + offs_n[:, None] * stride_wn
+    offs_k = tl.arange(0, BLOCK_K)
+    # W tiles are loaded one iteration ahead (streamed once: evict_first keeps L2 for x and the activations)
+    w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0,
+                eviction_policy="evict_first")
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # x, g and r may be the previous kernel's output: visible from here on
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
-        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :],
-                    other=0.0, eviction_policy="evict_first")  # streamed once: keep L2 for x and the activations
+        offs_next = offs_k + BLOCK_K
+        w_next = tl.load(w_rows + offs_next[None, :], mask=n_mask[:, None] & (offs_next < K)[None, :], other=0.0,
+                         eviction_policy="evict_first")
         x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
         if SWIGLU:
             up = tl.load(x_ptr + K + offs_k, mask=k_mask, other=0.0).to(tl.float32)
@@ -67,6 +82,7 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_wn, eps, BLOCK_
             sumsq += x * x
             x = x * tl.load(g_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * x[None, :]
+        w = w_next
     y = tl.sum(acc, axis=1)
     if NORM:
         y = y * tl.rsqrt(tl.sum(sumsq, axis=0) / K + eps)
@@ -78,7 +94,8 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_wn, eps, BLOCK_
 def _quick_bench(fn, quantiles):  # type: ignore[no-untyped-def]
     """Triton's do_bench (L2 flushed before every call) over 20 ms instead of its default 100 ms (+25 ms of
     warm-up): a 5–100 µs GEMV still gets hundreds of calls, and ten configs per weight shape stay under a second."""
-    return triton.testing.do_bench(fn, warmup=5, rep=20, quantiles=quantiles)
+    with exclusive():  # a timing: never beside another run's work (engine.device_lock)
+        return triton.testing.do_bench(fn, warmup=5, rep=20, quantiles=quantiles)
 
 
 # cache_results: the winning tile per key is kept on disk (Triton's cache dir), so the next process — the next LLM
@@ -122,8 +139,10 @@ def gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = No
         _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](x_row, w, y, g, r, n, k, w.stride(0), float(eps), **cfg,
                                                         **flags)
     else:
+        pdl = pdl_enabled(x.device)
         _gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](x_row, w, y, g, r, n, k, w.stride(0),
-                                                                     float(eps), **flags)
+                                                                     float(eps), **flags, PDL=pdl,
+                                                                     launch_pdl=pdl)
     return y.reshape(*x.shape[:-1], n)
 
 
@@ -141,9 +160,10 @@ def time_choice(x: torch.Tensor, w: torch.Tensor, l2_multiple: float = 3.0) -> d
     weights = [w.clone() for _ in range(copies)]
     gemv(x, w)  # autotune outside the capture
     times = {}
-    for impl, fn in (("cublas", F.linear), ("triton", gemv)):
-        calls = [lambda ww=ww, fn=fn: fn(x, ww) for ww in weights]
-        times[impl + "_us"] = time_in_graph(calls, replays=10).stats.median
+    with exclusive():  # its times are shown: the device is this run's alone while they are taken
+        for impl, fn in (("cublas", F.linear), ("triton", gemv)):
+            calls = [lambda ww=ww, fn=fn: fn(x, ww) for ww in weights]
+            times[impl + "_us"] = time_in_graph(calls, replays=10).stats.median
     del weights
     return times
 

@@ -39,7 +39,40 @@ def test_prompt_sweep_runs_grouped_and_reports(store: Store, capsys: pytest.Capt
     assert json.loads((tmp_path / "copy" / "inputs.json").read_text())["run_id"] == run_id
 
 
+def test_modes_prepare_side_by_side_and_time_alone(store: Store, capsys: pytest.CaptureFixture) -> None:
+    code = main(["llm", "--preset", "tiny", "--prompt-len", "8", "--new-tokens", "3", "--mode", "eager,sdpa-math",
+                 "--device", "cpu", "--prepare-parallel", "2", "--prefill-iters", "2", "--decode-passes", "1",
+                 "--no-profile", "--db", str(store.path)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.out
+    assert "2 runs; preparing --prepare-parallel 2; timing one at a time" in captured.err
+    runs = llm_runs(store)
+    assert set(runs["mode"]) == {"eager", "sdpa-math"} and (runs["tpot_median_us"] > 0).all()
+    metrics = store.metrics(list(runs["id"]))
+    alongside = metrics[metrics.name == "prepared_alongside"].set_index("run_id")["value"]
+    assert sorted(alongside.index) == sorted(runs["id"]) and set(alongside) == {1.0}
+    for run_id in runs["id"]:
+        assert any(n.startswith("prepared beside up to 1 other run") for n in store.run(int(run_id))["notes"])
+
+
+def test_prepare_slots_say_why() -> None:
+    from engine.llm.cli import prepare_slots
+    from engine.llm.run import LLMConfig
+
+    cpu = [LLMConfig(preset="tiny", mode=m) for m in ("eager", "compile", "sdpa-math")]
+    assert prepare_slots("auto", cpu, serial=False) == (1, "one run at a time on the CPU (the compiles would take "
+                                                        "the cores the timings need)")
+    assert prepare_slots(5, cpu, serial=False) == (3, "--prepare-parallel 5")  # never more slots than runs
+    assert prepare_slots(5, cpu, serial=True)[0] == 1
+    assert prepare_slots(5, cpu[:1], serial=False)[0] == 1
+    tuned = [LLMConfig(preset="tiny", mode=m, autotune=True) for m in ("eager", "compile")]
+    assert prepare_slots(2, tuned, serial=False) == (1, "one run at a time: --autotune times candidate kernels "
+                                                     "while it compiles")
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--prepare-parallel", "0"], "'0' must be at least 1"),
+    (["--prepare-parallel", "many"], "'many' is not an integer"),
     (["--mode", "turbo"], "unknown LLM mode(s) turbo"),
     (["--mode", "compile-cudagraph"], "compile-cudagraph is not available on cpu: CUDA graphs need a CUDA device"),
     (["--sweep", "batch=1,x"], "sweep values must be whole numbers"),

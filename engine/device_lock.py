@@ -1,0 +1,171 @@
+"""Who may use a device, machine-wide: an flock on one file per device (the kernel drops it when its holder dies, so
+it never goes stale).
+
+    device_lock(device)        exclusive for a whole run: the supervisor holds it around one worker (engine.jobs)
+    PhaseHold / exclusive()    a worker that prepares beside other runs of its group (`llm --mode all` on a GPU):
+                               shared while it builds, checks and compiles — untimed work, any number at once —
+                               and exclusive while it times or profiles; a shared holder never overlaps an exclusive
+                               one, so two timings (or a timing and another run's compile) never share the device
+
+Code that times (engine.timing users, the GEMV's choice, Triton's autotuner) wraps the timed part in `exclusive()`: a
+no-op in an ordinary worker, whose supervisor already holds the device alone.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def lock_dir() -> Path:
+    return Path(os.environ.get("MODELAB_LOCK_DIR") or tempfile.gettempdir())
+
+
+def lock_path(device: str) -> Path:
+    name = device if ":" in device else (device + ":0" if device == "cuda" else device)
+    return lock_dir() / f"modelab-device-{name.replace(':', '')}.lock"
+
+
+def _open(device: str) -> int:
+    path = lock_path(device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+
+
+def _take(fd: int, kind: int, poll_s: float, on_wait: Callable[[], None] | None = None) -> float:
+    """Poll for the lock (non-blocking tries, so a signal or timeout always gets through); returns seconds waited."""
+    t0 = time.perf_counter()
+    waited = False
+    while True:
+        try:
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
+            return time.perf_counter() - t0
+        except BlockingIOError:
+            if on_wait and not waited:
+                on_wait()
+            waited = True
+            time.sleep(poll_s)
+
+
+@contextmanager
+def device_lock(device: str, on_wait: Callable[[str], None] | None = None, poll_s: float = 0.2) -> Iterator[None]:
+    """Exclusive, machine-wide lock on a device for as long as the block runs."""
+    path = lock_path(device)
+    fd = _open(device)
+    try:
+        def waiting() -> None:
+            if on_wait:
+                holder = Path(path).read_text().strip() or "other runs (preparing)"
+                on_wait(f"waiting for {device}: held by {holder}")
+
+        _take(fd, fcntl.LOCK_EX, poll_s, waiting)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _drain_device() -> None:
+    """Let this process's queued GPU work finish before it gives up the device (kernels run behind the host)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+class PhaseHold:
+    """One worker's hold on its device, shared or exclusive, switched as its run moves from preparing to timing.
+    `waited_s` adds up the time spent waiting for the lock, so a caller can take it out of a wall-clock figure."""
+
+    def __init__(self, device: str, on_wait: Callable[[str], None] | None = None, poll_s: float = 0.05,
+                 group_size: int = 1) -> None:
+        self.device = device
+        self.group_size = group_size  # runs of the group that may prepare at once (this one included)
+        self.on_wait = on_wait
+        self.poll_s = poll_s
+        self.state: str | None = None  # None | "shared" | "exclusive"
+        self.waited_s = 0.0
+        self.exclusive_s = 0.0  # time held exclusively (timing and profiling)
+        self._since = 0.0
+        self._fd = _open(device)
+
+    def _switch(self, state: str | None) -> None:
+        if state == self.state:
+            return
+        if self.state is not None:
+            _drain_device()
+            if self.state == "exclusive":
+                self.exclusive_s += time.perf_counter() - self._since
+            fcntl.flock(self._fd, fcntl.LOCK_UN)  # explicit: flock's own conversion is not atomic either
+            self.state = None
+        if state is None:
+            return
+        kind = fcntl.LOCK_EX if state == "exclusive" else fcntl.LOCK_SH
+        what = ("waiting for the device: other runs are preparing or timing" if state == "exclusive"
+                else "waiting for the device: another run is timing")
+        self.waited_s += _take(self._fd, kind, self.poll_s, (lambda: self.on_wait(what)) if self.on_wait else None)
+        self.state = state
+        self._since = time.perf_counter()
+        if state == "exclusive":  # named to whoever waits (device_lock's message)
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, f"pid {os.getpid()} (timing)".encode(), 0)
+
+    def shared(self) -> None:
+        self._switch("shared")
+
+    def exclusive(self) -> None:
+        self._switch("exclusive")
+
+    def release(self) -> None:
+        self._switch(None)
+
+    def close(self) -> None:
+        self.release()
+        os.close(self._fd)
+
+
+_HOLD: PhaseHold | None = None
+
+
+def begin_phases(device: str, on_wait: Callable[[str], None] | None = None, group_size: int = 2) -> PhaseHold:
+    """Make this process a phased worker: it holds `device` shared from now on (engine.worker calls this)."""
+    global _HOLD
+    end_phases()
+    _HOLD = PhaseHold(device, on_wait, group_size=group_size)
+    _HOLD.shared()
+    return _HOLD
+
+
+def end_phases() -> None:
+    global _HOLD
+    if _HOLD is not None:
+        _HOLD.close()
+        _HOLD = None
+
+
+def current() -> PhaseHold | None:
+    """This process's phased hold, or None in an ordinary worker (whose supervisor holds the device alone)."""
+    return _HOLD
+
+
+@contextmanager
+def exclusive() -> Iterator[None]:
+    """Own the device for the block: waits until no other run of the group prepares or times; then back to shared.
+    Nested blocks and ordinary workers pass straight through."""
+    hold = _HOLD
+    if hold is None or hold.state == "exclusive":
+        yield
+        return
+    before = hold.state
+    hold.exclusive()
+    try:
+        yield
+    finally:
+        hold._switch(before)

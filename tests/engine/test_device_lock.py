@@ -1,0 +1,134 @@
+"""engine.device_lock: shared holds coexist, an exclusive one excludes everything else, `exclusive()` switches a
+phased worker for its block and passes straight through elsewhere; phased supervision (engine.jobs.run_jobs with
+prepare_parallel) overlaps preparations and never timings."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from engine import device_lock as dl
+from engine.jobs import JobSpec, create_runs, run_jobs
+from engine.store import Store
+
+
+@pytest.fixture(autouse=True)
+def own_locks(tmp_path, monkeypatch):
+    monkeypatch.setenv("MODELAB_LOCK_DIR", str(tmp_path / "locks"))
+    yield
+    dl.end_phases()
+
+
+def test_shared_holds_coexist_and_exclusive_waits_for_all_of_them():
+    a, b, c = dl.PhaseHold("cpu", poll_s=0.01), dl.PhaseHold("cpu", poll_s=0.01), dl.PhaseHold("cpu", poll_s=0.01)
+    a.shared()
+    b.shared()
+    assert a.waited_s < 0.05 and b.waited_s < 0.05  # the second shared hold did not wait for the first
+    got = threading.Event()
+
+    def take() -> None:
+        c.exclusive()
+        got.set()
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    time.sleep(0.2)
+    assert not got.is_set(), "exclusive granted while two shared holds were out"
+    a.release()
+    time.sleep(0.2)
+    assert not got.is_set(), "exclusive granted while one shared hold was out"
+    b.release()
+    thread.join(5)
+    assert got.is_set() and c.state == "exclusive" and c.waited_s >= 0.35
+    # ...and while it is exclusive, a shared hold waits for it
+    waiting = threading.Thread(target=a.shared)
+    waiting.start()
+    time.sleep(0.15)
+    assert a.state is None
+    c.release()
+    waiting.join(5)
+    assert a.state == "shared"
+    for hold in (a, b, c):
+        hold.close()
+
+
+def test_device_lock_waits_for_a_shared_hold_and_names_no_stale_holder():
+    hold = dl.PhaseHold("cpu", poll_s=0.01)
+    hold.shared()
+    messages: list[str] = []
+    done = threading.Event()
+
+    def take() -> None:
+        with dl.device_lock("cpu", on_wait=messages.append, poll_s=0.01):
+            done.set()
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    time.sleep(0.2)
+    assert not done.is_set()
+    hold.close()
+    thread.join(5)
+    assert done.is_set() and messages and messages[0].startswith("waiting for cpu")
+
+
+def test_exclusive_block_is_a_no_op_in_an_ordinary_worker():
+    assert dl.current() is None
+    with dl.exclusive():
+        other = dl.PhaseHold("cpu", poll_s=0.01)
+        other.exclusive()  # nothing was taken by the block: the device is free
+        assert other.state == "exclusive"
+        other.close()
+
+
+def test_exclusive_block_switches_a_phased_worker_and_back():
+    hold = dl.begin_phases("cpu", group_size=3)
+    assert dl.current() is hold and hold.state == "shared" and hold.group_size == 3
+    with dl.exclusive():
+        assert hold.state == "exclusive"
+        with dl.exclusive():  # nested: stays exclusive, no second switch
+            assert hold.state == "exclusive"
+        assert hold.state == "exclusive"
+        time.sleep(0.05)
+    assert hold.state == "shared" and hold.exclusive_s >= 0.05
+    dl.end_phases()
+    assert dl.current() is None
+
+
+def _interval(metrics, prefix):
+    return metrics[f"{prefix}_start"], metrics[f"{prefix}_end"]
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_phased_runs_prepare_together_and_time_one_at_a_time(tmp_path, monkeypatch):
+    monkeypatch.setenv("ARTIFACTS_DIR", str(tmp_path / "artifacts"))
+    store = Store(tmp_path / "results.duckdb")
+    specs = [JobSpec("llm", "phased", f"m{i}", "cpu", {"prepare_s": 1.5, "timed_s": 0.4},
+                     target="tests.engine.phased_target:run", timeout_s=60) for i in range(3)]
+    ids = create_runs(store, specs)
+    statuses = run_jobs(store, ids, prepare_parallel=3)
+    assert statuses == {i: "ok" for i in ids}, [store.run(i)["error"] for i in ids]
+    metrics = store.metrics(ids)
+    runs = [metrics[metrics.run_id == i].set_index("name")["value"].to_dict() for i in ids]
+    assert all(r["group_size"] == 3 and r["shared_after"] == 1 for r in runs)
+    prepares = [_interval(r, "prepare") for r in runs]
+    timings = [_interval(r, "timed") for r in runs]
+    # the preparations ran side by side (each 1.5 s; all three started well within that)...
+    assert max(p[0] for p in prepares) < min(p[1] for p in prepares)
+    # ...and no timing overlapped another timing or any preparation
+    for i, t in enumerate(timings):
+        assert not any(_overlap(t, other) for j, other in enumerate(timings) if j != i), timings
+        assert not any(_overlap(t, p) for p in prepares), (t, prepares)
+
+
+def test_phased_supervision_refuses_kinds_that_do_not_mark_their_timings(tmp_path, monkeypatch):
+    monkeypatch.setenv("ARTIFACTS_DIR", str(tmp_path / "artifacts"))
+    store = Store(tmp_path / "results.duckdb")
+    ids = create_runs(store, [JobSpec("bench", "house_price", "eager", "cpu", {}) for _ in range(2)])
+    with pytest.raises(ValueError, match="prepare side by side"):
+        run_jobs(store, ids, prepare_parallel=2)
+    assert {store.run(i)["status"] for i in ids} == {"queued"}
