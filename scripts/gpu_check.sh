@@ -75,6 +75,7 @@ case $part in
   host-cost) t python3 scripts/triton_host_cost.py >"$out/host_cost.log" 2>&1; tail -70 "$out/host_cost.log" ;;
   llm1b-all) t timeout 400 python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --mode all --device cuda \
                >"$out/llm1b_all.log" 2>&1; tail -30 "$out/llm1b_all.log"
+             for f in /tmp/art/run_*/progress.jsonl; do d=${f%/progress.jsonl}; cp "$f" "$out/progress_${d##*/}.jsonl"; done
              python3 scripts/run_timelines.py --kind llm ;;
   pdl) t timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/engine/kernels/test_gemv.py \
           tests/engine/kernels/test_decode_attention.py 2>&1 | tail -3

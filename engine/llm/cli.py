@@ -133,6 +133,23 @@ def _resolve_modes(text: str, device: str, dtype) -> list[str]:
     return names
 
 
+def _ceilings_first(store, device: str, timeout_s: float) -> None:
+    """Runs that prepare side by side would each wait for the device alone to measure missing ceilings: measure
+    them once, first, as their own run (what the first run would have done; a failure leaves MFU/MBU out)."""
+    from engine.ceilings import latest_ceilings
+    from engine.envinfo import capture_env
+    from engine.jobs import JobSpec, create_runs, run_jobs
+
+    if latest_ceilings(store, device_name=capture_env(device).get("device_name"), device=device) is not None:
+        return
+    ids = create_runs(store, [JobSpec("ceilings", "ceilings", "measure", device, {"device": device, "auto": True},
+                                      timeout_s=timeout_s)])
+    status = run_jobs(store, ids, _Bars({ids[0]: f"ceilings {device}"}))[ids[0]]
+    if status != "ok":
+        print(f"ceilings run {ids[0]} failed (MFU and MBU will be left out): {store.run(ids[0])['error']}",
+              file=sys.stderr)
+
+
 def cmd_llm(args: argparse.Namespace) -> int:
     from engine.jobs import JobSpec, create_runs, run_jobs
     from engine.llm.report import fmt_num, fmt_pct, fmt_time, headline
@@ -179,6 +196,8 @@ def cmd_llm(args: argparse.Namespace) -> int:
     slots, why = prepare_slots(args.prepare_parallel, [config_from_params(s.params) for s in specs], args.serial)
     store = _store(args)
     group = uuid.uuid4().hex[:12] if len(specs) > 1 else None
+    if slots > 1:
+        _ceilings_first(store, args.device, args.timeout)
     ids = create_runs(store, specs, group)
     if len(ids) > 1:
         print(f"{len(ids)} runs; preparing {why}; timing one at a time", file=sys.stderr)

@@ -61,6 +61,9 @@ class Decoder:
         self.pos.add_(1)
         return self.token, logits
 
+    def recapture(self) -> None:
+        """Nothing recorded here to drop (GraphDecoder's graph is)."""
+
 
 class GraphDecoder(Decoder):
     """gpt-fast's decode loop: the whole step (forward, argmax, token and position update) captured once into one
@@ -98,6 +101,11 @@ class GraphDecoder(Decoder):
     def step(self) -> tuple[torch.Tensor, torch.Tensor]:
         self.graph.replay()
         return self.token, self.logits
+
+    def recapture(self) -> None:
+        """Drop the graph: the next reset() warms up and captures again (after the kernels the step calls changed,
+        e.g. once deferred GEMV tuning has run)."""
+        self.graph = None
 
 
 @dataclass

@@ -508,6 +508,10 @@ def llm_run(cfg: LLMConfig, progress: Progress = lambda f, m: None) -> RunResult
         if device.startswith("cuda"):  # the float32 twin is gone: peak memory counts this run's own model from here
             torch.cuda.reset_peak_memory_stats(torch.device(device))
 
+        if mode.gemv and device.startswith("cuda"):
+            from engine.kernels.triton import gemv as gemv_kernels
+
+            gemv_kernels.defer_tuning(True)  # nothing timed while preparing: tuned below, with the device alone
         progress(0.15, f"{mode.name}: preparing")
         counts_before = _dynamo_counts()  # dynamo's counters are process-wide: this run's are the difference
         prepared: Prepared = prepare(mode, model, device, sdpa=cfg.sdpa, autotune=cfg.autotune)
@@ -529,6 +533,27 @@ def llm_run(cfg: LLMConfig, progress: Progress = lambda f, m: None) -> RunResult
             with nvtx_ranges.range("first_call decode"):
                 first_dec = _first_call(first_decode, device)
             result.metrics.append(Metric("first_call_us", first_dec, "us", **tag_d))
+
+        if mode.gemv and device.startswith("cuda"):
+            progress(0.44, f"{mode.name}: compiling the GEMV tiles to tune")
+            gemv_kernels.compile_pending()  # untimed: the timing part of tuning waits for the device below
+        # -- from here the device is this run's alone (when it prepared beside others, it waits for them) --
+        hold = device_phases.current()
+        if hold is not None:
+            progress(0.45, f"{mode.name}: waiting to time alone")
+            hold.exclusive()
+        if mode.gemv and device.startswith("cuda"):
+            progress(0.47, f"{mode.name}: tuning the GEMVs")
+            t_tune = time.perf_counter()
+            tuned = gemv_kernels.tune_pending()
+            gemv_kernels.defer_tuning(False)
+            if tuned and decoder is not None:
+                decoder.recapture()  # the graph recorded the untimed stand-ins: record it again with the choices
+            result.metrics.append(Metric("gemv_tune_s", time.perf_counter() - t_tune, "s"))
+            if tuned:
+                result.notes.append("GEMV tiles and cuBLAS-or-Triton choices timed after the first decode step (which "
+                                    "ran untimed stand-ins, so its first-call time leaves tuning out: gemv_tune_s): "
+                                    + "; ".join(tuned))
 
         progress(0.5, f"{mode.name}: comparing with eager")
         if mode.name != "eager":
@@ -554,11 +579,6 @@ def llm_run(cfg: LLMConfig, progress: Progress = lambda f, m: None) -> RunResult
             result.metrics.append(Metric("max_rel_err", check.decode_rel_err, "", **tag_d))
         result.metrics.append(Metric("max_abs_err", check.max_abs_err, ""))
 
-        # -- timing: the device this run's alone from here (when it prepared beside others, it waits for them) --
-        hold = device_phases.current()
-        if hold is not None:
-            progress(0.54, f"{mode.name}: waiting to time alone")
-            hold.exclusive()
         progress(0.55, f"{mode.name}: timing prefill")
         for _ in range(2):
             prepared.prefill(prompt, positions)

@@ -104,6 +104,29 @@ _gemv_tuned = triton.autotune(_configs(), key=["N", "K", "NORM", "ADD", "SWIGLU"
                               cache_results=True)(_gemv_kernel)
 # One fixed config for the interpreter (CPU tests): autotuning there would time Python.
 INTERPRETER_CONFIG = {"BLOCK_N": 8, "BLOCK_K": 128}
+# The untimed stand-in while tuning is deferred: a middle tile of TILES.
+DEFAULT_CONFIG = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 8}
+
+# Deferred tuning (defer_tuning / tune_pending): an LLM run that compiles beside other runs must not time anything
+# until it has the device to itself, so its first decode step records what it would have timed and runs stand-ins.
+_DEFERRED = False
+_TUNED: set[tuple] = set()  # (N, K, dtype, device, flags) that went through the autotuner in this process
+_PENDING_TILES: set[tuple] = set()  # ... that ran the stand-in tile instead
+_PENDING_CHOICES: dict[tuple, tuple[torch.Size, torch.dtype]] = {}  # choice key → (x shape, x dtype) to time later
+
+
+def _kernel_args(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None, residual: torch.Tensor | None,
+                 swiglu: bool, eps: float) -> tuple[tuple, dict]:
+    """The kernel's arguments (y allocated) and its fusion flags, exactly as every launch passes them."""
+    n, k = w.shape
+    if w.stride(1) != 1:
+        w = w.contiguous()
+    x_row = x.reshape(-1).contiguous()
+    g = norm_weight.reshape(-1).contiguous() if norm_weight is not None else x_row  # unread unless NORM
+    r = residual.reshape(-1).contiguous() if residual is not None else x_row  # unread unless ADD
+    y = torch.empty(n, device=x.device, dtype=x.dtype)
+    flags = dict(NORM=norm_weight is not None, ADD=residual is not None, SWIGLU=swiglu)
+    return (x_row, w, y, g, r, n, k, w.stride(0), float(eps)), flags
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
@@ -127,22 +150,23 @@ def gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = No
         raise ValueError(f"norm weight has {norm_weight.numel()} elements for {k} features")
     if residual is not None and residual.numel() != n:
         raise ValueError(f"residual has {residual.numel()} elements for {n} outputs")
-    if w.stride(1) != 1:
-        w = w.contiguous()
-    x_row = x.reshape(-1).contiguous()
-    g = norm_weight.reshape(-1).contiguous() if norm_weight is not None else x_row  # unread unless NORM
-    r = residual.reshape(-1).contiguous() if residual is not None else x_row  # unread unless ADD
-    y = torch.empty(n, device=x.device, dtype=x.dtype)
-    flags = dict(NORM=norm_weight is not None, ADD=residual is not None, SWIGLU=swiglu)
+    args, flags = _kernel_args(x, w, norm_weight, residual, swiglu, eps)
+    y = args[2]
     if is_interpreted(_gemv_kernel):
         cfg = INTERPRETER_CONFIG
-        _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](x_row, w, y, g, r, n, k, w.stride(0), float(eps), **cfg,
-                                                        **flags)
+        _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](*args, **cfg, **flags)
+        return y.reshape(*x.shape[:-1], n)
+    pdl = pdl_enabled(x.device)
+    spec = (n, k, x.dtype, str(x.device), tuple(flags.values()))
+    if _DEFERRED and spec not in _TUNED:  # untimed stand-in until tune_pending() (see defer_tuning)
+        _PENDING_TILES.add(spec)
+        cfg = DEFAULT_CONFIG
+        _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](*args, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+                                                        **flags, PDL=pdl, num_warps=cfg["num_warps"],
+                                                        num_stages=1, launch_pdl=pdl)
     else:
-        pdl = pdl_enabled(x.device)
-        _gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](x_row, w, y, g, r, n, k, w.stride(0),
-                                                                     float(eps), **flags, PDL=pdl,
-                                                                     launch_pdl=pdl)
+        _gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, PDL=pdl, launch_pdl=pdl)
+        _TUNED.add(spec)
     return y.reshape(*x.shape[:-1], n)
 
 
@@ -168,6 +192,71 @@ def time_choice(x: torch.Tensor, w: torch.Tensor, l2_multiple: float = 3.0) -> d
     return times
 
 
+def defer_tuning(on: bool = True) -> None:
+    """While on, nothing is timed: each new weight shape takes the Triton GEMV and each new autotune key a fixed
+    tile (DEFAULT_CONFIG); both are remembered. tune_pending() then times them all — where the device is this run's
+    alone — and the caller re-captures whatever graph recorded the stand-ins."""
+    global _DEFERRED
+    _DEFERRED = on
+
+
+def _example(spec: tuple, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
+                                                          torch.Tensor | None]:
+    """Random x, W, norm weight and residual shaped like a pending (N, K, dtype, device, flags) call."""
+    n, k, dtype, device, (norm, add, swiglu) = spec
+    x = torch.randn(1, 2 * k if swiglu else k, generator=gen).to(device=device, dtype=dtype)
+    w = torch.randn(n, k, generator=gen).to(device=device, dtype=dtype)
+    return (x, w, torch.ones(k, device=device, dtype=dtype) if norm else None,
+            torch.zeros(1, n, device=device, dtype=dtype) if add else None)
+
+
+def compile_pending() -> int:
+    """Compile every autotune candidate of the pending keys without running one (Triton's warmup), so that
+    tune_pending, which needs the device alone, only times them; this part may run beside other runs' work.
+    Returns how many kernels were compiled."""
+    gen = torch.Generator().manual_seed(0)
+    count = 0
+    for spec in sorted(_PENDING_TILES, key=str):
+        x, w, norm_weight, residual = _example(spec, gen)
+        args, flags = _kernel_args(x, w, norm_weight, residual, spec[4][2], 1e-5)
+        pdl = pdl_enabled(x.device)
+        for config in _configs():
+            _gemv_kernel.warmup(*args, **config.kwargs, **flags, PDL=pdl, num_warps=config.num_warps,
+                                num_stages=config.num_stages, launch_pdl=pdl, grid=(1,))
+            count += 1
+    return count
+
+
+def tune_pending() -> list[str]:
+    """Autotune every (shape, fusion) that ran a stand-in tile and time cuBLAS against the Triton GEMV for every
+    weight shape decided provisionally; returns what was tuned (empty: nothing was pending). Call it with the
+    device to oneself (engine.device_lock.exclusive) and outside any CUDA graph capture."""
+    done: list[str] = []
+    gen = torch.Generator().manual_seed(0)
+    was = _DEFERRED
+    defer_tuning(False)
+    try:
+        with exclusive():
+            for spec in sorted(_PENDING_TILES, key=str):
+                n, k, _, _, (norm, add, swiglu) = spec
+                x, w, norm_weight, residual = _example(spec, gen)
+                gemv(x, w, norm_weight=norm_weight, eps=1e-5, residual=residual, swiglu=swiglu)  # autotunes
+                done.append(f"tiles {n}×{k}" + (" +norm" if norm else "") + (" +swiglu" if swiglu else "")
+                            + (" +residual" if add else ""))
+            _PENDING_TILES.clear()
+            for key, (shape, dtype) in sorted(_PENDING_CHOICES.items(), key=str):
+                n, k, w_dtype, device = key
+                x = torch.randn(*shape[:-1], k, generator=gen).to(device=device, dtype=dtype)
+                w = torch.randn(n, k, generator=gen).to(device=device, dtype=w_dtype)
+                times = time_choice(x, w)
+                _CHOICES[key] = {"impl": "triton" if times["triton_us"] < times["cublas_us"] else "cublas", **times}
+                done.append(f"choice {n}×{k}: {_CHOICES[key]['impl']}")
+            _PENDING_CHOICES.clear()
+    finally:
+        defer_tuning(was)
+    return done
+
+
 def choices() -> list[dict]:
     """What `linear` picked per weight shape in this process, with the times it compared."""
     return [{"N": k[0], "K": k[1], "dtype": str(k[2]).replace("torch.", ""), **v} for k, v in _CHOICES.items()]
@@ -178,6 +267,9 @@ def _one_row_impl(x: torch.Tensor, w: torch.Tensor) -> str:
         return "triton"  # the interpreter (CPU tests)
     key = (w.shape[0], w.shape[1], w.dtype, str(x.device))
     if key not in _CHOICES:
+        if _DEFERRED:  # the Triton GEMV, untimed, until tune_pending()
+            _PENDING_CHOICES[key] = (x.shape, x.dtype)
+            return "triton"
         if torch.cuda.is_current_stream_capturing():
             return "triton"  # no timing inside someone's capture; decided at the next call outside one
         times = time_choice(x, w)

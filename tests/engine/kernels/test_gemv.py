@@ -172,3 +172,30 @@ def test_a_decoder_with_fused_ops_decodes_like_the_original() -> None:
         assert torch.equal(out.tokens, ref.tokens)
         for a, b in zip(out.logits, ref.logits):
             assert rel_err(a, b.double()) < 1e-5
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="deferred tuning times kernels: CUDA only")
+def test_deferred_tuning_runs_stand_ins_then_tunes_what_they_stood_in_for() -> None:
+    """While deferred, a new shape runs the fixed tile (correctly) and is remembered; compile_pending compiles the
+    candidates, tune_pending autotunes and times the cuBLAS-or-Triton choice, and the next call takes the tuned path."""
+    n, k = 96, 320  # a shape no other test uses: nothing cached for it in this process
+    x = torch.randn(1, k, device=DEVICE, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16)
+    r = torch.randn(1, n, device=DEVICE, dtype=torch.bfloat16)
+    ref = (x.double() @ w.double().T + r.double())
+    gemv_mod.defer_tuning(True)
+    try:
+        got = gemv_mod.linear_add(x, w, r)
+        assert rel_err(got, ref) < TOL[torch.bfloat16]
+        key = (n, k, torch.bfloat16, str(x.device))
+        assert key in gemv_mod._PENDING_CHOICES and key not in gemv_mod._CHOICES
+        assert any(s[:2] == (n, k) for s in gemv_mod._PENDING_TILES)
+        assert gemv_mod.compile_pending() == len(gemv_mod.TILES) * sum(s[:2] == (n, k)
+                                                                       for s in gemv_mod._PENDING_TILES)
+        done = gemv_mod.tune_pending()
+    finally:
+        gemv_mod.defer_tuning(False)
+    assert f"tiles {n}×{k} +residual" in done and any(d.startswith(f"choice {n}×{k}: ") for d in done)
+    assert not gemv_mod._PENDING_TILES and not gemv_mod._PENDING_CHOICES
+    assert gemv_mod._CHOICES[key]["triton_us"] > 0 and gemv_mod._CHOICES[key]["cublas_us"] > 0
+    assert rel_err(gemv_mod.linear_add(x, w, r), ref) < TOL[torch.bfloat16]
