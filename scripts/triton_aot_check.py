@@ -25,7 +25,7 @@ def jobs(arch: int):
     from engine.kernels.triton import gemv as gm
 
     pdl = arch >= 90  # what the GPU runs: programmatic dependent launch on Hopper and later (_common.pdl_enabled)
-    split_sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "pos_ptr": "*i32", "m_ptr": "*fp32",
+    split_sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "pos_ptr": "*i64", "m_ptr": "*fp32",
                  "l_ptr": "*fp32", "o_ptr": "*fp32", "scale": "fp32", "KVH": "i32", "S_MAX": "i32",
                  "NUM_SPLITS": "i32"}
     combine_sig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "o_ptr": "*fp32", "out_ptr": "*bf16", "NUM_SPLITS": "i32"}
@@ -33,6 +33,10 @@ def jobs(arch: int):
         rep_pad = 1 << (rep - 1).bit_length()
         yield (f"decode_attention split {preset}", da._split_kernel, split_sig,
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": da.SPLIT, "BLOCK_S": da.BLOCK_S, "PDL": pdl}, 4)
+        yield (f"decode_attention split+rope {preset}", da._split_kernel,
+               {**split_sig, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32"},
+               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": da.SPLIT, "BLOCK_S": da.BLOCK_S, "PDL": pdl,
+                "FROM_QKV": True}, 4)
         yield (f"decode_attention combine {preset}", da._combine_kernel, combine_sig,
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLITS_PAD": 16, "PDL": pdl}, 4)
     gemv_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "g_ptr": "*bf16", "r_ptr": "*bf16", "N": "i32",

@@ -16,7 +16,8 @@
 |                         |               | (engine/kernels/triton/decode_attention.py) instead of SDPA             |
 | triton-fused            | torch.compile | triton-decode, and the RMSNorms, residual adds and SwiGLU inside the    |
 |                         |               | GEMVs next to them (norm_linear / linear_add / swiglu_linear_add in     |
-|                         |               | engine/kernels/triton/gemv.py)                                          |
+|                         |               | engine/kernels/triton/gemv.py), RoPE and the cache write inside the     |
+|                         |               | decode attention (decode_attention_qkv)                                 |
 
 Every compiled function is compiled with dynamic=False and fullgraph=True after torch._dynamo.reset(): the static
 cache keeps every shape fixed, so one graph per phase, and a graph break would be a bug worth failing on.
@@ -81,9 +82,10 @@ MODES: dict[str, LLMMode] = {m.name: m for m in (
             "flash-decoding kernel (every (kv head, 64 cached positions) its own program, then one combine per "
             "head) instead of SDPA, whose kernel gives each kv head one program at B=1.",
             prefill="compile", decode="cudagraph", gemv=True, decode_attn=True),
-    LLMMode("triton-fused", "triton-decode, and each RMSNorm and residual add of the decode step inside the GEMV "
-            "next to it (the norm's sum of squares taken in the GEMV's own pass over x, the residual added in its "
-            "epilogue): two kernels fewer per layer.",
+    LLMMode("triton-fused", "triton-decode, and each RMSNorm, residual add and SwiGLU of the decode step inside "
+            "the GEMV next to it (the norm's sum of squares taken in the GEMV's own pass over x, the residual added "
+            "in its epilogue), RoPE and the KV-cache write inside the decode attention kernel: six kernels per "
+            "layer, programmatic dependent launch between them on sm_90+.",
             prefill="compile", decode="cudagraph", gemv=True, decode_attn=True, fused=True),
 )}
 
@@ -225,9 +227,14 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
         from engine.kernels.triton.gemv import FusedDecodeOps
 
         model.set_fused_ops(FusedDecodeOps)
+        from engine.kernels.triton.decode_attention import decode_attention_qkv
+
+        for layer in model.layers:
+            layer.self_attn.decode_attn_qkv = decode_attention_qkv
         notes.append("decode step: RMSNorm inside the qkv, gate_up and lm_head GEMVs, residual adds inside the o and "
                      "down GEMVs, SwiGLU in the down GEMV's load (engine.kernels.triton.gemv.norm_linear / "
-                     "linear_add / swiglu_linear_add)")
+                     "linear_add / swiglu_linear_add); RoPE and the KV-cache write inside the decode attention "
+                     "kernel (decode_attention_qkv)")
     plain = step_fn(model)
     compile_mode = "max-autotune-no-cudagraphs" if autotune else None
     prefill = _compile(plain, compile_mode) if mode.prefill == "compile" else plain

@@ -119,6 +119,10 @@ class Attention(nn.Module):
         # The decode step's attention over the static cache, (q, k_cache, v_cache, input_pos) -> (b, heads, 1, hd);
         # None: SDPA with a mask. The LLM lab's triton-decode mode sets engine.kernels.triton.decode_attention here.
         self.decode_attn: Callable[..., torch.Tensor] | None = None
+        # With fused_ops: the decode step's RoPE, cache write and attention from the qkv product's output in one call,
+        # (qkv, cos, sin, k_cache, v_cache, input_pos) -> (b, heads, 1, hd), writing the cache. None: separate ops.
+        # The triton-fused mode sets engine.kernels.triton.decode_attention.decode_attention_qkv here.
+        self.decode_attn_qkv: Callable[..., torch.Tensor] | None = None
         # The decode step's one-row products with the norm before them / the residual after them inside the product
         # (norm_linear(x, norm_w, eps, w), linear_add(x, w, residual), swiglu_linear_add(gate_up, w, residual));
         # None: the plain modules. Set through
@@ -187,6 +191,11 @@ class Attention(nn.Module):
         if self.kv_cache is None:
             raise RuntimeError("forward_cached needs a KV cache: call LlamaDecoder.setup_cache(batch, max_seq) first")
         b, t, _ = x.shape
+        if t == 1 and self.decode_attn_qkv is not None and self.fused_ops is not None and norm is not None \
+                and self.qkv_proj is not None:
+            qkv = self.fused_ops.norm_linear(x, norm.weight, norm.eps, self.qkv_proj.weight)
+            out = self.decode_attn_qkv(qkv, cos, sin, self.kv_cache.k, self.kv_cache.v, input_pos)
+            return self._out(out, residual)
         q, k, v = self._heads(x, cos, sin, norm)
         k_all, v_all = self.kv_cache.update(input_pos, k, v)
         if t > 1:

@@ -29,10 +29,24 @@ from engine.kernels.triton._common import is_interpreted, pdl_enabled
 
 
 @triton.jit
+def _rope(ptr, dims, rot, sign, cos, sin, mask):
+    """x · cos + rotate_half(x) · sin for rows of D values at ptr (+ dims), rounded to the stored dtype as the
+    eager model rounds it (rotate_half(x)[d] = -x[d + D/2] below D/2, x[d - D/2] above)."""
+    x = tl.load(ptr + dims, mask=mask, other=0.0)
+    x_rot = tl.load(ptr + rot, mask=mask, other=0.0).to(tl.float32)
+    out = x.to(tl.float32) * cos + x_rot * sign * sin
+    return out.to(x.dtype)
+
+
+@triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
                   KVH, S_MAX, NUM_SPLITS,
                   REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
-                  BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
+                  BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
+                  FROM_QKV: tl.constexpr = False, cos_ptr=None, sin_ptr=None, QKV_ROW=0):
+    """FROM_QKV: q_ptr is the qkv projection's output row per sequence, [q heads | k heads | v heads] before
+    RoPE; each program applies RoPE to its q rows, and the program whose split holds the new position also applies it
+    to that position's k and writes k and v into the cache (no other program reads that position)."""
     if PDL:  # programmatic dependent launch: let the next kernel start early; wait for the previous one's q and cache
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -42,10 +56,27 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
     rows = tl.arange(0, REP_PAD)
     dims = tl.arange(0, D)
     row_ok = rows < REP
-    # q is (B, H, D) with H = KVH * REP: this kv head's query rows are contiguous.
-    q = tl.load(q_ptr + (bk * REP + rows)[:, None] * D + dims[None, :], mask=row_ok[:, None], other=0.0)
-    q = q.to(tl.float32) * scale
     kv_base = bk.to(tl.int64) * S_MAX * D
+    if FROM_QKV:
+        b = bk // KVH
+        head = bk % KVH
+        rot = (dims + D // 2) % D
+        sign = tl.where(dims < D // 2, -1.0, 1.0)
+        cos = tl.load(cos_ptr + dims).to(tl.float32)
+        sin = tl.load(sin_ptr + dims).to(tl.float32)
+        row = q_ptr + b * QKV_ROW
+        q = _rope(row + (head * REP + rows)[:, None] * D, dims[None, :], rot[None, :], sign[None, :], cos[None, :],
+                  sin[None, :], row_ok[:, None])
+        if split == (length - 1) // SPLIT:
+            k_new = _rope(row + (KVH * REP + head) * D, dims, rot, sign, cos, sin, dims < D)
+            v_new = tl.load(row + (KVH * REP + KVH + head) * D + dims)
+            tl.store(k_ptr + kv_base + (length - 1) * D + dims, k_new.to(k_ptr.dtype.element_ty))
+            tl.store(v_ptr + kv_base + (length - 1) * D + dims, v_new.to(v_ptr.dtype.element_ty))
+        tl.debug_barrier()  # the new position's k and v, stored by some threads, are read below by others
+    else:
+        # q is (B, H, D) with H = KVH * REP: this kv head's query rows are contiguous.
+        q = tl.load(q_ptr + (bk * REP + rows)[:, None] * D + dims[None, :], mask=row_ok[:, None], other=0.0)
+    q = q.to(tl.float32) * scale
     m_i = tl.full((REP_PAD,), float("-inf"), tl.float32)
     l_i = tl.zeros((REP_PAD,), tl.float32)
     acc = tl.zeros((REP_PAD, D), tl.float32)
@@ -112,22 +143,62 @@ def decode_attention_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         raise ValueError(f"q {tuple(q.shape)} does not fit the cache {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
     if d & (d - 1):
         raise ValueError(f"head dim {d} is not a power of two")
+    return _attend(q.reshape(b, h, d).contiguous(), k_cache.contiguous(), v_cache.contiguous(), input_pos, b, h, d)
+
+
+def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: torch.Tensor, b: int, h: int, d: int,
+            rope: dict | None = None) -> torch.Tensor:
+    """Both kernels over q (B, H·D: q rows, or with `rope` the qkv rows) and the cache → (B, H, 1, D)."""
+    _, kvh, s_max, _ = k_c.shape
     rep = h // kvh
     rep_pad = triton.next_power_of_2(rep)
     tiles = INTERPRETER if is_interpreted(_split_kernel) else {"SPLIT": SPLIT, "BLOCK_S": BLOCK_S}
     num_splits = triton.cdiv(s_max, tiles["SPLIT"])
-    q3, k_c, v_c = q.reshape(b, h, d).contiguous(), k_cache.contiguous(), v_cache.contiguous()
-    pos = input_pos.reshape(-1)[-1:].to(torch.int32)
+    pos = input_pos.reshape(-1)[-1:]  # read as it is (int64) by the kernel: no cast kernel per layer
     m = torch.empty(b * kvh * num_splits * rep_pad, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
     o = torch.empty(b * kvh * num_splits * rep_pad, d, device=q.device, dtype=torch.float32)
     pdl = {} if is_interpreted(_split_kernel) or not pdl_enabled(q.device) else {"PDL": True, "launch_pdl": True}
-    _split_kernel[(b * kvh, num_splits)](q3, k_c, v_c, pos, m, l, o, 1.0 / math.sqrt(d), kvh, s_max, num_splits,
-                                         REP=rep, REP_PAD=rep_pad, D=d, **tiles, num_warps=4, **pdl)
+    _split_kernel[(b * kvh, num_splits)](q, k_c, v_c, pos, m, l, o, 1.0 / math.sqrt(d), kvh, s_max, num_splits,
+                                         REP=rep, REP_PAD=rep_pad, D=d, **tiles, num_warps=4, **pdl, **(rope or {}))
     out = torch.empty(b, h, 1, d, device=q.device, dtype=q.dtype)
     _combine_kernel[(b * h,)](m, l, o, out, num_splits, REP=rep, REP_PAD=rep_pad, D=d,
                               SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4, **pdl)
     return out
+
+
+def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                             v_cache: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+    """The decode step's attention from the qkv projection's output (B, 1, (H + 2·KVH)·D), before RoPE: RoPE on q
+    and the new k (cos, sin: the D values of this position), k and v written into the cache at input_pos[-1], then
+    flash-decoding → (B, H, 1, D). One kernel does what RoPE, the cache writes and a copy of q did in four."""
+    _, kvh, s_max, d = k_cache.shape
+    b = qkv.shape[0]
+    if qkv.numel() != b * qkv.shape[-1] or qkv.shape[-1] % d or qkv.shape[-1] // d <= 2 * kvh:
+        raise ValueError(f"qkv {tuple(qkv.shape)} is not one row of [q | k | v] heads for the cache "
+                         f"{tuple(k_cache.shape)}")
+    h = qkv.shape[-1] // d - 2 * kvh
+    if h % kvh or d & (d - 1) or cos.numel() != d or sin.numel() != d or v_cache.shape != k_cache.shape:
+        raise ValueError(f"qkv {tuple(qkv.shape)}, cos/sin of {cos.numel()}/{sin.numel()} values and the cache "
+                         f"{tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not fit together")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("the cache must be contiguous: it is written in place")
+    rope = {"FROM_QKV": True, "cos_ptr": cos.reshape(-1).contiguous(), "sin_ptr": sin.reshape(-1).contiguous(),
+            "QKV_ROW": qkv.shape[-1]}
+    return _attend(qkv.reshape(b, -1).contiguous(), k_cache, v_cache, input_pos, b, h, d, rope)
+
+
+@torch.library.custom_op("modelab::decode_attention_qkv", mutates_args=("k_cache", "v_cache"))
+def decode_attention_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+    """RoPE, the cache write and flash-decoding in one kernel (decode_attention_qkv_fwd); writes the cache."""
+    return decode_attention_qkv_fwd(qkv, cos, sin, k_cache, v_cache, input_pos)
+
+
+@decode_attention_qkv.register_fake
+def _(qkv, cos, sin, k_cache, v_cache, input_pos):
+    d, kvh = k_cache.shape[3], k_cache.shape[1]
+    return qkv.new_empty(qkv.shape[0], qkv.shape[-1] // d - 2 * kvh, 1, d)
 
 
 @torch.library.custom_op("modelab::decode_attention", mutates_args=())

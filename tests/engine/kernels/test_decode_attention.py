@@ -85,8 +85,9 @@ def test_a_decoder_on_the_kernel_decodes_like_sdpa() -> None:
 
 def test_the_llm_kernels_compile_for_the_h100_without_one(tmp_path) -> None:
     """The interpreter never lowers to the GPU: compile every tile of the GEMV (plain, +norm, +residual,
-    +swiglu +residual) and the decode-attention kernels for sm_90 with Triton's own ptxas
-    (scripts/triton_aot_check.py), in a process without TRITON_INTERPRET, cache empty."""
+    +swiglu +residual) and the decode-attention kernels (split, split with RoPE and the cache write, combine) for
+    sm_90 with Triton's own ptxas (scripts/triton_aot_check.py), in a process without TRITON_INTERPRET, cache
+    empty."""
     import os
     import subprocess
     import sys
@@ -100,4 +101,80 @@ def test_the_llm_kernels_compile_for_the_h100_without_one(tmp_path) -> None:
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line for line in done.stdout.splitlines()[1:] if line.strip()]
-    assert len(rows) == 4 + 4 * 10 and all(line.endswith("ok") for line in rows), done.stdout
+    assert len(rows) == 6 + 4 * 10 and all(line.endswith("ok") for line in rows), done.stdout
+
+
+def _rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    from engine.workloads.llama import _rotate_half
+
+    return x * cos + _rotate_half(x) * sin
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b,h,kvh,d,s", SHAPES)
+def test_qkv_variant_applies_rope_writes_the_cache_and_attends(b, h, kvh, d, s, dtype) -> None:
+    """From the qkv product's raw output: RoPE on q and the new k, k and v written at the position (nothing else of
+    the cache touched), attention over positions 0..pos — against the model's own ops in float64."""
+    from dataclasses import replace
+
+    from engine.workloads.llama import preset, rope_tables
+
+    gen = torch.Generator().manual_seed(11)
+    cos_t, sin_t = rope_tables(replace(preset("tiny"), dim=h * d, heads=h, kv_heads=kvh), s)
+    for pos in (0, s // 2, s - 1):
+        qkv = torch.randn(b, 1, (h + 2 * kvh) * d, generator=gen).to(DEVICE, dtype)
+        k_cache = torch.randn(b, kvh, s, d, generator=gen).to(DEVICE, dtype)
+        v_cache = torch.randn(b, kvh, s, d, generator=gen).to(DEVICE, dtype)
+        k_before, v_before = k_cache.clone(), v_cache.clone()
+        cos, sin = cos_t[pos:pos + 1].to(DEVICE, dtype), sin_t[pos:pos + 1].to(DEVICE, dtype)
+        input_pos = torch.tensor([pos], device=DEVICE)
+        out = da.decode_attention_qkv(qkv, cos, sin, k_cache, v_cache, input_pos)
+
+        q, k, v = qkv.double().split([h * d, kvh * d, kvh * d], dim=-1)
+        q = _rope_reference(q.view(b, 1, h, d).transpose(1, 2), cos.double(), sin.double())
+        k = _rope_reference(k.view(b, 1, kvh, d).transpose(1, 2), cos.double(), sin.double())
+        k_ref, v_ref = k_before.double().clone(), v_before.double().clone()
+        k_ref[:, :, pos], v_ref[:, :, pos] = k[:, :, 0], v.view(b, kvh, d)
+        others = torch.arange(s, device=DEVICE) != pos
+        assert torch.equal(k_cache[:, :, others], k_before[:, :, others])
+        assert torch.equal(v_cache[:, :, others], v_before[:, :, others])
+        assert rel_err(k_cache[:, :, pos], k_ref[:, :, pos]) < TOL[dtype]
+        assert torch.equal(v_cache[:, :, pos], v_ref[:, :, pos].to(dtype))
+        want = da._reference(q, k_ref, v_ref, input_pos)
+        assert out.shape == (b, h, 1, d) and rel_err(out, want) < 2 * TOL[dtype], (pos, rel_err(out, want))
+
+
+def test_qkv_variant_refuses_shapes_it_does_not_handle() -> None:
+    k = torch.zeros(1, 2, 8, 16, device=DEVICE)
+    cos = torch.ones(1, 16, device=DEVICE)
+    pos = torch.tensor([0], device=DEVICE)
+    with pytest.raises(ValueError, match="not one row"):
+        da.decode_attention_qkv_fwd(torch.zeros(1, 2, 8 * 16, device=DEVICE), cos, cos, k, k, pos)
+    with pytest.raises(ValueError, match="do not fit together"):
+        da.decode_attention_qkv_fwd(torch.zeros(1, 1, 8 * 16, device=DEVICE), cos[:, :8], cos, k, k, pos)
+
+
+def test_a_fused_decoder_with_rope_in_the_kernel_decodes_like_the_original() -> None:
+    """triton-fused's decode step: GEMVs with norms and residuals, RoPE and the cache write inside the attention
+    kernel; eager and compiled (fullgraph: the cache-writing custom op traces) give the original tokens."""
+    from engine.kernels.triton.gemv import FusedDecodeOps
+    from engine.llm.generate import Decoder, generate, step_fn
+    from engine.workloads.llama import build_model, preset
+
+    cfg = preset("tiny")
+    model = build_model(cfg, DEVICE, torch.float32, seed=5).eval()
+    model.setup_cache(1, 24)
+    prompt = torch.randint(0, cfg.vocab, (1, 8), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    with torch.no_grad():
+        model.fuse_projections()
+        ref = generate(step_fn(model), Decoder(step_fn(model)), prompt, 5)
+        model.set_fused_ops(FusedDecodeOps)
+        for layer in model.layers:
+            layer.self_attn.decode_attn_qkv = da.decode_attention_qkv
+        got = generate(step_fn(model), Decoder(step_fn(model)), prompt, 5)
+        torch._dynamo.reset()
+        compiled = torch.compile(step_fn(model), fullgraph=True, backend="aot_eager")
+        graphed = generate(step_fn(model), Decoder(compiled), prompt, 5)
+    for out in (got, graphed):
+        assert torch.equal(out.tokens, ref.tokens)
+        assert max(rel_err(a, b.double()) for a, b in zip(out.logits, ref.logits)) < 1e-5
