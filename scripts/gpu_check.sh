@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine call: the GPU-only tests of the newer parts, then the figures the issues ask for.
 # Usage (from the repository root, on the GPU machine): scripts/gpu_check.sh PART [OUT]
-#   PART = tests | mlp | llm7b | bench-all | bench-cold | bench-warm | llm1b-all | llm-gemv | llm7b-gemv | decode | aoti-timeline | bench-both | host-cost | fused | wgmma | pdl | s6 |
+#   PART = tests | mlp | llm7b | bench-all | bench-cold | bench-warm | llm1b-all | llm-gemv | llm7b-gemv | decode | aoti-timeline | bench-both | host-cost | fused | wgmma | pdl | s6 | s6b |
 #          next (what the third session could not run: triton-decode, level graph times, aoti's timeline)        OUT (default $OUT or /tmp/out): logs and the store
 # Carries duckdb/nvtx as wheels in .whl/ when the machine lacks them (see the device README).
 set -uo pipefail
@@ -90,5 +90,9 @@ case $part in
       for preset in 7B 1B; do
         t python3 -m engine llm --preset $preset --prompt-len 512 --new-tokens 128 --device cuda --mode triton-fused \
           >"$out/llm${preset}_fused.log" 2>&1; tail -4 "$out/llm${preset}_fused.log" | head -2; done ;;
+  s6b) t timeout 170 python3 -m pytest -q -x -p no:cacheprovider tests/engine/kernels/test_decode_attention.py 2>&1 | tail -2
+       for preset in 1B 7B; do
+         t python3 -m engine llm --preset $preset --prompt-len 512 --new-tokens 128 --device cuda --mode triton-fused \
+           >"$out/llm${preset}_fused.log" 2>&1; tail -4 "$out/llm${preset}_fused.log" | head -2; done ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac
