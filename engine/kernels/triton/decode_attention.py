@@ -20,6 +20,7 @@ as one opaque call; `_reference` is SDPA's math with the decode mask, in float64
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -234,7 +235,8 @@ def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Te
         raise ValueError("the cache must be contiguous: it is written in place")
     rope = {"FROM_QKV": True, "cos_ptr": cos.reshape(-1).contiguous(), "sin_ptr": sin.reshape(-1).contiguous(),
             "QKV_ROW": qkv.shape[-1]}
-    return _attend(qkv.reshape(b, -1).contiguous(), k_cache, v_cache, input_pos, b, h, d, rope, one_kernel=True)
+    return _attend(qkv.reshape(b, -1).contiguous(), k_cache, v_cache, input_pos, b, h, d, rope,
+                   one_kernel=os.environ.get("MODELAB_ATTN_ONE_KERNEL", "1") != "0")
 
 
 @torch.library.custom_op("modelab::decode_attention_qkv", mutates_args=("k_cache", "v_cache"))
