@@ -33,11 +33,10 @@ def jobs(arch: int):
         rep_pad = 1 << (rep - 1).bit_length()
         yield (f"decode_attention split {preset}", da._split_kernel, split_sig,
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": da.SPLIT, "BLOCK_S": da.BLOCK_S, "PDL": pdl}, 4)
-        yield (f"decode_attention split+rope+comb {preset}", da._split_kernel,
-               {**split_sig, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32", "count_ptr": "*i32",
-                "out_ptr": "*bf16"},
+        yield (f"decode_attention split+rope {preset}", da._split_kernel,
+               {**split_sig, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32"},
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": da.SPLIT, "BLOCK_S": da.BLOCK_S, "PDL": pdl,
-                "FROM_QKV": True, "COMBINE": True, "FENCE": True, "SPLITS_PAD": 16}, 4)
+                "FROM_QKV": True}, 4)
         yield (f"decode_attention combine {preset}", da._combine_kernel, combine_sig,
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLITS_PAD": 16, "PDL": pdl}, 4)
     gemv_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "g_ptr": "*bf16", "r_ptr": "*bf16", "N": "i32",
