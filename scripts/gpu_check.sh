@@ -94,8 +94,5 @@ case $part in
        for preset in 1B 7B; do
          t python3 -m engine llm --preset $preset --prompt-len 512 --new-tokens 128 --device cuda --mode triton-fused \
            >"$out/llm${preset}_fused.log" 2>&1; tail -4 "$out/llm${preset}_fused.log" | head -2; done ;;
-  ab) for i in 1 2; do for one in 1 0; do
-        MODELAB_ATTN_ONE_KERNEL=$one python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --device cuda \
-          --mode triton-fused --no-profile 2>&1 | tail -3 | head -1 | sed "s/^/one_kernel=$one /"; done; done ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

@@ -1,9 +1,13 @@
-"""Job target for the phased-supervision tests: prepares (shared hold) for PREPARE_S, then times (inside
-engine.device_lock.exclusive) for TIMED_S; reports both intervals as time.time() metrics, comparable across workers."""
+"""Job target for the phased-supervision tests: prepares (shared hold) until every run of its group has started
+preparing (a file per run in barrier_dir; 60 s at most, then it fails: runs that never prepare side by side never
+meet) and prepare_s more, then times (inside engine.device_lock.exclusive) for timed_s; reports both intervals as
+time.time() metrics, comparable across workers."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 from engine.device_lock import current, exclusive
 from engine.store import Metric, RunResult
@@ -12,6 +16,13 @@ from engine.store import Metric, RunResult
 def run(params: dict, progress) -> RunResult:
     hold = current()
     t0 = time.time()
+    barrier = Path(params["barrier_dir"])
+    (barrier / str(os.getpid())).touch()
+    deadline = time.monotonic() + 60
+    while len(list(barrier.iterdir())) < int(params["group"]):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the other runs of the group never started preparing beside this one")
+        time.sleep(0.01)
     time.sleep(float(params["prepare_s"]))
     t1 = time.time()
     with exclusive():

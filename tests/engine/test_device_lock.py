@@ -107,8 +107,11 @@ def _overlap(a, b) -> bool:
 def test_phased_runs_prepare_together_and_time_one_at_a_time(tmp_path, monkeypatch):
     monkeypatch.setenv("ARTIFACTS_DIR", str(tmp_path / "artifacts"))
     store = Store(tmp_path / "results.duckdb")
-    specs = [JobSpec("llm", "phased", f"m{i}", "cpu", {"prepare_s": 1.5, "timed_s": 0.4},
-                     target="tests.engine.phased_target:run", timeout_s=60) for i in range(3)]
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    specs = [JobSpec("llm", "phased", f"m{i}", "cpu", {"prepare_s": 0.3, "timed_s": 0.4, "group": 3,
+                                                       "barrier_dir": str(barrier)},
+                     target="tests.engine.phased_target:run", timeout_s=120) for i in range(3)]
     ids = create_runs(store, specs)
     statuses = run_jobs(store, ids, prepare_parallel=3)
     assert statuses == {i: "ok" for i in ids}, [store.run(i)["error"] for i in ids]
@@ -117,7 +120,7 @@ def test_phased_runs_prepare_together_and_time_one_at_a_time(tmp_path, monkeypat
     assert all(r["group_size"] == 3 and r["shared_after"] == 1 for r in runs)
     prepares = [_interval(r, "prepare") for r in runs]
     timings = [_interval(r, "timed") for r in runs]
-    # the preparations ran side by side (each 1.5 s; all three started well within that)...
+    # the preparations ran side by side (each waited for all three to have started)...
     assert max(p[0] for p in prepares) < min(p[1] for p in prepares)
     # ...and no timing overlapped another timing or any preparation
     for i, t in enumerate(timings):
