@@ -47,16 +47,30 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
     """FROM_QKV: q_ptr is the qkv projection's output row per sequence, [q heads | k heads | v heads] before
     RoPE; each program applies RoPE to its q rows, and the program whose split holds the new position also applies it
     to that position's k and writes k and v into the cache (no other program reads that position)."""
-    if PDL:  # programmatic dependent launch: let the next kernel start early; wait for the previous one's q and cache
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     bk = tl.program_id(0)  # b * KVH + kv head
     split = tl.program_id(1)
+    if PDL:  # programmatic dependent launch: the next kernel may start once every program here has
+        tl.extra.cuda.gdc_launch_dependents()
     length = tl.load(pos_ptr) + 1  # positions 0 .. input_pos are valid
     rows = tl.arange(0, REP_PAD)
     dims = tl.arange(0, D)
     row_ok = rows < REP
     kv_base = bk.to(tl.int64) * S_MAX * D
+    lo = split * SPLIT
+    hi = tl.minimum(lo + SPLIT, length)
+    first_pos = lo + tl.arange(0, BLOCK_S)
+    first = kv_base + first_pos[:, None] * D + dims[None, :]  # this split's first tile
+    if FROM_QKV:
+        # This kernel writes the new position itself; the position and the cached positions before it were written
+        # before this step's first kernel, which PDL never overlaps: the first tile is loaded before waiting for the
+        # previous kernel (q, the new k and v), and the new position patched in below.
+        k_next = tl.load(k_ptr + first, mask=(first_pos < hi)[:, None], other=0.0)
+        v_next = tl.load(v_ptr + first, mask=(first_pos < hi)[:, None], other=0.0)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    if not FROM_QKV:  # the new position was written by the kernels just before: only after the wait
+        k_next = tl.load(k_ptr + first, mask=(first_pos < hi)[:, None], other=0.0)
+        v_next = tl.load(v_ptr + first, mask=(first_pos < hi)[:, None], other=0.0)
     if FROM_QKV:
         b = bk // KVH
         head = bk % KVH
@@ -67,12 +81,15 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
         row = q_ptr + b * QKV_ROW
         q = _rope(row + (head * REP + rows)[:, None] * D, dims[None, :], rot[None, :], sign[None, :], cos[None, :],
                   sin[None, :], row_ok[:, None])
+        k_new = _rope(row + (KVH * REP + head) * D, dims, rot, sign, cos, sin, dims < D).to(k_ptr.dtype.element_ty)
+        v_new = tl.load(row + (KVH * REP + KVH + head) * D + dims).to(v_ptr.dtype.element_ty)
         if split == (length - 1) // SPLIT:
-            k_new = _rope(row + (KVH * REP + head) * D, dims, rot, sign, cos, sin, dims < D)
-            v_new = tl.load(row + (KVH * REP + KVH + head) * D + dims)
-            tl.store(k_ptr + kv_base + (length - 1) * D + dims, k_new.to(k_ptr.dtype.element_ty))
-            tl.store(v_ptr + kv_base + (length - 1) * D + dims, v_new.to(v_ptr.dtype.element_ty))
-        tl.debug_barrier()  # the new position's k and v, stored by some threads, are read below by others
+            tl.store(k_ptr + kv_base + (length - 1) * D + dims, k_new)
+            tl.store(v_ptr + kv_base + (length - 1) * D + dims, v_new)
+        tl.debug_barrier()  # the new position's k and v, stored by some threads, may be read below by others
+        is_new = (first_pos == length - 1)[:, None]  # the prefetched tile predates the store: patch it in
+        k_next = tl.where(is_new, k_new[None, :], k_next)
+        v_next = tl.where(is_new, v_new[None, :], v_next)
     else:
         # q is (B, H, D) with H = KVH * REP: this kv head's query rows are contiguous.
         q = tl.load(q_ptr + (bk * REP + rows)[:, None] * D + dims[None, :], mask=row_ok[:, None], other=0.0)
@@ -80,13 +97,14 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
     m_i = tl.full((REP_PAD,), float("-inf"), tl.float32)
     l_i = tl.zeros((REP_PAD,), tl.float32)
     acc = tl.zeros((REP_PAD, D), tl.float32)
-    lo = split * SPLIT
-    hi = tl.minimum(lo + SPLIT, length)
     for s0 in range(lo, hi, BLOCK_S):
         pos = s0 + tl.arange(0, BLOCK_S)
         ok = pos < hi
-        k = tl.load(k_ptr + kv_base + pos[:, None] * D + dims[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + kv_base + pos[:, None] * D + dims[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        k = k_next.to(tl.float32)
+        v = v_next.to(tl.float32)
+        after = pos + BLOCK_S  # the next tile, loaded while this one is used
+        k_next = tl.load(k_ptr + kv_base + after[:, None] * D + dims[None, :], mask=(after < hi)[:, None], other=0.0)
+        v_next = tl.load(v_ptr + kv_base + after[:, None] * D + dims[None, :], mask=(after < hi)[:, None], other=0.0)
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # (REP_PAD, BLOCK_S)
         s = tl.where(ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))

@@ -36,8 +36,10 @@ from engine.workloads.llama import rms_norm  # the decoder's own RMSNorm: the un
 
 # (BLOCK_N, BLOCK_K, num_warps): few enough that the first decode step's autotuning stays short (every config is a
 # compile), spread from many small programs (N = 2048 still fills 132 SMs) to wide tiles for the 7B's long rows.
+# The two BLOCK_K = 2048 tiles hold a whole row block of the K = 2048 weights: with programmatic dependent launch the
+# entire W slice of a program is loaded before it waits for the kernel before it.
 TILES = ((2, 512, 4), (4, 256, 4), (4, 512, 4), (4, 1024, 4), (8, 256, 4), (8, 512, 8), (8, 1024, 8), (16, 256, 8),
-         (16, 512, 8), (32, 256, 8))
+         (16, 512, 8), (32, 256, 8), (2, 2048, 4), (4, 2048, 8))
 
 
 def _configs() -> list[triton.Config]:
