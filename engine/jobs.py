@@ -503,7 +503,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("run_ids", nargs="+", type=int)
     args = parser.parse_args(argv)
     store = Store(args.db)
-    statuses = run_jobs(store, args.run_ids)
+    slots, order = 1, list(args.run_ids)
+    runs = [store.run(i) for i in args.run_ids]
+    if len(runs) > 1 and all(r is not None and r["kind"] == "llm" for r in runs):
+        from engine.llm.group import plan_group  # an LLM group from the dashboard runs as `llm --mode all` does
+
+        slots, order, why = plan_group(store, args.run_ids)
+        print(f"{len(order)} LLM runs; preparing {why}; timing one at a time", flush=True)
+    statuses = run_jobs(store, order, prepare_parallel=slots)
     print(json.dumps(statuses))
     return 0 if all(s == "ok" for s in statuses.values()) else 1
 

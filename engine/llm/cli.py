@@ -41,36 +41,6 @@ def _prepare_parallel(text: str) -> int | str:
     return "auto" if text.strip().lower() == "auto" else _positive_int(text)
 
 
-# Device memory a run's process holds beyond memory_needed: the CUDA context, activations, logits, CUDA graph pools
-# and the GEMV choice's weight copies (three L2s' worth).
-PROCESS_OVERHEAD_BYTES = 2 << 30
-
-
-def prepare_slots(requested: int | str, cfgs: list, serial: bool) -> tuple[int, str]:
-    """How many runs may prepare at once, and why that many. auto: on CUDA, as many as fit in 90 % of the free
-    device memory (each with its model, calibration twin and cache, plus PROCESS_OVERHEAD_BYTES); else one."""
-    if serial or len(cfgs) < 2:
-        return 1, "one run at a time" + (" (--serial)" if serial else "")
-    if any(c.autotune for c in cfgs):
-        return 1, "one run at a time: --autotune times candidate kernels while it compiles"
-    if any(c.tp > 1 for c in cfgs):
-        return 1, "one run at a time: --tp runs its own processes"
-    if requested != "auto":
-        return min(int(requested), len(cfgs)), f"--prepare-parallel {requested}"
-    device = cfgs[0].device
-    if not device.startswith("cuda"):
-        return 1, "one run at a time on the CPU (the compiles would take the cores the timings need)"
-    import torch
-
-    from engine.llm.run import memory_needed
-
-    free, _total = torch.cuda.mem_get_info(torch.device(device))
-    need = max(memory_needed(c) for c in cfgs) + PROCESS_OVERHEAD_BYTES
-    slots = max(1, min(len(cfgs), int(0.9 * free // need)))
-    return slots, (f"{slots} at a time: {free / 2**30:.0f} GiB free, {need / 2**30:.1f} GiB per run "
-                   "(model, float32 twin, KV cache, process)")
-
-
 def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
     from engine.workloads.llama import PRESETS
 
@@ -133,28 +103,11 @@ def _resolve_modes(text: str, device: str, dtype) -> list[str]:
     return names
 
 
-def _ceilings_first(store, device: str, timeout_s: float) -> None:
-    """Runs that prepare side by side would each wait for the device alone to measure missing ceilings: measure
-    them once, first, as their own run (what the first run would have done; a failure leaves MFU/MBU out)."""
-    from engine.ceilings import latest_ceilings
-    from engine.envinfo import capture_env
-    from engine.jobs import JobSpec, create_runs, run_jobs
-
-    if latest_ceilings(store, device_name=capture_env(device).get("device_name"), device=device) is not None:
-        return
-    ids = create_runs(store, [JobSpec("ceilings", "ceilings", "measure", device, {"device": device, "auto": True},
-                                      timeout_s=timeout_s)])
-    status = run_jobs(store, ids, _Bars({ids[0]: f"ceilings {device}"}))[ids[0]]
-    if status != "ok":
-        print(f"ceilings run {ids[0]} failed (MFU and MBU will be left out): {store.run(ids[0])['error']}",
-              file=sys.stderr)
-
-
 def cmd_llm(args: argparse.Namespace) -> int:
     from engine.jobs import JobSpec, create_runs, run_jobs
     from engine.llm.report import fmt_num, fmt_pct, fmt_time, headline
-    from engine.llm.modes import MODES
-    from engine.llm.run import LLMConfig, config_from_params, params_of
+    from engine.llm.group import plan_group
+    from engine.llm.run import LLMConfig, params_of
 
     check_device(args.device)
     base = LLMConfig(preset=args.preset, layers=args.layers, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
@@ -193,16 +146,12 @@ def cmd_llm(args: argparse.Namespace) -> int:
             specs.append(JobSpec("llm", f"llama-{cfg.preset}", mode, args.device, params_of(cfg),
                                  timeout_s=args.timeout))
             labels.append(f"{mode} B={cfg.batch} P={cfg.prompt_len}")
-    slots, why = prepare_slots(args.prepare_parallel, [config_from_params(s.params) for s in specs], args.serial)
     store = _store(args)
     group = uuid.uuid4().hex[:12] if len(specs) > 1 else None
-    if slots > 1:
-        _ceilings_first(store, args.device, args.timeout)
     ids = create_runs(store, specs, group)
+    slots, order, why = plan_group(store, ids, args.prepare_parallel, args.serial)
     if len(ids) > 1:
         print(f"{len(ids)} runs; preparing {why}; timing one at a time", file=sys.stderr)
-    # The compiling modes first: they take longest to prepare, and the quick ones fill in behind them.
-    order = sorted(ids, key=lambda i: not MODES[specs[ids.index(i)].mode].compiles)
     statuses = run_jobs(store, order, _Bars(dict(zip(ids, labels))), prepare_parallel=slots)
     figures = headline(store, [i for i in ids if statuses[i] == "ok"])
     print(f"\n{'run':>5} {'mode':<24} {'B':>3} {'P':>5} {'TTFT':>10} {'TPOT med':>10} {'TPOT p90':>10} "

@@ -56,7 +56,7 @@ def test_modes_prepare_side_by_side_and_time_alone(store: Store, capsys: pytest.
 
 
 def test_prepare_slots_say_why() -> None:
-    from engine.llm.cli import prepare_slots
+    from engine.llm.group import prepare_slots
     from engine.llm.run import LLMConfig
 
     cpu = [LLMConfig(preset="tiny", mode=m) for m in ("eager", "compile", "sdpa-math")]
@@ -68,6 +68,35 @@ def test_prepare_slots_say_why() -> None:
     tuned = [LLMConfig(preset="tiny", mode=m, autotune=True) for m in ("eager", "compile")]
     assert prepare_slots(2, tuned, serial=False) == (1, "one run at a time: --autotune times candidate kernels "
                                                      "while it compiles")
+
+
+def test_plan_group_orders_compiling_modes_first_and_leaves_other_kinds_alone(store: Store) -> None:
+    from engine.jobs import JobSpec, create_runs
+    from engine.llm.group import plan_group
+    from engine.llm.run import LLMConfig, params_of
+
+    ids = create_runs(store, [JobSpec("llm", "llama-tiny", m, "cpu", params_of(LLMConfig(preset="tiny", mode=m)))
+                              for m in ("eager", "compile", "sdpa-math")])
+    assert plan_group(store, ids) == (1, [ids[1], ids[0], ids[2]], "one run at a time on the CPU (the compiles "
+                                      "would take the cores the timings need)")
+    other = create_runs(store, [JobSpec("bench", "house_price", "eager", "cpu", {})])
+    assert plan_group(store, [*ids, *other], requested=3) == (1, [*ids, *other],
+                                                              "one run at a time (not one device's LLM runs)")
+    assert {r["kind"] for r in (store.run(i) for i in range(1, max(other) + 1)) if r} == {"llm", "bench"}
+
+
+def test_the_dashboards_supervisor_plans_an_llm_group(store: Store, capsys: pytest.CaptureFixture) -> None:
+    """`python -m engine.jobs` (what the LLM page's Run starts, detached) plans a group of LLM runs as the CLI does."""
+    from engine import jobs
+    from engine.jobs import JobSpec, create_runs
+    from engine.llm.run import LLMConfig, params_of
+
+    small = dict(preset="tiny", prompt_len=8, new_tokens=3, prefill_iters=2, decode_passes=1, profile=False)
+    ids = create_runs(store, [JobSpec("llm", "llama-tiny", m, "cpu", params_of(LLMConfig(mode=m, **small)))
+                              for m in ("eager", "sdpa-math")])
+    assert jobs.main(["--db", str(store.path), *map(str, ids)]) == 0
+    assert "2 LLM runs; preparing one run at a time on the CPU" in capsys.readouterr().out
+    assert {store.run(i)["status"] for i in ids} == {"ok"}
 
 
 @pytest.mark.parametrize("argv, message", [
