@@ -120,7 +120,8 @@ class Attention(nn.Module):
         # None: SDPA with a mask. The LLM lab's triton-decode mode sets engine.kernels.triton.decode_attention here.
         self.decode_attn: Callable[..., torch.Tensor] | None = None
         # With fused_ops: the decode step's RoPE, cache write and attention from the qkv product's output in one call,
-        # (qkv, cos, sin, k_cache, v_cache, input_pos) -> (b, heads, 1, hd), writing the cache. None: separate ops.
+        # (qkv, cos table, sin table, k_cache, v_cache, input_pos) -> (b, heads, 1, hd), writing the cache (the decoder
+        # then passes the whole rotary tables as cos and sin). None: separate ops.
         # The triton-fused mode sets engine.kernels.triton.decode_attention.decode_attention_qkv here.
         self.decode_attn_qkv: Callable[..., torch.Tensor] | None = None
         # The decode step's one-row products with the norm before them / the residual after them inside the product
@@ -334,7 +335,10 @@ class LlamaDecoder(nn.Module):
         """Logits of the last position, (batch, vocab). `tokens` (batch, t) sit at positions `input_pos` (t,):
         t > 1 is a prefill starting at position 0; t == 1 a decode step."""
         t = tokens.shape[1]
-        cos, sin = self.rope_cos[input_pos], self.rope_sin[input_pos]
+        if t == 1 and self.fused_ops is not None and self.layers[0].self_attn.decode_attn_qkv is not None:
+            cos, sin = self.rope_cos, self.rope_sin  # whole tables: the fused attention reads row input_pos itself
+        else:
+            cos, sin = self.rope_cos[input_pos], self.rope_sin[input_pos]
         mask = None
         if t == 1:  # keys at positions <= the current one; the rest of the static cache is not yet written
             mask = (torch.arange(self.max_seq, device=tokens.device) <= input_pos[-1])[None, :]

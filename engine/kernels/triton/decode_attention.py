@@ -12,8 +12,9 @@ of cache in the 1B decode step). Here every (batch, kv head, split of SPLIT posi
 
 L = input_pos + 1 is read from a device tensor and the grids depend only on the static cache length, so a CUDA graph
 captures both kernels once for every position. Splits that start at or beyond L write m = −inf, l = 0 and add nothing.
-Products run in fp32 (broadcast-multiply and sum, no tl.dot: REP is 1–8 rows, and Triton's interpreter mishandles
-bf16 dot operands). `decode_attention` is a torch custom op (`modelab::decode_attention`), so torch.compile keeps it
+Compiled with a 16-bit cache, both products run on the tensor cores (tl.dot, the REP rows padded to 16); under the
+interpreter and for float32 caches they are fp32 broadcast-multiply-and-sum (the interpreter mishandles bf16 dot
+operands). `decode_attention` is a torch custom op (`modelab::decode_attention`), so torch.compile keeps it
 as one opaque call; `_reference` is SDPA's math with the decode mask, in float64.
 """
 
@@ -43,10 +44,13 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
                   KVH, S_MAX, NUM_SPLITS,
                   REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
                   BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
-                  FROM_QKV: tl.constexpr = False, cos_ptr=None, sin_ptr=None, QKV_ROW=0):
+                  FROM_QKV: tl.constexpr = False, cos_ptr=None, sin_ptr=None, QKV_ROW=0,
+                  USE_DOT: tl.constexpr = False):
     """FROM_QKV: q_ptr is the qkv projection's output row per sequence, [q heads | k heads | v heads] before
     RoPE; each program applies RoPE to its q rows, and the program whose split holds the new position also applies it
-    to that position's k and writes k and v into the cache (no other program reads that position)."""
+    to that position's k and writes k and v into the cache (no other program reads that position).
+    USE_DOT (compiled, 16-bit cache, REP_PAD ≥ 16): both products on the tensor cores, the query rows padded to 16
+    and P rounded to the cache's dtype for P·V (as flash attention does); else fp32 broadcast-multiply-and-sum."""
     bk = tl.program_id(0)  # b * KVH + kv head
     split = tl.program_id(1)
     if PDL:  # programmatic dependent launch: the next kernel may start once every program here has
@@ -76,8 +80,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
         head = bk % KVH
         rot = (dims + D // 2) % D
         sign = tl.where(dims < D // 2, -1.0, 1.0)
-        cos = tl.load(cos_ptr + dims).to(tl.float32)
-        sin = tl.load(sin_ptr + dims).to(tl.float32)
+        cos = tl.load(cos_ptr + (length - 1) * D + dims).to(tl.float32)  # the tables' row for the new position
+        sin = tl.load(sin_ptr + (length - 1) * D + dims).to(tl.float32)
         row = q_ptr + b * QKV_ROW
         q = _rope(row + (head * REP + rows)[:, None] * D, dims[None, :], rot[None, :], sign[None, :], cos[None, :],
                   sin[None, :], row_ok[:, None])
@@ -93,6 +97,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
     else:
         # q is (B, H, D) with H = KVH * REP: this kv head's query rows are contiguous.
         q = tl.load(q_ptr + (bk * REP + rows)[:, None] * D + dims[None, :], mask=row_ok[:, None], other=0.0)
+    q_low = q.to(k_ptr.dtype.element_ty)  # the tensor cores' operand (USE_DOT): q as the model stores it
     q = q.to(tl.float32) * scale
     m_i = tl.full((REP_PAD,), float("-inf"), tl.float32)
     l_i = tl.zeros((REP_PAD,), tl.float32)
@@ -100,12 +105,15 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
     for s0 in range(lo, hi, BLOCK_S):
         pos = s0 + tl.arange(0, BLOCK_S)
         ok = pos < hi
-        k = k_next.to(tl.float32)
-        v = v_next.to(tl.float32)
+        k_tile = k_next
+        v_tile = v_next
         after = pos + BLOCK_S  # the next tile, loaded while this one is used
         k_next = tl.load(k_ptr + kv_base + after[:, None] * D + dims[None, :], mask=(after < hi)[:, None], other=0.0)
         v_next = tl.load(v_ptr + kv_base + after[:, None] * D + dims[None, :], mask=(after < hi)[:, None], other=0.0)
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # (REP_PAD, BLOCK_S)
+        if USE_DOT:  # (REP_PAD ≥ 16 rows, padded) · kᵀ on the tensor cores
+            s = tl.dot(q_low, tl.trans(k_tile)) * scale
+        else:
+            s = tl.sum(q[:, None, :] * k_tile.to(tl.float32)[None, :, :], axis=2)  # (REP_PAD, BLOCK_S)
         s = tl.where(ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         # A row that has seen only masked positions keeps m = -inf: exp(-inf - -inf) would be NaN, so use 0 there.
@@ -113,7 +121,11 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        if USE_DOT:
+            pv = tl.dot(p.to(v_tile.dtype), v_tile)
+        else:
+            pv = tl.sum(p[:, :, None] * v_tile.to(tl.float32)[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
     out = (bk * NUM_SPLITS + split) * REP_PAD + rows
     tl.store(m_ptr + out, m_i)
@@ -169,16 +181,23 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     """Both kernels over q (B, H·D: q rows, or with `rope` the qkv rows) and the cache → (B, H, 1, D)."""
     _, kvh, s_max, _ = k_c.shape
     rep = h // kvh
-    rep_pad = triton.next_power_of_2(rep)
+    interpreted = is_interpreted(_split_kernel)
+    # Compiled, with a 16-bit cache and GQA groups: tl.dot on rows padded to 16 (the broadcast products of a
+    # 4 × 32 × 64 tile needed 255 registers per thread, 113 with the dot, and the split took 9.4 µs per 1B layer on
+    # the H100). The interpreter keeps the broadcast form (it mishandles bf16 dot operands), as do float32 caches (a
+    # dot would round them to tf32) and one query row per kv head (the 7B: 15 of 16 padded rows would be waste).
+    use_dot = not interpreted and k_c.dtype in (torch.bfloat16, torch.float16) and rep >= 2
+    rep_pad = max(16, triton.next_power_of_2(rep)) if use_dot else triton.next_power_of_2(rep)
     tiles = INTERPRETER if is_interpreted(_split_kernel) else {"SPLIT": SPLIT, "BLOCK_S": BLOCK_S}
     num_splits = triton.cdiv(s_max, tiles["SPLIT"])
     pos = input_pos.reshape(-1)[-1:]  # read as it is (int64) by the kernel: no cast kernel per layer
     m = torch.empty(b * kvh * num_splits * rep_pad, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
     o = torch.empty(b * kvh * num_splits * rep_pad, d, device=q.device, dtype=torch.float32)
-    pdl = {} if is_interpreted(_split_kernel) or not pdl_enabled(q.device) else {"PDL": True, "launch_pdl": True}
+    pdl = {} if interpreted or not pdl_enabled(q.device) else {"PDL": True, "launch_pdl": True}
     _split_kernel[(b * kvh, num_splits)](q, k_c, v_c, pos, m, l, o, 1.0 / math.sqrt(d), kvh, s_max, num_splits,
-                                         REP=rep, REP_PAD=rep_pad, D=d, **tiles, num_warps=4, **pdl, **(rope or {}))
+                                         REP=rep, REP_PAD=rep_pad, D=d, **tiles, num_warps=4, **pdl, **(rope or {}),
+                                         USE_DOT=use_dot)
     out = torch.empty(b, h, 1, d, device=q.device, dtype=q.dtype)
     _combine_kernel[(b * h,)](m, l, o, out, num_splits, REP=rep, REP_PAD=rep_pad, D=d,
                               SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4, **pdl)
@@ -188,7 +207,8 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
 def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                              v_cache: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
     """The decode step's attention from the qkv projection's output (B, 1, (H + 2·KVH)·D), before RoPE: RoPE on q
-    and the new k (cos, sin: the D values of this position), k and v written into the cache at input_pos[-1], then
+    and the new k (cos, sin: the rotary tables, (positions ≥ S_max, D), read at input_pos[-1] on the device, so no
+    indexing kernel runs per step), k and v written into the cache at input_pos[-1], then
     flash-decoding → (B, H, 1, D). One kernel does what RoPE, the cache writes and a copy of q did in four.
     (Tried and dropped: the split kernel's last program per kv head doing the combine too, counted by an atomic —
     one kernel per layer, but measured slower on the H100, 1040 against 985–990 µs per 1B decode step, both twice
@@ -200,12 +220,14 @@ def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Te
         raise ValueError(f"qkv {tuple(qkv.shape)} is not one row of [q | k | v] heads for the cache "
                          f"{tuple(k_cache.shape)}")
     h = qkv.shape[-1] // d - 2 * kvh
-    if h % kvh or d & (d - 1) or cos.numel() != d or sin.numel() != d or v_cache.shape != k_cache.shape:
-        raise ValueError(f"qkv {tuple(qkv.shape)}, cos/sin of {cos.numel()}/{sin.numel()} values and the cache "
-                         f"{tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not fit together")
+    tables_ok = all(t.dim() == 2 and t.shape[0] >= s_max and t.shape[1] == d for t in (cos, sin))
+    if h % kvh or d & (d - 1) or not tables_ok or v_cache.shape != k_cache.shape:
+        raise ValueError(f"qkv {tuple(qkv.shape)}, rotary tables {tuple(cos.shape)}/{tuple(sin.shape)} (want at "
+                         f"least {s_max} × {d}) and the cache {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not "
+                         "fit together")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("the cache must be contiguous: it is written in place")
-    rope = {"FROM_QKV": True, "cos_ptr": cos.reshape(-1).contiguous(), "sin_ptr": sin.reshape(-1).contiguous(),
+    rope = {"FROM_QKV": True, "cos_ptr": cos.contiguous(), "sin_ptr": sin.contiguous(),
             "QKV_ROW": qkv.shape[-1]}
     return _attend(qkv.reshape(b, -1).contiguous(), k_cache, v_cache, input_pos, b, h, d, rope)
 

@@ -126,9 +126,10 @@ def test_qkv_variant_applies_rope_writes_the_cache_and_attends(b, h, kvh, d, s, 
         k_cache = torch.randn(b, kvh, s, d, generator=gen).to(DEVICE, dtype)
         v_cache = torch.randn(b, kvh, s, d, generator=gen).to(DEVICE, dtype)
         k_before, v_before = k_cache.clone(), v_cache.clone()
-        cos, sin = cos_t[pos:pos + 1].to(DEVICE, dtype), sin_t[pos:pos + 1].to(DEVICE, dtype)
+        cos, sin = cos_t[pos:pos + 1].to(DEVICE, dtype), sin_t[pos:pos + 1].to(DEVICE, dtype)  # the reference's row
         input_pos = torch.tensor([pos], device=DEVICE)
-        out = da.decode_attention_qkv(qkv, cos, sin, k_cache, v_cache, input_pos)
+        out = da.decode_attention_qkv(qkv, cos_t.to(DEVICE, dtype), sin_t.to(DEVICE, dtype), k_cache, v_cache,
+                                      input_pos)  # the whole tables: the kernel reads row pos
 
         q, k, v = qkv.double().split([h * d, kvh * d, kvh * d], dim=-1)
         q = _rope_reference(q.view(b, 1, h, d).transpose(1, 2), cos.double(), sin.double())
@@ -146,12 +147,14 @@ def test_qkv_variant_applies_rope_writes_the_cache_and_attends(b, h, kvh, d, s, 
 
 def test_qkv_variant_refuses_shapes_it_does_not_handle() -> None:
     k = torch.zeros(1, 2, 8, 16, device=DEVICE)
-    cos = torch.ones(1, 16, device=DEVICE)
+    cos = torch.ones(8, 16, device=DEVICE)
     pos = torch.tensor([0], device=DEVICE)
     with pytest.raises(ValueError, match="not one row"):
         da.decode_attention_qkv_fwd(torch.zeros(1, 2, 8 * 16, device=DEVICE), cos, cos, k, k, pos)
     with pytest.raises(ValueError, match="do not fit together"):
         da.decode_attention_qkv_fwd(torch.zeros(1, 1, 8 * 16, device=DEVICE), cos[:, :8], cos, k, k, pos)
+    with pytest.raises(ValueError, match=r"want at least 8 × 16"):  # a table shorter than the cache
+        da.decode_attention_qkv_fwd(torch.zeros(1, 1, 8 * 16, device=DEVICE), cos[:4], cos[:4], k, k, pos)
 
 
 def test_a_fused_decoder_with_rope_in_the_kernel_decodes_like_the_original() -> None:
