@@ -32,12 +32,13 @@ def jobs(arch: int):
     for preset, rep, d in (("1B", 4, 64), ("7B", 1, 128)):
         dot = rep >= 2  # the GPU's bf16 path for GQA groups: tl.dot on rows padded to 16 (_attend's use_dot)
         rep_pad = max(16, 1 << (rep - 1).bit_length()) if dot else 1 << (rep - 1).bit_length()
+        block_s = da.BLOCK_S_DOT if dot else da.BLOCK_S
         yield (f"decode_attention split {preset}", da._split_kernel, split_sig,
-               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": da.SPLIT, "BLOCK_S": da.BLOCK_S, "PDL": pdl,
+               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": da.SPLIT, "BLOCK_S": block_s, "PDL": pdl,
                 "USE_DOT": dot}, 4)
         yield (f"decode_attention split+rope {preset}", da._split_kernel,
                {**split_sig, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32"},
-               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": da.SPLIT, "BLOCK_S": da.BLOCK_S, "PDL": pdl,
+               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": da.SPLIT, "BLOCK_S": block_s, "PDL": pdl,
                 "FROM_QKV": True, "USE_DOT": dot}, 4)
         yield (f"decode_attention combine {preset}", da._combine_kernel, combine_sig,
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLITS_PAD": 16, "PDL": pdl}, 4)
