@@ -72,7 +72,8 @@ def main() -> int:
         try:
             src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constants}},
                             constexprs=constants)
-            kernel = triton.compile(src, target=target, options={"num_warps": warps, "launch_pdl": bool(constants.get("PDL"))})
+            kernel = triton.compile(src, target=target,
+                                    options={"num_warps": warps, "launch_pdl": bool(constants.get("PDL"))})
             rows.append((name, "ok", kernel.metadata.shared, time.perf_counter() - start))
         except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
             failed += 1
