@@ -73,11 +73,12 @@ def device_lock(device: str, on_wait: Callable[[str], None] | None = None, poll_
         os.close(fd)
 
 
-def _drain_device() -> None:
-    """Let this process's queued GPU work finish before it gives up the device (kernels run behind the host)."""
+def _drain_device(device: str) -> None:
+    """Let this process's queued work on `device` finish before it gives up the device (kernels run behind the
+    host)."""
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
+    if device.startswith("cuda") and torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize(torch.device(device))
 
 
 class PhaseHold:
@@ -100,9 +101,10 @@ class PhaseHold:
         if state == self.state:
             return
         if self.state is not None:
-            _drain_device()
+            _drain_device(self.device)
             if self.state == "exclusive":
                 self.exclusive_s += time.perf_counter() - self._since
+                os.ftruncate(self._fd, 0)  # no stale "(timing)" label for whoever waits next
             fcntl.flock(self._fd, fcntl.LOCK_UN)  # explicit: flock's own conversion is not atomic either
             self.state = None
         if state is None:

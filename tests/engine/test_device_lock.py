@@ -56,7 +56,8 @@ def test_shared_holds_coexist_and_exclusive_waits_for_all_of_them():
 
 def test_device_lock_waits_for_a_shared_hold_and_names_no_stale_holder():
     hold = dl.PhaseHold("cpu", poll_s=0.01)
-    hold.shared()
+    hold.exclusive()  # labels the lock file "pid … (timing)"...
+    hold.shared()  # ...and clears the label when it goes back to preparing
     messages: list[str] = []
     done = threading.Event()
 
@@ -70,7 +71,7 @@ def test_device_lock_waits_for_a_shared_hold_and_names_no_stale_holder():
     assert not done.is_set()
     hold.close()
     thread.join(5)
-    assert done.is_set() and messages and messages[0].startswith("waiting for cpu")
+    assert done.is_set() and messages == ["waiting for cpu: held by other runs (preparing)"]
 
 
 def test_exclusive_block_is_a_no_op_in_an_ordinary_worker():
