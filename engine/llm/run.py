@@ -538,7 +538,6 @@ def llm_run(cfg: LLMConfig, progress: Progress = lambda f, m: None) -> RunResult
             progress(0.44, f"{mode.name}: compiling the GEMV tiles to tune")
             gemv_kernels.compile_pending()  # untimed: the timing part of tuning waits for the device below
         # -- from here the device is this run's alone (when it prepared beside others, it waits for them) --
-        hold = device_phases.current()
         if hold is not None:
             progress(0.45, f"{mode.name}: waiting to time alone")
             hold.exclusive()

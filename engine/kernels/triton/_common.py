@@ -153,4 +153,10 @@ def pdl_enabled(device: torch.device) -> bool:
     kernel wrote, so it is as correct as a plain launch after any kernel."""
     if os.environ.get("MODELAB_TRITON_PDL", "1") == "0" or device.type != "cuda":
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return _major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _major(index: int) -> int:
+    """The device's compute capability major, asked once (pdl_enabled runs on every GEMV call outside a graph)."""
+    return torch.cuda.get_device_capability(index)[0]
