@@ -1,18 +1,20 @@
-# Two entry points: `make run` (dashboard) and `make test` (full suite). Both set up .venv on first use.
+# Two entry points: `make run` (dashboard) and `make test` (ruff, then the full suite). Both set up .venv on first use.
+# `make test-gpu` runs the GPU suite with the machine's own Python (on the GPU machine torch there is a CUDA build).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test data bench clean-results
+.PHONY: run test test-gpu lint data bench clean-results
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(STAMP): requirements.txt | $(BIN)/python
+$(STAMP): requirements.txt pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python -m pip install -q --no-deps -e .  # the engine importable everywhere, and the `modelab` command
 	touch $@
 
 $(DEV_STAMP): requirements-dev.txt requirements.txt $(STAMP)
@@ -25,8 +27,16 @@ data: $(STAMP)
 run: $(STAMP) data
 	$(BIN)/python -m streamlit run app/Home.py --server.address 127.0.0.1 --server.port 8501
 
-test: $(DEV_STAMP)
+lint: $(DEV_STAMP)
+	$(BIN)/ruff check .
+
+test: lint
 	$(BIN)/python -m pytest -q
+
+# The tests that need (or select on) a CUDA device, with the machine's own Python: `make test-gpu` on the GPU machine.
+GPU_TESTS ?= cuda or gpu or triton or gemv or decode or levels or llm
+test-gpu:
+	$(PY) -m pytest -q -p no:cacheprovider tests/engine -k "$(GPU_TESTS)"
 
 bench: $(STAMP)
 	$(BIN)/python -m engine bench --workload house_price --mode all --device cpu

@@ -1,31 +1,34 @@
 """Home: what the lab is, where it runs, and what happened lately. Must stay fast: no torch import, only aggregate
-or LIMITed queries (10,000 runs render in well under 1.5 s; see scripts/home_render_bench.py)."""
+or LIMITed queries (10,000 runs render in well under 1.5 s; see benchmarks/home_render_bench.py)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `streamlit run app/Home.py` puts app/ on the path, not the repository root
-    sys.path.insert(0, str(ROOT))
+import streamlit as st
 
-import streamlit as st  # noqa: E402
-
-from app import queries  # noqa: E402
-from app.common import first_line, flash, fmt_time, fmt_us, get_store, show_flash, submit  # noqa: E402
-from engine.envinfo import host_env  # noqa: E402
-from engine.jobs import JobSpec  # noqa: E402
+from app import queries
+from app.common import first_line, flash, fmt_time, fmt_us, get_store, show_flash, submit
+from engine.envinfo import host_env
+from engine.jobs import JobSpec
 
 st.set_page_config(page_title="Mode Lab", layout="wide")
 store = get_store()
 
 st.title("Mode Lab")
 st.markdown(
-    "A PyTorch performance lab: it trains and benchmarks a house-price MLP in several **execution modes** — eager, "
-    "FX, TorchScript and `torch.compile` (default, reduce-overhead, max-autotune) — on your hardware. Every mode's "
-    "output is checked against eager before its time counts, every run executes in its own worker process, and "
-    "every sample lands in DuckDB for the charts."
+    "A PyTorch performance lab: how **execution modes** trade off on your hardware. It covers:\n"
+    "- **Benchmark** — a house-price MLP trained and timed in eager, FX, TorchScript, `torch.compile` (default, "
+    "reduce-overhead, max-autotune), a custom C++ op, AOTInductor, CUDA graphs, hand-written Triton and CUDA; "
+    "*why is X slower than Y*.\n"
+    "- **Predict** — price a house with a model trained in any mode.\n"
+    "- **IR Explorer** — a model's graph exported on the meta device, browsed, downloaded and verified.\n"
+    "- **Profiler** — kernels, launches and idle time of a step, and what torch.compile generated.\n"
+    "- **Kernel Levels** — attention, ViT patch embedding and GNN message passing written five ways "
+    "(native → CUDA), on a roofline under this device's measured ceilings.\n"
+    "- **LLM** — prefill and decode of a Llama-style decoder per mode: TTFT, TPOT, MFU, MBU.\n"
+    "- **Your own model** — Benchmark, Profiler and IR Explorer also take a model by import path.\n\n"
+    "Every mode's output is checked against eager before its time counts, every run executes in its own worker "
+    "process, and every sample lands in DuckDB."
 )
 show_flash()
 
@@ -114,3 +117,5 @@ c2.page_link("pages/4_Profiler.py", label="Profiler — kernels, launches and id
              icon=":material/troubleshoot:")
 c1.page_link("pages/5_Kernel_Levels.py", label="Kernel Levels — one component written five ways, on a roofline",
              icon=":material/stacks:")
+c2.page_link("pages/6_LLM.py", label="LLM — prefill and decode per mode: TTFT, TPOT, MFU, MBU",
+             icon=":material/chat:")

@@ -39,6 +39,9 @@ TARGETS = {"bench": "engine.bench:bench_job", "train": "engine.train:train_job",
            "profile": "engine.profiling.profile:profile_job", "ceilings": "engine.ceilings:ceilings_job",
            "levels": "engine.levels.run:levels_job", "llm": "engine.llm.run:llm_job"}
 DEFAULT_TIMEOUT_S = 1800.0
+# The detached supervisor `submit` starts: the group planner's entry point. Named, like TARGETS, never imported —
+# the runner knows nothing of how a group is planned.
+SUPERVISOR = "engine.plan"
 OnProgress = Callable[[int, float, str], None]
 
 
@@ -81,14 +84,14 @@ def _child_env() -> dict[str, str]:
 
 
 def submit(store: Store, specs: Sequence[JobSpec], group_id: str | None = None) -> list[int]:
-    """Queue runs and return at once; a detached supervisor process runs them one after another."""
+    """Queue runs and return at once; a detached supervisor process (SUPERVISOR) plans the group and runs it."""
     ids = create_runs(store, specs, group_id)
     root = artifacts_root(store)
     root.mkdir(parents=True, exist_ok=True)
     try:
         with open(root / f"supervisor-{ids[0]}.log", "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "engine.jobs", "--db", str(store.path), *map(str, ids)],
+                [sys.executable, "-m", SUPERVISOR, "--db", str(store.path), *map(str, ids)],
                 cwd=REPO_ROOT, env=_child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C or reload of the dashboard does not kill running jobs
             )
@@ -297,6 +300,40 @@ def lane_launcher(store: Store, run_ids: Sequence[int], name: str = "lane",
 PHASED_KINDS = frozenset({"llm"})
 
 
+@dataclass
+class _RunFiles:
+    """What a run's worker reads and writes, all in the run's own artifacts folder."""
+    workdir: Path
+
+    @property
+    def spec(self) -> Path:
+        return self.workdir / "job.json"
+
+    @property
+    def result(self) -> Path:
+        return self.workdir / "result.json"
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / "worker.log"
+
+    @property
+    def error(self) -> Path:
+        return self.workdir / "error.json"
+
+    @property
+    def progress(self) -> Path:
+        return self.workdir / "progress.jsonl"
+
+
+@dataclass
+class _Exit:
+    """How a worker ended, as the supervisor saw it."""
+    returncode: int | None = None
+    timed_out: bool = False
+    lost: str | None = None  # the fork server died with the worker in it
+
+
 def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None,
             launcher: Launcher | None = None, group_size: int = 1) -> str:
     """Supervise one queued run to its end; returns the final status ('ok' or 'failed').
@@ -309,14 +346,9 @@ def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None,
         raise ValueError(f"no run {run_id} in {store.path}")
     if run["status"] != "queued":
         return str(run["status"])
-    params = dict(run["params"])
-    target = params.pop("_target", None) or TARGETS[run["kind"]]
-    timeout_s = float(params.pop("_timeout_s", DEFAULT_TIMEOUT_S))
-    device = run["device"]
-    workdir = artifacts_root(store) / f"run_{run_id}"
-    workdir.mkdir(parents=True, exist_ok=True)
-    params.setdefault("artifacts_dir", str(workdir))
-    params.setdefault("db", str(store.path))
+    phased = group_size > 1
+    if phased and run["kind"] not in PHASED_KINDS:
+        raise ValueError(f"run {run_id} ({run['kind']}) does not mark its timed sections: it cannot share its device")
 
     def report(frac: float, message: str) -> None:
         if on_progress:
@@ -326,95 +358,108 @@ def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None,
         store.update_progress(run_id, 0.0, message)
         report(0.0, message)
 
-    phased = group_size > 1
-    if phased and run["kind"] not in PHASED_KINDS:
-        raise ValueError(f"run {run_id} ({run['kind']}) does not mark its timed sections: it cannot share its device")
-    with (contextlib.nullcontext() if phased else device_lock(device, on_wait=waiting)):
+    files = _RunFiles(artifacts_root(store) / f"run_{run_id}")
+    timeout_s = _write_job(store, run_id, run, files, group_size if phased else 1)
+    with (contextlib.nullcontext() if phased else device_lock(run["device"], on_wait=waiting)):
         store.start_run(run_id, "starting worker")
         report(0.0, "starting worker")
-        spec_file, result_file, log_file = workdir / "job.json", workdir / "result.json", workdir / "worker.log"
-        error_file, progress_file = workdir / "error.json", workdir / "progress.jsonl"
-        for stale in (result_file, error_file, progress_file):
-            stale.unlink(missing_ok=True)
-        log_file.write_bytes(b"")
-        job = {"run_id": run_id, "target": target, "params": params, "result_file": str(result_file),
-               "progress_file": str(progress_file)}
-        if phased:
-            job["device_phases"] = {"device": device, "group_size": group_size}
-        spec_file.write_text(json.dumps(job))
         own_launcher = launcher is None
         launcher = launcher or Launcher()
         try:
-            worker = launcher.start(spec_file, log_file)
-            progress_lines = _Tail(progress_file)
-            deadline = time.monotonic() + timeout_s
-            timed_out = False
-            last_write = 0.0
-            pending: tuple[float, str] | None = None
-            returncode: int | None = None
-            lost: str | None = None
-            while True:
-                try:
-                    returncode = worker.poll()
-                except ForkServerError as exc:  # the server died: its child (our run) died with it
-                    lost = str(exc)
-                finished = returncode is not None or lost is not None
-                for line in progress_lines.new_lines():
-                    try:
-                        msg = json.loads(line)
-                        pending = (float(msg["progress"]), str(msg["message"]))
-                        report(*pending)
-                    except (ValueError, KeyError, TypeError):
-                        continue
-                # Throttled: the dashboard polls about once a second; more writes only contend for the file lock.
-                if pending and time.monotonic() - last_write > 0.5:
-                    store.update_progress(run_id, *pending)
-                    last_write, pending = time.monotonic(), None
-                if finished:
-                    break
-                if time.monotonic() > deadline:
-                    timed_out = True
-                    worker.kill()
-                    returncode = worker.wait_killed()
-                    break
-                time.sleep(0.05)
+            outcome = _watch(store, run_id, launcher.start(files.spec, files.log), files, timeout_s, report)
         finally:
             if own_launcher:
                 launcher.close()
+    status = _record(store, run_id, outcome, files, timeout_s)
+    report(1.0, "done" if status == "ok" else "failed")
+    return status
 
-    if lost is not None:
-        store.fail_run(run_id, lost + (f"\n--- last lines of {log_file} ---\n{_tail(log_file)}" if _tail(log_file)
-                                       else ""))
-        report(1.0, "failed")
-        return "failed"
-    if returncode == 0 and result_file.exists():
+
+def _write_job(store: Store, run_id: int, run: dict[str, Any], files: _RunFiles, group_size: int) -> float:
+    """The worker's job.json (target, params, where to write its result and progress), stale outputs cleared;
+    returns the run's timeout in seconds."""
+    params = dict(run["params"])
+    target = params.pop("_target", None) or TARGETS[run["kind"]]
+    timeout_s = float(params.pop("_timeout_s", DEFAULT_TIMEOUT_S))
+    files.workdir.mkdir(parents=True, exist_ok=True)
+    params.setdefault("artifacts_dir", str(files.workdir))
+    params.setdefault("db", str(store.path))
+    for stale in (files.result, files.error, files.progress):
+        stale.unlink(missing_ok=True)
+    files.log.write_bytes(b"")
+    job = {"run_id": run_id, "target": target, "params": params, "result_file": str(files.result),
+           "progress_file": str(files.progress)}
+    if group_size > 1:
+        job["device_phases"] = {"device": run["device"], "group_size": group_size}
+    files.spec.write_text(json.dumps(job))
+    return timeout_s
+
+
+def _watch(store: Store, run_id: int, worker: _FreshWorker | _ForkedWorker, files: _RunFiles, timeout_s: float,
+           report: Callable[[float, str], None]) -> _Exit:
+    """Tail the worker's progress into the store until it exits, dies with its fork server, or runs out of time."""
+    progress_lines = _Tail(files.progress)
+    deadline = time.monotonic() + timeout_s
+    last_write = 0.0
+    pending: tuple[float, str] | None = None
+    outcome = _Exit()
+    while True:
         try:
-            result = RunResult.from_json(result_file.read_text())
+            outcome.returncode = worker.poll()
+        except ForkServerError as exc:  # the server died: its child (our run) died with it
+            outcome.lost = str(exc)
+        finished = outcome.returncode is not None or outcome.lost is not None
+        for line in progress_lines.new_lines():
+            try:
+                msg = json.loads(line)
+                pending = (float(msg["progress"]), str(msg["message"]))
+                report(*pending)
+            except (ValueError, KeyError, TypeError):
+                continue
+        # Throttled: the dashboard polls about once a second; more writes only contend for the file lock.
+        if pending and time.monotonic() - last_write > 0.5:
+            store.update_progress(run_id, *pending)
+            last_write, pending = time.monotonic(), None
+        if finished:
+            return outcome
+        if time.monotonic() > deadline:
+            worker.kill()
+            return _Exit(worker.wait_killed(), timed_out=True)
+        time.sleep(0.05)
+
+
+def _record(store: Store, run_id: int, outcome: _Exit, files: _RunFiles, timeout_s: float) -> str:
+    """Store the worker's result (status ok) or why there is none (status failed, with the log's tail)."""
+    if outcome.lost is not None:
+        tail = _tail(files.log)
+        store.fail_run(run_id, outcome.lost + (f"\n--- last lines of {files.log} ---\n{tail}" if tail else ""))
+        return "failed"
+    if outcome.returncode == 0 and files.result.exists():
+        try:
+            result = RunResult.from_json(files.result.read_text())
         except (ValueError, TypeError) as exc:
             store.fail_run(run_id, f"worker wrote an unreadable result: {exc}")
             return "failed"
-        result.artifacts.append(Artifact(kind="log", name="worker.log", path=str(log_file)))
-        if progress_file.exists():  # the run's phases with their times (see engine.worker)
-            result.artifacts.append(Artifact(kind="log", name="progress.jsonl", path=str(progress_file)))
+        result.artifacts.append(Artifact(kind="log", name="worker.log", path=str(files.log)))
+        if files.progress.exists():  # the run's phases with their times (see engine.worker)
+            result.artifacts.append(Artifact(kind="log", name="progress.jsonl", path=str(files.progress)))
         store.record_result(run_id, result)
-        report(1.0, "done")
         return "ok"
-
-    error = describe_exit(returncode, timed_out, timeout_s)
-    caught = None
-    if error_file.exists() and not timed_out:  # the worker caught an exception and wrote it down
-        try:
-            caught = json.loads(error_file.read_text())
-            error = f"{caught['error']}\n--- traceback (full log: {log_file}) ---\n{caught.get('traceback', '')}"
-        except (ValueError, KeyError, TypeError):
-            caught = None
-    if caught is None:
-        tail = _tail(log_file)
-        if tail:
-            error += f"\n--- last lines of {log_file} ---\n{tail}"
-    store.fail_run(run_id, error)
-    report(1.0, "failed")
+    store.fail_run(run_id, _failure(outcome, files, timeout_s))
     return "failed"
+
+
+def _failure(outcome: _Exit, files: _RunFiles, timeout_s: float) -> str:
+    """Why a worker left no result: the exception it wrote down, else how it exited and its log's last lines."""
+    error = describe_exit(outcome.returncode, outcome.timed_out, timeout_s)
+    if files.error.exists() and not outcome.timed_out:  # the worker caught an exception and wrote it down
+        try:
+            caught = json.loads(files.error.read_text())
+            return f"{caught['error']}\n--- traceback (full log: {files.log}) ---\n{caught.get('traceback', '')}"
+        except (ValueError, KeyError, TypeError):
+            pass
+    tail = _tail(files.log)
+    return error + (f"\n--- last lines of {files.log} ---\n{tail}" if tail else "")
 
 
 def run_jobs(store: Store, run_ids: Sequence[int], on_progress: OnProgress | None = None,
@@ -498,19 +543,12 @@ def spread(devices: Sequence[str], count: int) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Supervise queued runs one after another, in the order given (no planning: see engine.plan)."""
     parser = argparse.ArgumentParser(prog="python -m engine.jobs", description="Supervise queued runs (internal).")
     parser.add_argument("--db", required=True)
     parser.add_argument("run_ids", nargs="+", type=int)
     args = parser.parse_args(argv)
-    store = Store(args.db)
-    slots, order = 1, list(args.run_ids)
-    runs = [store.run(i) for i in args.run_ids]
-    if len(runs) > 1 and all(r is not None and r["kind"] == "llm" for r in runs):
-        from engine.llm.group import plan_group  # an LLM group from the dashboard runs as `llm --mode all` does
-
-        slots, order, why = plan_group(store, args.run_ids)
-        print(f"{len(order)} LLM runs; preparing {why}; timing one at a time", flush=True)
-    statuses = run_jobs(store, order, prepare_parallel=slots)
+    statuses = run_jobs(Store(args.db), args.run_ids)
     print(json.dumps(statuses))
     return 0 if all(s == "ok" for s in statuses.values()) else 1
 

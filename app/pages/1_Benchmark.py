@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
-import sys
 import uuid
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import streamlit as st
 
-import streamlit as st  # noqa: E402
-
-from app import charts, explain_view, queries  # noqa: E402
-from app.common import (  # noqa: E402
+from app import charts, explain_view, queries
+from app.common import (
     device_info, first_line, flash, fmt_time, fmt_us, get_store, model_field, page_header, parse_batch_sizes,
     show_flash, submit, watch_active_runs,
 )
-from engine.explain import first_use as first_use_caches  # noqa: E402
-from engine.jobs import JobSpec  # noqa: E402
-from engine.modes import MODES  # noqa: E402
-from engine.report import run_timeline, with_speedup  # noqa: E402
-from engine.workloads import get_workload  # noqa: E402
-from engine.workloads.user_model import BENCH_TARGET  # noqa: E402
+from engine.explain import first_use as first_use_caches
+from engine.jobs import JobSpec
+from engine.modes import MODES
+from engine.report import run_timeline, with_speedup
+from engine.workloads import get_workload
+from engine.workloads.user_model import BENCH_TARGET
 
 WORKLOAD = "house_price"
 PHASE_LABELS = {"infer": "Inference (forward, no_grad)", "train": "Training step (fwd + bwd + Adam)"}

@@ -4,27 +4,22 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import streamlit as st
 
-import streamlit as st  # noqa: E402
-
-from app import charts  # noqa: E402
-from app.common import (  # noqa: E402
+from app import charts
+from app.common import (
     device_info, first_line, flash, get_store, page_header, show_flash, submit, watch_active_runs,
 )
-from engine.data import FEATURE_BY_NAME, FEATURES, DatasetError, load_housing_csv, validate_features  # noqa: E402
-from engine.jobs import JobSpec  # noqa: E402
-from engine.modes import MODES  # noqa: E402
-from engine.predict import (  # noqa: E402
+from engine.data import FEATURE_BY_NAME, FEATURES, DatasetError, load_housing_csv, validate_features
+from engine.jobs import JobSpec
+from engine.modes import MODES
+from engine.predict import (
     InvalidInputError, TrainedModel, WeightLoadError, list_weights, load_trained, predict, price_curve,
 )
-from engine.train import models_dir  # noqa: E402
+from engine.train import models_dir
 
 st.set_page_config(page_title="Predict · Mode Lab", layout="wide")
 store = get_store()

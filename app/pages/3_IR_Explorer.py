@@ -3,29 +3,24 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import pandas as pd
+import plotly.express as px
+import streamlit as st
 
-import pandas as pd  # noqa: E402
-import plotly.express as px  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from app.common import (  # noqa: E402
+from app.common import (
     first_line, flash, fmt_time, get_store, model_field, page_header, show_flash, submit, watch_active_runs,
 )
-from engine.ir import zoo  # noqa: E402
-from engine.ir.errors import IRError, WeightLoadError  # noqa: E402
-from engine.ir.graph import IR  # noqa: E402
-from engine.ir.mermaid import MermaidGraph, default_view, module_depth, modules_at, short_op, to_mermaid  # noqa: E402
-from engine.ir.runs import (  # noqa: E402
+from engine.ir import zoo
+from engine.ir.errors import IRError, WeightLoadError
+from engine.ir.graph import IR
+from engine.ir.mermaid import MermaidGraph, default_view, module_depth, modules_at, short_op, to_mermaid
+from engine.ir.runs import (
     extract_run, extract_spec, extractions, verifications, verify_refusal, verify_spec,
 )
-from engine.ir.serialize import load_ir  # noqa: E402
+from engine.ir.serialize import load_ir
 
 GRAPH_HEIGHT = 640
 # The mermaid bundle of streamlit-mermaid-interactive, as the Streamlit server serves it (no network needed).

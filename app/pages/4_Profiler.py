@@ -2,31 +2,26 @@
 
 from __future__ import annotations
 
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+import streamlit as st
 
-import pandas as pd  # noqa: E402
-import plotly.express as px  # noqa: E402
-import plotly.graph_objects as go  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from app.common import (  # noqa: E402
+from app.common import (
     device_info, first_line, flash, fmt_time, fmt_us, get_store, model_field, page_header, show_flash, submit,
     watch_active_runs,
 )
-from engine.jobs import JobSpec  # noqa: E402
-from engine.modes import MODES  # noqa: E402
-from engine.profiling import ncu  # noqa: E402
-from engine.profiling.op_stats import comparable_kinds, compare, compare_metrics, short_name  # noqa: E402
-from engine.profiling.profile import default_phases  # noqa: E402
-from engine.workloads import get_workload  # noqa: E402
-from engine.workloads.user_model import PROFILE_TARGET  # noqa: E402
+from engine.jobs import JobSpec
+from engine.modes import MODES
+from engine.profiling import ncu
+from engine.profiling.op_stats import comparable_kinds, compare, compare_metrics, short_name
+from engine.profiling.profile import default_phases
+from engine.workloads import get_workload
+from engine.workloads.user_model import PROFILE_TARGET
 
 WORKLOAD = "house_price"
 PHASE_LABELS = {"train": "Training step (fwd + bwd + Adam)", "infer": "Inference (forward, no_grad)"}

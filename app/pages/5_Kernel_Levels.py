@@ -3,25 +3,20 @@ against the naive module, timed, and placed on a roofline under this device's me
 
 from __future__ import annotations
 
-import sys
 import uuid
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import pandas as pd
+import streamlit as st
 
-import pandas as pd  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from app import level_charts, queries  # noqa: E402
-from app.common import (  # noqa: E402
+from app import level_charts, queries
+from app.common import (
     device_info, first_line, flash, fmt_time, fmt_us, get_store, page_header, show_flash, submit, watch_active_runs,
 )
-from engine.ceilings import CEILINGS, dtype_key, latest_ceilings  # noqa: E402
-from engine.jobs import JobSpec  # noqa: E402
-from engine.levels import COMPONENTS, LEVELS  # noqa: E402
-from engine.levels.results import level_results, stage_results  # noqa: E402
+from engine.ceilings import CEILINGS, dtype_key, latest_ceilings
+from engine.jobs import JobSpec
+from engine.levels import COMPONENTS, LEVELS
+from engine.levels.results import level_results, stage_results
+from engine.store import REPO_ROOT
 
 st.set_page_config(page_title="Kernel Levels · Mode Lab", layout="wide")
 store = get_store()
@@ -185,7 +180,7 @@ for tab, key in zip(tabs, level_keys):
     with tab:
         st.caption(LEVELS[key].description)
         for rel in LEVELS[key].sources(component):
-            path = ROOT / rel
+            path = REPO_ROOT / rel
             with st.expander(rel, expanded=False):
                 if path.exists():
                     st.code(path.read_text(), language="cpp" if path.suffix in (".cu", ".cpp", ".cuh") else "python")

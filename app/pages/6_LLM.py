@@ -3,33 +3,27 @@ breakdowns, a roofline of sweeps, two runs side by side and the report."""
 
 from __future__ import annotations
 
-import sys
 import uuid
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import numpy as np
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+import streamlit as st
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import plotly.express as px  # noqa: E402
-import plotly.graph_objects as go  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from app.common import (  # noqa: E402
+from app.common import (
     device_info, first_line, flash, fmt_time, get_store, page_header, show_flash, submit, watch_active_runs,
 )
-from engine.jobs import JobSpec  # noqa: E402
-from engine.llm import metrics as llm_metrics  # noqa: E402
-from engine.llm.report import (  # noqa: E402
+from engine.jobs import JobSpec
+from engine.llm import metrics as llm_metrics
+from engine.llm.report import (
     REPORT_FILES, bound_sentences, ceiling_text, fmt_num, fmt_pct, from_store,
     fmt_time as fmt_duration, headline, llm_runs, peak_key,
     report_files, roofline_points, top_operators,
 )
-from engine.profiling.op_stats import short_name  # noqa: E402
-from engine.workloads.llama import PRESETS  # noqa: E402
+from engine.profiling.op_stats import short_name
+from engine.workloads.llama import PRESETS
 
 SWEEP_PARAMS = {"none": None, "batch B": ("batch", "1, 2, 4, 8, 16, 32, 64"),
                 "prompt length P": ("prompt_len", "128, 256, 512, 1024, 2048, 4096")}

@@ -86,15 +86,15 @@ def test_plan_group_orders_compiling_modes_first_and_leaves_other_kinds_alone(st
 
 
 def test_the_dashboards_supervisor_plans_an_llm_group(store: Store, capsys: pytest.CaptureFixture) -> None:
-    """`python -m engine.jobs` (what the LLM page's Run starts, detached) plans a group of LLM runs as the CLI does."""
-    from engine import jobs
+    """`python -m engine.plan` (what the LLM page's Run starts, detached) plans a group of LLM runs as the CLI does."""
+    from engine import plan
     from engine.jobs import JobSpec, create_runs
     from engine.llm.run import LLMConfig, params_of
 
     small = dict(preset="tiny", prompt_len=8, new_tokens=3, prefill_iters=2, decode_passes=1, profile=False)
     ids = create_runs(store, [JobSpec("llm", "llama-tiny", m, "cpu", params_of(LLMConfig(mode=m, **small)))
                               for m in ("eager", "sdpa-math")])
-    assert jobs.main(["--db", str(store.path), *map(str, ids)]) == 0
+    assert plan.main(["--db", str(store.path), *map(str, ids)]) == 0
     assert "2 LLM runs; preparing one run at a time on the CPU" in capsys.readouterr().out
     assert {store.run(i)["status"] for i in ids} == {"ok"}
 
