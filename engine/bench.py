@@ -20,10 +20,10 @@ from engine.caches import cache_metrics, counter_snapshot
 from engine.checks import compare
 from engine.envinfo import capture_env
 from engine.modes import Mode, Prepared, get_mode
-from engine.native.build import take_build_events
 from engine.modes.base import TRAIN_LR
+from engine.native.build import take_build_events
 from engine.store import Artifact, Metric, RunResult, Samples
-from engine.timing import time_blocks, time_first_call, time_fn
+from engine.timing import Measurement, time_blocks, time_first_call, time_fn
 from engine.workloads import Workload, get_workload
 
 Progress = Callable[[float, str], None]
@@ -131,6 +131,30 @@ def _first_call_message(mode: Mode, phase: str, batch_size: int) -> str:
     return f"{mode.name} {phase} B={batch_size}: {what}"
 
 
+@dataclass
+class _Counters:
+    """Process-wide counters at the start of a phase: what the phase compiled is the difference at its end."""
+    graphs: int
+    breaks: int
+    caches: dict[str, int]
+
+    @classmethod
+    def snapshot(cls) -> _Counters:
+        graphs, breaks = _dynamo_counts()
+        return cls(graphs, breaks, counter_snapshot())
+
+
+@dataclass
+class _Checked:
+    """A phase's step, checked against eager and timed."""
+    step: Callable[[], torch.Tensor]  # one call (infer, run under no_grad) or one training step
+    prepared: Prepared
+    first_us: float
+    max_abs: float
+    max_rel: float
+    timed: Measurement
+
+
 def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, phase: str, batch_size: int,
                 cfg: BenchConfig, result: RunResult, progress: Progress, frac: tuple[float, float]) -> None:
     device = cfg.device
@@ -138,57 +162,86 @@ def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, pha
     lo, hi = frac
     progress(lo, f"{mode.name} {phase} B={batch_size}: preparing" + (" (export + compile unless cached)"
                                                                       if mode.name == "aoti" else ""))
-    tag = dict(phase=phase, batch_size=batch_size)
-    graphs_before, breaks_before = _dynamo_counts()
-    caches_before = counter_snapshot()
+    before = _Counters.snapshot()
     take_build_events()  # start this phase with an empty record of native builds
-
     if phase == "infer":
-        reference_model = copy.deepcopy(base_model).eval()
-        model = copy.deepcopy(base_model).eval()
-        with torch.no_grad():
-            expected = reference_model(*inputs)
-            prepared = mode.prepare(model, inputs, False)
-
-            def call() -> torch.Tensor:
-                if prepared.before_step:
-                    prepared.before_step()
-                return prepared.fn(*inputs)
-
-            progress(lo + 0.05 * (hi - lo), _first_call_message(mode, phase, batch_size))
-            with nvtx_ranges.range(f"first_call {phase} B={batch_size}"):
-                first_out: list[torch.Tensor] = []
-                first_us = time_first_call(lambda: first_out.append(call().clone()), device)
-            max_abs, max_rel = compare(first_out[0], expected, workload.rtol, workload.atol,
-                                       f"{mode.name} inference at batch {batch_size}")
-            progress(lo + 0.2 * (hi - lo), f"{phase} B={batch_size}: timing")
-            with nvtx_ranges.range(f"timed {phase} B={batch_size}"):
-                m = time_fn(call, device, warmup=cfg.warmup, iters=cfg.iters, first_call=False)
+        checked = _check_and_time_infer(workload, mode, base_model, inputs, batch_size, cfg, progress, frac)
     else:
-        # Correctness: one step from identical weights, in eager and in the mode, must give the same loss and weights.
-        reference_model = copy.deepcopy(base_model).train()
-        model = copy.deepcopy(base_model).train()
-        ref_step, _ = _train_step_fn(reference_model, reference_model, workload, inputs, target, None)
-        expected_loss = ref_step().detach()
-        prepared = mode.prepare(model, inputs, True)
-        step = mode_train_step(prepared, model, workload, inputs, target)
+        checked = _check_and_time_train(workload, mode, base_model, inputs, target, batch_size, cfg, progress, frac)
+    extra = _extra_metrics(checked, workload, phase, batch_size, cfg, progress, frac)
+    _record_phase(result, checked, extra, mode, phase, batch_size, before)
+    _keep_artifacts(result, checked.prepared, cfg)
+    for note in checked.prepared.notes:
+        if note not in result.notes:
+            result.notes.append(note)
+
+
+def _check_and_time_infer(workload: Workload, mode: Mode, base_model: torch.nn.Module, inputs: tuple,
+                          batch_size: int, cfg: BenchConfig, progress: Progress,
+                          frac: tuple[float, float]) -> _Checked:
+    """Prepare the mode on a fresh copy, time its first call, compare that output with eager, then time it."""
+    phase, device = "infer", cfg.device
+    lo, hi = frac
+    reference_model = copy.deepcopy(base_model).eval()
+    model = copy.deepcopy(base_model).eval()
+    with torch.no_grad():
+        expected = reference_model(*inputs)
+        prepared = mode.prepare(model, inputs, False)
+
+        def call() -> torch.Tensor:
+            if prepared.before_step:
+                prepared.before_step()
+            return prepared.fn(*inputs)
+
         progress(lo + 0.05 * (hi - lo), _first_call_message(mode, phase, batch_size))
         with nvtx_ranges.range(f"first_call {phase} B={batch_size}"):
-            losses: list[torch.Tensor] = []
-            first_us = time_first_call(lambda: losses.append(step().detach().clone()), device)
-        what = f"{mode.name} training step at batch {batch_size}"
-        max_abs, max_rel = compare(losses[0], expected_loss, workload.rtol, workload.atol, what + " (loss)")
-        for (name, p), (_, p_ref) in zip(model.named_parameters(), reference_model.named_parameters()):
-            a, r = compare(p, p_ref, workload.rtol, workload.atol, f"{what} (weight {name} after the step)")
-            max_abs, max_rel = max(max_abs, a), max(max_rel, r)
+            first_out: list[torch.Tensor] = []
+            first_us = time_first_call(lambda: first_out.append(call().clone()), device)
+        max_abs, max_rel = compare(first_out[0], expected, workload.rtol, workload.atol,
+                                   f"{mode.name} inference at batch {batch_size}")
         progress(lo + 0.2 * (hi - lo), f"{phase} B={batch_size}: timing")
         with nvtx_ranges.range(f"timed {phase} B={batch_size}"):
-            m = time_fn(step, device, warmup=cfg.warmup, iters=cfg.iters, first_call=False)
+            m = time_fn(call, device, warmup=cfg.warmup, iters=cfg.iters, first_call=False)
+    return _Checked(call, prepared, first_us, max_abs, max_rel, m)
+
+
+def _check_and_time_train(workload: Workload, mode: Mode, base_model: torch.nn.Module, inputs: tuple,
+                          target: torch.Tensor, batch_size: int, cfg: BenchConfig, progress: Progress,
+                          frac: tuple[float, float]) -> _Checked:
+    """The mode's training step on a fresh copy: its first step against eager's (loss and every weight), then timed."""
+    phase, device = "train", cfg.device
+    lo, hi = frac
+    # Correctness: one step from identical weights, in eager and in the mode, must give the same loss and weights.
+    reference_model = copy.deepcopy(base_model).train()
+    model = copy.deepcopy(base_model).train()
+    ref_step, _ = _train_step_fn(reference_model, reference_model, workload, inputs, target, None)
+    expected_loss = ref_step().detach()
+    prepared = mode.prepare(model, inputs, True)
+    step = mode_train_step(prepared, model, workload, inputs, target)
+    progress(lo + 0.05 * (hi - lo), _first_call_message(mode, phase, batch_size))
+    with nvtx_ranges.range(f"first_call {phase} B={batch_size}"):
+        losses: list[torch.Tensor] = []
+        first_us = time_first_call(lambda: losses.append(step().detach().clone()), device)
+    what = f"{mode.name} training step at batch {batch_size}"
+    max_abs, max_rel = compare(losses[0], expected_loss, workload.rtol, workload.atol, what + " (loss)")
+    for (name, p), (_, p_ref) in zip(model.named_parameters(), reference_model.named_parameters()):
+        a, r = compare(p, p_ref, workload.rtol, workload.atol, f"{what} (weight {name} after the step)")
+        max_abs, max_rel = max(max_abs, a), max(max_rel, r)
+    progress(lo + 0.2 * (hi - lo), f"{phase} B={batch_size}: timing")
+    with nvtx_ranges.range(f"timed {phase} B={batch_size}"):
+        m = time_fn(step, device, warmup=cfg.warmup, iters=cfg.iters, first_call=False)
+    return _Checked(step, prepared, first_us, max_abs, max_rel, m)
+
+
+def _extra_metrics(checked: _Checked, workload: Workload, phase: str, batch_size: int, cfg: BenchConfig,
+                   progress: Progress, frac: tuple[float, float]) -> list[Metric]:
+    """Blocks of back-to-back calls (loop_*, when cfg.loop says so), then the mode's own extra metrics."""
+    device = cfg.device
+    lo, hi = frac
     loop = cfg.loop if cfg.loop is not None else device.startswith("cuda")
     if loop:
         with torch.set_grad_enabled(phase == "train"), nvtx_ranges.range(f"timed blocks {phase} B={batch_size}"):
-            blocks = time_blocks(call if phase == "infer" else step, device, block=cfg.loop_block,
-                                 reps=cfg.loop_reps)
+            blocks = time_blocks(checked.step, device, block=cfg.loop_block, reps=cfg.loop_reps)
     _sync(device)
     extra: list[Metric] = []
     if loop:
@@ -196,29 +249,41 @@ def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, pha
         for name in ("median", "p10", "p90"):
             extra.append(Metric(f"loop_{name}", getattr(bstats, name), "us"))
         extra.append(Metric("loop_block", float(cfg.loop_block), "calls"))
+    prepared = checked.prepared
     if prepared.extra_metrics:  # e.g. aoti's native runner: timed after, so the two never share the machine
         progress(lo + 0.8 * (hi - lo), f"{phase} B={batch_size}: extra metrics")
         extra += prepared.extra_metrics(warmup=cfg.warmup, iters=cfg.iters, rtol=workload.rtol, atol=workload.atol)
+    return extra
 
+
+def _record_phase(result: RunResult, checked: _Checked, extra: list[Metric], mode: Mode, phase: str,
+                  batch_size: int, before: _Counters) -> None:
+    """The phase's samples and metrics (timing, first call, errors, throughput, extra, caches, recompiles)."""
+    tag = dict(phase=phase, batch_size=batch_size)
+    m = checked.timed
     stats = m.stats
     result.samples.append(Samples(phase=phase, batch_size=batch_size, values=m.samples_us, unit="us"))
     for name in ("median", "p10", "p90", "p25", "p75", "iqr", "mean", "std", "min", "max"):
         result.metrics.append(Metric(name, getattr(stats, name), "us", **tag))
-    result.metrics.append(Metric("first_call", first_us, "us", **tag))
-    result.metrics.append(Metric("max_abs_err", max_abs, "", **tag))
-    result.metrics.append(Metric("max_rel_err", max_rel, "", **tag))
+    result.metrics.append(Metric("first_call", checked.first_us, "us", **tag))
+    result.metrics.append(Metric("max_abs_err", checked.max_abs, "", **tag))
+    result.metrics.append(Metric("max_rel_err", checked.max_rel, "", **tag))
     result.metrics.append(Metric("throughput", batch_size / (stats.median * 1e-6), "samples/s", **tag))
     for metric in extra:
         result.metrics.append(Metric(metric.name, metric.value, metric.unit, **tag))
-    for metric in cache_metrics(caches_before, counter_snapshot(), take_build_events()):
+    for metric in cache_metrics(before.caches, counter_snapshot(), take_build_events()):
         result.metrics.append(Metric(metric.name, metric.value, metric.unit, **tag))
     if mode.compiles:
         graphs_after, breaks_after = _dynamo_counts()
-        graphs = graphs_after - graphs_before
+        graphs = graphs_after - before.graphs
         # One graph per phase is expected (backward is compiled with the forward); more means dynamo recompiled.
         result.metrics.append(Metric("graphs_compiled", graphs, "", **tag))
         result.metrics.append(Metric("recompiles", max(0, graphs - 1), "", **tag))
-        result.metrics.append(Metric("graph_breaks", breaks_after - breaks_before, "", **tag))
+        result.metrics.append(Metric("graph_breaks", breaks_after - before.breaks, "", **tag))
+
+
+def _keep_artifacts(result: RunResult, prepared: Prepared, cfg: BenchConfig) -> None:
+    """The mode's text artifacts and files, copied under cfg.artifacts_dir once per run."""
     for name, text in prepared.artifacts.items():
         if cfg.artifacts_dir and not any(a.name == name for a in result.artifacts):
             path = Path(cfg.artifacts_dir) / name
@@ -231,9 +296,6 @@ def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, pha
             path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, path)
             result.artifacts.append(Artifact(kind="file", name=name, path=str(path)))
-    for note in prepared.notes:
-        if note not in result.notes:
-            result.notes.append(note)
 
 
 def bench_mode(cfg: BenchConfig, progress: Progress = lambda f, msg: None) -> RunResult:
@@ -267,7 +329,38 @@ def bench_mode(cfg: BenchConfig, progress: Progress = lambda f, msg: None) -> Ru
 
 
 def bench_job(params: dict, progress: Progress) -> RunResult:
-    """Job-runner entry point (engine.jobs calls this in a worker process)."""
+    """Job-runner entry point (engine.jobs calls this in a worker process). With a `model` param, your own nn.Module
+    (engine.workloads.user_model) is the workload."""
+    if params.get("model"):
+        return user_model_job(params, progress, _bench_params)
+    return _bench_params(params, progress)
+
+
+def _bench_params(params: dict, progress: Progress) -> RunResult:
     known = set(BenchConfig.__dataclass_fields__)
     cfg = BenchConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in params.items() if k in known})
     return bench_mode(cfg, progress)
+
+
+def user_model_job(params: dict, progress: Progress, run: Callable[[dict, Progress], RunResult]) -> RunResult:
+    """A bench or profile job (`run`) on the user model of params["model"]: registered in this worker and exported to
+    its child processes (Nsight Compute, depyf) first. A failure is one line naming the model; the model's notes (which
+    output is timed, say) join the result's."""
+    from engine.workloads import register_user_model
+    from engine.workloads.user_model import ModelSpec, UserModelError, export_to_children, one_line
+
+    spec = ModelSpec.from_params(params)
+    if spec is None:
+        raise UserModelError("the job has no 'model' parameter")
+    export_to_children(spec)
+    progress(0.0, f"importing {spec.model}")
+    prepared = register_user_model(spec)
+    mode = params.get("mode", "?")
+    try:
+        result = run({**params, "workload": prepared.workload.name}, progress)
+    except Exception as exc:  # noqa: BLE001 - the mode's own reason, as one readable line (the log keeps the rest)
+        raise RuntimeError(f"{mode} failed on {spec.model}: {one_line(exc)}") from exc
+    for note in prepared.notes:
+        if note not in result.notes:
+            result.notes.append(note)
+    return result

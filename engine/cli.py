@@ -15,7 +15,7 @@ from engine.store import Store, StoreError, default_db_path
 
 # Modules that contribute subcommands (profiling, IR, …); each defines add_commands(subparsers, add_common_args).
 COMMAND_MODULES: list[str] = ["engine.profiling.cli", "engine.ir.cli", "engine.levels.cli", "engine.llm.cli",
-                               "engine.explain_cli"]
+                               "engine.explain_cli", "engine.compare_cli"]
 
 
 class CliError(Exception):
@@ -156,12 +156,13 @@ def user_model(args: argparse.Namespace, *, probe: bool = True):
         if getattr(args, "inputs", None):
             raise CliError("--inputs needs --model (the lab's workloads bring their own inputs)")
         return None
-    from engine.workloads.user_model import UserModelError, build_inputs, register, spec_from_args
+    from engine.workloads import register_user_model
+    from engine.workloads.user_model import UserModelError, build_inputs, spec_from_args
 
     sizes = [*(getattr(args, "batch_sizes", None) or ()), *(getattr(args, "train_batch_sizes", None) or ()),
              *([args.batch_size] if getattr(args, "batch_size", None) else [])]
     try:
-        prepared = register(spec_from_args(args), probe=probe)
+        prepared = register_user_model(spec_from_args(args), probe=probe)
         for size in dict.fromkeys(sizes):  # fixed-shape inputs take only their own batch size
             build_inputs(prepared.resolved, size, "meta")
     except UserModelError as exc:
@@ -251,8 +252,7 @@ def _bench(args: argparse.Namespace, devices: list[str], launcher) -> int:
     if args.loop != "auto":
         params["loop"] = args.loop == "on"
     lanes = spread(devices, len(modes))
-    target = "engine.workloads.user_model:bench_job" if mine else None
-    specs = [JobSpec("bench", workload, m.name, d, {**params, "mode": m.name, "device": d}, target=target,
+    specs = [JobSpec("bench", workload, m.name, d, {**params, "mode": m.name, "device": d},
                      timeout_s=args.timeout) for m, d in zip(modes, lanes)]
     ids = create_runs(store, specs, group_id=uuid.uuid4().hex[:12])
     bars = _Bars({i: f"bench {m.name}" + (f" {d}" if len(devices) > 1 else "") for i, m, d in zip(ids, modes, lanes)})
@@ -428,10 +428,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m engine", description="Mode Lab engine: benchmark, train and "
                                      "predict with PyTorch execution modes; every run lands in DuckDB.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
+    for add in (_add_bench, _add_train, _add_predict, _add_runs, _add_sql, _add_data, _add_ceilings, _add_merge,
+                _add_env):
+        add(sub)
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--db", default=None, help=f"results database (default: $RESULTS_DB or {default_db_path()})")
+    # Feature areas keep their commands beside their code: each module has add_commands(sub, add_common_args).
+    import importlib
 
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).add_commands(sub, add_common_args)
+    return parser
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    """Arguments every command that opens the store takes: --db."""
+    p.add_argument("--db", default=None, help=f"results database (default: $RESULTS_DB or {default_db_path()})")
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark execution modes (each in a worker process)")
     p.add_argument("--workload", default=None, help="a lab workload (default: house_price); or see --model")
     p.add_argument("--mode", default="all", help="'all' or a comma list, e.g. eager,fx,compile (default: all)")
@@ -449,10 +463,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time blocks of 20 back-to-back calls, one event pair per block (metrics loop_*): "
                         "the step time a loop sees without per-call event cost (default: auto = on CUDA only)")
     p.add_argument("--timeout", type=_positive_float, default=1800, help="seconds before a run counts as hung")
-    common(p)
+    add_common_args(p)
     add_model_args(p)
     p.set_defaults(func=cmd_bench)
 
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train the house-price model in one mode and save its weights")
     p.add_argument("--mode", default="eager")
     p.add_argument("--device", type=_device, default="cpu")
@@ -461,9 +477,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=_positive_float, default=1e-3)
     p.add_argument("--csv", default=None, help="training CSV (default: the embedded data/housing.csv)")
     p.add_argument("--timeout", type=_positive_float, default=1800)
-    common(p)
+    add_common_args(p)
     p.set_defaults(func=cmd_train)
 
+
+def _add_predict(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="predict a price with trained weights")
     p.add_argument("--mode", default="eager", help="which trained weights to use")
     from engine.data import FEATURES
@@ -471,51 +489,56 @@ def build_parser() -> argparse.ArgumentParser:
     for spec in FEATURES:
         p.add_argument(f"--{spec.name.replace('_', '-')}", dest=spec.name, type=float, required=True,
                        help=f"{spec.label} ({spec.unit}); trained on {spec.train_min:g}–{spec.train_max:g}")
-    common(p)
+    add_common_args(p)
     p.set_defaults(func=cmd_predict)
 
+
+def _add_runs(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help="list recent runs")
     p.add_argument("--kind", default=None)
     p.add_argument("--status", choices=["queued", "running", "ok", "failed"], default=None)
     p.add_argument("--limit", type=_positive_int, default=30)
-    common(p)
+    add_common_args(p)
     p.set_defaults(func=cmd_runs)
 
+
+def _add_sql(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sql", help="run a read-only SQL query against the store")
     p.add_argument("query")
-    common(p)
+    add_common_args(p)
     p.set_defaults(func=cmd_sql)
 
+
+def _add_data(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("data", help="write the embedded synthetic housing dataset (data/housing.csv)")
     p.add_argument("--out", default=None)
     p.add_argument("--rows", type=_positive_int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_data)
 
+
+def _add_ceilings(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ceilings", help="measure this device's ceilings (copy bandwidth, matmul rates, launch "
                        "latency) that every %% of peak divides by")
     p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     p.add_argument("--quick", action="store_true", help="smaller sizes (tests); not for reported figures")
     p.add_argument("--show", action="store_true", help="print the stored ceilings, measure nothing")
     p.add_argument("--timeout", type=_positive_float, default=600)
-    common(p)
+    add_common_args(p)
     p.set_defaults(func=cmd_ceilings)
 
+
+def _add_merge(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("merge", help="copy every finished run of other stores into this one (ids remapped, "
                        "environments kept; merging twice copies nothing new)")
     p.add_argument("other", nargs="+", help="another results .duckdb file (opened read-only)")
-    common(p)
+    add_common_args(p)
     p.set_defaults(func=cmd_merge)
 
+
+def _add_env(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("env", help="print the environment a run would record")
     p.set_defaults(func=cmd_env)
-
-    # Feature areas keep their commands beside their code: each module has add_commands(sub, common).
-    import importlib
-
-    for module in COMMAND_MODULES:
-        importlib.import_module(module).add_commands(sub, common)
-    return parser
 
 
 def _leave_now(code: int) -> None:

@@ -38,6 +38,9 @@ from engine.store import REPO_ROOT, Artifact, RunResult, Store
 TARGETS = {"bench": "engine.bench:bench_job", "train": "engine.train:train_job",
            "profile": "engine.profiling.profile:profile_job", "ceilings": "engine.ceilings:ceilings_job",
            "levels": "engine.levels.run:levels_job", "llm": "engine.llm.run:llm_job"}
+# Entry points that moved; runs queued under the old names still start.
+MOVED_TARGETS = {"engine.workloads.user_model:bench_job": "engine.bench:bench_job",
+                 "engine.workloads.user_model:profile_job": "engine.profiling.profile:profile_job"}
 DEFAULT_TIMEOUT_S = 1800.0
 # The detached supervisor `submit` starts: the group planner's entry point. Named, like TARGETS, never imported —
 # the runner knows nothing of how a group is planned.
@@ -380,6 +383,7 @@ def _write_job(store: Store, run_id: int, run: dict[str, Any], files: _RunFiles,
     returns the run's timeout in seconds."""
     params = dict(run["params"])
     target = params.pop("_target", None) or TARGETS[run["kind"]]
+    target = MOVED_TARGETS.get(target, target)
     timeout_s = float(params.pop("_timeout_s", DEFAULT_TIMEOUT_S))
     files.workdir.mkdir(parents=True, exist_ok=True)
     params.setdefault("artifacts_dir", str(files.workdir))

@@ -15,6 +15,12 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.ir.runs import Extraction
+    from engine.store import Store
+    from engine.workloads.user_model import ModelSpec
 
 
 def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -43,21 +49,45 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
 
 
 def cmd_ir(args: argparse.Namespace) -> int:
-    from engine.cli import CliError, _Bars, _store
-    from engine.ir import zoo
-    from engine.ir.errors import IRError, WeightLoadError
+    from engine.cli import _store
 
     if args.list:
-        for name, zm in zoo.ZOO.items():
-            print(f"{name:15} {zm.description}")
-            for preset in zm.presets:
-                print(f"{'':15}   {preset:10} {zoo.describe(name, preset)}")
-        from engine.workloads.user_model import examples
-
-        print("\nbuilt-in --model examples (your own: --model my_pkg.module:factory --inputs 'float32[B,16]'):")
-        for name, ex in examples().items():
-            print(f"  {name:30} {ex.description}")
+        _print_list()
         return 0
+    user_spec = _check_args(args)
+    store = _store(args)
+    ex = _extract(store, args, user_spec)
+    _write_files(args, ex)
+    status = 0
+    if args.verify:
+        report = _verify(store, args, ex.run_id, user_spec)
+        if report is None:  # the verification run failed (its error is printed)
+            return 1
+        status = 0 if report["ok"] else 1
+    print(f"stored in {store.path} (run {ex.run_id})")
+    return status
+
+
+def _print_list() -> None:
+    """--list: the zoo's models with their presets, then the built-in --model examples."""
+    from engine.ir import zoo
+    from engine.workloads.user_model import examples
+
+    for name, zm in zoo.ZOO.items():
+        print(f"{name:15} {zm.description}")
+        for preset in zm.presets:
+            print(f"{'':15}   {preset:10} {zoo.describe(name, preset)}")
+    print("\nbuilt-in --model examples (your own: --model my_pkg.module:factory --inputs 'float32[B,16]'):")
+    for name, ex in examples().items():
+        print(f"  {name:30} {ex.description}")
+
+
+def _check_args(args: argparse.Namespace) -> ModelSpec | None:
+    """The --model spec, or None for a zoo model; CliError for bad arguments (a bad import path is one line here,
+    before a run is created)."""
+    from engine.cli import CliError
+    from engine.ir import zoo
+
     user_spec = None
     if args.model:
         if args.workload or args.preset:
@@ -66,7 +96,7 @@ def cmd_ir(args: argparse.Namespace) -> int:
 
         try:
             user_spec = spec_from_args(args)
-            resolve(user_spec)  # a bad import path is one line here, before a run is created
+            resolve(user_spec)
         except UserModelError as exc:
             raise CliError(f"--model {args.model}: {exc}") from exc
     elif args.inputs:
@@ -80,8 +110,14 @@ def cmd_ir(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from exc
     if args.depth is not None and args.depth < 0:
         raise CliError("--depth must be 0 (every op) or more")
-    store = _store(args)
-    from engine.ir.runs import extract_run, verify_spec
+    return user_spec
+
+
+def _extract(store: Store, args: argparse.Namespace, user_spec: ModelSpec | None) -> Extraction:
+    """The extraction run, its summary and timings printed."""
+    from engine.cli import CliError
+    from engine.ir.errors import IRError
+    from engine.ir.runs import extract_run
     from engine.workloads.user_model import UserModelError
 
     try:
@@ -92,6 +128,11 @@ def cmd_ir(args: argparse.Namespace) -> int:
     print(f"run {ex.run_id}: {ex.ir.summary()}")
     print(f"export {m['export_s']:.2f} s, conversion {m['convert_s']:.3f} s, JSON {m['json_s']:.3f} s "
           f"({m['json_bytes'] / 1e6:.2f} MB)")
+    return ex
+
+
+def _write_files(args: argparse.Namespace, ex: Extraction) -> None:
+    """--out (the IR JSON) and --mermaid (redrawn at --depth when one is given)."""
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ex.ir_path, args.out)
@@ -105,27 +146,31 @@ def cmd_ir(args: argparse.Namespace) -> int:
         Path(args.mermaid).parent.mkdir(parents=True, exist_ok=True)
         Path(args.mermaid).write_text(text)
         print(f"mermaid: {args.mermaid}")
-    status = 0
-    if args.verify:
-        from engine.jobs import create_runs, run_jobs
 
-        try:
-            spec = verify_spec(store, ex.run_id, seed=args.seed, rtol=args.rtol, atol=args.atol)
-        except WeightLoadError as exc:
-            raise CliError(f"--verify: {exc}") from exc
-        ids = create_runs(store, [spec])
-        label = f"verify {user_spec.model}" if user_spec else f"verify {args.workload}/{args.preset or ''}".rstrip("/")
-        statuses = run_jobs(store, ids, _Bars({ids[0]: label}))
-        run = store.run(ids[0])
-        if statuses[ids[0]] != "ok":
-            print(f"verification run {ids[0]} failed: {run['error']}", file=sys.stderr)
-            return 1
-        report = json.loads(Path(store.artifacts(ids[0]).query("kind == 'verify_report'")["path"].iloc[0]).read_text())
-        for o in report["outputs"]:
-            print(f"  output {o['name']}: {o['dtype']} {o['shape']}  max abs err {o['max_abs_err']:.3g}  "
-                  f"max rel err {o['max_rel_err']:.3g}  {'ok' if o['ok'] else 'MISMATCH ' + o['message']}")
-        verdict = "OK: the IR computes the model's outputs" if report["ok"] else "MISMATCH"
-        print(f"verification run {ids[0]}: {verdict} (rtol {report['rtol']:g}, atol {report['atol']:g})")
-        status = 0 if report["ok"] else 1
-    print(f"stored in {store.path} (run {ex.run_id})")
-    return status
+
+def _verify(store: Store, args: argparse.Namespace, run_id: int, user_spec: ModelSpec | None) -> dict | None:
+    """--verify: run the IR with real weights against the model in a worker and print each output's error. The
+    verification report, or None when the run failed (its error printed)."""
+    from engine.cli import CliError, _Bars
+    from engine.ir.errors import WeightLoadError
+    from engine.ir.runs import verify_spec
+    from engine.jobs import create_runs, run_jobs
+
+    try:
+        spec = verify_spec(store, run_id, seed=args.seed, rtol=args.rtol, atol=args.atol)
+    except WeightLoadError as exc:
+        raise CliError(f"--verify: {exc}") from exc
+    ids = create_runs(store, [spec])
+    label = f"verify {user_spec.model}" if user_spec else f"verify {args.workload}/{args.preset or ''}".rstrip("/")
+    statuses = run_jobs(store, ids, _Bars({ids[0]: label}))
+    run = store.run(ids[0])
+    if statuses[ids[0]] != "ok":
+        print(f"verification run {ids[0]} failed: {run['error']}", file=sys.stderr)
+        return None
+    report = json.loads(Path(store.artifacts(ids[0]).query("kind == 'verify_report'")["path"].iloc[0]).read_text())
+    for o in report["outputs"]:
+        print(f"  output {o['name']}: {o['dtype']} {o['shape']}  max abs err {o['max_abs_err']:.3g}  "
+              f"max rel err {o['max_rel_err']:.3g}  {'ok' if o['ok'] else 'MISMATCH ' + o['message']}")
+    verdict = "OK: the IR computes the model's outputs" if report["ok"] else "MISMATCH"
+    print(f"verification run {ids[0]}: {verdict} (rtol {report['rtol']:g}, atol {report['atol']:g})")
+    return report

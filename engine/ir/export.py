@@ -276,20 +276,36 @@ class _Scope:
         return self.rename[fx_name]
 
 
+@dataclass
+class _Signature:
+    """The placeholders of an ExportedProgram, sorted by what torch.export's graph_signature says they are."""
+    graph_inputs: list[TensorMeta] = field(default_factory=list)
+    weights: dict[str, TensorMeta] = field(default_factory=dict)
+    constants: dict[str, TensorMeta] = field(default_factory=dict)
+    constant_data: dict[str, Any] = field(default_factory=dict)
+    mapping: dict[str, str] = field(default_factory=dict)  # placeholder -> the model's parameter/buffer/constant name
+    kinds: dict[str, str] = field(default_factory=dict)  # weight placeholder -> parameter, buffer, …
+    ph_kind: dict[str, str] = field(default_factory=dict)  # placeholder -> "parameter", "buffer", "constant", "input"
+
+
 def convert(ep: torch.export.ExportedProgram, model_name: str = "model") -> IR:
     """The ExportedProgram's graph as an IR (ConversionError naming the cause when it holds something a static IR
     cannot represent)."""
-    from torch.export.graph_signature import InputKind, OutputKind
+    sig = _read_signature(ep)
+    ctx, top, out_args = _convert_top_graph(ep, sig)
+    graph_outputs = _read_outputs(ep, sig, ctx, top.produced, out_args)
+    return IR(nodes=top.nodes, graph_inputs=sig.graph_inputs, graph_outputs=graph_outputs, weights=sig.weights,
+              weight_name_mapping=sig.mapping, constants=sig.constants, model_name=model_name,
+              constant_data=sig.constant_data, weight_kinds=sig.kinds, module_types=ctx.module_types,
+              torch_version=torch.__version__.split("+")[0], subgraphs=ctx.subgraphs, mutations=ctx.mutations)
 
-    graph = ep.graph
-    placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
-    graph_inputs: list[TensorMeta] = []
-    weights: dict[str, TensorMeta] = {}
-    constants: dict[str, TensorMeta] = {}
-    constant_data: dict[str, Any] = {}
-    mapping: dict[str, str] = {}
-    kinds: dict[str, str] = {}
-    ph_kind: dict[str, str] = {}
+
+def _read_signature(ep: torch.export.ExportedProgram) -> _Signature:
+    """Each placeholder's meta and kind; ConversionError for inputs the IR cannot hold (custom objects, tokens)."""
+    from torch.export.graph_signature import InputKind
+
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    sig = _Signature()
     recorded = getattr(ep, "modelab_constant_data", {}) or {}
     for spec in ep.graph_signature.input_specs:
         name = spec.arg.name
@@ -297,24 +313,24 @@ def convert(ep: torch.export.ExportedProgram, model_name: str = "model") -> IR:
         val = node.meta.get("val") if node is not None else None
         where = f"placeholder {name!r}"
         if spec.kind == InputKind.USER_INPUT:
-            graph_inputs.append(_meta_of(val, name, None, None, where))
-            ph_kind[name] = "input"
+            sig.graph_inputs.append(_meta_of(val, name, None, None, where))
+            sig.ph_kind[name] = "input"
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
-            weights[name] = _meta_of(val, name, None, None, where)
-            mapping[name] = spec.target
-            kinds[name] = ("parameter" if spec.kind == InputKind.PARAMETER
-                           else "buffer" if spec.persistent is not False else "buffer (non-persistent)")
-            ph_kind[name] = "parameter" if spec.kind == InputKind.PARAMETER else "buffer"
+            sig.weights[name] = _meta_of(val, name, None, None, where)
+            sig.mapping[name] = spec.target
+            sig.kinds[name] = ("parameter" if spec.kind == InputKind.PARAMETER
+                               else "buffer" if spec.persistent is not False else "buffer (non-persistent)")
+            sig.ph_kind[name] = "parameter" if spec.kind == InputKind.PARAMETER else "buffer"
         elif spec.kind == InputKind.CONSTANT_TENSOR:
-            constants[name] = _meta_of(val, name, None, None, where)
-            mapping[name] = spec.target
-            ph_kind[name] = "constant"
+            sig.constants[name] = _meta_of(val, name, None, None, where)
+            sig.mapping[name] = spec.target
+            sig.ph_kind[name] = "constant"
             real = ep.constants.get(spec.target)
             if (isinstance(real, torch.Tensor) and real.device.type != "meta"
                     and real.numel() <= MAX_CONSTANT_ELEMENTS and not real.is_complex()):
-                constant_data[name] = encode_data(real.detach().cpu().tolist())
+                sig.constant_data[name] = encode_data(real.detach().cpu().tolist())
             elif spec.target in recorded:  # created on meta in forward: the value given to torch.tensor
-                constant_data[name] = encode_data(recorded[spec.target])
+                sig.constant_data[name] = encode_data(recorded[spec.target])
         elif spec.kind == InputKind.CUSTOM_OBJ:
             raise ConversionError(f"{where} is a custom object ({spec.target}, a TorchBind/ScriptObject): the IR holds "
                                   "tensors only. Fix: keep such objects out of the exported forward")
@@ -322,18 +338,29 @@ def convert(ep: torch.export.ExportedProgram, model_name: str = "model") -> IR:
             raise ConversionError(f"{where} is a {spec.kind.name} input (an effect token: forward calls an op with "
                                   "side effects, such as printing or a custom op with effects), which the IR cannot "
                                   "represent. Fix: keep side-effecting calls out of forward")
+    return sig
 
+
+def _convert_top_graph(ep: torch.export.ExportedProgram, sig: _Signature) -> tuple[_Ctx, _Scope, list[Any]]:
+    """Convert the top graph's ops: (what the conversion shared, the top scope, the output node's arguments)."""
+    graph = ep.graph
     # get_attr nodes (the bodies of higher-order ops) become no IR node: their names stay free for subgraph keys.
     ctx = _Ctx(used={n.name for n in graph.nodes if n.op != "get_attr"}, module_types={}, subgraphs={},
-               placeholders=ph_kind)
-    ctx.alias_root.update({n: n for n in ph_kind})
-    produced: dict[str, Any] = {t.name: t.name for t in graph_inputs}
-    produced.update({n: n for n in weights})
-    produced.update({n: n for n in constants})
+               placeholders=sig.ph_kind)
+    ctx.alias_root.update({n: n for n in sig.ph_kind})
+    produced: dict[str, Any] = {t.name: t.name for t in sig.graph_inputs}
+    produced.update({n: n for n in sig.weights})
+    produced.update({n: n for n in sig.constants})
     top = _Scope(gm=ep.graph_module, produced=produced, nodes=[], prefix="", state={}, top=True)
-    out_args = _convert_graph(top, ctx)
+    return ctx, top, _convert_graph(top, ctx)
 
-    by_target = {v: k for k, v in mapping.items()}
+
+def _read_outputs(ep: torch.export.ExportedProgram, sig: _Signature, ctx: _Ctx, produced: dict[str, Any],
+                  out_args: list[Any]) -> list[str]:
+    """The graph's user outputs (IR tensor names); writes into parameters, buffers or inputs go to ctx.mutations."""
+    from torch.export.graph_signature import OutputKind
+
+    by_target = {v: k for k, v in sig.mapping.items()}
     graph_outputs: list[str] = []
     for spec, arg in zip(ep.graph_signature.output_specs, out_args):
         tensor = produced.get(arg.name) if isinstance(arg, torch.fx.Node) else None
@@ -344,18 +371,14 @@ def convert(ep: torch.export.ExportedProgram, model_name: str = "model") -> IR:
         elif spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION,
                            getattr(OutputKind, "PARAMETER_MUTATION", OutputKind.BUFFER_MUTATION)):
             target = by_target.get(spec.target, spec.target)
-            if target not in ph_kind or not isinstance(tensor, str):
+            if target not in sig.ph_kind or not isinstance(tensor, str):
                 raise ConversionError(f"output {arg!r} writes {spec.target!r} ({spec.kind.name}), which is not a "
                                       "parameter, buffer or input of the graph")
-            ctx.mutations.append(Mutation(target=target, node=arg.name, kind=ph_kind[target], value=tensor))
+            ctx.mutations.append(Mutation(target=target, node=arg.name, kind=sig.ph_kind[target], value=tensor))
         else:
             raise ConversionError(f"graph output {arg!r} is a {spec.kind.name} output (a training graph with a loss or "
                                   "gradients); the IR records a forward pass only. Fix: export the model's forward")
-
-    return IR(nodes=top.nodes, graph_inputs=graph_inputs, graph_outputs=graph_outputs, weights=weights,
-              weight_name_mapping=mapping, constants=constants, model_name=model_name, constant_data=constant_data,
-              weight_kinds=kinds, module_types=ctx.module_types, torch_version=torch.__version__.split("+")[0],
-              subgraphs=ctx.subgraphs, mutations=ctx.mutations)
+    return graph_outputs
 
 
 def _convert_graph(sc: _Scope, ctx: _Ctx) -> list[Any]:

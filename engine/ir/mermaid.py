@@ -107,174 +107,232 @@ def _placement(ir: IR, node: OpNode, depth: int | None, expand: set[str]) -> tup
     return containers, ("module", st[level])
 
 
+_PREFIX = {"node": "n", "module": "g", "input": "i", "output": "o"}
+
+
+@dataclass
+class _Ids:
+    """Mermaid ids, numbered per kind in order of first use: n0, n1, … for ops, g… modules, i… inputs, o… outputs."""
+    ids: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, name) -> mermaid id
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_PREFIX, 0))
+
+    def __call__(self, key: tuple[str, str]) -> str:
+        if key not in self.ids:
+            self.ids[key] = f"{_PREFIX[key[0]]}{self.counts[key[0]]}"
+            self.counts[key[0]] += 1
+        return self.ids[key]
+
+
+@dataclass
+class _Layout:
+    """to_mermaid's first pass: where each item sits, which module box draws each op, which boxes connect."""
+    # tree of drawn items: container path ("" the chart) -> ordered children, items and ("sub", expanded module)
+    tree: dict[str, list[tuple[str, str]]] = field(default_factory=lambda: {"": []})
+    group_ops: dict[str, list[OpNode]] = field(default_factory=dict)  # module box -> the ops it stands for
+    producer: dict[str, tuple[str, str]] = field(default_factory=dict)  # tensor -> the item that computes it
+    edges: dict[tuple[str, str], None] = field(default_factory=dict)  # (src id, dst id), in order
+    # src mermaid id -> dst ids reached only through constant tensors
+    const_edges: dict[str, set[str]] = field(default_factory=dict)
+    varying_src: set[str] = field(default_factory=set)  # src ids with at least one edge carrying a varying tensor
+
+
 def to_mermaid(ir: IR, *, depth: int | None = None, expand: Iterable[str] = (), direction: str = "TD") -> MermaidGraph:
     """A flowchart of the IR: one box per op (depth None) or per module at `depth`, with `expand`ed modules opened."""
     expand_set = set(expand)
-    items: dict[tuple[str, str], str] = {}  # (kind, name) -> mermaid id
-    counters = {"node": 0, "module": 0, "input": 0, "output": 0}
-    prefix = {"node": "n", "module": "g", "input": "i", "output": "o"}
+    ids = _Ids()
+    layout = _layout(ir, depth, expand_set, ids)
+    hidden_fanout = _hide_constant_fanout(layout, depth)
+    tensors = ir.tensors()
+    writer = _Writer(ir=ir, layout=layout, ids=ids, hidden_fanout=hidden_fanout, tensors=tensors,
+                     leaving=_leaving_shapes(ir, layout, depth, expand_set, tensors),
+                     nodes_by_name={n.name: n for n in ir.nodes}, lines=[f"flowchart {direction}"])
+    for key in layout.tree[""]:
+        writer.emit(key, "  ")
+    writer.emit_edges_and_classes()
+    return MermaidGraph(text="\n".join(writer.lines) + "\n", items=writer.items_by_id(),
+                        edges=len(layout.edges) + len(writer.body_edges), depth=depth,
+                        expanded=tuple(sorted(expand_set)))
 
-    def item_id(key: tuple[str, str]) -> str:
-        if key not in items:
-            items[key] = f"{prefix[key[0]]}{counters[key[0]]}"
-            counters[key[0]] += 1
-        return items[key]
 
-    producer: dict[str, tuple[str, str]] = {t.name: ("input", t.name) for t in ir.graph_inputs}
-    # tree of drawn items: container path -> ordered children (items and sub-containers)
-    tree: dict[str, list[tuple[str, str]]] = {"": []}
-    group_ops: dict[str, list[OpNode]] = {}
-    for t in ir.graph_inputs:
-        tree[""].append(("input", t.name))
-    edges: dict[tuple[str, str], None] = {}
+def _layout(ir: IR, depth: int | None, expand: set[str], ids: _Ids) -> _Layout:
+    """Place every op (its own box or its module's, inside the expanded modules around it) and connect the boxes."""
+    layout = _Layout(producer={t.name: ("input", t.name) for t in ir.graph_inputs})
+    layout.tree[""] += [("input", t.name) for t in ir.graph_inputs]
     # Tensors computed from weights alone (RoPE tables sliced from buffers, say) feed every layer; in a collapsed
     # view their dozens of edges would drown the model's structure, so a box that only feeds such tensors to more
-    # than FANOUT_HIDE boxes says so in its label instead.
+    # than FANOUT_HIDE boxes says so in its label instead (_hide_constant_fanout).
     const: set[str] = set(ir.weights) | set(ir.constants)
-    const_edges: dict[str, set[str]] = {}  # src mermaid id -> dst ids reached only through constant tensors
-    varying_src: set[str] = set()
     for node in ir.nodes:
-        containers, key = _placement(ir, node, depth, expand_set)
+        containers, key = _placement(ir, node, depth, expand)
         parent = ""
         for c in containers:
-            if c not in tree:
-                tree[c] = []
-                tree[parent].append(("sub", c))
+            if c not in layout.tree:
+                layout.tree[c] = []
+                layout.tree[parent].append(("sub", c))
             parent = c
-        if key not in tree[parent] and (key[0] == "node" or key not in group_ops):
-            tree[parent].append(key)
+        if key not in layout.tree[parent]:
+            layout.tree[parent].append(key)
         if key[0] == "module":
-            group_ops.setdefault(key[1], []).append(node)
-        for t in node.inputs:
-            src = producer.get(t)
-            if src is not None and src != key:
-                edges[(item_id(src), item_id(key))] = None
-                if t in const:
-                    const_edges.setdefault(item_id(src), set()).add(item_id(key))
-                else:
-                    varying_src.add(item_id(src))
-        if node.inputs and all(t in const for t in node.inputs):
-            const.update(o.name for o in node.outputs)
+            layout.group_ops.setdefault(key[1], []).append(node)
+        _connect(layout, ids, node, key, const)
         for out in node.outputs:
-            producer[out.name] = key
+            layout.producer[out.name] = key
     for i, t in enumerate(ir.graph_outputs):
         key = ("output", f"{i}")
-        tree[""].append(key)
-        src = producer.get(t)
+        layout.tree[""].append(key)
+        src = layout.producer.get(t)
         if src is not None:
-            edges[(item_id(src), item_id(key))] = None
+            layout.edges[(ids(src), ids(key))] = None
+    return layout
 
-    hidden_fanout: dict[str, int] = {}
-    if depth is not None:
-        for src, dsts in const_edges.items():
-            if len(dsts) > FANOUT_HIDE and src not in varying_src:
-                hidden_fanout[src] = len(dsts)
-                for dst in dsts:
-                    edges.pop((src, dst), None)
 
-    bodies: dict[str, str] = {}  # control-flow body box id -> subgraph key
-    body_edges: list[tuple[str, str, str]] = []
+def _connect(layout: _Layout, ids: _Ids, node: OpNode, key: tuple[str, str], const: set[str]) -> None:
+    """Edges into the node's item from the items computing its inputs; outputs of constant-only inputs join const."""
+    for t in node.inputs:
+        src = layout.producer.get(t)
+        if src is not None and src != key:
+            layout.edges[(ids(src), ids(key))] = None
+            if t in const:
+                layout.const_edges.setdefault(ids(src), set()).add(ids(key))
+            else:
+                layout.varying_src.add(ids(src))
+    if node.inputs and all(t in const for t in node.inputs):
+        const.update(o.name for o in node.outputs)
 
-    def emit_bodies(node: OpNode, indent: str) -> None:
+
+def _hide_constant_fanout(layout: _Layout, depth: int | None) -> dict[str, int]:
+    """In a collapsed view, drop the edges of boxes feeding only constant tensors to many boxes: id -> edges hidden."""
+    hidden: dict[str, int] = {}
+    if depth is None:
+        return hidden
+    for src, dsts in layout.const_edges.items():
+        if len(dsts) > FANOUT_HIDE and src not in layout.varying_src:
+            hidden[src] = len(dsts)
+            for dst in dsts:
+                layout.edges.pop((src, dst), None)
+    return hidden
+
+
+def _leaving_shapes(ir: IR, layout: _Layout, depth: int | None, expand: set[str],
+                    tensors: dict[str, TensorMeta]) -> dict[str, TensorMeta]:
+    """The shape a module box shows: its last output read outside it (or a graph output)."""
+    leaving: dict[str, TensorMeta] = {}
+    for node in ir.nodes:
+        for t in node.inputs:
+            src = layout.producer.get(t)
+            if src and src[0] == "module" and _placement(ir, node, depth, expand)[1] != src:
+                leaving[src[1]] = tensors[t]
+    for t in ir.graph_outputs:
+        src = layout.producer.get(t)
+        if src and src[0] == "module":
+            leaving[src[1]] = tensors[t]
+    return leaving
+
+
+@dataclass
+class _Writer:
+    """to_mermaid's second pass: the flowchart's lines, item by item, and what each drawn id stands for."""
+    ir: IR
+    layout: _Layout
+    ids: _Ids
+    hidden_fanout: dict[str, int]  # box id -> constant-only out-edges dropped
+    tensors: dict[str, TensorMeta]
+    leaving: dict[str, TensorMeta]  # module box -> the shape it shows
+    nodes_by_name: dict[str, OpNode]
+    lines: list[str]
+    classes: dict[str, list[str]] = field(default_factory=lambda: {"inp": [], "out": [], "grp": []})
+    subgraphs: dict[str, str] = field(default_factory=dict)  # subgraph id -> expanded module path
+    bodies: dict[str, str] = field(default_factory=dict)  # control-flow body box id -> subgraph key
+    body_edges: list[tuple[str, str, str]] = field(default_factory=list)  # (control-flow node id, body id, role)
+
+    def emit(self, key: tuple[str, str], indent: str) -> None:
+        """One child of the layout tree: an expanded module as a subgraph around its children, or one box."""
+        kind, name = key
+        if kind == "sub":
+            sid = f"s{len(self.subgraphs)}"
+            self.subgraphs[sid] = name
+            self.lines.append(f"{indent}subgraph {sid}[{_label(name, self.ir.module_types.get(name, ''))}]")
+            for child in self.layout.tree[name]:
+                self.emit(child, indent + "  ")
+            self.lines.append(f"{indent}end")
+            return
+        mid = self.ids(key)
+        self.lines.append(indent + self._box(kind, name, mid))
+        if kind == "node":
+            self._emit_bodies(self.nodes_by_name[name], indent)
+
+    def _box(self, kind: str, name: str, mid: str) -> str:
+        if kind == "input":
+            self.classes["inp"].append(mid)
+            return f"{mid}([{_label('input ' + name, self.tensors[name].shape_str())}])"
+        if kind == "output":
+            self.classes["out"].append(mid)
+            t = self.ir.graph_outputs[int(name)]
+            return f"{mid}([{_label('output ' + name, self.tensors[t].shape_str())}])"
+        if kind == "node":
+            node = self.nodes_by_name[name]
+            return f"{mid}[{_label(name, short_op(node.op_type), _shapes(node.outputs), self._fan(mid))}]"
+        ops = self.layout.group_ops[name]
+        out = self.leaving.get(name)
+        mtype = self.ir.module_types.get(name, "")
+        count = f"{len(ops)} op" + ("s" if len(ops) != 1 else "")
+        what = f"{mtype} · {count}" if mtype else count
+        self.classes["grp"].append(mid)
+        return f"{mid}[[{_label(name, what, out.shape_str() if out else '', self._fan(mid))}]]"
+
+    def _fan(self, mid: str) -> str:  # a box whose many constant-only out-edges were dropped says so
+        return f"feeds {self.hidden_fanout[mid]} boxes (edges hidden)" if mid in self.hidden_fanout else ""
+
+    def _emit_bodies(self, node: OpNode, indent: str) -> None:
         """The subgraphs of a control-flow node, each a box of its inputs and ops."""
         order = list(BODY_ROLES)  # the same order however the attrs were stored (JSON sorts keys)
         ranked = sorted(node.attrs.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else 99, kv[0]))
         for attr, key in ranked:
-            sub = ir.subgraphs.get(key) if attr.endswith("_graph") and isinstance(key, str) else None
+            sub = self.ir.subgraphs.get(key) if attr.endswith("_graph") and isinstance(key, str) else None
             if sub is None:
                 continue
-            hid = f"h{len(bodies)}"
-            bodies[hid] = key
+            hid = f"h{len(self.bodies)}"
+            self.bodies[hid] = key
             role = BODY_ROLES.get(attr, attr)
             count = f"{len(sub.nodes)} op" + ("s" if len(sub.nodes) != 1 else "")
-            lines.append(f"{indent}subgraph {hid}[{_label(key, f'{short_op(node.op_type)} {role} · {count}')}]")
+            self.lines.append(f"{indent}subgraph {hid}[{_label(key, f'{short_op(node.op_type)} {role} · {count}')}]")
             local: dict[str, str] = {}
             for t in sub.inputs:
-                local[t.name] = item_id(("input", t.name))
-                lines.append(f"{indent}  {local[t.name]}([{_label(t.name.rsplit('/', 1)[-1], t.shape_str())}])")
-                classes["inp"].append(local[t.name])
+                local[t.name] = self.ids(("input", t.name))
+                self.lines.append(f"{indent}  {local[t.name]}([{_label(t.name.rsplit('/', 1)[-1], t.shape_str())}])")
+                self.classes["inp"].append(local[t.name])
             for inner in sub.nodes:
-                mid = item_id(("node", inner.name))
+                mid = self.ids(("node", inner.name))
                 label = _label(inner.name.rsplit("/", 1)[-1], short_op(inner.op_type), _shapes(inner.outputs))
-                lines.append(f"{indent}  {mid}[{label}]")
+                self.lines.append(f"{indent}  {mid}[{label}]")
                 for t in inner.inputs:
                     if t in local and local[t] != mid:
-                        edges[(local[t], mid)] = None
+                        self.layout.edges[(local[t], mid)] = None
                 for out in inner.outputs:
                     local[out.name] = mid
-                emit_bodies(inner, indent + "  ")
-            lines.append(f"{indent}end")
-            body_edges.append((item_id(("node", node.name)), hid, role))
+                self._emit_bodies(inner, indent + "  ")
+            self.lines.append(f"{indent}end")
+            self.body_edges.append((self.ids(("node", node.name)), hid, role))
 
-    def fan(mid: str) -> str:  # a box whose many constant-only out-edges were dropped says so
-        return f"feeds {hidden_fanout[mid]} boxes (edges hidden)" if mid in hidden_fanout else ""
+    def emit_edges_and_classes(self) -> None:
+        """After the boxes: the edges (a body's dotted one with its role), then the colour classes."""
+        for a, b in self.layout.edges:
+            self.lines.append(f"  {a} --> {b}")
+        for a, b, role in self.body_edges:
+            self.lines.append(f"  {a} -.->|{escape_label(role)}| {b}")
+        self.lines.append("  classDef inp fill:#e8f4ea,stroke:#3c8c4f")
+        self.lines.append("  classDef out fill:#fdf0e2,stroke:#c07a2c")
+        self.lines.append("  classDef grp fill:#e9eefb,stroke:#4a66b5")
+        for cls, ids in self.classes.items():
+            for start in range(0, len(ids), 200):
+                self.lines.append(f"  class {','.join(ids[start:start + 200])} {cls}")
 
-    tensors = ir.tensors()
-    nodes_by_name = {n.name: n for n in ir.nodes}
-    # The shape a module box shows: its last output read outside it (or a graph output).
-    leaving: dict[str, TensorMeta] = {}
-    for node in ir.nodes:
-        for t in node.inputs:
-            src = producer.get(t)
-            if src and src[0] == "module" and _placement(ir, node, depth, expand_set)[1] != src:
-                leaving[src[1]] = tensors[t]
-    for t in ir.graph_outputs:
-        src = producer.get(t)
-        if src and src[0] == "module":
-            leaving[src[1]] = tensors[t]
-
-    lines = [f"flowchart {direction}"]
-    classes: dict[str, list[str]] = {"inp": [], "out": [], "grp": []}
-
-    def emit(key: tuple[str, str], indent: str) -> None:
-        kind, name = key
-        if kind == "sub":
-            sid = f"s{len(subgraphs)}"
-            subgraphs[sid] = name
-            lines.append(f"{indent}subgraph {sid}[{_label(name, ir.module_types.get(name, ''))}]")
-            for child in tree[name]:
-                emit(child, indent + "  ")
-            lines.append(f"{indent}end")
-            return
-        mid = item_id(key)
-        if kind == "input":
-            lines.append(f"{indent}{mid}([{_label('input ' + name, tensors[name].shape_str())}])")
-            classes["inp"].append(mid)
-        elif kind == "output":
-            t = ir.graph_outputs[int(name)]
-            lines.append(f"{indent}{mid}([{_label('output ' + name, tensors[t].shape_str())}])")
-            classes["out"].append(mid)
-        elif kind == "node":
-            node = nodes_by_name[name]
-            lines.append(f"{indent}{mid}[{_label(name, short_op(node.op_type), _shapes(node.outputs), fan(mid))}]")
-            emit_bodies(node, indent)
-        else:
-            ops = group_ops[name]
-            out = leaving.get(name)
-            mtype = ir.module_types.get(name, "")
-            count = f"{len(ops)} op" + ("s" if len(ops) != 1 else "")
-            what = f"{mtype} · {count}" if mtype else count
-            lines.append(f"{indent}{mid}[[{_label(name, what, out.shape_str() if out else '', fan(mid))}]]")
-            classes["grp"].append(mid)
-
-    subgraphs: dict[str, str] = {}  # subgraph id -> expanded module path
-    for key in tree[""]:
-        emit(key, "  ")
-    for a, b in edges:
-        lines.append(f"  {a} --> {b}")
-    for a, b, role in body_edges:
-        lines.append(f"  {a} -.->|{escape_label(role)}| {b}")
-    lines.append("  classDef inp fill:#e8f4ea,stroke:#3c8c4f")
-    lines.append("  classDef out fill:#fdf0e2,stroke:#c07a2c")
-    lines.append("  classDef grp fill:#e9eefb,stroke:#4a66b5")
-    for cls, ids in classes.items():
-        for start in range(0, len(ids), 200):
-            lines.append(f"  class {','.join(ids[start:start + 200])} {cls}")
-    by_id = {mid: key for key, mid in items.items()}
-    by_id.update({sid: ("module", path) for sid, path in subgraphs.items()})
-    by_id.update({hid: ("subgraph", key) for hid, key in bodies.items()})
-    return MermaidGraph(text="\n".join(lines) + "\n", items=by_id, edges=len(edges) + len(body_edges),
-                        depth=depth, expanded=tuple(sorted(expand_set)))
+    def items_by_id(self) -> dict[str, tuple[str, str]]:
+        """Mermaid id -> (kind, name) of everything drawn (MermaidGraph.items)."""
+        by_id = {mid: key for key, mid in self.ids.ids.items()}
+        by_id.update({sid: ("module", path) for sid, path in self.subgraphs.items()})
+        by_id.update({hid: ("subgraph", key) for hid, key in self.bodies.items()})
+        return by_id
 
 
 def default_view(ir: IR, max_boxes: int = 150) -> int | None:

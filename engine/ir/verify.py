@@ -143,8 +143,8 @@ def verify_ir(ir: IR, model: nn.Module, inputs: Sequence[torch.Tensor], rtol: fl
 def verify_job(params: dict[str, Any], progress: Callable[[float, str], None]):
     """Verify a stored IR (params["ir_path"]) against its zoo model built on the CPU with real, seeded weights."""
     from engine.envinfo import capture_env
-    from engine.ir import zoo
     from engine.ir.serialize import load_ir
+    from engine.ir.zoo import build as build_zoo_model
     from engine.store import Artifact, Metric, RunResult
 
     workload, preset, seed = params["workload"], params.get("preset"), int(params.get("seed", 0))
@@ -161,7 +161,8 @@ def verify_job(params: dict[str, Any], progress: Callable[[float, str], None]):
         inputs = build_inputs(res, default_batches(res)[2], "cpu")  # the batch size the extraction used
     else:
         progress(0.2, f"materialising {workload}/{preset} on the CPU (seed {seed})")
-        model, inputs = zoo.build(workload, preset, device="cpu", seed=seed)  # refuses presets over the size limit
+        # zoo.build refuses presets over the size limit
+        model, inputs = build_zoo_model(workload, preset, device="cpu", seed=seed)
     progress(0.5, "running the model and the IR")
     report = verify_ir(ir, model, inputs, rtol=rtol, atol=atol)
     out = Path(params["artifacts_dir"]) / "verify.json"

@@ -19,8 +19,9 @@ import torch
 from engine.ceilings import Ceilings, ceiling_metrics, ceilings_for, dtype_key
 from engine.envinfo import capture_env
 from engine.levels import get_component, get_level
+from engine.levels.base import Built, Level
 from engine.store import Metric, RunResult, Samples
-from engine.timing import time_first_call, time_fn, time_in_graph
+from engine.timing import Measurement, time_first_call, time_fn, time_in_graph
 from engine.workloads.component import Component, Shape, rel_l2_error, tensor_bytes
 
 Progress = Callable[[float, str], None]
@@ -96,7 +97,50 @@ def throughput_metrics(flops: float, nbytes: float, median_us: float, ceilings: 
     return out
 
 
+@dataclass
+class _Checked:
+    """A level built for one component and shape, its output checked against the naive fp32 reference."""
+    built: Built
+    build_us: float
+    first_us: float
+    err: float  # relative L2 error, the worst over the checked input sets
+    stage_errs: dict[str, float]
+
+
 def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunResult:
+    component, shape, level = _resolve(cfg)
+    device = cfg.device
+    result = RunResult(env=capture_env(device))
+    progress(0.02, "ceilings")
+    ceilings = ceilings_for(device, cfg.db, quick=cfg.quick_ceilings) if cfg.db else None
+
+    progress(0.05, f"inputs for {shape.label()}")
+    sets = _input_sets(component, shape, device, cfg.seed)
+    naive = _naive_module(component, shape, device, cfg.seed)
+    tol = component.tolerance(shape)
+    with torch.no_grad():
+        checked = _build_and_check(component, shape, level, naive, sets, tol, device, progress)
+        progress(0.4, f"timing {level.key}")
+        m = _time_rotating(checked.built.fn, sets, cfg)
+        stage_measurements = {}
+        for stage, stage_fn in checked.built.stages.items():
+            progress(0.8, f"timing stage {stage}")
+            stage_fn(*sets[0])  # compile/warm outside the timed loop
+            stage_measurements[stage] = _time_rotating(stage_fn, sets, cfg)
+
+    _record_forward(result, component, shape, checked, m, tol, len(sets), ceilings)
+    if device.startswith("cuda"):
+        _time_in_cuda_graph(result, checked.built, sets, progress)
+    _record_stages(result, component, shape, checked.stage_errs, stage_measurements, ceilings)
+    result.metrics += ceiling_metrics(ceilings, ("copy_bw", f"matmul_{dtype_key(shape.dtype)}", "launch_us"))
+    result.notes += [n for n in checked.built.notes if n not in result.notes]
+    if len(sets) > 1:
+        result.notes.append(f"timed over {len(sets)} rotating input sets so repeated calls do not run from L2")
+    return result
+
+
+def _resolve(cfg: LevelsConfig) -> tuple[Component, Shape, Level]:
+    """The component, shape and level of cfg; an error when the shape or the level cannot run on cfg.device."""
     component = get_component(cfg.component)
     shape = component.shape(cfg.shape)
     level = get_level(cfg.level)
@@ -107,104 +151,102 @@ def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunR
     ok, reason = level.available(device)
     if not ok:
         raise RuntimeError(f"level {level.key} is not available on {device}: {reason}")
-    result = RunResult(env=capture_env(device))
-    progress(0.02, "ceilings")
-    ceilings = ceilings_for(device, cfg.db, quick=cfg.quick_ceilings) if cfg.db else None
+    return component, shape, level
 
-    progress(0.05, f"inputs for {shape.label()}")
-    sets = _input_sets(component, shape, device, cfg.seed)
-    torch.manual_seed(cfg.seed)
+
+def _naive_module(component: Component, shape: Shape, device: str, seed: int) -> torch.nn.Module:
+    """The L1 naive module, seeded, in the shape's dtype, in eval mode: what levels build from and are checked with."""
+    torch.manual_seed(seed)
     naive = component.make_naive(shape).to(device=device)
     naive = naive.to(dtype=shape.torch_dtype) if any(True for _ in naive.parameters()) else naive
-    naive.eval()
-    tol = component.tolerance(shape)
+    return naive.eval()
 
+
+def _build_and_check(component: Component, shape: Shape, level: Level, naive: torch.nn.Module, sets: list[tuple],
+                     tol: float, device: str, progress: Progress) -> _Checked:
+    """Build the level (timed), call it once (timed), check it on two input sets and each stage on the first."""
     progress(0.1, f"building {level.key}")
-    with torch.no_grad():
-        refs = [reference_output(component, shape, naive, sets[i]) for i in range(min(2, len(sets)))]
-        built_holder: list = []
-        build_us = time_first_call(lambda: built_holder.append(level.build(component, shape, naive, device)),
-                                   device)
-        built = built_holder[0]
-        outputs: list[torch.Tensor] = []
-        first_us = time_first_call(lambda: outputs.append(built.fn(*sets[0])), device)
-        progress(0.3, f"checking {level.key} against the naive fp32 reference")
-        what = f"{level.key} on {component.name} {shape.name}"
-        err = check(what, outputs[0], refs[0], tol)
-        if len(refs) > 1:
-            err = max(err, check(what + " (second input set)", built.fn(*sets[1]), refs[1], tol))
-        del outputs
-        stage_checks: dict[str, float] = {}
-        for stage, stage_fn in built.stages.items():
-            stage_ref = _stage_reference(component, naive, stage, sets[0])
-            stage_checks[stage] = check(f"{what} stage {stage}", stage_fn(*sets[0]), stage_ref, tol)
+    refs = [reference_output(component, shape, naive, sets[i]) for i in range(min(2, len(sets)))]
+    built_holder: list[Built] = []
+    build_us = time_first_call(lambda: built_holder.append(level.build(component, shape, naive, device)), device)
+    built = built_holder[0]
+    outputs: list[torch.Tensor] = []
+    first_us = time_first_call(lambda: outputs.append(built.fn(*sets[0])), device)
+    progress(0.3, f"checking {level.key} against the naive fp32 reference")
+    what = f"{level.key} on {component.name} {shape.name}"
+    err = check(what, outputs[0], refs[0], tol)
+    if len(refs) > 1:
+        err = max(err, check(what + " (second input set)", built.fn(*sets[1]), refs[1], tol))
+    outputs.clear()
+    stage_errs: dict[str, float] = {}
+    for stage, stage_fn in built.stages.items():
+        stage_ref = _stage_reference(component, naive, stage, sets[0])
+        stage_errs[stage] = check(f"{what} stage {stage}", stage_fn(*sets[0]), stage_ref, tol)
+    return _Checked(built, build_us, first_us, err, stage_errs)
 
-        progress(0.4, f"timing {level.key}")
-        counter = [0]
 
-        def call() -> torch.Tensor:
-            counter[0] += 1
-            return built.fn(*sets[counter[0] % len(sets)])
+def _time_rotating(fn: Callable[..., torch.Tensor], sets: list[tuple], cfg: LevelsConfig) -> Measurement:
+    """fn timed call by call (engine.timing), each call on the next input set."""
+    counter = [0]
 
-        m = time_fn(call, device, warmup=cfg.warmup, iters=cfg.iters, first_call=False)
-        stage_measurements = {}
-        for i, (stage, stage_fn) in enumerate(built.stages.items()):
-            progress(0.8, f"timing stage {stage}")
-            stage_counter = [0]
+    def call() -> torch.Tensor:
+        counter[0] += 1
+        return fn(*sets[counter[0] % len(sets)])
 
-            def stage_call(fn=stage_fn, c=stage_counter) -> torch.Tensor:
-                c[0] += 1
-                return fn(*sets[c[0] % len(sets)])
+    return time_fn(call, cfg.device, warmup=cfg.warmup, iters=cfg.iters, first_call=False)
 
-            stage_fn(*sets[0])  # compile/warm outside the timed loop
-            stage_measurements[stage] = time_fn(stage_call, device, warmup=cfg.warmup, iters=cfg.iters,
-                                                first_call=False)
 
+def _record_forward(result: RunResult, component: Component, shape: Shape, checked: _Checked, m: Measurement,
+                    tol: float, input_sets: int, ceilings: Ceilings | None) -> None:
+    """The level's samples and metrics (phase "forward"): latency, build and first call, error, throughput."""
     phase = "forward"
     stats = m.stats
     result.samples.append(Samples(phase=phase, values=m.samples_us, unit="us"))
     for name in ("median", "p10", "p90", "p25", "p75", "iqr", "mean", "std", "min", "max"):
         result.metrics.append(Metric(name, getattr(stats, name), "us", phase=phase))
-    result.metrics += [Metric("first_call", first_us, "us", phase=phase),
-                       Metric("build", build_us, "us", phase=phase),
-                       Metric("rel_l2_err", err, "", phase=phase), Metric("tolerance", tol, "", phase=phase),
-                       Metric("interpreted", float(built.interpreted), "", phase=phase),
-                       Metric("input_sets", len(sets), "", phase=phase)]
+    result.metrics += [Metric("first_call", checked.first_us, "us", phase=phase),
+                       Metric("build", checked.build_us, "us", phase=phase),
+                       Metric("rel_l2_err", checked.err, "", phase=phase), Metric("tolerance", tol, "", phase=phase),
+                       Metric("interpreted", float(checked.built.interpreted), "", phase=phase),
+                       Metric("input_sets", input_sets, "", phase=phase)]
     result.metrics += throughput_metrics(component.flops(shape), component.min_bytes(shape), stats.median, ceilings,
                                          shape.dtype, phase)
-    if device.startswith("cuda"):
-        # Per-call events include the host's time to call the level (argument checks, an autotuner's dispatch,
-        # pybind): a few-µs kernel can read as 100 µs. The same calls captured in a CUDA graph give the device time.
-        progress(0.9, "timing in a CUDA graph (device time)")
-        graphed = {"forward": built.fn, **built.stages}
-        for phase_name, fn in graphed.items():
-            try:
-                with torch.no_grad():
-                    gm = time_in_graph([lambda fn=fn, args=args: fn(*args) for args in sets], replays=20)
-            except Exception as exc:  # noqa: BLE001 - some levels cannot be captured (a host sync inside)
-                torch.cuda.synchronize()
-                result.notes.append(f"{phase_name}: not timed in a CUDA graph ({type(exc).__name__}: "
-                                    f"{str(exc).splitlines()[0][:160] if str(exc) else ''})")
-                continue
-            for name in ("median", "p10", "p90"):
-                result.metrics.append(Metric(f"graph_{name}", getattr(gm.stats, name), "us", phase=phase_name))
-        result.notes.append("graph_median: the same calls (over the rotating input sets) captured back to back in "
-                            "one CUDA graph and replayed: device time without the host's per-call cost")
+
+
+def _time_in_cuda_graph(result: RunResult, built: Built, sets: list[tuple], progress: Progress) -> None:
+    """graph_* metrics of the level and each stage (CUDA only)."""
+    # Per-call events include the host's time to call the level (argument checks, an autotuner's dispatch,
+    # pybind): a few-µs kernel can read as 100 µs. The same calls captured in a CUDA graph give the device time.
+    progress(0.9, "timing in a CUDA graph (device time)")
+    graphed = {"forward": built.fn, **built.stages}
+    for phase_name, fn in graphed.items():
+        try:
+            with torch.no_grad():
+                gm = time_in_graph([lambda fn=fn, args=args: fn(*args) for args in sets], replays=20)
+        except Exception as exc:  # noqa: BLE001 - some levels cannot be captured (a host sync inside)
+            torch.cuda.synchronize()
+            result.notes.append(f"{phase_name}: not timed in a CUDA graph ({type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0][:160] if str(exc) else ''})")
+            continue
+        for name in ("median", "p10", "p90"):
+            result.metrics.append(Metric(f"graph_{name}", getattr(gm.stats, name), "us", phase=phase_name))
+    result.notes.append("graph_median: the same calls (over the rotating input sets) captured back to back in "
+                        "one CUDA graph and replayed: device time without the host's per-call cost")
+
+
+def _record_stages(result: RunResult, component: Component, shape: Shape, stage_errs: dict[str, float],
+                   stage_measurements: dict[str, Measurement], ceilings: Ceilings | None) -> None:
+    """Each stage's samples and metrics, under the stage's name as phase."""
     for stage, sm in stage_measurements.items():
         s_stats = sm.stats
         result.samples.append(Samples(phase=stage, values=sm.samples_us, unit="us"))
         for name in ("median", "p10", "p90"):
             result.metrics.append(Metric(name, getattr(s_stats, name), "us", phase=stage))
-        result.metrics.append(Metric("rel_l2_err", stage_checks[stage], "", phase=stage))
+        result.metrics.append(Metric("rel_l2_err", stage_errs[stage], "", phase=stage))
         flops_fn, bytes_fn = _stage_counts(component, stage)
         if flops_fn:
             result.metrics += throughput_metrics(flops_fn(shape), bytes_fn(shape), s_stats.median, ceilings,
                                                  shape.dtype, stage)
-    result.metrics += ceiling_metrics(ceilings, ("copy_bw", f"matmul_{dtype_key(shape.dtype)}", "launch_us"))
-    result.notes += [n for n in built.notes if n not in result.notes]
-    if len(sets) > 1:
-        result.notes.append(f"timed over {len(sets)} rotating input sets so repeated calls do not run from L2")
-    return result
 
 
 def _stage_reference(component: Component, naive: torch.nn.Module, stage: str, inputs: tuple) -> torch.Tensor:

@@ -17,12 +17,17 @@ the cached package records a passed check, so a warm rerun skips it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from engine.modes.base import Mode, Prepared
+
+if TYPE_CHECKING:
+    from engine.native.aoti import Package
 
 PHASES = ("infer",)
 PROFILER_LABEL = "## Call AOTInductor package ##"  # engine.explain counts this range's own time as compute
@@ -74,26 +79,48 @@ def prepare(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], train: b
     device = example_inputs[0].device if example_inputs else torch.device("cpu")
     model = model.eval()
     pkg = aoti.compile_package(model, example_inputs)
+    notes = _package_notes(pkg)
+    _check_in_child_once(pkg, example_inputs, device, notes)
+    compiled = _marked_in_profiles(aoti.load(pkg.path, device))
+    with torch.no_grad():
+        expected = model(*example_inputs).detach().clone()
+    prepared = Prepared(fn=compiled, notes=notes, files={"model.pt2": str(pkg.path)})
+    prepared.artifacts = {"aoti_exported_program.txt": pkg.exported_program, **aoti.generated_sources(pkg.path)}
+    prepared.extra_metrics = _native_metrics(pkg, example_inputs, device, expected, prepared)
+    return prepared
+
+
+def _package_notes(pkg: Package) -> list[str]:
+    """What the package is: the compiler's own notes, then how it was exported and compiled."""
     notes = list(pkg.notes)
     shape_note = "a dynamic batch dimension (one package for every batch size)" if pkg.dynamic_batch else \
         "the example's static shapes"
     options = f", Inductor options {pkg.options}" if pkg.options else ""
     notes.append(f"aoti: torch.export → aoti_compile_and_package with {shape_note}{options}; package {pkg.digest}")
+    return notes
+
+
+def _check_in_child_once(pkg: Package, example_inputs: tuple[torch.Tensor, ...], device: torch.device,
+                         notes: list[str]) -> None:
+    """Load and run the package in a child process first, unless switched off or already passed on this device (a
+    crash there fails this run with its reason, and whether the native runner loads the file, not the worker)."""
+    from engine.native import aoti
 
     marker = _check_marker(pkg.path, device)
-    if _check_in_child(device) and not marker.is_file():
-        try:
-            aoti.check_load_in_child(pkg.path, example_inputs, device)
-        except aoti.NativeRunError as exc:
-            raise aoti.NativeRunError(f"{exc}\n{_native_verdict(pkg.path, example_inputs, device)}") from None
-        try:
-            marker.write_text("engine.native.aoti.load loaded and ran this package in a child process\n")
-        except OSError:  # a read-only cache: the check simply runs again next time
-            pass
-        notes.append("aoti: the package loaded and ran in a child process first (a crash there fails only this run)")
+    if not _check_in_child(device) or marker.is_file():
+        return
+    try:
+        aoti.check_load_in_child(pkg.path, example_inputs, device)
+    except aoti.NativeRunError as exc:
+        raise aoti.NativeRunError(f"{exc}\n{_native_verdict(pkg.path, example_inputs, device)}") from None
+    try:
+        marker.write_text("engine.native.aoti.load loaded and ran this package in a child process\n")
+    except OSError:  # a read-only cache: the check simply runs again next time
+        pass
+    notes.append("aoti: the package loaded and ran in a child process first (a crash there fails only this run)")
 
-    loaded = aoti.load(pkg.path, device)
 
+def _marked_in_profiles(loaded: Callable[..., Any]) -> Callable[..., Any]:
     def compiled(*args: torch.Tensor):
         # The package runs its kernels without the dispatcher, so a trace would show its time as Python between ops.
         # Like Inductor's own "## Call CompiledFxGraph ##", mark the call, but only while a profiler listens.
@@ -102,10 +129,14 @@ def prepare(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], train: b
                 return loaded(*args)
         return loaded(*args)
 
-    with torch.no_grad():
-        expected = model(*example_inputs).detach().clone()
-    prepared = Prepared(fn=compiled, notes=notes, files={"model.pt2": str(pkg.path)})
-    prepared.artifacts = {"aoti_exported_program.txt": pkg.exported_program, **aoti.generated_sources(pkg.path)}
+    return compiled
+
+
+def _native_metrics(pkg: Package, example_inputs: tuple[torch.Tensor, ...], device: torch.device,
+                    expected: torch.Tensor, prepared: Prepared) -> Callable[..., list]:
+    """Prepared.extra_metrics: export and compile times, then the same .pt2 on the same inputs in the C++ runner
+    (csrc/aoti_runner.cpp), its output checked against eager and its latency as native_* metrics."""
+    from engine.native import aoti
 
     def extra_metrics(warmup: int = 10, iters: int = 100, rtol: float = 1e-4, atol: float = 1e-4) -> list:
         from engine.checks import compare
@@ -143,8 +174,7 @@ def prepare(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], train: b
             prepared.notes.append(note)
         return metrics
 
-    prepared.extra_metrics = extra_metrics
-    return prepared
+    return extra_metrics
 
 
 MODE = Mode(

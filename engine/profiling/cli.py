@@ -106,9 +106,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
               **(mine.resolved.spec.params() if mine else {})}
     if args.batch_size:
         params["batch_size"] = args.batch_size
-    target = "engine.workloads.user_model:profile_job" if mine else None
     specs = [JobSpec("profile", workload, m.name, args.device, {**params, "mode": m.name, "phases": phases[m.name]},
-                     target=target, timeout_s=args.timeout) for m in modes]
+                     timeout_s=args.timeout) for m in modes]
     ids = create_runs(store, specs, group_id=uuid.uuid4().hex[:12] if len(specs) > 1 else None)
     statuses = run_jobs(store, ids, _Bars({i: f"profile {m.name}" for i, m in zip(ids, modes)}))
     ok_ids = [i for i in ids if statuses[i] == "ok"]

@@ -121,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from engine.modes import get_mode
     from engine.bench import build_step
+    from engine.modes import get_mode
     from engine.workloads import get_workload
 
     workload = get_workload(args.workload)

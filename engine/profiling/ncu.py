@@ -249,9 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
-    from engine.bench import _sync
+    from engine.bench import _sync, build_step
     from engine.modes import get_mode
-    from engine.bench import build_step
     from engine.workloads import get_workload
 
     workload = get_workload(args.workload)

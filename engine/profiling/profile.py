@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from engine import nvtx_ranges
-from engine.bench import _sync, build_step
+from engine.bench import _sync, build_step, user_model_job
 from engine.envinfo import capture_env
 from engine.modes import Mode, get_mode
 from engine.profiling import compiled_code, ncu
@@ -227,5 +227,12 @@ def config_from_params(params: dict) -> ProfileConfig:
 
 
 def profile_job(params: dict, progress: Progress) -> RunResult:
-    """Job-runner entry point (engine.jobs calls this in a worker process for runs of kind 'profile')."""
+    """Job-runner entry point (engine.jobs calls this in a worker process for runs of kind 'profile'). With a `model`
+    param, your own nn.Module (engine.workloads.user_model) is the workload."""
+    if params.get("model"):
+        return user_model_job(params, progress, _profile_params)
+    return _profile_params(params, progress)
+
+
+def _profile_params(params: dict, progress: Progress) -> RunResult:
     return profile_mode(config_from_params(params), progress)

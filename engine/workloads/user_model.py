@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.workloads.base import Workload
+from engine.workloads.zoo import ZOO, describe, preset_config
 
 ENV_VAR = "MODELAB_USER_MODEL"  # JSON of the spec a worker runs, so that its child processes can rebuild it too
 DEFAULT_BATCH_SIZES = (1, 8)
@@ -70,7 +71,7 @@ class UserModelError(ValueError):
     """A user model or its inputs cannot be used; the message is one line saying why."""
 
 
-def _one_line(exc: BaseException, limit: int = 300) -> str:
+def one_line(exc: BaseException, limit: int = 300) -> str:
     """`Type: first non-empty line of the message` (library errors often carry pages of context)."""
     text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "").rstrip(":")
     text = text if len(text) <= limit else text[: limit - 1] + "…"
@@ -216,22 +217,20 @@ def _tf(kind: str) -> Callable[[], nn.Module]:
 
 @functools.lru_cache(maxsize=1)
 def lab_examples() -> dict[str, Example]:
-    """The IR zoo's models at their verifiable presets; inputs derived from the zoo's, batch dimension as B.
-    (Built on first use: importing the IR package is not free, and a check of `my_pkg:make` does not need it.)"""
-    from engine.ir import zoo
-
+    """The zoo's models (engine/workloads/zoo.py, the IR explorer's) at their verifiable presets; inputs derived from
+    the zoo's, batch dimension as B. (Built on first use: a check of `my_pkg:make` does not need them.)"""
     out = {}
-    for name, zm in zoo.ZOO.items():
+    for name, zm in ZOO.items():
         for preset in zm.presets:
             if preset != zm.default_preset and preset not in ("tiny", "small"):
                 continue  # 1B/7B-shaped presets are for meta-device IR only; batch presets are one model
             label = f"lab:{name}" if preset == zm.default_preset else f"lab:{name}-{preset}"
 
             def build(zm=zm, preset=preset) -> nn.Module:
-                return zm.make(zoo.preset_config(zm.name, preset)).eval()
+                return zm.make(preset_config(zm.name, preset)).eval()
 
             def inputs(zm=zm, preset=preset) -> str:
-                cfg = zoo.preset_config(zm.name, preset)
+                cfg = preset_config(zm.name, preset)
                 metas = zm.inputs(cfg, "meta", torch.Generator())
                 parts = []
                 for t in metas:
@@ -240,7 +239,7 @@ def lab_examples() -> dict[str, Example]:
                     parts.append(f"{str(t.dtype).removeprefix('torch.')}[{dims}]{rng}")
                 return ";".join(parts)
 
-            out[label] = Example(label, f"{zm.description.rstrip('.')} (lab zoo: {zoo.describe(name, preset)})", build,
+            out[label] = Example(label, f"{zm.description.rstrip('.')} (lab zoo: {describe(name, preset)})", build,
                                  inputs)
     return out
 
@@ -339,11 +338,11 @@ def _import(module: str, path: str | None) -> Any:
     except ModuleNotFoundError as exc:
         where = f" (looked in {path} and the Python path)" if path else ""
         if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
-            raise UserModelError(f"cannot import {module!r}{where}: {_one_line(exc)}; run from the folder that holds "
+            raise UserModelError(f"cannot import {module!r}{where}: {one_line(exc)}; run from the folder that holds "
                                  "it or pass --model-path") from exc
-        raise UserModelError(f"cannot import {module!r}: {_one_line(exc)} (a module it imports is missing)") from exc
+        raise UserModelError(f"cannot import {module!r}: {one_line(exc)} (a module it imports is missing)") from exc
     except Exception as exc:  # noqa: BLE001 - a syntax error or an exception at import time: one line with its cause
-        raise UserModelError(f"cannot import {module!r}: {_one_line(exc)}") from exc
+        raise UserModelError(f"cannot import {module!r}: {one_line(exc)}") from exc
 
 
 def resolve(spec: ModelSpec) -> Resolved:
@@ -411,7 +410,7 @@ def build_model(res: Resolved, device: str = "cpu") -> nn.Module:
     except UserModelError:
         raise
     except Exception as exc:  # noqa: BLE001 - the user's code failed: one line with its reason
-        raise UserModelError(f"{label} raised {_one_line(exc)}") from exc
+        raise UserModelError(f"{label} raised {one_line(exc)}") from exc
     if isinstance(model, tuple):
         raise UserModelError(f"{label} returned a tuple, not a torch.nn.Module: return the module alone and give its "
                              "inputs with :inputs_fn or --inputs")
@@ -445,7 +444,7 @@ def build_inputs(res: Resolved, batch_size: int, device: str = "cpu", *, _fixed_
     try:
         out = fn(batch_size) if _takes_batch(fn) else fn()
     except Exception as exc:  # noqa: BLE001 - the user's code failed: one line with its reason
-        raise UserModelError(f"{label}({batch_size}) raised {_one_line(exc)}") from exc
+        raise UserModelError(f"{label}({batch_size}) raised {one_line(exc)}") from exc
     if isinstance(out, torch.Tensor):
         out = (out,)
     if not isinstance(out, (tuple, list)) or not out or not all(isinstance(t, torch.Tensor) for t in out):
@@ -568,7 +567,7 @@ def prepare(spec: ModelSpec, *, probe: bool = True) -> Prepared:
                 out = model(*inputs)
         except Exception as exc:  # noqa: BLE001 - the user's forward failed on the example inputs
             shapes = ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in inputs)
-            raise UserModelError(f"forward failed on the example inputs ({shapes}): {_one_line(exc)}") from exc
+            raise UserModelError(f"forward failed on the example inputs ({shapes}): {one_line(exc)}") from exc
         kind, note = _describe_output(out)
         t = first_tensor(out)
         shape = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
@@ -599,60 +598,26 @@ def prepare(spec: ModelSpec, *, probe: bool = True) -> Prepared:
     return Prepared(workload, res, notes, shape)
 
 
-def register(spec: ModelSpec, *, probe: bool = True) -> Prepared:
-    """Build the spec's Workload and add it to the registry of this process, so get_workload(spec.name) finds it."""
-    from engine.workloads import WORKLOADS
-
-    prepared = prepare(spec, probe=probe)
-    WORKLOADS[prepared.workload.name] = prepared.workload
-    return prepared
+def export_to_children(spec: ModelSpec) -> None:
+    """Put the spec in MODELAB_USER_MODEL, so that child processes (Nsight Compute, depyf) rebuild the same workload
+    (engine.workloads.get_workload reads it back with spec_from_env)."""
+    os.environ[ENV_VAR] = json.dumps(spec.params())
 
 
-def workload_from_env(name: str) -> Workload | None:
-    """The Workload a parent worker exported in MODELAB_USER_MODEL (e.g. for the Nsight Compute child), if it is
-    `name`."""
+def spec_from_env(name: str) -> ModelSpec | None:
+    """The spec a parent worker exported in MODELAB_USER_MODEL (e.g. for the Nsight Compute child), if it is `name`."""
     raw = os.environ.get(ENV_VAR)
     if not raw:
         return None
     spec = ModelSpec.from_params(json.loads(raw))
-    if spec is None or spec.name != name:
-        return None
-    return register(spec).workload  # probed: the adapter for tuple/dict outputs depends on what forward returns
+    return spec if spec is not None and spec.name == name else None
 
 
-# -- job entry points (engine.jobs runs these in worker processes) ---------------------------------------------------
-BENCH_TARGET = "engine.workloads.user_model:bench_job"
-PROFILE_TARGET = "engine.workloads.user_model:profile_job"
-
-
-def _run_job(params: dict, progress: Callable[[float, str], None], run: Callable) -> Any:
-    spec = ModelSpec.from_params(params)
-    if spec is None:
-        raise UserModelError("the job has no 'model' parameter")
-    os.environ[ENV_VAR] = json.dumps(spec.params())  # child processes (ncu) rebuild the same workload
-    progress(0.0, f"importing {spec.model}")
-    prepared = register(spec)
-    mode = params.get("mode", "?")
-    try:
-        result = run({**params, "workload": prepared.workload.name}, progress)
-    except Exception as exc:  # noqa: BLE001 - the mode's own reason, as one readable line (the log keeps the rest)
-        raise RuntimeError(f"{mode} failed on {spec.model}: {_one_line(exc)}") from exc
-    for note in prepared.notes:
-        if note not in result.notes:
-            result.notes.append(note)
-    return result
-
-
-def bench_job(params: dict, progress: Callable[[float, str], None]):
-    from engine.bench import bench_job as run
-
-    return _run_job(params, progress, run)
-
-
-def profile_job(params: dict, progress: Callable[[float, str], None]):
-    from engine.profiling.profile import profile_job as run
-
-    return _run_job(params, progress, run)
+# -- job targets ----------------------------------------------------------------------------------------------------
+# A user model's runs are ordinary bench and profile jobs, which register params["model"] themselves
+# (engine.bench.user_model_job); the dashboard names their targets explicitly.
+BENCH_TARGET = "engine.bench:bench_job"
+PROFILE_TARGET = "engine.profiling.profile:profile_job"
 
 
 # -- command line and dashboard helpers -----------------------------------------------------------------------------
