@@ -17,8 +17,16 @@ import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.cli import CliError, _Bars, _device, _positive_float, _positive_int, _store, check_device
+from engine.store import Store
+
+if TYPE_CHECKING:  # imported where used: `python -m engine --help` need not load torch, the runner or the LLM lab
+    import torch
+
+    from engine.jobs import JobSpec
+    from engine.llm.config import LLMConfig
 
 SWEEPS = {"batch": "batch", "prompt": "prompt_len"}
 
@@ -87,7 +95,7 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.set_defaults(func=cmd_llm_report)
 
 
-def _resolve_modes(text: str, device: str, dtype) -> list[str]:
+def _resolve_modes(text: str, device: str, dtype: torch.dtype) -> list[str]:
     from engine.llm.modes import MODES, availability
 
     names = [m.strip() for m in text.split(",") if m.strip()]
@@ -104,32 +112,65 @@ def _resolve_modes(text: str, device: str, dtype) -> list[str]:
 
 
 def cmd_llm(args: argparse.Namespace) -> int:
-    from engine.jobs import JobSpec, create_runs, run_jobs
-    from engine.llm.report import fmt_num, fmt_pct, fmt_time, headline
+    """`python -m engine llm`: one run per (sweep value, mode), queued as a group, prepared side by side where they
+    fit and timed one at a time; then a table of their headline figures. Exit code 1 when a run failed."""
+    from engine.jobs import create_runs, run_jobs
     from engine.llm.group import plan_group
-    from engine.llm.run import LLMConfig, params_of
 
     check_device(args.device)
-    base = LLMConfig(preset=args.preset, layers=args.layers, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-                     batch=args.batch, device=args.device, dtype=args.dtype, seed=args.seed, fuse=not args.no_fuse,
-                     sdpa=args.sdpa, autotune=args.autotune, prefill_iters=args.prefill_iters,
-                     decode_passes=args.decode_passes, check_tokens=args.check_tokens, profile=not args.no_profile,
-                     deep=args.deep, top_k=args.top_k, tp=args.tp)
+    base = _base_config(args)
     try:
         dtype = base.torch_dtype
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     if args.list:
-        from engine.llm.modes import mode_table
-
-        for row in mode_table(args.device, dtype):
-            state = f"unavailable: {row['unavailable']}" if row["unavailable"] else (
-                f"prefill only: {row['decode_unavailable']}" if row["decode_unavailable"] else "available")
-            print(f"{row['mode']:<24} {state}\n{'':<24} {row['description']}")
+        _print_modes(args.device, dtype)
         return 0
     modes = _resolve_modes(args.mode, args.device, dtype)
     if args.tp > 1 and modes != ["eager"]:
         raise CliError(f"--tp runs eager only, not {', '.join(modes)} (use --mode eager)")
+    specs, labels = _job_specs(args, base, modes)
+    store = _store(args)
+    group = uuid.uuid4().hex[:12] if len(specs) > 1 else None
+    ids = create_runs(store, specs, group)
+    slots, order, why = plan_group(store, ids, args.prepare_parallel, args.serial)
+    if len(ids) > 1:
+        print(f"{len(ids)} runs; preparing {why}; timing one at a time", file=sys.stderr)
+    statuses = run_jobs(store, order, _Bars(dict(zip(ids, labels))), prepare_parallel=slots)
+    _print_figures(store, ids, specs, statuses)
+    if args.tp > 1:
+        _print_scaling(store, ids, statuses)
+    print("MFU: % of the measured matmul ceiling; MBU: % of the measured copy bandwidth (python -m engine ceilings "
+          "--show). Reports: python -m engine llm-report RUN_ID")
+    return 0 if all(s == "ok" for s in statuses.values()) else 1
+
+
+def _base_config(args: argparse.Namespace) -> LLMConfig:
+    """The run the flags describe (its mode and swept value set per job by _job_specs)."""
+    from engine.llm.config import LLMConfig
+
+    return LLMConfig(preset=args.preset, layers=args.layers, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                     batch=args.batch, device=args.device, dtype=args.dtype, seed=args.seed, fuse=not args.no_fuse,
+                     sdpa=args.sdpa, autotune=args.autotune, prefill_iters=args.prefill_iters,
+                     decode_passes=args.decode_passes, check_tokens=args.check_tokens, profile=not args.no_profile,
+                     deep=args.deep, top_k=args.top_k, tp=args.tp)
+
+
+def _print_modes(device: str, dtype: torch.dtype) -> None:
+    """--list: every mode, and whether (and for which phases) it runs on `device`."""
+    from engine.llm.modes import mode_table
+
+    for row in mode_table(device, dtype):
+        state = f"unavailable: {row['unavailable']}" if row["unavailable"] else (
+            f"prefill only: {row['decode_unavailable']}" if row["decode_unavailable"] else "available")
+        print(f"{row['mode']:<24} {state}\n{'':<24} {row['description']}")
+
+
+def _job_specs(args: argparse.Namespace, base: LLMConfig, modes: list[str]) -> tuple[list[JobSpec], list[str]]:
+    """One job per (sweep value, mode), each config validated; and a label per job for the progress bars."""
+    from engine.jobs import JobSpec
+    from engine.llm.config import LLMConfig, params_of
+
     points: list[tuple[str | None, int | None]] = [(None, None)]
     if args.sweep:
         points = [(args.sweep[0], v) for v in args.sweep[1]]
@@ -146,13 +187,13 @@ def cmd_llm(args: argparse.Namespace) -> int:
             specs.append(JobSpec("llm", f"llama-{cfg.preset}", mode, args.device, params_of(cfg),
                                  timeout_s=args.timeout))
             labels.append(f"{mode} B={cfg.batch} P={cfg.prompt_len}")
-    store = _store(args)
-    group = uuid.uuid4().hex[:12] if len(specs) > 1 else None
-    ids = create_runs(store, specs, group)
-    slots, order, why = plan_group(store, ids, args.prepare_parallel, args.serial)
-    if len(ids) > 1:
-        print(f"{len(ids)} runs; preparing {why}; timing one at a time", file=sys.stderr)
-    statuses = run_jobs(store, order, _Bars(dict(zip(ids, labels))), prepare_parallel=slots)
+    return specs, labels
+
+
+def _print_figures(store: Store, ids: list[int], specs: list[JobSpec], statuses: dict[int, str]) -> None:
+    """One line per run: its headline figures, or why it failed."""
+    from engine.llm.report import fmt_num, fmt_pct, fmt_time, headline
+
     figures = headline(store, [i for i in ids if statuses[i] == "ok"])
     print(f"\n{'run':>5} {'mode':<24} {'B':>3} {'P':>5} {'TTFT':>10} {'TPOT med':>10} {'TPOT p90':>10} "
           f"{'tok/s':>9} {'MFU':>7} {'MBU':>7} {'1st prefill':>11} {'1st decode':>11}")
@@ -167,14 +208,14 @@ def cmd_llm(args: argparse.Namespace) -> int:
               f"{fmt_time(g('ttft_us')):>10} {fmt_time(g('tpot_median_us')):>10} {fmt_time(g('tpot_p90_us')):>10} "
               f"{fmt_num(g('tokens_per_s')):>9} {fmt_pct(g('mfu_pct')):>7} {fmt_pct(g('mbu_pct')):>7} "
               f"{fmt_time(g('first_call_prefill_us')):>11} {fmt_time(g('first_call_decode_us')):>11}")
-    if args.tp > 1:  # the scaling table each run keeps in its notes
-        for run_id in ids:
-            for note in (store.run(run_id)["notes"] if statuses[run_id] == "ok" else []):
-                if note.startswith("tensor parallel"):
-                    print(f"\nrun {run_id}: {note}")
-    print("MFU: % of the measured matmul ceiling; MBU: % of the measured copy bandwidth (python -m engine ceilings "
-          "--show). Reports: python -m engine llm-report RUN_ID")
-    return 0 if all(s == "ok" for s in statuses.values()) else 1
+
+
+def _print_scaling(store: Store, ids: list[int], statuses: dict[int, str]) -> None:
+    """--tp: the scaling table each run keeps in its notes."""
+    for run_id in ids:
+        for note in (store.run(run_id)["notes"] if statuses[run_id] == "ok" else []):
+            if note.startswith("tensor parallel"):
+                print(f"\nrun {run_id}: {note}")
 
 
 def cmd_llm_report(args: argparse.Namespace) -> int:

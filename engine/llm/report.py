@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from engine.llm import metrics as M
+from engine.llm.config import LLMConfig, params_of
 from engine.store import Artifact, RunResult, Store
 from engine.workloads.llama import PRESETS, LlamaConfig
 
@@ -246,8 +247,8 @@ def render(view: RunView) -> dict[str, str]:
               f"Device: {view.env.get('device_name', '—')} · torch {view.env.get('torch', '—')} · "
               f"git {view.env.get('git_commit') or '—'}", "", "## Headline figures", "", _md_table(head),
               "## Correctness", "", check, "", "## Where the time goes", ""]
-    report += [f"**Top operators, prefill** (per profiled prefill)", "", _ops_md(view, "prefill", 5),
-               f"**Top operators, decode** (per profiled step)", "", _ops_md(view, "decode", 5)]
+    report += ["**Top operators, prefill** (per profiled prefill)", "", _ops_md(view, "prefill", 5),
+               "**Top operators, decode** (per profiled step)", "", _ops_md(view, "decode", 5)]
     report += ["## Bound", "", *(f"- {s}" for s in bound_sentences(view)), ""]
     if view.notes:
         report += ["## Notes", "", *(f"- {n}" for n in view.notes), ""]
@@ -308,17 +309,15 @@ def assumptions(view: RunView) -> str:
               "inside the loop; every step of every timed pass is a sample.",
               f"- Logits of every mode are compared with eager's by relative L2 error (tolerance "
               f"{g('tolerance') if g('tolerance') is not None else '—'}: bf16 5e-2, fp32 1e-4; why in "
-              "engine/llm/run.py TOLERANCE) and the greedy tokens must match (a flip between candidates closer than "
+              "engine/llm/verify.py TOLERANCE) and the greedy tokens must match (a flip between candidates closer than "
               "twice the measured logit difference is a tie, noted, not a failure).",
               "- Random weights from a fixed seed: the figures depend on shapes only, not on what the weights say.",
               ""]
     return "\n".join(lines)
 
 
-def write_reports(cfg: Any, result: RunResult, out_dir: Path, run_id: int | None = None) -> list[Artifact]:
+def write_reports(cfg: LLMConfig, result: RunResult, out_dir: Path, run_id: int | None = None) -> list[Artifact]:
     """Render from a fresh RunResult into out_dir; the artifacts to record with the run."""
-    from engine.llm.run import params_of
-
     files = render(from_result(params_of(cfg), result, run_id))
     return write_files(files, out_dir)
 

@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 
-from engine.llm.run import LLMConfig, params_of, rel_l2
+from engine.llm.config import LLMConfig, params_of
 from engine.llm.tp import check_divisible
 from engine.llm.tp_rank import llm_config
+from engine.llm.verify import rel_l2
 from engine.store import Artifact, Metric, RunResult, Samples
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -230,9 +231,33 @@ def tp_result(cfg: LLMConfig, world_size: int, progress: Callable[[float, str], 
     rows = {r["world_size"]: r for r in scaling_rows(results)}
     top, base, row = results[world_size], results[1], rows[world_size]
     B = cfg.batch
-    tag_p, tag_d = dict(phase="prefill", batch_size=B), dict(phase="decode", batch_size=B)
     result = RunResult(env=capture_env(cfg.device))
-    result.metrics += [
+    result.metrics += _scaling_metrics(world_size, top, base, row, B)
+    if top.get("check"):
+        result.metrics += _check_metrics(top["check"], B)
+        result.notes += top["check"]["notes"]
+    if top.get("peak_memory_bytes") is not None:
+        result.metrics.append(Metric("peak_memory_bytes", top["peak_memory_bytes"], "bytes"))
+    result.samples += [Samples(phase="prefill", values=top["ttft_samples_us"], batch_size=B),
+                       Samples(phase="decode", values=top["tpot_samples_us"], batch_size=B),
+                       Samples(phase="allreduce_decode", values=top["allreduce_decode_us"], batch_size=B),
+                       Samples(phase="tp1_decode", values=base["tpot_samples_us"], batch_size=B)]
+    for r in results.values():
+        result.artifacts.append(Artifact(kind="log", name=Path(r["log_path"]).name, path=r["log_path"]))
+    result.notes.append(f"tensor parallel over {world_size} {top['backend']} ranks ({top['device_name']}); "
+                        f"baseline: the unsharded model on one device. Each rank holds "
+                        f"{top['params_per_rank'] / top['params_full']:.0%} of the parameters (embedding and LM "
+                        "head replicated).\n" + format_scaling(list(rows.values())))
+    result.metrics.append(Metric("run_wall_s", time.perf_counter() - wall0, "s"))
+    progress(1.0, "done")
+    return result
+
+
+def _scaling_metrics(world_size: int, top: dict[str, Any], base: dict[str, Any], row: dict[str, Any], B: int
+                     ) -> list[Metric]:
+    """The sharded run's figures (`top`), the world-size-1 baseline's (tp1_*) and the scaling row between them."""
+    tag_p, tag_d = dict(phase="prefill", batch_size=B), dict(phase="decode", batch_size=B)
+    return [
         Metric("tp_world_size", float(world_size), ""),
         Metric("ttft_us", top["ttft_us"], "us", **tag_p),
         Metric("ttft_p10_us", top["ttft"]["p10"], "us", **tag_p),
@@ -255,27 +280,13 @@ def tp_result(cfg: LLMConfig, world_size: int, progress: Callable[[float, str], 
         Metric("rel_err_vs_tp1", row["rel_err_vs_1"], ""),
         Metric("params_per_rank", float(top["params_per_rank"]), ""),
     ]
-    if top.get("check"):
-        c = top["check"]
-        result.metrics += [Metric("tolerance", c["tolerance"], ""),
-                           Metric("tokens_matched", float(c["tokens_matched"]), ""),
-                           Metric("max_rel_err", c["prefill_rel_err"], "", **tag_p),
-                           Metric("max_abs_err", c["max_abs_err"], "")]
-        if c["decode_rel_err"] is not None:
-            result.metrics.append(Metric("max_rel_err", c["decode_rel_err"], "", **tag_d))
-        result.notes += c["notes"]
-    if top.get("peak_memory_bytes") is not None:
-        result.metrics.append(Metric("peak_memory_bytes", top["peak_memory_bytes"], "bytes"))
-    result.samples += [Samples(phase="prefill", values=top["ttft_samples_us"], batch_size=B),
-                       Samples(phase="decode", values=top["tpot_samples_us"], batch_size=B),
-                       Samples(phase="allreduce_decode", values=top["allreduce_decode_us"], batch_size=B),
-                       Samples(phase="tp1_decode", values=base["tpot_samples_us"], batch_size=B)]
-    for r in results.values():
-        result.artifacts.append(Artifact(kind="log", name=Path(r["log_path"]).name, path=r["log_path"]))
-    result.notes.append(f"tensor parallel over {world_size} {top['backend']} ranks ({top['device_name']}); "
-                        f"baseline: the unsharded model on one device. Each rank holds "
-                        f"{top['params_per_rank'] / top['params_full']:.0%} of the parameters (embedding and LM "
-                        "head replicated).\n" + format_scaling(list(rows.values())))
-    result.metrics.append(Metric("run_wall_s", time.perf_counter() - wall0, "s"))
-    progress(1.0, "done")
-    return result
+
+
+def _check_metrics(c: dict[str, Any], B: int) -> list[Metric]:
+    """Rank 0's check of the sharded logits against the unsharded model's."""
+    out = [Metric("tolerance", c["tolerance"], ""), Metric("tokens_matched", float(c["tokens_matched"]), ""),
+           Metric("max_rel_err", c["prefill_rel_err"], "", phase="prefill", batch_size=B),
+           Metric("max_abs_err", c["max_abs_err"], "")]
+    if c["decode_rel_err"] is not None:
+        out.append(Metric("max_rel_err", c["decode_rel_err"], "", phase="decode", batch_size=B))
+    return out

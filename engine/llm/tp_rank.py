@@ -1,7 +1,7 @@
 """One rank of a tensor-parallel LLM run: `python -m torch.distributed.run --standalone --nproc-per-node N
 -m engine.llm.tp_rank --config CONFIG.json` (engine.llm.tp_launch starts it).
 
-The config is a JSON object: the LLMConfig fields of engine.llm.run (preset, layers, prompt_len, new_tokens, batch,
+The config is a JSON object: the LLMConfig fields of engine.llm.config (preset, layers, prompt_len, new_tokens, batch,
 device "cpu" or "cuda", dtype, seed, fuse, prefill_iters, decode_passes, check_tokens; mode must be "eager") plus
 
     result_path   where rank 0 writes the result JSON (required); the logits go to a .pt file beside it
@@ -11,11 +11,11 @@ device "cpu" or "cuda", dtype, seed, fuse, prefill_iters, decode_passes, check_t
 
 Each rank, in order:
 1. joins the process group: gloo on the CPU, NCCL on CUDA with device cuda:LOCAL_RANK;
-2. builds the seeded full model and prompt (engine.llm.run.build: same seed on every rank → identical weights);
+2. builds the seeded full model and prompt (engine.llm.config.build: same seed on every rank → identical weights);
 3. rank 0 with `check`: eager greedy generation on the *unsharded* model — the reference — and its tolerance
-   (engine.llm.run.calibrate: 1e-4 relative L2 in float32; calibrated against a float32 twin otherwise);
+   (engine.llm.verify.calibrate: 1e-4 relative L2 in float32; calibrated against a float32 twin otherwise);
 4. keeps its shard (engine.llm.tp.shard_decoder) and generates greedily through the static cache; rank 0 compares
-   logits and tokens with the reference (engine.llm.run.check_generation: a ToleranceError fails the run), and all
+   logits and tokens with the reference (engine.llm.verify.check_generation: a ToleranceError fails the run), and all
    ranks check they produced the same tokens;
 5. times `prefill_iters` prefills (TTFT) and `decode_passes` passes of N decode steps (per-step TPOT), every timed
    call started together (a barrier first), with the all-reduce time of every prefill and decode step;
@@ -30,6 +30,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -38,11 +39,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from engine.llm.generate import Decoder, Generation, generate, step_fn
-from engine.llm.run import LLMConfig, build, calibrate, check_generation, decode_pass, timed_calls, \
-    config_from_params
+from engine.llm.config import LLMConfig, build, config_from_params
+from engine.llm.generate import Decoder, Generation, StepFn, generate, step_fn
+from engine.llm.timed import decode_pass, sync, timed_calls
 from engine.llm.tp import AllReduceTimer, StepComm, shard_decoder, shard_parameter_count, timed_steps
+from engine.llm.verify import CheckResult, calibrate, check_generation
 from engine.timing import summarize
+from engine.workloads.llama import LlamaDecoder
 
 
 def _env_int(name: str) -> int:
@@ -62,11 +65,6 @@ def llm_config(params: dict[str, Any], device: str) -> LLMConfig:
         cfg.check_tokens = cfg.new_tokens  # check (and report) every generated token by default
     cfg.validate()
     return cfg
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -100,33 +98,78 @@ def run_rank(params: dict[str, Any]) -> dict[str, Any] | None:
         dist.destroy_process_group()
 
 
+@dataclass
+class _Checked:
+    """The sharded generation, checked: its logits (rank 0 keeps them), tokens, and the comparison's figures."""
+    got: Generation
+    tokens: list[list[int]]  # (B, 1 + checked steps): the prefill's token, then one per decode step
+    result: CheckResult | None  # None: no reference (not rank 0, or the config's check is off)
+    tolerance: float | None
+
+
+@dataclass
+class _Timings:
+    ttft_us: list[float]
+    tpot_us: list[float]
+    prefill_comm: list[StepComm]  # the all-reduces of each timed prefill
+    decode_comm: list[StepComm]  # … of each timed decode step
+
+    @property
+    def allreduce_prefill_us(self) -> list[float]:
+        return [c.us for c in self.prefill_comm]
+
+    @property
+    def allreduce_decode_us(self) -> list[float]:
+        return [c.us for c in self.decode_comm]
+
+
 @torch.no_grad()
 def _run(cfg: LLMConfig, params: dict[str, Any], rank: int, world: int, device: str, backend: str,
          wall0: float) -> dict[str, Any] | None:
-    P, N, k = cfg.prompt_len, cfg.new_tokens, min(cfg.check_tokens, cfg.new_tokens)
-    check = bool(params.get("check", True))
+    k = min(cfg.check_tokens, cfg.new_tokens)
     model, prompt = build(cfg)  # the full model: the same seed gives every rank the same weights and prompt
     full_params = shard_parameter_count(model)
-
-    ref: Generation | None = None
-    tol = None
-    if check and rank == 0:  # the single-device reference, before sharding (the other ranks wait at the barrier)
-        eager = step_fn(model)
-        ref = generate(eager, Decoder(eager), prompt, k)
-        tol = calibrate(cfg, model, prompt, ref).tolerance
-    _sync(device)
+    ref, tol = None, None
+    if bool(params.get("check", True)) and rank == 0:  # before sharding (the other ranks wait at the barrier)
+        ref, tol = _reference(cfg, model, prompt, k)
+    sync(device)
     dist.barrier()
-
     timer = AllReduceTimer(device)
+    step, decoder = _shard(model, rank, world, device, timer)
+    checked = _check_sharded(step, decoder, prompt, k, ref, tol, world, timer)
+    timings = _time(cfg, step, decoder, prompt, timer, device)
+    per_rank = _gather_per_rank(rank, world, timings)
+    peak = float(torch.cuda.max_memory_allocated()) if device.startswith("cuda") else None
+    if rank != 0:
+        return None
+    return {**_run_facts(cfg, params, world, device, backend), "params_full": full_params,
+            "params_per_rank": shard_parameter_count(model),
+            **_check_facts(checked, Path(params["result_path"])), **_timing_facts(timings), "per_rank": per_rank,
+            "peak_memory_bytes": peak, "max_seq": cfg.max_seq, "wall_s": time.perf_counter() - wall0}
+
+
+def _reference(cfg: LLMConfig, model: LlamaDecoder, prompt: torch.Tensor, k: int) -> tuple[Generation, float]:
+    """The single-device reference: eager greedy generation on the unsharded model, and its tolerance."""
+    eager = step_fn(model)
+    ref = generate(eager, Decoder(eager), prompt, k)
+    return ref, calibrate(cfg, model, prompt, ref).tolerance
+
+
+def _shard(model: LlamaDecoder, rank: int, world: int, device: str, timer: AllReduceTimer
+           ) -> tuple[StepFn, Decoder]:
+    """Keep this rank's shard; its step function (all-reduces timed by `timer`) and a decoder over it."""
     if world > 1:  # one rank: the plain single-device model, no all-reduce at all (the scaling baseline)
         shard_decoder(model, rank, world, timer=timer)
     if device.startswith("cuda"):
         torch.cuda.empty_cache()  # the full weights' memory, now unused
         torch.cuda.reset_peak_memory_stats()
     step = timed_steps(step_fn(model), timer)
-    decoder = Decoder(step)
+    return step, Decoder(step)
 
-    # Correctness: the sharded greedy generation, compared with the reference; the same tokens on every rank.
+
+def _check_sharded(step: StepFn, decoder: Decoder, prompt: torch.Tensor, k: int, ref: Generation | None,
+                   tol: float | None, world: int, timer: AllReduceTimer) -> _Checked:
+    """Correctness: the sharded greedy generation, compared with the reference; the same tokens on every rank."""
     got = generate(step, decoder, prompt, k)
     timer.take()
     check_result = check_generation(got, ref, tol, f"tensor parallel over {world} ranks") if ref is not None \
@@ -136,8 +179,14 @@ def _run(cfg: LLMConfig, params: dict[str, Any], rank: int, world: int, device: 
     dist.all_gather_object(everyone, tokens)
     if any(t != tokens for t in everyone):
         raise RuntimeError(f"the ranks generated different tokens: {everyone}")
+    return _Checked(got, tokens, check_result, tol)
 
-    # Timing: prefills (TTFT), then decode passes (TPOT per step), all-reduce time per forward alongside.
+
+def _time(cfg: LLMConfig, step: StepFn, decoder: Decoder, prompt: torch.Tensor, timer: AllReduceTimer,
+          device: str) -> _Timings:
+    """Prefills (TTFT), then decode passes (TPOT per step), the all-reduce time per forward alongside; every timed
+    call starts together on all ranks (a barrier first)."""
+    P, N = cfg.prompt_len, cfg.new_tokens
     positions = torch.arange(P, device=device)
     for _ in range(2):
         step(prompt, positions)
@@ -155,48 +204,56 @@ def _run(cfg: LLMConfig, params: dict[str, Any], rank: int, world: int, device: 
         decode_comm += timer.take()
     if len(prefill_comm) != len(ttft_us) or len(decode_comm) != len(tpot_us):
         raise RuntimeError("all-reduce groups do not line up with the timed calls")
-    ar_prefill = [c.us for c in prefill_comm]
-    ar_decode = [c.us for c in decode_comm]
-    # Every rank's own all-reduce medians: a rank that waits much longer than the others marks the slow one.
-    mine = {"rank": rank, "allreduce_prefill_median_us": summarize(ar_prefill).median,
-            "allreduce_decode_median_us": summarize(ar_decode).median, "ttft_median_us": summarize(ttft_us).median,
-            "tpot_median_us": summarize(tpot_us).median}
+    return _Timings(ttft_us, tpot_us, prefill_comm, decode_comm)
+
+
+def _gather_per_rank(rank: int, world: int, timings: _Timings) -> list[Any]:
+    """Every rank's own all-reduce medians: a rank that waits much longer than the others marks the slow one."""
+    mine = {"rank": rank, "allreduce_prefill_median_us": summarize(timings.allreduce_prefill_us).median,
+            "allreduce_decode_median_us": summarize(timings.allreduce_decode_us).median,
+            "ttft_median_us": summarize(timings.ttft_us).median, "tpot_median_us": summarize(timings.tpot_us).median}
     per_rank: list[Any] = [None] * world
     dist.all_gather_object(per_rank, mine)
-    peak = float(torch.cuda.max_memory_allocated()) if device.startswith("cuda") else None
-    if rank != 0:
-        return None
+    return per_rank
 
-    result_path = Path(params["result_path"])
+
+# -- rank 0's result ------------------------------------------------------------------------------------------------
+def _run_facts(cfg: LLMConfig, params: dict[str, Any], world: int, device: str, backend: str) -> dict[str, Any]:
+    return {"world_size": world, "backend": backend, "device": device.split(":")[0],
+            "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "config": {k: v for k, v in params.items() if k not in ("result_path", "crash_rank")},
+            "dtype": str(cfg.torch_dtype).removeprefix("torch.")}
+
+
+def _check_facts(checked: _Checked, result_path: Path) -> dict[str, Any]:
+    """The tokens and the check's figures; the checked logits go to a .pt file beside the result."""
+    got, c = checked.got, checked.result
     logits_path = result_path.with_suffix(".logits.pt")
     torch.save({"logits": got.logits, "tokens": got.tokens.cpu()}, logits_path)
-    ttft, tpot = _stats(ttft_us), _stats(tpot_us)
     return {
-        "world_size": world, "backend": backend, "device": device.split(":")[0],
-        "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
-        "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "config": {k2: v for k2, v in params.items() if k2 not in ("result_path", "crash_rank")},
-        "dtype": str(cfg.torch_dtype).removeprefix("torch."),
-        "params_full": full_params, "params_per_rank": shard_parameter_count(model),
-        "tokens": tokens,  # (B, 1 + checked steps): the prefill's token, then one per decode step
+        "tokens": checked.tokens,  # (B, 1 + checked steps): the prefill's token, then one per decode step
         "prefill_logits": got.logits[0].tolist() if got.logits[0].numel() <= 4096 else None,
         "logits_path": str(logits_path),
-        "check": None if check_result is None else {
-            "tolerance": tol, "prefill_rel_err": check_result.prefill_rel_err,
-            "decode_rel_err": check_result.decode_rel_err, "max_abs_err": check_result.max_abs_err,
-            "tokens_matched": check_result.tokens_matched, "notes": check_result.notes},
-        "ttft_us": ttft["median"], "ttft": ttft, "ttft_samples_us": ttft_us,
-        "tpot_us": tpot["median"], "tpot": tpot, "tpot_samples_us": tpot_us,
+        "check": None if c is None else {
+            "tolerance": checked.tolerance, "prefill_rel_err": c.prefill_rel_err,
+            "decode_rel_err": c.decode_rel_err, "max_abs_err": c.max_abs_err,
+            "tokens_matched": c.tokens_matched, "notes": c.notes},
+    }
+
+
+def _timing_facts(t: _Timings) -> dict[str, Any]:
+    ttft, tpot = _stats(t.ttft_us), _stats(t.tpot_us)
+    ar_prefill, ar_decode = t.allreduce_prefill_us, t.allreduce_decode_us
+    return {
+        "ttft_us": ttft["median"], "ttft": ttft, "ttft_samples_us": t.ttft_us,
+        "tpot_us": tpot["median"], "tpot": tpot, "tpot_samples_us": t.tpot_us,
         "allreduce_prefill_us": ar_prefill, "allreduce_decode_us": ar_decode,
         "allreduce_prefill_median_us": summarize(ar_prefill).median,
         "allreduce_decode_median_us": summarize(ar_decode).median,
-        "allreduce_calls_per_step": decode_comm[0].calls,
-        "allreduce_bytes_per_decode_step": decode_comm[0].bytes,
-        "allreduce_bytes_per_prefill": prefill_comm[0].bytes,
-        "per_rank": per_rank,
-        "peak_memory_bytes": peak,
-        "max_seq": cfg.max_seq,
-        "wall_s": time.perf_counter() - wall0,
+        "allreduce_calls_per_step": t.decode_comm[0].calls,
+        "allreduce_bytes_per_decode_step": t.decode_comm[0].bytes,
+        "allreduce_bytes_per_prefill": t.prefill_comm[0].bytes,
     }
 
 

@@ -1,0 +1,141 @@
+"""What one LLM-lab run is: its LLMConfig (preset, shape, mode, device, …), the params dict the store keeps of it,
+the device memory it needs, and the seeded model and prompt it builds.
+
+The bottom of the LLM lab's layers: engine.llm.verify and engine.llm.timed sit beside it, engine.llm.tp_rank,
+engine.llm.tp_launch, engine.llm.report and engine.llm.run build on it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from engine.llm import metrics as M
+from engine.llm.modes import get_mode
+from engine.workloads.llama import PRESETS, LlamaConfig, LlamaDecoder, build_model, parameter_count, preset
+
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+          "float32": torch.float32, "fp32": torch.float32}
+MAX_POSITIONS = 32768
+
+
+@dataclass
+class LLMConfig:
+    preset: str = "tiny"
+    layers: int | None = None  # override the preset's layer count (same shapes per layer, shorter model)
+    prompt_len: int = 32
+    new_tokens: int = 16
+    batch: int = 1
+    mode: str = "eager"
+    device: str = "cpu"
+    dtype: str | None = None  # None: bfloat16 on CUDA, float32 on CPU
+    seed: int = 0
+    fuse: bool = True  # q/k/v and gate/up as one matmul each (gpt-fast's layout)
+    sdpa: str | None = None  # force an SDPA backend in every mode (the sdpa-* modes force their own)
+    autotune: bool = False  # compile with max-autotune-no-cudagraphs
+    prefill_iters: int = 10
+    decode_passes: int = 2
+    check_tokens: int = 8  # greedy tokens compared with eager (at most new_tokens)
+    profile: bool = True
+    profile_decode_steps: int = 6
+    deep: bool = False
+    top_k: int = 5
+    ceilings: str = "auto"  # auto: stored or measured now | stored: only stored ones | none
+    artifacts_dir: str | None = None
+    db: str | None = None
+    sweep: str | None = None  # the swept parameter of this run's group ("batch" or "prompt"), for the page
+    tp: int = 1  # tensor parallelism over this many ranks (engine.llm.tp_launch; eager only)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        name = self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
+        if name not in DTYPES:
+            raise ValueError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}")
+        return DTYPES[name]
+
+    @property
+    def max_seq(self) -> int:
+        """Cache length: P + N rounded up to 16 (aligned rows for the attention kernels' masks)."""
+        return 16 * math.ceil((self.prompt_len + self.new_tokens) / 16)
+
+    def validate(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"no Llama preset {self.preset!r}; presets: {', '.join(PRESETS)}")
+        get_mode(self.mode)
+        if self.layers is not None and self.layers < 1:
+            raise ValueError(f"layers must be at least 1, not {self.layers}")
+        for name in ("prompt_len", "new_tokens", "batch", "prefill_iters", "decode_passes", "top_k"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.check_tokens < 0 or self.profile_decode_steps < 1:
+            raise ValueError("check_tokens must be ≥ 0 and profile_decode_steps ≥ 1")
+        if self.prompt_len + self.new_tokens > MAX_POSITIONS:
+            raise ValueError(f"prompt_len + new_tokens = {self.prompt_len + self.new_tokens} exceeds "
+                             f"{MAX_POSITIONS} positions")
+        if self.sdpa is not None and self.sdpa not in ("flash", "efficient", "math"):
+            raise ValueError(f"sdpa must be flash, efficient or math, not {self.sdpa!r}")
+        if int(self.tp) < 1:
+            raise ValueError(f"tp must be at least 1, not {self.tp}")
+        if self.tp > 1 and self.mode != "eager":
+            raise ValueError(f"tensor-parallel runs are eager only, not mode {self.mode!r}")
+        if self.tp > 1:
+            from engine.llm.tp import check_divisible
+
+            check_divisible(self.model_config(), int(self.tp))
+        if self.ceilings not in ("auto", "stored", "none"):
+            raise ValueError("ceilings must be auto, stored or none")
+        self.torch_dtype  # noqa: B018 - raises on an unknown dtype
+
+    def model_config(self) -> LlamaConfig:
+        return preset(self.preset, **({"layers": self.layers} if self.layers else {}))
+
+
+def config_from_params(params: dict[str, Any]) -> LLMConfig:
+    known = set(LLMConfig.__dataclass_fields__)
+    return LLMConfig(**{k: v for k, v in params.items() if k in known})
+
+
+def params_of(cfg: LLMConfig) -> dict[str, Any]:
+    """The run's parameters as the store keeps them (the local paths and `extra` left out)."""
+    return {k: v for k, v in asdict(cfg).items() if k not in ("artifacts_dir", "db", "extra")}
+
+
+# -- memory ---------------------------------------------------------------------------------------------------------
+def memory_needed(cfg: LLMConfig) -> int:
+    """Bytes of weights and KV cache this run allocates at once (activations and logits come on top): the model,
+    and during calibration its float32 twin with a one-sequence cache."""
+    elem = torch.finfo(cfg.torch_dtype).bits // 8
+    mc = cfg.model_config()
+    need = elem * parameter_count(mc) + M.kv_bytes(mc, cfg.batch, cfg.max_seq, elem)
+    if cfg.torch_dtype != torch.float32:
+        need += 4 * parameter_count(mc) + M.kv_bytes(mc, 1, cfg.max_seq, 4)
+    return need
+
+
+def check_memory(cfg: LLMConfig) -> None:
+    """A clear error before allocating a model that cannot fit on this GPU."""
+    if not cfg.device.startswith("cuda"):
+        return
+    free, total = torch.cuda.mem_get_info(torch.device(cfg.device))
+    need = memory_needed(cfg)
+    if need > 0.95 * free:
+        raise MemoryError(f"{cfg.preset} with B={cfg.batch}, {cfg.max_seq} cached positions needs "
+                          f"{need / 2**30:.1f} GiB of weights and KV cache (the float32 twin that calibrates the "
+                          f"check included); {cfg.device} has {free / 2**30:.1f} GiB free of {total / 2**30:.1f} "
+                          "GiB. Use a smaller preset, batch or length.")
+
+
+# -- the model ------------------------------------------------------------------------------------------------------
+def build(cfg: LLMConfig) -> tuple[LlamaDecoder, torch.Tensor]:
+    """The seeded model with its static cache, and the seeded prompt (B, P) on the device."""
+    model = build_model(cfg.model_config(), cfg.device, cfg.torch_dtype, cfg.seed)
+    if cfg.fuse:
+        model.fuse_projections()
+    model.setup_cache(cfg.batch, cfg.max_seq)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    prompt = torch.randint(0, model.cfg.vocab, (cfg.batch, cfg.prompt_len), generator=gen).to(cfg.device)
+    return model, prompt
