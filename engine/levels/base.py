@@ -34,6 +34,8 @@ class Built:
     stages: dict[str, Callable[..., torch.Tensor]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     interpreted: bool = False  # Triton under TRITON_INTERPRET=1: a correctness run, never a timing to compare
+    # Its first calls time candidate kernels (Triton's autotuner): beside other runs they take the device alone.
+    autotunes: bool = False
 
 
 @dataclass(frozen=True)

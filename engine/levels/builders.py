@@ -83,6 +83,7 @@ def _triton(component: Component, shape: Shape, naive: nn.Module, device: str) -
     kernels = _kernels_namespace("engine.kernels.triton")
     built = kernel_level(kernels, component, shape, naive)
     built.interpreted = interpreted
+    built.autotunes = not interpreted
     if interpreted:
         built.notes.append("TRITON_INTERPRET=1: the kernels run in Triton's CPU interpreter — a correctness check; "
                            "its times are not kernel times")

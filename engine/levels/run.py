@@ -9,6 +9,7 @@ component's analytic FLOPs and minimum bytes by the median, and by the device ce
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine import device_lock
 from engine.ceilings import Ceilings, ceiling_metrics, ceilings_for, dtype_key
 from engine.envinfo import capture_env
 from engine.levels import get_component, get_level
@@ -112,7 +114,8 @@ def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunR
     device = cfg.device
     result = RunResult(env=capture_env(device))
     progress(0.02, "ceilings")
-    ceilings = ceilings_for(device, cfg.db, quick=cfg.quick_ceilings) if cfg.db else None
+    with device_lock.exclusive():  # measures them if this device has none: a timing like any other
+        ceilings = ceilings_for(device, cfg.db, quick=cfg.quick_ceilings) if cfg.db else None
 
     progress(0.05, f"inputs for {shape.label()}")
     sets = _input_sets(component, shape, device, cfg.seed)
@@ -120,17 +123,18 @@ def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunR
     tol = component.tolerance(shape)
     with torch.no_grad():
         checked = _build_and_check(component, shape, level, naive, sets, tol, device, progress)
-        progress(0.4, f"timing {level.key}")
-        m = _time_rotating(checked.built.fn, sets, cfg)
-        stage_measurements = {}
-        for stage, stage_fn in checked.built.stages.items():
-            progress(0.8, f"timing stage {stage}")
-            stage_fn(*sets[0])  # compile/warm outside the timed loop
-            stage_measurements[stage] = _time_rotating(stage_fn, sets, cfg)
-
-    _record_forward(result, component, shape, checked, m, tol, len(sets), ceilings)
-    if device.startswith("cuda"):
-        _time_in_cuda_graph(result, checked.built, sets, progress)
+    # Beside other runs of its group (engine.plan) this worker prepared holding the device shared; it times alone.
+    with device_lock.exclusive():
+        with torch.no_grad():
+            progress(0.4, f"timing {level.key}")
+            m = _time_rotating(checked.built.fn, sets, cfg)
+            stage_measurements = {}
+            for stage, stage_fn in checked.built.stages.items():
+                progress(0.8, f"timing stage {stage}")
+                stage_measurements[stage] = _time_rotating(stage_fn, sets, cfg)
+        _record_forward(result, component, shape, checked, m, tol, len(sets), ceilings)
+        if device.startswith("cuda"):
+            _time_in_cuda_graph(result, checked.built, sets, progress)
     _record_stages(result, component, shape, checked.stage_errs, stage_measurements, ceilings)
     result.metrics += ceiling_metrics(ceilings, ("copy_bw", f"matmul_{dtype_key(shape.dtype)}", "launch_us"))
     result.notes += [n for n in checked.built.notes if n not in result.notes]
@@ -171,7 +175,8 @@ def _build_and_check(component: Component, shape: Shape, level: Level, naive: to
     build_us = time_first_call(lambda: built_holder.append(level.build(component, shape, naive, device)), device)
     built = built_holder[0]
     outputs: list[torch.Tensor] = []
-    first_us = time_first_call(lambda: outputs.append(built.fn(*sets[0])), device)
+    with _tuning(built):
+        first_us = time_first_call(lambda: outputs.append(built.fn(*sets[0])), device)
     progress(0.3, f"checking {level.key} against the naive fp32 reference")
     what = f"{level.key} on {component.name} {shape.name}"
     err = check(what, outputs[0], refs[0], tol)
@@ -181,8 +186,15 @@ def _build_and_check(component: Component, shape: Shape, level: Level, naive: to
     stage_errs: dict[str, float] = {}
     for stage, stage_fn in built.stages.items():
         stage_ref = _stage_reference(component, naive, stage, sets[0])
-        stage_errs[stage] = check(f"{what} stage {stage}", stage_fn(*sets[0]), stage_ref, tol)
+        with _tuning(built):  # the stage's first call
+            stage_out = stage_fn(*sets[0])
+        stage_errs[stage] = check(f"{what} stage {stage}", stage_out, stage_ref, tol)
     return _Checked(built, build_us, first_us, err, stage_errs)
+
+
+def _tuning(built: Built) -> contextlib.AbstractContextManager:
+    """Around a first call: a level that autotunes times candidate kernels, so it takes the device alone."""
+    return device_lock.exclusive() if built.autotunes else contextlib.nullcontext()
 
 
 def _time_rotating(fn: Callable[..., torch.Tensor], sets: list[tuple], cfg: LevelsConfig) -> Measurement:
