@@ -6,6 +6,7 @@ For every (phase, batch size): a fresh copy of the same seeded model, the mode's
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine import nvtx_ranges
+from engine import device_lock, nvtx_ranges
 from engine.caches import cache_metrics, counter_snapshot
 from engine.checks import compare
 from engine.envinfo import capture_env
@@ -152,7 +153,7 @@ class _Checked:
     first_us: float
     max_abs: float
     max_rel: float
-    timed: Measurement
+    timed: Measurement | None = None  # set by _time_step
 
 
 def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, phase: str, batch_size: int,
@@ -165,10 +166,14 @@ def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, pha
     before = _Counters.snapshot()
     take_build_events()  # start this phase with an empty record of native builds
     if phase == "infer":
-        checked = _check_and_time_infer(workload, mode, base_model, inputs, batch_size, cfg, progress, frac)
+        checked = _check_infer(workload, mode, base_model, inputs, batch_size, cfg, progress, frac)
     else:
-        checked = _check_and_time_train(workload, mode, base_model, inputs, target, batch_size, cfg, progress, frac)
-    extra = _extra_metrics(checked, workload, phase, batch_size, cfg, progress, frac)
+        checked = _check_train(workload, mode, base_model, inputs, target, batch_size, cfg, progress, frac)
+    # Beside other runs of its group (engine.plan) the worker prepared holding the device shared; it times alone.
+    with device_lock.exclusive():
+        progress(lo + 0.2 * (hi - lo), f"{phase} B={batch_size}: timing")
+        checked.timed = _time_step(checked.step, phase, batch_size, cfg)
+        extra = _extra_metrics(checked, workload, phase, batch_size, cfg, progress, frac)
     _record_phase(result, checked, extra, mode, phase, batch_size, before)
     _keep_artifacts(result, checked.prepared, cfg)
     for note in checked.prepared.notes:
@@ -176,10 +181,9 @@ def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, pha
             result.notes.append(note)
 
 
-def _check_and_time_infer(workload: Workload, mode: Mode, base_model: torch.nn.Module, inputs: tuple,
-                          batch_size: int, cfg: BenchConfig, progress: Progress,
-                          frac: tuple[float, float]) -> _Checked:
-    """Prepare the mode on a fresh copy, time its first call, compare that output with eager, then time it."""
+def _check_infer(workload: Workload, mode: Mode, base_model: torch.nn.Module, inputs: tuple, batch_size: int,
+                 cfg: BenchConfig, progress: Progress, frac: tuple[float, float]) -> _Checked:
+    """Prepare the mode on a fresh copy, time its first call and compare that output with eager's."""
     phase, device = "infer", cfg.device
     lo, hi = frac
     reference_model = copy.deepcopy(base_model).eval()
@@ -194,21 +198,17 @@ def _check_and_time_infer(workload: Workload, mode: Mode, base_model: torch.nn.M
             return prepared.fn(*inputs)
 
         progress(lo + 0.05 * (hi - lo), _first_call_message(mode, phase, batch_size))
-        with nvtx_ranges.range(f"first_call {phase} B={batch_size}"):
+        with _tuning(mode), nvtx_ranges.range(f"first_call {phase} B={batch_size}"):
             first_out: list[torch.Tensor] = []
             first_us = time_first_call(lambda: first_out.append(call().clone()), device)
         max_abs, max_rel = compare(first_out[0], expected, workload.rtol, workload.atol,
                                    f"{mode.name} inference at batch {batch_size}")
-        progress(lo + 0.2 * (hi - lo), f"{phase} B={batch_size}: timing")
-        with nvtx_ranges.range(f"timed {phase} B={batch_size}"):
-            m = time_fn(call, device, warmup=cfg.warmup, iters=cfg.iters, first_call=False)
-    return _Checked(call, prepared, first_us, max_abs, max_rel, m)
+    return _Checked(call, prepared, first_us, max_abs, max_rel)
 
 
-def _check_and_time_train(workload: Workload, mode: Mode, base_model: torch.nn.Module, inputs: tuple,
-                          target: torch.Tensor, batch_size: int, cfg: BenchConfig, progress: Progress,
-                          frac: tuple[float, float]) -> _Checked:
-    """The mode's training step on a fresh copy: its first step against eager's (loss and every weight), then timed."""
+def _check_train(workload: Workload, mode: Mode, base_model: torch.nn.Module, inputs: tuple, target: torch.Tensor,
+                 batch_size: int, cfg: BenchConfig, progress: Progress, frac: tuple[float, float]) -> _Checked:
+    """The mode's training step on a fresh copy: its first step (timed) against eager's, loss and every weight."""
     phase, device = "train", cfg.device
     lo, hi = frac
     # Correctness: one step from identical weights, in eager and in the mode, must give the same loss and weights.
@@ -219,7 +219,7 @@ def _check_and_time_train(workload: Workload, mode: Mode, base_model: torch.nn.M
     prepared = mode.prepare(model, inputs, True)
     step = mode_train_step(prepared, model, workload, inputs, target)
     progress(lo + 0.05 * (hi - lo), _first_call_message(mode, phase, batch_size))
-    with nvtx_ranges.range(f"first_call {phase} B={batch_size}"):
+    with _tuning(mode), nvtx_ranges.range(f"first_call {phase} B={batch_size}"):
         losses: list[torch.Tensor] = []
         first_us = time_first_call(lambda: losses.append(step().detach().clone()), device)
     what = f"{mode.name} training step at batch {batch_size}"
@@ -227,10 +227,19 @@ def _check_and_time_train(workload: Workload, mode: Mode, base_model: torch.nn.M
     for (name, p), (_, p_ref) in zip(model.named_parameters(), reference_model.named_parameters()):
         a, r = compare(p, p_ref, workload.rtol, workload.atol, f"{what} (weight {name} after the step)")
         max_abs, max_rel = max(max_abs, a), max(max_rel, r)
-    progress(lo + 0.2 * (hi - lo), f"{phase} B={batch_size}: timing")
-    with nvtx_ranges.range(f"timed {phase} B={batch_size}"):
-        m = time_fn(step, device, warmup=cfg.warmup, iters=cfg.iters, first_call=False)
-    return _Checked(step, prepared, first_us, max_abs, max_rel, m)
+    return _Checked(step, prepared, first_us, max_abs, max_rel)
+
+
+def _tuning(mode: Mode) -> contextlib.AbstractContextManager:
+    """Around a first call: a mode that autotunes (max-autotune) times candidate kernels, so it takes the device
+    alone even while its group prepares side by side."""
+    return device_lock.exclusive() if mode.autotunes else contextlib.nullcontext()
+
+
+def _time_step(step: Callable[[], torch.Tensor], phase: str, batch_size: int, cfg: BenchConfig) -> Measurement:
+    """warm-up, then cfg.iters timed calls of the checked step (inference under no_grad)."""
+    with torch.set_grad_enabled(phase == "train"), nvtx_ranges.range(f"timed {phase} B={batch_size}"):
+        return time_fn(step, cfg.device, warmup=cfg.warmup, iters=cfg.iters, first_call=False)
 
 
 def _extra_metrics(checked: _Checked, workload: Workload, phase: str, batch_size: int, cfg: BenchConfig,

@@ -294,3 +294,21 @@ def ceiling_metrics(ceilings: Ceilings | None, names: tuple[str, ...]) -> list[M
     if ceilings.run_id is not None:
         out.append(Metric("ceilings_run_id", ceilings.run_id, ""))
     return out
+
+
+def ensure_ceilings(store: Store, device: str, timeout_s: float) -> None:
+    """Runs that prepare side by side (engine.plan) would each wait for the device alone to measure missing ceilings:
+    measure them once, first, as their own run (what the first run would have done; a failure leaves MFU, MBU and
+    the % of peak out)."""
+    import sys
+
+    from engine.envinfo import capture_env
+    from engine.jobs import JobSpec, create_runs, run_jobs
+
+    if latest_ceilings(store, device_name=capture_env(device).get("device_name"), device=device) is not None:
+        return
+    ids = create_runs(store, [JobSpec("ceilings", "ceilings", "measure", device, {"device": device, "auto": True},
+                                      timeout_s=timeout_s)])
+    if run_jobs(store, ids)[ids[0]] != "ok":
+        print(f"ceilings run {ids[0]} failed (MFU, MBU and % of peak will be left out): {store.run(ids[0])['error']}",
+              file=sys.stderr)

@@ -221,8 +221,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace, devices: list[str], launcher) -> int:
-    from engine.jobs import JobSpec, create_runs, run_jobs, run_jobs_spread, spread
+    from engine.jobs import JobSpec, create_runs, run_jobs_spread, spread
     from engine.modes import resolve_modes
+    from engine.plan import supervise
     from engine.workloads import get_workload
 
     if args.model and args.workload:
@@ -256,7 +257,10 @@ def _bench(args: argparse.Namespace, devices: list[str], launcher) -> int:
                      timeout_s=args.timeout) for m, d in zip(modes, lanes)]
     ids = create_runs(store, specs, group_id=uuid.uuid4().hex[:12])
     bars = _Bars({i: f"bench {m.name}" + (f" {d}" if len(devices) > 1 else "") for i, m, d in zip(ids, modes, lanes)})
-    statuses = run_jobs_spread(store, ids, bars) if len(devices) > 1 else run_jobs(store, ids, bars, launcher)
+    if len(devices) > 1:
+        statuses = run_jobs_spread(store, ids, bars)
+    else:
+        statuses = supervise(store, ids, bars, launcher, args.prepare_parallel, args.serial, out=sys.stderr)
     print_bench_table(store, ids)
     for run_id, status in statuses.items():
         if status != "ok":
@@ -440,6 +444,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _prepare_parallel(text: str) -> int | str:
+    return "auto" if text.strip().lower() == "auto" else _positive_int(text)
+
+
+def add_group_args(p: argparse.ArgumentParser) -> None:
+    """How a group of runs on one device is supervised (engine.plan): side by side while they prepare, alone to time."""
+    p.add_argument("--prepare-parallel", type=_prepare_parallel, default="auto", metavar="N|auto",
+                   help="runs that prepare (build, compile, capture) side by side; each still times alone with the "
+                        "device to itself (default: auto, from the cores or, for LLM runs, the free device memory)")
+    p.add_argument("--serial", action="store_true", help="one run at a time from start to end (cold compile "
+                   "times without other runs' contention); same as --prepare-parallel 1")
+
+
 def add_common_args(p: argparse.ArgumentParser) -> None:
     """Arguments every command that opens the store takes: --db."""
     p.add_argument("--db", default=None, help=f"results database (default: $RESULTS_DB or {default_db_path()})")
@@ -464,6 +481,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                         "the step time a loop sees without per-call event cost (default: auto = on CUDA only)")
     p.add_argument("--timeout", type=_positive_float, default=1800, help="seconds before a run counts as hung")
     add_common_args(p)
+    add_group_args(p)
     add_model_args(p)
     p.set_defaults(func=cmd_bench)
 

@@ -300,7 +300,7 @@ def lane_launcher(store: Store, run_ids: Sequence[int], name: str = "lane",
 
 
 # Kinds whose workers mark their timed sections (engine.device_lock.exclusive), so they may prepare side by side.
-PHASED_KINDS = frozenset({"llm"})
+PHASED_KINDS = frozenset({"llm", "bench", "levels"})
 
 
 @dataclass

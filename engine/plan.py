@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TextIO
 
-from engine.jobs import run_jobs
+from engine.ceilings import ensure_ceilings
+from engine.jobs import PHASED_KINDS, OnProgress, run_jobs
 from engine.store import Store
 
 
@@ -33,26 +36,64 @@ class GroupPlan:
 
 def plan_group(store: Store, run_ids: Sequence[int], requested: int | str = "auto", serial: bool = False
                ) -> GroupPlan:
-    """The plan for a group of queued runs: an LLM group of one device plans as `llm --mode all` does; any other
-    group runs one at a time, in the order given."""
+    """The plan for a group of queued runs. Runs of one kind on one device prepare side by side where their worker
+    marks its timed sections (engine.jobs.PHASED_KINDS): an LLM group as engine.llm.group says (memory-bound slots,
+    ceilings first), a bench or levels group as _side_by_side says. Anything else runs one at a time, as given."""
     runs = [store.run(i) for i in run_ids]
-    if len(runs) > 1 and all(r is not None and r["kind"] == "llm" for r in runs):
+    if len(runs) < 2 or any(r is None for r in runs):
+        return GroupPlan(1, list(run_ids), "one run at a time")
+    kinds, devices = {r["kind"] for r in runs}, {r["device"] for r in runs}
+    if len(kinds) > 1 or len(devices) > 1:
+        return GroupPlan(1, list(run_ids), "one run at a time (not one kind of run on one device)")
+    kind, device = kinds.pop(), devices.pop()
+    if kind == "llm":
         from engine.llm.group import plan_group as plan_llm_group
 
         slots, order, why = plan_llm_group(store, run_ids, requested, serial)
         return GroupPlan(slots, order, why)
-    return GroupPlan(1, list(run_ids), "one run at a time")
+    if kind not in PHASED_KINDS:
+        return GroupPlan(1, list(run_ids), f"one run at a time ({kind} runs hold the device from start to end)")
+    slots, why = _side_by_side(len(runs), device, requested, serial)
+    if slots > 1:
+        ensure_ceilings(store, device, float(runs[0]["params"].get("_timeout_s", 1800)))
+    order = [i for _, i in sorted(zip(runs, run_ids), key=lambda ri: _prepare_cost(ri[0]), reverse=True)]
+    return GroupPlan(slots, order, why)
 
 
-def supervise(store: Store, run_ids: Sequence[int], requested: int | str = "auto", serial: bool = False
-              ) -> dict[int, str]:
-    """Plan the group, say how it will run, and supervise it to its end; {run id: final status}."""
+def _side_by_side(count: int, device: str, requested: int | str, serial: bool) -> tuple[int, str]:
+    """How many bench or levels runs prepare at once: their models are small, so the cores bound it — on a GPU a
+    quarter of them each (a compile uses several threads), on the CPU one per core (whoever times holds the
+    cores alone: preparing runs wait)."""
+    if serial:
+        return 1, "one run at a time (--serial)"
+    if requested != "auto":
+        return min(int(requested), count), f"--prepare-parallel {requested}"
+    cores = os.cpu_count() or 1
+    slots = max(1, min(count, cores // 4 if device.startswith("cuda") else cores, 4))
+    if slots == 1:
+        return 1, f"one run at a time ({cores} cores)"
+    return slots, f"{slots} at a time ({cores} cores)"
+
+
+def _prepare_cost(run: dict) -> int:
+    """A rough rank of how long a run takes to prepare, so the slow ones start first and the quick fill in behind:
+    native builds and autotuning, then compiles, then the rest."""
+    name = str(run["mode"])
+    if name in ("cuda", "aoti", "custom_op", "L5-cuda") or "max-autotune" in name:
+        return 3
+    if name.startswith("compile") or name in ("L3-compile", "L4-triton", "triton"):
+        return 2
+    return 1
+
+
+def supervise(store: Store, run_ids: Sequence[int], on_progress: OnProgress | None = None, launcher=None,
+              requested: int | str = "auto", serial: bool = False, out: TextIO | None = None,
+              what: str = "runs") -> dict[int, str]:
+    """Plan the group, say how it will run ("N runs; preparing …"), and supervise it to its end; {run id: status}."""
     plan = plan_group(store, run_ids, requested, serial)
     if len(plan.order) > 1:
-        kinds = {store.run(i)["kind"] for i in plan.order}
-        what = "LLM runs" if kinds == {"llm"} else "runs"
-        print(f"{len(plan.order)} {what}; {plan.describe()}", flush=True)
-    return run_jobs(store, plan.order, prepare_parallel=plan.slots)
+        print(f"{len(plan.order)} {what}; {plan.describe()}", file=out or sys.stdout, flush=True)
+    return run_jobs(store, plan.order, on_progress, launcher, prepare_parallel=plan.slots)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,7 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--db", required=True)
     parser.add_argument("run_ids", nargs="+", type=int)
     args = parser.parse_args(argv)
-    statuses = supervise(Store(args.db), args.run_ids)
+    store = Store(args.db)
+    kinds = {run["kind"] for run in (store.run(i) for i in args.run_ids) if run}
+    statuses = supervise(store, args.run_ids, what="LLM runs" if kinds == {"llm"} else "runs")
     print(json.dumps(statuses))
     return 0 if all(s == "ok" for s in statuses.values()) else 1
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from engine.cli import CliError, _Bars, _devices, _non_negative_int, _positive_float, _positive_int, _store, \
+from engine.cli import CliError, _Bars, _devices, add_group_args, _non_negative_int, _positive_float, _positive_int, _store, \
     expand_devices
 from engine.store import Store
 
@@ -35,6 +35,7 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.add_argument("--timeout", type=_positive_float, default=1200, help="seconds before a run counts as hung")
     p.add_argument("--list", action="store_true", help="list components, shapes and levels, then exit")
     common(p)
+    add_group_args(p)
     p.set_defaults(func=cmd_levels)
 
 
@@ -77,7 +78,8 @@ def cmd_levels(args: argparse.Namespace) -> int:
     if args.list:
         print_catalogue()
         return 0
-    from engine.jobs import JobSpec, create_runs, run_jobs, run_jobs_spread, spread
+    from engine.jobs import JobSpec, create_runs, run_jobs_spread, spread
+    from engine.plan import supervise
 
     devices = expand_devices(args.device)
     args.device = devices[0]
@@ -93,7 +95,10 @@ def cmd_levels(args: argparse.Namespace) -> int:
     ids = create_runs(store, specs, group_id=uuid.uuid4().hex[:12])
     labels = {i: f"{c[:12]} {s} {lv}" + (f" {d}" if len(devices) > 1 else "")
               for i, (c, s, lv), d in zip(ids, plan, lanes)}
-    statuses = (run_jobs_spread if len(devices) > 1 else run_jobs)(store, ids, _Bars(labels))
+    if len(devices) > 1:
+        statuses = run_jobs_spread(store, ids, _Bars(labels))
+    else:
+        statuses = supervise(store, ids, _Bars(labels), None, args.prepare_parallel, args.serial, out=sys.stderr)
     frame = levels_table(store, ids)
     if not frame.empty:
         print()

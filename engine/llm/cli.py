@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.cli import CliError, _Bars, _device, _positive_float, _positive_int, _store, check_device
+from engine.cli import CliError, _Bars, _device, _positive_float, _positive_int, _store, add_group_args, check_device
 from engine.store import Store
 
 if TYPE_CHECKING:  # imported where used: `python -m engine --help` need not load torch, the runner or the LLM lab
@@ -43,10 +43,6 @@ def _sweep(text: str) -> tuple[str, tuple[int, ...]]:
     if not points or any(v < 1 for v in points):
         raise argparse.ArgumentTypeError(f"{text!r}: sweep values must be at least 1")
     return name, points
-
-
-def _prepare_parallel(text: str) -> int | str:
-    return "auto" if text.strip().lower() == "auto" else _positive_int(text)
 
 
 def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -78,11 +74,7 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tp", type=_positive_int, default=1, help="tensor parallelism over N ranks (torchrun: one "
                    "per GPU with NCCL on cuda, N gloo processes on cpu), beside a 1-rank baseline; eager only")
-    p.add_argument("--prepare-parallel", type=_prepare_parallel, default="auto", metavar="N|auto",
-                   help="runs that build, check and compile side by side, each timed with the device to itself "
-                   "(default auto: on CUDA as many as fit in its free memory, on CPU one)")
-    p.add_argument("--serial", action="store_true", help="one run at a time from start to end (cold compile "
-                   "times without other runs' contention); same as --prepare-parallel 1")
+    add_group_args(p)
     p.add_argument("--list", action="store_true", help="list the modes and whether each runs on --device")
     p.add_argument("--timeout", type=_positive_float, default=1800, help="seconds before a run counts as hung")
     common(p)
@@ -114,8 +106,8 @@ def _resolve_modes(text: str, device: str, dtype: torch.dtype) -> list[str]:
 def cmd_llm(args: argparse.Namespace) -> int:
     """`python -m engine llm`: one run per (sweep value, mode), queued as a group, prepared side by side where they
     fit and timed one at a time; then a table of their headline figures. Exit code 1 when a run failed."""
-    from engine.jobs import create_runs, run_jobs
-    from engine.llm.group import plan_group
+    from engine.jobs import create_runs
+    from engine.plan import supervise
 
     check_device(args.device)
     base = _base_config(args)
@@ -133,10 +125,8 @@ def cmd_llm(args: argparse.Namespace) -> int:
     store = _store(args)
     group = uuid.uuid4().hex[:12] if len(specs) > 1 else None
     ids = create_runs(store, specs, group)
-    slots, order, why = plan_group(store, ids, args.prepare_parallel, args.serial)
-    if len(ids) > 1:
-        print(f"{len(ids)} runs; preparing {why}; timing one at a time", file=sys.stderr)
-    statuses = run_jobs(store, order, _Bars(dict(zip(ids, labels))), prepare_parallel=slots)
+    statuses = supervise(store, ids, _Bars(dict(zip(ids, labels))), None, args.prepare_parallel, args.serial,
+                         out=sys.stderr)
     _print_figures(store, ids, specs, statuses)
     if args.tp > 1:
         _print_scaling(store, ids, statuses)

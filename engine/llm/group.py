@@ -1,17 +1,14 @@
 """A group of LLM runs on one device (`llm --mode all`, a sweep, the LLM page's batch): how many prepare side by
 side, in which order, and the ceilings they all divide by — measured first, alone, if this device has none.
 
-Used by the CLI and by the detached supervisor the dashboard starts (engine.jobs), so both run a group alike.
+engine.plan asks it for an LLM group, for the CLI and for the dashboard's detached supervisor alike.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
-from engine.ceilings import latest_ceilings
-from engine.envinfo import capture_env
-from engine.jobs import JobSpec, create_runs, run_jobs
+from engine.ceilings import ensure_ceilings
 from engine.llm.modes import MODES
 from engine.llm.run import LLMConfig, config_from_params, memory_needed
 from engine.store import Store
@@ -43,19 +40,6 @@ def prepare_slots(requested: int | str, cfgs: list[LLMConfig], serial: bool) -> 
     slots = max(1, min(len(cfgs), int(0.9 * free // need)))
     return slots, (f"{slots} at a time: {free / 2**30:.0f} GiB free, {need / 2**30:.1f} GiB per run "
                    "(model, float32 twin, KV cache, process)")
-
-
-def ensure_ceilings(store: Store, device: str, timeout_s: float) -> None:
-    """Runs that prepare side by side would each wait for the device alone to measure missing ceilings: measure
-    them once, first, as their own run (what the first run would have done; a failure leaves MFU/MBU out)."""
-    if latest_ceilings(store, device_name=capture_env(device).get("device_name"), device=device) is not None:
-        return
-    ids = create_runs(store, [JobSpec("ceilings", "ceilings", "measure", device, {"device": device, "auto": True},
-                                      timeout_s=timeout_s)])
-    status = run_jobs(store, ids)[ids[0]]
-    if status != "ok":
-        print(f"ceilings run {ids[0]} failed (MFU and MBU will be left out): {store.run(ids[0])['error']}",
-              file=sys.stderr)
 
 
 def plan_group(store: Store, run_ids: Sequence[int], requested: int | str = "auto", serial: bool = False

@@ -47,6 +47,7 @@ class Mode:
     prepare: Callable[[nn.Module, tuple[torch.Tensor, ...], bool], Prepared]
     availability: Callable[[str], str | None] = lambda device: None  # None: available; else the reason it is not
     compiles: bool = False  # counts recompiles and graph breaks through dynamo
+    autotunes: bool = False  # its first call times candidate kernels (beside a preparing group it takes the device)
     phases: tuple[str, ...] = ("infer", "train")  # what the mode supports; bench skips the others with a note
 
     def skip_note(self, phase: str) -> str:

@@ -69,4 +69,4 @@ REDUCE_OVERHEAD = Mode(
 MAX_AUTOTUNE = Mode(
     name="compile-max-autotune",
     description="torch.compile mode='max-autotune': benchmarks GEMM templates and picks the fastest (slow compile).",
-    prepare=_make("max-autotune"), availability=compiler_missing, compiles=True)
+    prepare=_make("max-autotune"), availability=compiler_missing, compiles=True, autotunes=True)

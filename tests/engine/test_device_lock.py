@@ -132,7 +132,7 @@ def test_phased_runs_prepare_together_and_time_one_at_a_time(tmp_path, monkeypat
 def test_phased_supervision_refuses_kinds_that_do_not_mark_their_timings(tmp_path, monkeypatch):
     monkeypatch.setenv("ARTIFACTS_DIR", str(tmp_path / "artifacts"))
     store = Store(tmp_path / "results.duckdb")
-    ids = create_runs(store, [JobSpec("bench", "house_price", "eager", "cpu", {}) for _ in range(2)])
+    ids = create_runs(store, [JobSpec("train", "house_price", "eager", "cpu", {}) for _ in range(2)])
     with pytest.raises(ValueError, match="prepare side by side"):
         run_jobs(store, ids, prepare_parallel=2)
     assert {store.run(i)["status"] for i in ids} == {"queued"}
