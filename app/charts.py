@@ -9,6 +9,8 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
+from engine.changepoints import Step
+
 PALETTE = px.colors.qualitative.Plotly
 
 
@@ -92,13 +94,23 @@ def python_vs_native(summary: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def history_line(frame: pd.DataFrame, modes: Sequence[str] | None = None) -> go.Figure:
-    """Median of every earlier run over time, one line per mode."""
+def history_line(frame: pd.DataFrame, modes: Sequence[str] | None = None, steps: Sequence[Step] = (),
+                 title: str = "History: median of earlier runs") -> go.Figure:
+    """Median of every earlier run over time, one line per mode; detected change points (engine.changepoints)
+    marked at their first run, labelled with the size, commit and environment."""
     order = _order(frame, modes)
     fig = px.line(frame, x="finished_at", y="median_us", color="mode", markers=True,
                   category_orders={"mode": order}, color_discrete_map=_colors(modes, order),
                   hover_data={"run_id": True})
-    fig = _layout(fig, "History: median of earlier runs", "µs per call")
+    if steps:
+        at = frame.set_index("run_id")
+        fig.add_trace(go.Scatter(x=[at.at[s.run_id, "finished_at"] for s in steps],
+                                 y=[at.at[s.run_id, "median_us"] for s in steps], mode="markers+text",
+                                 name="change point", text=[f"{100 * (s.ratio - 1):+.0f} % {s.commit or ''}"
+                                                            for s in steps], textposition="top center",
+                                 marker=dict(symbol="triangle-up", size=14, color="black"),
+                                 hovertext=[f"{s.group}: {s.label}" for s in steps], hoverinfo="text"))
+    fig = _layout(fig, title, "µs per call")
     fig.update_layout(showlegend=True, xaxis_title="finished")
     return fig
 

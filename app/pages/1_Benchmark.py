@@ -13,6 +13,7 @@ from app.common import (
     device_info, first_line, flash, fmt_time, fmt_us, get_store, model_field, page_header, parse_batch_sizes,
     show_flash, submit, watch_active_runs,
 )
+from engine.changepoints import history_steps
 from engine.explain import first_use as first_use_caches
 from engine.jobs import JobSpec
 from engine.modes import MODES
@@ -206,7 +207,10 @@ with st.container(border=True, key="charts"):
             st.plotly_chart(charts.python_vs_native(summary), key="chart-native")
         if show_history:
             past = queries.history(store, WORKLOAD, device, phase, batch)
-            st.plotly_chart(charts.history_line(past, mode_names), key="chart-history")
+            steps = history_steps(store, past, "median_us")  # change points per mode, with commit and environment
+            st.plotly_chart(charts.history_line(past, mode_names, steps), key="chart-history")
+            for step in steps:
+                st.caption(f":material/trending_flat: change point in {step.group}: {step.label}")
 
 # -- why is X slower than Y? (engine.explain; the view is app/explain_view.py) ------------------------------------
 with st.container(border=True, key="explain"):

@@ -8,11 +8,12 @@ import uuid
 import pandas as pd
 import streamlit as st
 
-from app import level_charts, queries
+from app import charts, level_charts, queries
 from app.common import (
     device_info, first_line, flash, fmt_time, fmt_us, get_store, page_header, show_flash, submit, watch_active_runs,
 )
 from engine.ceilings import CEILINGS, dtype_key, latest_ceilings
+from engine.changepoints import history_steps, series_history
 from engine.jobs import JobSpec
 from engine.levels import COMPONENTS, LEVELS
 from engine.levels.results import level_results, stage_results
@@ -140,6 +141,11 @@ else:
                                                "GB/s", 1e9), key="chart-gbps")
     matmul_key = dtype_key(shape.dtype)
     st.plotly_chart(level_charts.roofline(timed, ceilings, matmul_key, level_keys), key="chart-roofline")
+    if st.toggle("Show history of earlier runs (change points marked)", key="history"):
+        past = series_history(store, "levels", component.name, "forward", device=device, config=f"shape={shape.name}")
+        past = past[past["mode"].isin(timed["mode"])]  # interpreted levels time the interpreter: left out
+        st.plotly_chart(charts.history_line(past, level_keys, history_steps(store, past, "median_us")),
+                        key="chart-history")
     if "graph_median_us" in timed and timed["graph_median_us"].notna().any():
         st.caption("Filled points: per-call medians (a Python call each, CUDA events around it). Hollow points: the "
                    "same calls replayed from one CUDA graph — the kernel's own throughput without the host's cost "

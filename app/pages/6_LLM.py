@@ -12,9 +12,11 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
+from app.charts import history_line
 from app.common import (
     device_info, first_line, flash, fmt_time, get_store, page_header, show_flash, submit, watch_active_runs,
 )
+from engine.changepoints import history_steps, run_series_history
 from engine.jobs import JobSpec
 from engine.llm import metrics as llm_metrics
 from engine.llm.report import (
@@ -232,6 +234,10 @@ else:
     if not prefill_samples.empty:
         fig = px.box(prefill_samples, y="value", points="all", labels={"value": "µs per prefill"})
         right.plotly_chart(_layout(fig, "Prefill latency, every timed prefill"), key="chart-prefill")
+    if st.toggle("Show the history of this configuration (every mode; change points marked)", key="history"):
+        past = run_series_history(store, run_id, "decode")
+        st.plotly_chart(history_line(past, None, history_steps(store, past, "median_us"),
+                                     "History: median decode step (TPOT) of runs like this one"), key="chart-history")
 
     st.subheader("Where the time goes: prefill vs decode")
     k = int(st.number_input("Top k", 3, 30, 8, key="top-k"))
