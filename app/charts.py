@@ -127,3 +127,20 @@ def price_curve(xs: np.ndarray, ys: np.ndarray, x_now: float, y_now: float | Non
                       yaxis_tickprefix="$", yaxis_tickformat=",.0f", margin=dict(l=10, r=10, t=50, b=10),
                       height=360, showlegend=False)
     return fig
+
+
+HOLD_COLORS = {"exclusive": "#d62728", "shared": "#1f77b4", "none": "#c7c7c7", "whole run": "#ff7f0e"}
+
+
+def group_timeline_chart(timeline: pd.DataFrame) -> go.Figure:
+    """One row per run, its steps as bars on one clock, coloured by how it held the device: shared while it
+    prepared beside the others, exclusive while it timed alone, none while it waited (engine.report.group_timeline)."""
+    df = timeline.assign(run=timeline["mode"] + " #" + timeline["run_id"].astype(str),
+                         seconds=timeline["end_s"] - timeline["start_s"])
+    fig = px.bar(df, x="seconds", y="run", base="start_s", color="hold", orientation="h",
+                 color_discrete_map=HOLD_COLORS, hover_data={"step": True, "start_s": ":.1f", "seconds": ":.2f"})
+    fig.update_layout(title="The group's runs side by side (s since the first started)", xaxis_title="s",
+                      yaxis_title=None, legend_title_text="device hold", barmode="overlay",
+                      height=max(220, 40 * df["run"].nunique() + 120), margin=dict(l=10, r=10, t=50, b=10))
+    fig.update_yaxes(autorange="reversed")
+    return fig

@@ -141,3 +141,15 @@ def device_ceilings(store: Store) -> pd.DataFrame:
         FROM latest l JOIN metrics m ON m.run_id = l.run_id GROUP BY ALL ORDER BY device
     """)
     return frame.round(3) if not frame.empty else frame
+
+
+def latest_group(store: Store, kind: str, device: str) -> list[int]:
+    """The run ids of the newest group (runs queued together, e.g. a Run all) of this kind on this device that has
+    finished; [] when there is none of two runs or more."""
+    frame = store.query("""
+        SELECT id FROM runs WHERE group_id = (
+            SELECT group_id FROM runs WHERE kind = ? AND device = ? AND group_id IS NOT NULL
+              AND status IN ('ok', 'failed')
+            GROUP BY group_id HAVING count(*) > 1 ORDER BY max(id) DESC LIMIT 1)
+        ORDER BY id""", [kind, device])
+    return [] if frame.empty else [int(i) for i in frame["id"]]

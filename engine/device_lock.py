@@ -86,8 +86,9 @@ class PhaseHold:
     `waited_s` adds up the time spent waiting for the lock, so a caller can take it out of a wall-clock figure."""
 
     def __init__(self, device: str, on_wait: Callable[[str], None] | None = None, poll_s: float = 0.05,
-                 group_size: int = 1) -> None:
+                 group_size: int = 1, on_switch: Callable[[str | None], None] | None = None) -> None:
         self.device = device
+        self.on_switch = on_switch  # told each new state once it holds it (a worker's timeline records them)
         self.group_size = group_size  # runs of the group that may prepare at once (this one included)
         self.on_wait = on_wait
         self.poll_s = poll_s
@@ -105,6 +106,8 @@ class PhaseHold:
             if self.state == "exclusive":
                 self.exclusive_s += time.perf_counter() - self._since
                 os.ftruncate(self._fd, 0)  # no stale "(timing)" label for whoever waits next
+            if self.on_switch:  # told before the lock goes (and after it is taken, below): a recorded hold lies
+                self.on_switch(None)  # inside the real one, so recorded timelines can be checked for overlaps
             fcntl.flock(self._fd, fcntl.LOCK_UN)  # explicit: flock's own conversion is not atomic either
             self.state = None
         if state is None:
@@ -118,6 +121,8 @@ class PhaseHold:
         if state == "exclusive":  # named to whoever waits (device_lock's message)
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, f"pid {os.getpid()} (timing)".encode(), 0)
+        if self.on_switch:
+            self.on_switch(state)
 
     def shared(self) -> None:
         self._switch("shared")
@@ -136,11 +141,12 @@ class PhaseHold:
 _HOLD: PhaseHold | None = None
 
 
-def begin_phases(device: str, on_wait: Callable[[str], None] | None = None, group_size: int = 2) -> PhaseHold:
+def begin_phases(device: str, on_wait: Callable[[str], None] | None = None, group_size: int = 2,
+                 on_switch: Callable[[str | None], None] | None = None) -> PhaseHold:
     """Make this process a phased worker: it holds `device` shared from now on (engine.worker calls this)."""
     global _HOLD
     end_phases()
-    _HOLD = PhaseHold(device, on_wait, group_size=group_size)
+    _HOLD = PhaseHold(device, on_wait, group_size=group_size, on_switch=on_switch)
     _HOLD.shared()
     return _HOLD
 

@@ -67,13 +67,18 @@ def run_job(job_path: str | Path) -> int:
     progress_out = open(job["progress_file"], "a", buffering=1)
     started = time.perf_counter()
 
-    last = [0.0]
+    last: list = [0.0, ""]
 
-    def progress(frac: float, message: str) -> None:
-        last[0] = frac
-        # "t" (seconds into the run) makes the file a timeline of the run's phases, kept as an artifact.
+    def progress(frac: float, message: str, **extra: str | None) -> None:
+        last[:] = [frac, message]
+        # "t" (seconds into the run) makes the file a timeline of the run's phases, kept as an artifact; "wall"
+        # (epoch seconds) lines it up with the other runs of its group (engine.report.group_timeline).
         progress_out.write(json.dumps({"progress": float(frac), "message": str(message),
-                                       "t": round(time.perf_counter() - started, 3)}) + "\n")
+                                       "t": round(time.perf_counter() - started, 3),
+                                       "wall": round(time.time(), 3), **extra}) + "\n")
+
+    def hold_changed(state: str | None) -> None:  # "hold": how this worker holds its device from here on
+        progress(last[0], last[1], hold=state or "none")
 
     try:
         # Compiled artifacts (Inductor's FX graph / AOTAutograd / autotune caches) persist under MODELAB_BUILD_DIR,
@@ -86,9 +91,13 @@ def run_job(job_path: str | Path) -> int:
 
             phases = job["device_phases"]
             begin_phases(phases["device"], on_wait=lambda message: progress(last[0], message),
-                         group_size=int(phases.get("group_size", 2)))
+                         group_size=int(phases.get("group_size", 2)), on_switch=hold_changed)
         target = load_target(job["target"])
         result = target(job["params"], progress)
+        if job.get("device_phases"):  # done with the device: let the group's next run have it now
+            from engine.device_lock import end_phases
+
+            end_phases()
         _write_atomic(result_file, result.to_json())
     except BaseException as exc:  # noqa: BLE001 - everything becomes a failed run with its reason
         traceback.print_exc()

@@ -17,7 +17,7 @@ from engine.changepoints import history_steps
 from engine.explain import first_use as first_use_caches
 from engine.jobs import JobSpec
 from engine.modes import MODES
-from engine.report import run_timeline, with_speedup
+from engine.report import group_timeline, hold_overlaps, run_timeline, with_speedup
 from engine.workloads import get_workload
 from engine.workloads.user_model import BENCH_TARGET
 
@@ -211,6 +211,26 @@ with st.container(border=True, key="charts"):
             st.plotly_chart(charts.history_line(past, mode_names, steps), key="chart-history")
             for step in steps:
                 st.caption(f":material/trending_flat: change point in {step.group}: {step.label}")
+
+# -- the latest group's timeline: who prepared when, who waited for the device, who timed alone ------------------
+group = queries.latest_group(store, "bench", device)
+if group:
+    timeline = group_timeline(store, group)
+    if not timeline.empty:
+        with st.expander(f"Timeline of the latest group (runs #{group[0]}–#{group[-1]})", icon=":material/schedule:",
+                         key="group-timeline"):
+            st.plotly_chart(charts.group_timeline_chart(timeline), key="chart-group-timeline")
+            waited = timeline[timeline["step"].str.startswith("waiting for")]
+            waits = (waited.assign(s=waited["end_s"] - waited["start_s"]).groupby("mode")["s"].sum()
+                     if not waited.empty else None)
+            clashes = hold_overlaps(timeline)
+            st.caption(f"{timeline['end_s'].max():.1f} s from the first run's start to the last one's end. "
+                       + ("Waited for the device: " + ", ".join(f"{m} {s:.1f} s" for m, s in waits.items()) + ". "
+                          if waits is not None else "")
+                       + ("No run timed while another held the device." if clashes.empty else
+                          f"{len(clashes)} timing spans overlapped another run's hold: see the table below."))
+            if not clashes.empty:
+                st.dataframe(clashes, hide_index=True)
 
 # -- why is X slower than Y? (engine.explain; the view is app/explain_view.py) ------------------------------------
 with st.container(border=True, key="explain"):

@@ -155,3 +155,22 @@ def test_run_of_a_dead_supervisor_is_shown_failed(lab: Store, page) -> None:
     assert lab.run(run_id)["status"] == "failed"
     assert not at.get("progress")
     assert "interrupted" in texts(at.error)
+
+
+def test_the_latest_groups_timeline_shows_who_prepared_and_who_timed_alone(lab: Store, page, tmp_path,
+                                                                             monkeypatch) -> None:
+    """A real side-by-side group (engine.plan) on the CPU: its runs on one clock, coloured by device hold."""
+    from engine import plan
+    from engine.jobs import JobSpec, create_runs
+
+    monkeypatch.setenv("MODELAB_LOCK_DIR", str(tmp_path / "locks"))
+    params = {"device": "cpu", "phases": ["infer"], "batch_sizes": [8], "warmup": 2, "iters": 10, "loop": False}
+    ids = create_runs(lab, [JobSpec("bench", "house_price", m, "cpu", {**params, "mode": m}) for m in ("eager", "fx")],
+                      group_id="g1")
+    assert set(plan.supervise(lab, ids, requested=2).values()) == {"ok"}
+    at = page("benchmark").run()
+    assert not at.exception
+    assert at.expander(key="group-timeline").label == f"Timeline of the latest group (runs #{ids[0]}–#{ids[1]})"
+    chart = next(c for c in at.get("plotly_chart") if "side by side" in c.proto.spec)
+    assert '"exclusive"' in chart.proto.spec and '"shared"' in chart.proto.spec
+    assert "No run timed while another held the device." in texts(at.caption)
