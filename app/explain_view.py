@@ -15,7 +15,6 @@ import streamlit as st
 
 from app.common import flash, fmt_us, submit
 from engine import explain as ex
-from engine.jobs import JobSpec
 from engine.store import Store
 
 TERM_COLORS = {"compute": "#2ca02c", "launch": "#d62728", "guard": "#9467bd", "framework": "#ff7f0e",
@@ -41,13 +40,10 @@ def breakdown_bar(e: ex.Explanation) -> go.Figure:
 
 
 def _queue_profiles(sides: list[ex.Side]) -> None:
-    specs = [JobSpec("profile", s.workload, s.mode, s.device,
-                     {"workload": s.workload, "mode": s.mode, "device": s.device, "phases": [s.phase],
-                      "batch_size": s.batch_size}) for s in sides]
-    ids = submit(specs)
+    ids = submit(ex.profile_specs(sides))
     if ids:
         flash("success", "Queued " + ", ".join(f"#{i} profile {s.mode}" for i, s in zip(ids, sides))
-              + ". Progress shows on the Profiler page; this section updates when they finish.")
+              + ". Progress shows on the Profiler page; the explanation below updates when they land.")
 
 
 def _terms_table(e: ex.Explanation) -> pd.DataFrame:
@@ -84,8 +80,8 @@ def section(store: Store, workload: str, device: str, phase: str, batch: int | N
     if missing:
         st.warning("No profile of " + " and ".join(f"{s.mode}" for s in missing) + f" at {phase} B={batch}: "
                    + "; ".join(f"`{s.missing_profile}`" for s in missing), icon=":material/warning:")
-        st.button(f"Profile {' and '.join(s.mode for s in missing)}", key="explain-profile",
-                  on_click=_queue_profiles, args=(missing,))
+        label = "Profile both and explain" if len(missing) == 2 else f"Profile {missing[0].mode} and explain"
+        st.button(label, key="explain-profile", on_click=_queue_profiles, args=(missing,))
     if not e.frame().empty:
         st.plotly_chart(breakdown_bar(e), key="chart-explain")
         st.dataframe(_terms_table(e), hide_index=True, key="explain-table",

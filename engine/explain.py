@@ -90,6 +90,19 @@ DISPATCH_OPS = {
 COMPILED_CALL_PREFIXES = ("## Call CompiledFxGraph", "## Call AOTInductor")
 
 
+# Named parts of a term, where the trace says what the time was (µs per step, the part of the term they make up).
+# They answer "why is a compiled small step slower than eager": the host waiting in synchronisations, Inductor's
+# wrapper around a compiled graph (CUDA-graph tree bookkeeping, input checks), copies of the inputs into a graph's
+# static buffers (their dispatch on the host, the copy kernels on the device).
+DETAILS = {
+    "sync": ("framework", "host waiting in CUDA synchronisations"),
+    "graph_wrapper": ("framework", "Inductor's wrapper around the compiled graph (CUDA-graph bookkeeping, checks)"),
+    "copy_ops": ("framework", "host dispatching copies (aten::copy_, e.g. inputs into static buffers)"),
+    "memcpy": ("compute", "device copies and memsets (e.g. into a CUDA graph's static inputs)"),
+}
+SYNC_RE = re.compile(r"^cuda(StreamSynchronize|DeviceSynchronize|EventSynchronize|Memcpy$|StreamWaitEvent)")
+
+
 class ExplainError(ValueError):
     """Two runs that cannot be compared, or a run that is missing what the explanation needs (one-line message)."""
 
@@ -102,6 +115,7 @@ class Partition:
     steps: int
     has_device: bool
     host: dict[str, float] = field(default_factory=dict)  # host totals per step, overlapped or not
+    details: dict[str, float] = field(default_factory=dict)  # DETAILS → µs per step, each inside its term
 
     @property
     def total(self) -> float:
@@ -180,6 +194,7 @@ def partition(trace: dict[str, Any] | list) -> Partition:
         covered_before = covered
     window = end - start
     terms["idle"] = (window - covered_before) / steps
+    details = _details(host, device, has_device, by_cat, start, end, steps)
     launches = [e for e in host if e.kind == "runtime" and LAUNCH_RE.match(e.name)]
     host_totals = {
         "launches_per_step": len(launches) / steps,
@@ -189,7 +204,38 @@ def partition(trace: dict[str, Any] | list) -> Partition:
         "kernels_per_step": sum(1 for e in device if e.kind == "kernel") / steps,
         "op_calls_per_step": sum(1 for e in host if e.kind == "operator") / steps,
     }
-    return Partition(step_us=window / steps, terms=terms, steps=steps, has_device=has_device, host=host_totals)
+    return Partition(step_us=window / steps, terms=terms, steps=steps, has_device=has_device, host=host_totals,
+                     details=details)
+
+
+def _detail_events(name: str, host: list[Event], device: list[Event], has_device: bool) -> list[Event]:
+    if name == "memcpy":
+        return [e for e in device if e.kind in ("memcpy", "memset")]
+    if not has_device:  # on a CPU these are compute or plain framework: nothing to single out
+        return []
+    if name == "sync":
+        return [e for e in host if e.kind == "runtime" and SYNC_RE.match(e.name)]
+    if name == "graph_wrapper":
+        return [e for e in host if e.kind == "annotation" and e.name.startswith(COMPILED_CALL_PREFIXES)]
+    return [e for e in host if e.kind == "operator" and e.name == "aten::copy_"]
+
+
+def _details(host: list[Event], device: list[Event], has_device: bool, by_cat: dict[str, list[tuple[float, float]]],
+             start: float, end: float, steps: int) -> dict[str, float]:
+    """Each DETAILS part as the time its events add to its term: the union of the term's higher-priority terms and
+    the part's own intervals (device spans; host self time), less that union without them."""
+    out: dict[str, float] = {}
+    for name, (term, _) in DETAILS.items():
+        events = _detail_events(name, host, device, has_device)
+        if not events:
+            continue
+        mine = [(e.ts, e.end) for e in events] if term == "compute" else \
+            [iv for e in events for iv in _self_intervals(e)]
+        before = [iv for t in TERMS[:TERMS.index(term)] for iv in by_cat[t]]
+        added = union_length(before + mine, start, end) - union_length(before, start, end)
+        if added > 0:
+            out[name] = added / steps
+    return out
 
 
 def partition_from_stats(op_stats: pd.DataFrame, metrics: dict[str, float]) -> Partition:
@@ -320,6 +366,16 @@ def choose_point(store: Store, run_a: int, run_b: int, phase: str | None = None,
 def profile_command(side: Side) -> str:
     return (f"python -m engine profile --workload {side.workload} --mode {side.mode} --device {side.device} "
             f"--phases {side.phase} --batch-size {side.batch_size}")
+
+
+def profile_specs(sides: Sequence[Side]) -> list:
+    """The profile runs (engine.jobs.JobSpec) that would give these sides their missing profiles: what the CLI's
+    `explain --profile` and the page's *Profile both and explain* queue."""
+    from engine.jobs import JobSpec
+
+    return [JobSpec("profile", s.workload, s.mode, s.device,
+                    {"workload": s.workload, "mode": s.mode, "device": s.device, "phases": [s.phase],
+                     "batch_size": s.batch_size}) for s in sides]
 
 
 def _trace_path(store: Store, run_id: int, phase: str) -> Path | None:
@@ -477,6 +533,7 @@ class Explanation:
         def side_dict(s: Side) -> dict[str, Any]:
             return {"mode": s.mode, "profile_run": s.profile_run, "bench_run": s.bench_run, "step_us": s.step_us,
                     "unprofiled_us": s.unprofiled_us, "terms": s.partition.terms if s.partition else None,
+                    "details": s.partition.details if s.partition else None,
                     "compile_once_us": s.compile_once_us, "cache": s.cache_text, "missing_profile": s.missing_profile}
         return {"sentence": self.sentence, "a": side_dict(self.a), "b": side_dict(self.b),
                 "floor_us": self.floor.us if self.floor and self.floor.terms else None, "notes": self.notes}
@@ -527,6 +584,18 @@ def _what(term: str, side: Side) -> str:
     return f"the device sits idle {fmt(p.terms['idle'])} with no host work traced"
 
 
+def _named_parts(term: str, slow: Side, fast: Side, gap: float) -> str:
+    """' — of it: host waiting in CUDA synchronisations 41 µs (eager 3 µs), …' for the DETAILS parts of `term` that
+    make up at least a tenth of the gap, largest first; '' when the trace names none."""
+    assert slow.partition is not None and fast.partition is not None
+    parts = []
+    for name, (of_term, label) in DETAILS.items():
+        mine, theirs = slow.partition.details.get(name, 0.0), fast.partition.details.get(name, 0.0)
+        if of_term == term and mine - theirs >= 0.1 * gap:
+            parts.append((mine - theirs, f"{label} {fmt(mine)} ({fast.mode}: {fmt(theirs)})"))
+    return " — of it: " + ", ".join(text for _, text in sorted(parts, reverse=True)) if parts else ""
+
+
 def compared_steps(a: Side, b: Side) -> tuple[float | None, float | None]:
     """The two step times the sentence compares, measured the same way: the profiled steps (which the terms add up
     to) when both sides have a profile, else both sides' step timed without the profiler."""
@@ -560,10 +629,12 @@ def dominant_sentence(a: Side, b: Side) -> str:
         if slow.partition.has_device:
             kernels = (f" ({slow.partition.host.get('kernels_per_step', 0):.0f} vs "
                        f"{fast.partition.host.get('kernels_per_step', 0):.0f} kernels)")
-        return f"{head}: most of the gap is compute, {busy_text}{kernels}; {_remedy(term, slow)}."
+        return (f"{head}: most of the gap is compute, {busy_text}{kernels}{_named_parts(term, slow, fast, ta - tb)}; "
+                f"{_remedy(term, slow)}.")
     share = deltas[term] / (ta - tb) if ta > tb else 1.0
     return (f"{head}: {busy_text}, but {_what(term, slow)} per step ({fast.mode}: "
-            f"{fmt(fast.partition.terms[term])}), {min(share, 9.99):.0%} of the gap; {_remedy(term, slow)}.")
+            f"{fmt(fast.partition.terms[term])}), {min(share, 9.99):.0%} of the gap"
+            f"{_named_parts(term, slow, fast, ta - tb)}; {_remedy(term, slow)}.")
 
 
 def explain(store: Store, run_a: int, run_b: int, phase: str | None = None, batch_size: int | None = None
@@ -615,6 +686,11 @@ def render(e: Explanation) -> str:
         va = e.a.partition.terms[term] if e.a.partition else None
         vb = e.b.partition.terms[term] if e.b.partition else None
         lines.append(f"{term_label(term, has_device):<38}{fmt(va):>20}{fmt(vb):>20}")
+    for name, (term, label) in DETAILS.items():
+        va = e.a.partition.details.get(name) if e.a.partition else None
+        vb = e.b.partition.details.get(name) if e.b.partition else None
+        if va or vb:
+            lines.append(f"{'  of ' + term + ': ' + label[:28]:<38}{fmt(va):>20}{fmt(vb):>20}")
     lines.append(f"{'= profiled step':<38}{fmt(e.a.partition.total if e.a.partition else None):>20}"
                  f"{fmt(e.b.partition.total if e.b.partition else None):>20}")
     lines.append(f"{'step without the profiler':<38}{fmt(e.a.unprofiled_us):>20}{fmt(e.b.unprofiled_us):>20}")

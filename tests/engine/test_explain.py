@@ -65,6 +65,46 @@ def test_a_launch_hidden_under_device_work_is_not_launch_cost():
     assert partition({"traceEvents": ev}).terms["launch"] == pytest.approx((5 + 5 + 12) / 2)
 
 
+def graphed_step_trace() -> dict:
+    """One step of a compiled, CUDA-graphed inference (what reduce-overhead does) at a tiny batch: Inductor's wrapper
+    copies the input into the graph's static buffer, launches the graph, then the caller synchronises."""
+    H, D = {"pid": 1, "tid": 1}, {"pid": 0, "tid": 7}
+    ev = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 100, **H},
+        {"ph": "X", "cat": "cpu_op", "name": "TorchDynamo Cache Lookup", "ts": 1, "dur": 4, **H},
+        {"ph": "X", "cat": "user_annotation", "name": "## Call CompiledFxGraph fabc ##", "ts": 5, "dur": 60, **H},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": 10, "dur": 15, **H},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 15, "dur": 5, **H},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "ts": 22, "dur": 3, **D},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 40, "dur": 10, **H},
+        {"ph": "X", "cat": "kernel", "name": "triton_fused", "ts": 52, "dur": 8, **D},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 70, "dur": 20, **H},
+    ]
+    return {"traceEvents": ev}
+
+
+def test_named_parts_of_a_graphed_step_by_hand():
+    p = partition(graphed_step_trace())
+    # device busy: memcpy 22–25, kernel 52–60 → 11; launches outside it: 15–20 and 40–50 → 15; guard 1–5 → 4;
+    # framework: the wrapper's own time (5–10, 25–40, 50–52, 60–65 less the busy 52–60 → 27), the copy's own time
+    # (10–15, 20–22 → 7), the sync 70–90 (20) and the step's own 0–1, 65–70, 90–100 (16) → 70.
+    assert p.terms == pytest.approx({"compute": 11, "launch": 15, "guard": 4, "framework": 70, "idle": 0})
+    assert p.details == pytest.approx({"sync": 20, "graph_wrapper": 27, "copy_ops": 7, "memcpy": 3})
+
+
+def test_sentence_names_the_parts_a_compiled_small_step_pays_for():
+    slow = side("compile-reduce-overhead", {"compute": 11, "launch": 15, "guard": 4, "framework": 70})
+    slow.partition.details = {"sync": 20.0, "graph_wrapper": 27.0, "copy_ops": 7.0, "memcpy": 3.0}
+    fast = side("eager", {"compute": 12, "launch": 20, "framework": 18})
+    fast.partition.details = {"sync": 16.0}
+    text = dominant_sentence(slow, fast)
+    assert "the host spends 70.0 µs in Python and framework code" in text
+    # parts of at least a tenth of the 50 µs gap, largest first; the 4 µs more of syncs is too small to name
+    assert ("of it: Inductor's wrapper around the compiled graph (CUDA-graph bookkeeping, checks) 27.0 µs "
+            "(eager: 0.0 µs), host dispatching copies (aten::copy_, e.g. inputs into static buffers) 7.0 µs") in text
+    assert "synchronisations" not in text
+
+
 def side(mode: str, terms: dict[str, float], **host) -> Side:
     s = Side(label="A", mode=mode, device="cuda", workload="house_price", phase="train", batch_size=64, given_run=1)
     s.partition = Partition(step_us=sum(terms.values()), terms={t: terms.get(t, 0.0) for t in TERMS}, steps=5,
@@ -334,3 +374,15 @@ def test_the_aoti_call_is_marked_for_the_profiler_only_while_profiling(monkeypat
     assert aoti_mode.PROFILER_LABEL in names
     with torch.no_grad():
         assert torch.equal(fn(x), model(x))  # and outside the profiler it is the plain call
+
+
+def test_cli_explain_profile_runs_the_missing_profile_then_explains(lab, capsys):
+    """Last in this module: it adds a profile of fx to the shared lab."""
+    db = lab["env"]["RESULTS_DB"]
+    assert cli.main(["explain", str(lab["bench_fx"]), str(lab["bench_eager"]), "--db", db]) == 0
+    assert "to see why, profile fx" in capsys.readouterr().out
+    assert cli.main(["explain", str(lab["bench_fx"]), str(lab["bench_eager"]), "--profile", "--db", db]) == 0
+    captured = capsys.readouterr()
+    assert "profiling fx (runs " in captured.err
+    assert "to see why" not in captured.out and "= profiled step" in captured.out
+    assert lab["store"].runs(kind="profile", status=["ok"]).query("mode == 'fx'").shape[0] == 1
