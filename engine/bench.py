@@ -280,7 +280,7 @@ def _record_phase(result: RunResult, checked: _Checked, extra: list[Metric], mod
     result.metrics.append(Metric("throughput", batch_size / (stats.median * 1e-6), "samples/s", **tag))
     for metric in extra:
         result.metrics.append(Metric(metric.name, metric.value, metric.unit, **tag))
-    for metric in cache_metrics(before.caches, counter_snapshot(), take_build_events()):
+    for metric in cache_metrics(before.caches, counter_snapshot(), take_build_events(), mode.autotunes):
         result.metrics.append(Metric(metric.name, metric.value, metric.unit, **tag))
     if mode.compiles:
         graphs_after, breaks_after = _dynamo_counts()

@@ -60,6 +60,19 @@ def _flush_all(*streams) -> None:
             pass
 
 
+def share_compile_threads(group_size: int) -> None:
+    """Inductor's parallel compile uses one worker per core in each process (torch._inductor.config.compile_threads,
+    TORCHINDUCTOR_COMPILE_THREADS): runs preparing side by side split the cores between them instead of each
+    starting a pool of all of them. A value the user set is kept."""
+    if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ:
+        return
+    threads = max(1, (os.cpu_count() or 1) // max(1, group_size))
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
+    config = sys.modules.get("torch._inductor.config")  # the fork server imported it already: set it there too
+    if config is not None:
+        config.compile_threads = threads
+
+
 def run_job(job_path: str | Path) -> int:
     """Run the job described by job.json in this process; 0 when a result was written, 1 when an error was."""
     job = json.loads(Path(job_path).read_text())
@@ -90,6 +103,7 @@ def run_job(job_path: str | Path) -> int:
             from engine.device_lock import begin_phases
 
             phases = job["device_phases"]
+            share_compile_threads(int(phases.get("group_size", 2)))
             begin_phases(phases["device"], on_wait=lambda message: progress(last[0], message),
                          group_size=int(phases.get("group_size", 2)), on_switch=hold_changed)
         target = load_target(job["target"])

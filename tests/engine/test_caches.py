@@ -170,3 +170,23 @@ def test_counters_move_when_torch_compile_looks_up_its_cache(tmp_path: Path, mon
     got = {m.name: m.value for m in caches.cache_metrics(before, after)}
     assert got.get("cache_fxgraph_miss", 0) + got.get("cache_fxgraph_hit", 0) >= 1
     assert all(isinstance(m, Metric) for m in caches.cache_metrics(before, after))
+
+
+@pytest.mark.parametrize("metrics, text", [
+    ({"cache_fxgraph_miss": 1, "cache_autotune_benchmarked": 3},
+     "max-autotune: 3 GEMM selections benchmarked (not in the autotune cache)"),
+    ({"cache_fxgraph_hit": 1, "cache_autotune_benchmarked": 0},
+     "max-autotune: the tuned graph came from the FX graph cache (nothing benchmarked)"),
+    ({"cache_fxgraph_miss": 1, "cache_autotune_benchmarked": 0},
+     "max-autotune: nothing benchmarked (no GEMM to tune here, or every choice from the autotune cache)"),
+])
+def test_what_max_autotune_found_in_the_caches(metrics, text):
+    assert text in caches.describe(metrics)
+
+
+def test_an_autotuning_mode_records_its_benchmark_count_even_at_zero():
+    before = caches.counter_snapshot()
+    assert "cache_autotune_benchmarked" in before
+    assert {m.name for m in caches.cache_metrics(before, before)} == set()
+    assert [(m.name, m.value) for m in caches.cache_metrics(before, before, autotunes=True)] == [
+        ("cache_autotune_benchmarked", 0.0)]

@@ -111,3 +111,18 @@ def test_hold_overlaps_finds_a_timing_beside_another_runs_preparation() -> None:
             (2, "fx", "timing", "exclusive", 3.0, 4.0), (3, "aoti", "waiting", "none", 0.0, 4.0)]
     clash = hold_overlaps(pd.DataFrame(rows, columns=["run_id", "mode", "step", "hold", "start_s", "end_s"]))
     assert clash[["run_id", "run_id_other", "step_other"]].values.tolist() == [[1, 2, "compiling"]]
+
+
+def test_runs_preparing_side_by_side_split_inductors_compile_threads(monkeypatch) -> None:
+    import torch._inductor.config as inductor_config
+
+    from engine import worker
+
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    monkeypatch.setattr(worker.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(inductor_config, "compile_threads", inductor_config.compile_threads)
+    worker.share_compile_threads(4)
+    assert worker.os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "4" and inductor_config.compile_threads == 4
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "3")  # the user's choice stands
+    worker.share_compile_threads(8)
+    assert worker.os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "3" and inductor_config.compile_threads == 4
