@@ -26,6 +26,8 @@ st.markdown(
     "- **Kernel Levels** — attention, ViT patch embedding and GNN message passing written five ways "
     "(native → CUDA), on a roofline under this device's measured ceilings.\n"
     "- **LLM** — prefill and decode of a Llama-style decoder per mode: TTFT, TPOT, MFU, MBU.\n"
+    "- **Compare** — did it get slower? Two sets of runs (commits, torch versions, devices) compared series by "
+    "series with a statistical gate.\n"
     "- **Your own model** — Benchmark, Profiler and IR Explorer also take a model by import path.\n\n"
     "Every mode's output is checked against eager before its time counts, every run executes in its own worker "
     "process, and every sample lands in DuckDB."
@@ -119,3 +121,5 @@ c1.page_link("pages/5_Kernel_Levels.py", label="Kernel Levels — one component 
              icon=":material/stacks:")
 c2.page_link("pages/6_LLM.py", label="LLM — prefill and decode per mode: TTFT, TPOT, MFU, MBU",
              icon=":material/chat:")
+c1.page_link("pages/7_Compare.py", label="Compare — did it get slower? Two sets of runs, statistically gated",
+             icon=":material/compare_arrows:")

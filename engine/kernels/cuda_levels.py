@@ -36,7 +36,7 @@ OPS = "modelab_levels"  # the TORCH_LIBRARY namespace (bindings.cpp)
 
 # Attention variants (the table in csrc/levels/attention.cu). 0..3 are mma.sync (sm_80+); 2 and 3 exist for bf16 with
 # D=128 only. 4..6 are wgmma (csrc/levels/attention_sm90.cu), built for sm_90a on compute capability 9.0 with D=128:
-# 4 for bf16 and fp16, 5 and 6 for bf16. H100, 2026-11-23, causal S=4096 B=4 H=16 (scripts/cuda_levels_gpu.py):
+# 4 for bf16 and fp16, 5 and 6 for bf16. H100, 2026-11-23, causal S=4096 B=4 H=16 (benchmarks/cuda_levels_gpu.py):
 # v0 1104 µs, v1 1017, v2 989, v3 1015 (SDPA 468).
 ATTENTION_VARIANTS = (0, 1)
 ATTENTION_VARIANTS_BF16_D128 = (0, 1, 2, 3)
@@ -293,7 +293,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 
 def _attention_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
                        variant: int) -> torch.Tensor:
-    """`attention` with an explicit tile variant (tests, scripts/cuda_levels_gpu.py)."""
+    """`attention` with an explicit tile variant (tests, benchmarks/cuda_levels_gpu.py)."""
     scale = _check_attention(q, k, v, causal, scale)
     allowed = attention_variants(q.dtype, q.shape[-1], q.device.index)
     if variant not in allowed:
@@ -398,7 +398,7 @@ def message_passing(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, w: to
     return ops.message_passing_coo(x, src, dst, w, num_nodes, aggr == "mean")
 
 
-# ---- float64 references and the error measure (tests, scripts/cuda_levels_gpu.py) --------------------------------
+# ---- float64 references and the error measure (tests, benchmarks/cuda_levels_gpu.py) --------------------------------
 
 def _rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref|| in float64; inf when out has a NaN/inf (a poisoned element never written)."""

@@ -99,8 +99,8 @@ def with_libstdcxx_preloaded(env: dict[str, str]) -> dict[str, str]:
 
     Why: on the GPU image (torch 2.11+cu130) every AOTInductor model .so — CUDA and CPU — segfaulted in its
     constructor, inside std::regex (parse_device_str): a library loaded earlier in the Python process interposes some
-    libstdc++ symbols. With libstdc++ preloaded the same package loads and runs (scripts/aoti_libstdcxx_check.sh
-    shows both). Preloading the library every C++ program loads anyway changes nothing elsewhere.
+    libstdc++ symbols. With libstdc++ preloaded the same package loads and runs (docs/aoti.md: exit 139 plain, 0
+    preloaded). Preloading the library every C++ program loads anyway changes nothing elsewhere.
     """
     if env.get(PRELOAD_ENV, "1") == "0":
         return env

@@ -54,7 +54,7 @@ def test_home_stays_fast_with_10000_runs(lab: Store, page) -> None:
     """The README's promise: Home renders in ≤ 1.5 s with 10,000 runs (steady state, after the first render)."""
     import time
 
-    from scripts.home_render_bench import fill
+    from benchmarks.home_render_bench import fill
 
     fill(lab, 10_000)
     page("home").run()  # imports and cache fills, paid once by a running server

@@ -78,7 +78,7 @@ class LaunchCache:
     """Launches a compiled Triton kernel directly, past the autotuner's and the JIT's per-call Python.
 
     Triton's launch path binds and specialises every argument, hashes a cache key and, under autotune, looks up the
-    tuned config on each call: ~100 µs of Python a call on the H100 machine (scripts/triton_host_cost.py), twice the
+    tuned config on each call: ~100 µs of Python a call on the H100 machine (benchmarks/triton_host_cost.py), twice the
     device time of the patch embedding at B=64 — so per-call timings measured that path, not the kernel. The first
     call for a key goes through the normal path (it autotunes and compiles); the compiled kernel it returns and the
     final non-tensor arguments it was launched with (constexprs, heuristics, the winning config) are kept; later calls

@@ -18,7 +18,8 @@ its epilogue, or silu(gate) · up formed as it loads [gate, up]: at B=1 the norm
 their own that read a few KB each, so moving them into the GEMVs saves three launches and their ramps per layer, at
 no extra traffic (the norm's sum of squares is taken in the GEMV's pass over x).
 `_reference` is F.linear in float64; the checks sit in tests/engine/kernels/test_gemv.py, the table of both
-implementations per preset shape in scripts/gemv_bench.py, the offline sm_90 compile in scripts/triton_aot_check.py.
+implementations per preset shape in benchmarks/gemv_bench.py, the offline sm_90 compile in
+benchmarks/triton_aot_check.py.
 """
 
 from __future__ import annotations

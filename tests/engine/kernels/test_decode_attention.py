@@ -86,7 +86,7 @@ def test_a_decoder_on_the_kernel_decodes_like_sdpa() -> None:
 def test_the_llm_kernels_compile_for_the_h100_without_one(tmp_path) -> None:
     """The interpreter never lowers to the GPU: compile every tile of the GEMV (plain, +norm, +residual,
     +swiglu +residual) and the decode-attention kernels (split, split with RoPE and the cache write, combine) for
-    sm_90 with Triton's own ptxas (scripts/triton_aot_check.py), in a process without TRITON_INTERPRET, cache
+    sm_90 with Triton's own ptxas (benchmarks/triton_aot_check.py), in a process without TRITON_INTERPRET, cache
     empty."""
     import os
     import subprocess
@@ -97,7 +97,7 @@ def test_the_llm_kernels_compile_for_the_h100_without_one(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
     env["PYTHONPATH"] = str(repo)
-    done = subprocess.run([sys.executable, "scripts/triton_aot_check.py", "--arch", "90"], cwd=repo, env=env,
+    done = subprocess.run([sys.executable, "benchmarks/triton_aot_check.py", "--arch", "90"], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line for line in done.stdout.splitlines()[1:] if line.strip()]

@@ -1,6 +1,6 @@
 """Benchmark: server-side render time of the Home page with N runs in the store.
 
-    python scripts/home_render_bench.py --runs 10000 [--repeats 5]
+    python benchmarks/home_render_bench.py --runs 10000 [--repeats 5]
 
 Fills a fresh temporary store with N bench runs (metrics + samples, a few failed) in bulk, then renders app/Home.py
 with Streamlit's AppTest (the same script run a server does, without the browser) and reports each render's time.

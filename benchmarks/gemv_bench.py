@@ -1,6 +1,6 @@
 """Decode-step GEMVs at B=1: cuBLAS (F.linear) against the project's Triton GEMV, per weight shape of a preset.
 
-    python scripts/gemv_bench.py --preset 1B,7B          (CUDA only)
+    python benchmarks/gemv_bench.py --preset 1B,7B          (CUDA only)
 
 Each shape: both outputs checked against float64 F.linear first (relative L2 ≤ 8e-3, bf16 outputs), then timed as the
 decode step runs them (engine.kernels.triton.gemv.time_choice, the same timing the `triton-gemv` mode uses to pick an

@@ -1,6 +1,7 @@
 """Where the host time of a Triton level's call goes: per-call host time, then a cProfile of the same calls.
 
-    python scripts/triton_host_cost.py [--calls 300]        (CUDA; on CPU it runs interpreted and says so)
+    python benchmarks/triton_host_cost.py [--calls 300]        (CUDA, under a minute)
+    TRITON_INTERPRET=1 python benchmarks/triton_host_cost.py   (no GPU: interpreted, checks the script only)
 
 On the H100 the Triton levels' per-call medians sit far above their in-graph (device) times — attention S=1024
 269 vs 58 µs, patch embed B=64 154 vs 50 µs — while Triton's own JIT dispatch is documented at ~10–20 µs. This
@@ -62,7 +63,10 @@ def main() -> int:
         device_us = float("nan")
         if device == "cuda":
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(); fn(); b.record(); sync()
+            a.record()
+            fn()
+            b.record()
+            sync()
             device_us = a.elapsed_time(b) * 1e3
         prof = cProfile.Profile()
         prof.enable()

@@ -1,7 +1,7 @@
 """Build the L5 CUDA kernels (csrc/levels/), check them against torch at small and real shapes, and time them.
 
-    python3 scripts/cuda_levels_gpu.py [--out DIR] [--iters 50] [--only small,attn,patch,mp]
-    CUDA_HOME=... python3 scripts/cuda_levels_gpu.py --compile-only [90]   # no GPU: nvcc + ptxas report only
+    python3 benchmarks/cuda_levels_gpu.py [--out DIR] [--iters 50] [--only small,attn,patch,mp]
+    CUDA_HOME=... python3 benchmarks/cuda_levels_gpu.py --compile-only [90]   # no GPU: nvcc + ptxas report only
 
 1. Builds the extension (cached by source hash under $MODELAB_BUILD_DIR), capturing ninja's output, and prints ptxas's
    registers / stack / spills for every kernel (the full log: DIR/build.log).
@@ -325,7 +325,7 @@ def mp_real(iters: int) -> None:
                                                  sets[i % 3]["w_u"], N), iters)
         add_row(f"mp L5 unsorted (atomics) {str(dtype)[6:]}", t, f"{nbytes / t[0] / 1e6:.2f} TB/s", "index_add",
                 base[0])
-        del sets, g
+        sets = g = None  # free the inputs before the next dtype
 
 
 def main() -> int:

@@ -4,10 +4,10 @@ Each kernel is checked against torch in fp32/fp64 on upcast inputs (rel L2 error
 with triton.testing.do_bench (median; it warms up and flushes L2 before every run) beside its torch baseline.
 The last lines are a short table: us, TFLOP/s or TB/s, ratio to the baseline.
 
-    python scripts/triton_kernels_gpu.py                       # everything, autotuned, on CUDA
-    python scripts/triton_kernels_gpu.py --only attn --sweep   # also time each attention config on its own
-    python scripts/triton_kernels_gpu.py --smoke               # tiny shapes on CPU, interpreted: checks this script
-    python scripts/triton_kernels_gpu.py --aot                 # no GPU needed: compile every tuned config for
+    python benchmarks/triton_kernels_gpu.py                       # everything, autotuned, on CUDA
+    python benchmarks/triton_kernels_gpu.py --only attn --sweep   # also time each attention config on its own
+    python benchmarks/triton_kernels_gpu.py --smoke               # tiny shapes on CPU, interpreted: checks this script
+    python benchmarks/triton_kernels_gpu.py --aot                 # no GPU needed: compile every tuned config for
                                                                # sm_90 and print registers / spills / smem / wgmma / TMA
 
 Counting: causal attention FLOPs = 2*B*H*S*S*D (half of 4*B*H*S^2*D), non-causal 4*B*H*S^2*D; patch embed

@@ -1,12 +1,15 @@
 """Compile the LLM lab's Triton kernels for a GPU target offline, without a GPU (Triton's bundled ptxas).
 
-    python scripts/triton_aot_check.py [--arch 90]
+    python benchmarks/triton_aot_check.py [--arch 90]
 
-Why: the `triton-gemv`, `triton-decode` and `triton-fused` kernels are checked for correctness under Triton's interpreter on CPU, but
-the interpreter does not lower anything to the GPU, so a construct the compiler rejects (a shape, a layout, an op)
-would first show on the GPU machine. This compiles every tile configuration they can use, at the 1B and 7B shapes, for
-sm_ARCH and prints one row per kernel (shared memory, compile seconds). Exit 1 on any failure. Run with
-TRITON_INTERPRET unset (the interpreter's jit functions cannot be compiled).
+A check, not a timing: tests/engine/kernels/test_decode_attention.py runs it on every `make test` (10-20 s on a
+2-core CPU), and `benchmarks/gpu_check.sh decode` on the GPU machine.
+
+Why: the `triton-gemv`, `triton-decode` and `triton-fused` kernels are checked for correctness under Triton's
+interpreter on CPU, but the interpreter does not lower anything to the GPU, so a construct the compiler rejects (a
+shape, a layout, an op) would first show on the GPU machine. This compiles every tile configuration they can use, at
+the 1B and 7B shapes, for sm_ARCH and prints one row per kernel (shared memory, compile seconds). Exit 1 on any
+failure. Run with TRITON_INTERPRET unset (the interpreter's jit functions cannot be compiled).
 """
 
 from __future__ import annotations

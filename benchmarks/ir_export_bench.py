@@ -1,7 +1,7 @@
 """IR extraction cost on a 7B-shaped Llama decoder (meta device): torch.export alone vs extract_ir + JSON, and the
 render time of the collapsed mermaid view in Chromium.
 
-    .venv/bin/python scripts/ir_export_bench.py [--preset 7B] [--repeat 3] [--no-browser]
+    .venv/bin/python benchmarks/ir_export_bench.py [--preset 7B] [--repeat 3] [--no-browser]
 
 Each measurement runs in a fresh subprocess (peak RSS is per process: a measurement run after another would report
 the larger of the two), alternating between the two kinds so that machine noise hits both alike; the table gives the
@@ -44,12 +44,11 @@ def peak_rss_mb() -> float:
 # -- children -----------------------------------------------------------------------------------------------------
 def child(kind: str, preset: str) -> dict:
     import torch
+    import torch.export  # noqa: F401 - both kinds import the same modules before the clock starts
 
     from engine.ir import zoo
     from engine.ir.export import convert, export_meta
     from engine.ir.serialize import save_ir
-
-    import torch.export  # noqa: F401 - both kinds import the same modules before the clock starts
 
     t0 = time.perf_counter()
     model, inputs = zoo.build("llama", preset, device="meta")

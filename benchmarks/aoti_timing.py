@@ -1,7 +1,10 @@
 """Where an aoti prepare spends its time on this machine: export, the cached package, the crash check in a child
 process, the in-process load and the first call, each timed twice (the second shows what a warm run pays).
 
-    python scripts/aoti_timing.py [--device cuda] [--batch 1]
+    python benchmarks/aoti_timing.py [--device cuda] [--batch 1]        (a few minutes on the GPU machine)
+
+The script re-executes itself with libstdc++ in LD_PRELOAD, as the engine starts its workers: without it the
+in-process load segfaults on the GPU image (docs/aoti.md).
 """
 from __future__ import annotations
 
@@ -37,14 +40,17 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args()
+    from engine.native.toolchain import with_libstdcxx_preloaded
+
+    env = with_libstdcxx_preloaded(dict(os.environ))
+    if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):  # load AOTInductor models as a worker does
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     rows: list = []
     import torch
 
     from engine.native import aoti
-    from engine.native.toolchain import with_libstdcxx_preloaded
     from engine.workloads import house_price as hp
 
-    env = with_libstdcxx_preloaded(dict(os.environ))
     for tag in ("1st", "2nd"):
         timed(f"{tag} child: import torch + cuda init", lambda: child(
             [sys.executable, "-c", f"import torch; torch.zeros(1, device='{args.device}')"], env), rows)
@@ -62,7 +68,8 @@ def main() -> int:
                    args.device] + [a for s in specs for a in ("--input", s)]
             out = timed(f"{tag} check_load_in_child (as a subprocess)", lambda: child(cmd, env), rows)
             print("    child says", out)
-        loaded = timed(f"{tag} load in-process (engine.native.aoti.load)", lambda: aoti.load(pkg.path, args.device), rows)
+        loaded = timed(f"{tag} load in-process (engine.native.aoti.load)",
+                       lambda: aoti.load(pkg.path, args.device), rows)
         timed(f"{tag} first call", lambda: (loaded(*inputs), torch.cuda.synchronize() if args.device == "cuda"
                                             else None), rows)
     print(json.dumps(rows))

@@ -1,7 +1,7 @@
 """IR extraction + verification of real-world models on the CPU: transformers GPT-2, BERT, Llama, T5-encoder and ViT
 (small configs, random weights, nothing downloaded), plus the lab's own Llama-style decoder for comparison.
 
-    .venv/bin/python scripts/real_models_ir.py [--only transformers:gpt2-tiny,...] [--batch 2]
+    .venv/bin/python benchmarks/real_models_ir.py [--only transformers:gpt2-tiny,...] [--batch 2]
 
 Per model, in one process:
   extract s  build on the meta device + torch.export + conversion + JSON written (engine.ir.runs' path)

@@ -1,7 +1,7 @@
 """Print the timeline of every stored run of a kind: when each phase began and how long it took (from the run's
 progress.jsonl, engine.report.run_timeline), then the seconds per phase summed over the runs.
 
-    python scripts/run_timelines.py --kind llm [--db results.duckdb]
+    python benchmarks/run_timelines.py --kind llm [--db results.duckdb]
 """
 
 from __future__ import annotations

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The GPU checks: one part per thing it checks, each reproducing the GPU figures in docs/figures.md.
+#
+#   benchmarks/gpu_check.sh PART [OUT]      (from the repository root, on a machine with a CUDA GPU)
+#   benchmarks/gpu_check.sh list            the parts, one line each
+#
+# OUT (default $OUT, else /tmp/out) gets the logs and the store (gpu.duckdb). The machine's own python3 runs
+# everything (on the GPU machine that is the one with a CUDA torch); duckdb and nvtx travel as wheels in .whl/ where
+# it lacks them (see the device README). The `[N s, rc R]` lines give each step's wall time.
+set -uo pipefail
+part=${1:-list}; out=${2:-${OUT:-/tmp/out}}
+
+parts() {
+  cat <<'EOF'
+env            what the machine has: GPU, driver, torch, Triton, nvcc
+tests          the GPU suite (the selection `make test-gpu` runs)
+ceilings       the device ceilings every "% of" divides by: copy bandwidth, matmul rates, launch costs
+mlp            house-price MLP in eager, cuda-graph, triton, cuda: per-call and loop (back-to-back) medians
+bench-all      `bench --mode all --device cuda` twice (cold, then warm): each run's seconds
+aoti           the aoti mode cold then warm, its phase timeline, then aoti_timing.py (where a load's time goes)
+gemv           GEMV tests, cuBLAS vs Triton per weight shape (gemv_bench.py), 1B/7B compile-cudagraph vs triton-gemv
+decode         decode-attention and GEMV tests, the sm_90 compile check, 1B and 7B in triton-gemv/-decode/-fused
+pdl            1B and 7B triton-fused with programmatic dependent launch off and on (MODELAB_TRITON_PDL=0/1)
+llm-1b-all     1B, every LLM mode, prepared side by side and timed alone: total seconds and each run's phase timeline
+levels         every kernel level of the three components at their real shapes
+cuda-levels    the L5 CUDA kernels: build (ptxas registers), checks, timings against torch (cuda_levels_gpu.py)
+triton-levels  the L4 Triton kernels: checks and timings against torch (benchmarks/triton_kernels_gpu.py)
+host-cost      host time per call of the Triton levels and its cProfile (benchmarks/triton_host_cost.py)
+EOF
+}
+[ "$part" = list ] && { parts; exit 0; }
+parts | grep -q "^$part " || { echo "unknown part '$part'; the parts:"; parts; exit 2; }
+
+mkdir -p "$out"
+if ! python3 -c "import duckdb" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export RESULTS_DB="$out/gpu.duckdb" ARTIFACTS_DIR=${ARTIFACTS_DIR:-/tmp/art}
+export MODELAB_BUILD_DIR=${MODELAB_BUILD_DIR:-/tmp/mb}
+export PYTHONUNBUFFERED=1
+t() { local s=$SECONDS; "$@"; local rc=$?; echo "[$((SECONDS - s)) s, rc $rc] $*"; return $rc; }
+pytest_q() { python3 -m pytest -q -x -p no:cacheprovider "$@" 2>&1 | tail -3; }
+llm() { python3 -m engine llm --prompt-len 512 --new-tokens 128 --device cuda "$@"; }
+seconds_per_run() {
+  python3 -m engine sql "SELECT id, mode, status, round(epoch(finished_at) - epoch(started_at), 1) AS s FROM runs
+    WHERE kind = '$1' ORDER BY id"
+}
+
+case $part in
+  env) nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+       python3 -c "import torch, triton; print('torch', torch.__version__, '· Triton', triton.__version__, '·',
+         torch.cuda.get_device_name(), torch.cuda.get_device_capability())"
+       nvcc --version 2>/dev/null | tail -1 ;;
+  tests) t python3 -m pytest -q -p no:cacheprovider tests/engine \
+           -k "${GPU_TESTS:-cuda or gpu or triton or gemv or decode or levels or llm}" 2>&1 | tail -15 ;;
+  ceilings) t python3 -m engine ceilings --device cuda ;;
+  mlp) t python3 -m engine ceilings --device cuda >"$out/ceilings.log" 2>&1
+       t python3 -m engine bench --mode eager,cuda-graph,triton,cuda --device cuda --iters 200 >"$out/mlp.log" 2>&1
+       python3 -m engine sql "SELECT r.mode, m.phase, m.batch_size,
+         round(max(CASE WHEN m.name = 'median' THEN m.value END), 1) AS median_us,
+         round(max(CASE WHEN m.name = 'loop_median' THEN m.value END), 1) AS loop_us
+         FROM runs r JOIN metrics m ON m.run_id = r.id WHERE r.kind = 'bench' AND r.status = 'ok'
+         GROUP BY r.id, r.mode, m.phase, m.batch_size ORDER BY m.phase, m.batch_size, median_us" ;;
+  bench-all) t timeout 580 python3 -m engine bench --mode all --device cuda >"$out/bench_cold.log" 2>&1
+             t timeout 200 python3 -m engine bench --mode all --device cuda >"$out/bench_warm.log" 2>&1
+             tail -3 "$out/bench_cold.log" "$out/bench_warm.log"
+             seconds_per_run bench ;;
+  aoti) for pass in cold warm; do
+          t python3 -m engine bench --mode aoti --device cuda >"$out/aoti_$pass.log" 2>&1; tail -3 "$out/aoti_$pass.log"
+        done
+        python3 benchmarks/run_timelines.py --kind bench
+        t python3 benchmarks/aoti_timing.py --device cuda ;;
+  gemv) t python3 -m engine ceilings --device cuda >"$out/ceilings.log" 2>&1
+        t pytest_q tests/engine/kernels/test_gemv.py
+        t python3 benchmarks/gemv_bench.py --preset 1B,7B >"$out/gemv.log" 2>&1; cat "$out/gemv.log"
+        t llm --preset 1B --mode compile-cudagraph,triton-gemv >"$out/llm1b_gemv.log" 2>&1
+        t llm --preset 7B --mode compile-cudagraph,triton-gemv --no-profile >"$out/llm7b_gemv.log" 2>&1
+        tail -12 "$out/llm1b_gemv.log"; tail -12 "$out/llm7b_gemv.log" ;;
+  decode) t pytest_q tests/engine/kernels/test_decode_attention.py tests/engine/kernels/test_gemv.py
+          t python3 benchmarks/triton_aot_check.py --arch 90 | tail -3
+          for preset in 1B 7B; do
+            t llm --preset $preset --mode ${DECODE_MODES:-triton-gemv,triton-decode,triton-fused} \
+              >"$out/llm${preset}_decode.log" 2>&1
+            tail -8 "$out/llm${preset}_decode.log"
+          done ;;
+  pdl) for preset in ${PDL_PRESETS:-1B 7B}; do for pdl in 0 1; do
+         MODELAB_TRITON_PDL=$pdl t llm --preset $preset --no-profile --mode triton-fused \
+           >"$out/llm${preset}_pdl$pdl.log" 2>&1
+         echo "$preset PDL=$pdl"; tail -4 "$out/llm${preset}_pdl$pdl.log" | head -2
+       done; done ;;
+  llm-1b-all) t timeout 580 python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --mode all \
+                --device cuda >"$out/llm1b_all.log" 2>&1; tail -30 "$out/llm1b_all.log"
+              python3 benchmarks/run_timelines.py --kind llm ;;
+  levels) t python3 -m engine levels --component "${LEVEL_COMPONENTS:-all}" --level all --device cuda \
+            >"$out/levels.log" 2>&1
+          tail -40 "$out/levels.log" ;;
+  cuda-levels) t timeout 500 python3 benchmarks/cuda_levels_gpu.py --out "$out/cl" >"$out/cuda_levels.log" 2>&1
+               grep -E "registers|spill" "$out/cuda_levels.log" | head -20; tail -25 "$out/cuda_levels.log" ;;
+  triton-levels) t timeout 500 python3 benchmarks/triton_kernels_gpu.py >"$out/triton_levels.log" 2>&1
+                 tail -20 "$out/triton_levels.log" ;;
+  host-cost) t python3 benchmarks/triton_host_cost.py >"$out/host_cost.log" 2>&1; tail -70 "$out/host_cost.log" ;;
+esac
