@@ -19,8 +19,8 @@ from engine.store import Metric
 def test_build_tag_changes_with_torch_python_and_cuda(monkeypatch: pytest.MonkeyPatch):
     base = build.build_tag()
     assert base.startswith(f"torch-{torch.__version__.replace('+', '_')}-py")
-    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
-    assert build.build_tag() != base and "2.11.0_cu130" in build.build_tag()
+    monkeypatch.setattr(torch, "__version__", "2.99.0+cu130")  # not this machine's own version, CPU or GPU
+    assert build.build_tag() != base and "2.99.0_cu130" in build.build_tag()
     # A source build does not spell CUDA in its version: the tag adds it.
     monkeypatch.setattr(torch, "__version__", "2.11.0a0")
     monkeypatch.setattr(torch.version, "cuda", "12.8")
