@@ -3,7 +3,6 @@ or LIMITed queries (10,000 runs render in well under 1.5 s; see benchmarks/home_
 
 from __future__ import annotations
 
-
 import streamlit as st
 
 from app import queries

@@ -79,7 +79,8 @@ def describe(metrics: Mapping[str, float]) -> str:
         hit, miss = metrics.get(f"cache_{cache}_hit", 0), metrics.get(f"cache_{cache}_miss", 0)
         bypass = metrics.get(f"cache_{cache}_bypass", 0)
         if hit or miss or bypass:
-            text = f"{LABELS[cache]}: {int(hit)} hit{'s' if hit != 1 else ''}, {int(miss)} miss{'es' if miss != 1 else ''}"
+            text = (f"{LABELS[cache]}: {int(hit)} hit{'s' if hit != 1 else ''}, "
+                    f"{int(miss)} miss{'es' if miss != 1 else ''}")
             parts.append(text + (f", {int(bypass)} bypassed" if bypass else ""))
     if "cache_autotune_benchmarked" in metrics:
         parts.append(_autotune_text(metrics))

@@ -102,7 +102,7 @@ def percent_of(value: float, ceiling: float | None) -> float | None:
     return None if not ceiling else 100.0 * value / ceiling
 
 
-# -- measuring ----------------------------------------------------------------------------------------------------------
+# -- measuring ---------------------------------------------------------------------------------------------------------
 
 def _median_time_s(fn: Callable[[], object], device: str, iters: int, warmup: int = 3) -> float:
     import numpy as np
@@ -142,7 +142,7 @@ def measure(device: str, quick: bool = False, progress: Callable[[float, str], N
     n_bytes = (1 << 30 if cuda else 1 << 27) // (8 if quick else 1)  # 1 GiB on GPU: far beyond L2
     src = torch.rand(n_bytes // 4, device=device, generator=gen)
     dst = torch.empty_like(src)
-    t = _median_time_s(lambda: dst.copy_(src), device, iters=10 if cuda else 5)
+    t = _median_time_s(lambda d=dst, s=src: d.copy_(s), device, iters=10 if cuda else 5)
     values["copy_bw"] = 2 * n_bytes / t  # read + write
     del src, dst
 
@@ -217,7 +217,7 @@ def ceilings_job(params: dict, progress: Callable[[float, str], None]) -> RunRes
     return result
 
 
-# -- reading back -------------------------------------------------------------------------------------------------------
+# -- reading back ------------------------------------------------------------------------------------------------------
 
 def latest_ceilings(store: Store, device_name: str | None = None, device: str | None = None) -> Ceilings | None:
     """The newest ok ceilings run for this device name (or, without a name, this device string), or None."""

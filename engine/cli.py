@@ -12,7 +12,6 @@ from pathlib import Path
 
 from engine.store import Store, StoreError, default_db_path
 
-
 # Modules that contribute subcommands (profiling, IR, …); each defines add_commands(subparsers, add_common_args).
 COMMAND_MODULES: list[str] = ["engine.profiling.cli", "engine.ir.cli", "engine.levels.cli", "engine.llm.cli",
                                "engine.explain_cli", "engine.compare_cli"]

@@ -257,7 +257,7 @@ class Normalizer:
         return cls(x_mean, x_std, y_mean, y_std)
 
     def _like(self, values: list[float], ref: Any) -> Any:
-        """values as an array of ref's kind (numpy or torch, float dtype, same device) so broadcasting keeps the type."""
+        """values as an array of ref's kind (numpy or torch, float dtype, same device): broadcasting keeps the type."""
         if isinstance(ref, np.ndarray):
             return np.asarray(values, dtype=ref.dtype if ref.dtype.kind == "f" else np.float64)
         import torch

@@ -43,7 +43,13 @@ from typing import Any
 import pandas as pd
 
 from engine.profiling.op_stats import (
-    LAUNCH_RE, Event, assign_self_times, load_trace, parse_events, step_spans, union_length,
+    LAUNCH_RE,
+    Event,
+    assign_self_times,
+    load_trace,
+    parse_events,
+    step_spans,
+    union_length,
 )
 from engine.store import Store
 
@@ -346,7 +352,7 @@ def _run_or_fail(store: Store, run_id: int) -> dict[str, Any]:
 
 def choose_point(store: Store, run_a: int, run_b: int, phase: str | None = None, batch_size: int | None = None
                  ) -> tuple[str, int]:
-    """The (phase, batch size) both runs measured: the one asked for, else train before infer, the batch closest to 64."""
+    """The (phase, batch size) both runs measured: the one asked for, else train before infer, the batch nearest 64."""
     points = []
     for run_id in (run_a, run_b):
         run = _run_or_fail(store, run_id)

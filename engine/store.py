@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import struct
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -565,7 +564,8 @@ class Store:
 
     def latency_summary(self, *, kind: str = "bench", workload: str | None = None, device: str | None = None,
                         latest_only: bool = True) -> pd.DataFrame:
-        """One row per (run, phase, batch size) with the latency statistics of ok runs; latest run per mode by default."""
+        """One row per (run, phase, batch size) with the latency statistics of ok runs; the latest run per mode by
+        default."""
         where = ["r.kind = ?", "r.status = 'ok'"]
         args: list[Any] = [kind]
         if workload:

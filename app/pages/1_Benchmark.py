@@ -10,8 +10,18 @@ import streamlit as st
 
 from app import charts, explain_view, queries
 from app.common import (
-    device_info, first_line, flash, fmt_time, fmt_us, get_store, model_field, page_header, parse_batch_sizes,
-    show_flash, submit, watch_active_runs,
+    device_info,
+    first_line,
+    flash,
+    fmt_time,
+    fmt_us,
+    get_store,
+    model_field,
+    page_header,
+    parse_batch_sizes,
+    show_flash,
+    submit,
+    watch_active_runs,
 )
 from engine.changepoints import history_steps
 from engine.explain import first_use as first_use_caches

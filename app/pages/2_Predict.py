@@ -11,13 +11,26 @@ import streamlit as st
 
 from app import charts
 from app.common import (
-    device_info, first_line, flash, get_store, page_header, show_flash, submit, watch_active_runs,
+    device_info,
+    first_line,
+    flash,
+    get_store,
+    page_header,
+    show_flash,
+    submit,
+    watch_active_runs,
 )
 from engine.data import FEATURE_BY_NAME, FEATURES, DatasetError, load_housing_csv, validate_features
 from engine.jobs import JobSpec
 from engine.modes import MODES
 from engine.predict import (
-    InvalidInputError, TrainedModel, WeightLoadError, list_weights, load_trained, predict, price_curve,
+    InvalidInputError,
+    TrainedModel,
+    WeightLoadError,
+    list_weights,
+    load_trained,
+    predict,
+    price_curve,
 )
 from engine.train import models_dir
 
@@ -82,7 +95,7 @@ def train_panel() -> None:
             frame = load_housing_csv(upload)  # an UploadedFile has a name, so messages name the file
         except DatasetError as exc:
             csv_ok = False
-            st.error(f"This CSV cannot be used for training — fix it and upload again:  \n"
+            st.error("This CSV cannot be used for training — fix it and upload again:  \n"
                      + str(exc).replace("\n", "  \n"), icon=":material/error:")
         else:
             csv_path = str(save_upload(upload.name, data))

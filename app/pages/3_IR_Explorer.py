@@ -11,14 +11,27 @@ import plotly.express as px
 import streamlit as st
 
 from app.common import (
-    first_line, flash, fmt_time, get_store, model_field, page_header, show_flash, submit, watch_active_runs,
+    first_line,
+    flash,
+    fmt_time,
+    get_store,
+    model_field,
+    page_header,
+    show_flash,
+    submit,
+    watch_active_runs,
 )
 from engine.ir import zoo
 from engine.ir.errors import IRError, WeightLoadError
 from engine.ir.graph import IR
 from engine.ir.mermaid import MermaidGraph, default_view, module_depth, modules_at, short_op, to_mermaid
 from engine.ir.runs import (
-    extract_run, extract_spec, extractions, verifications, verify_refusal, verify_spec,
+    extract_run,
+    extract_spec,
+    extractions,
+    verifications,
+    verify_refusal,
+    verify_spec,
 )
 from engine.ir.serialize import load_ir
 

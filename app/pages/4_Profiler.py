@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,16 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app.common import (
-    device_info, first_line, flash, fmt_time, fmt_us, get_store, model_field, page_header, show_flash, submit,
+    device_info,
+    first_line,
+    flash,
+    fmt_time,
+    fmt_us,
+    get_store,
+    model_field,
+    page_header,
+    show_flash,
+    submit,
     watch_active_runs,
 )
 from engine.jobs import JobSpec

@@ -10,7 +10,16 @@ import streamlit as st
 
 from app import charts, level_charts, queries
 from app.common import (
-    device_info, first_line, flash, fmt_time, fmt_us, get_store, page_header, show_flash, submit, watch_active_runs,
+    device_info,
+    first_line,
+    flash,
+    fmt_time,
+    fmt_us,
+    get_store,
+    page_header,
+    show_flash,
+    submit,
+    watch_active_runs,
 )
 from engine.ceilings import CEILINGS, dtype_key, latest_ceilings
 from engine.changepoints import history_steps, series_history

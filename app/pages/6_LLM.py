@@ -14,15 +14,35 @@ import streamlit as st
 
 from app.charts import history_line
 from app.common import (
-    device_info, first_line, flash, fmt_time, get_store, page_header, show_flash, submit, watch_active_runs,
+    device_info,
+    first_line,
+    flash,
+    fmt_time,
+    get_store,
+    page_header,
+    show_flash,
+    submit,
+    watch_active_runs,
 )
 from engine.changepoints import history_steps, run_series_history
 from engine.jobs import JobSpec
 from engine.llm import metrics as llm_metrics
 from engine.llm.report import (
-    REPORT_FILES, bound_sentences, ceiling_text, fmt_num, fmt_pct, from_store,
-    fmt_time as fmt_duration, headline, llm_runs, peak_key,
-    report_files, roofline_points, top_operators,
+    REPORT_FILES,
+    bound_sentences,
+    ceiling_text,
+    fmt_num,
+    fmt_pct,
+    from_store,
+    headline,
+    llm_runs,
+    peak_key,
+    report_files,
+    roofline_points,
+    top_operators,
+)
+from engine.llm.report import (
+    fmt_time as fmt_duration,
 )
 from engine.profiling.op_stats import short_name
 from engine.workloads.llama import PRESETS

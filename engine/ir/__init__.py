@@ -7,7 +7,12 @@ execute, verify, mermaid (graphs for the browser), zoo (models), runs (the store
 """
 
 from engine.ir.errors import (
-    ConversionError, ExecutionError, ExportError, IRError, SerializationError, WeightLoadError,
+    ConversionError,
+    ExecutionError,
+    ExportError,
+    IRError,
+    SerializationError,
+    WeightLoadError,
 )
 from engine.ir.execute import execute_ir, register_executor
 from engine.ir.export import convert, export_meta, extract_ir

@@ -14,8 +14,17 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from engine.cli import CliError, _Bars, _devices, add_group_args, _non_negative_int, _positive_float, _positive_int, _store, \
-    expand_devices
+from engine.cli import (
+    CliError,
+    _Bars,
+    _devices,
+    _non_negative_int,
+    _positive_float,
+    _positive_int,
+    _store,
+    add_group_args,
+    expand_devices,
+)
 from engine.store import Store
 
 

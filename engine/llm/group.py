@@ -13,7 +13,6 @@ from engine.llm.modes import MODES
 from engine.llm.run import LLMConfig, config_from_params, memory_needed
 from engine.store import Store
 
-
 # Device memory a run's process holds beyond memory_needed: the CUDA context, activations, logits, CUDA graph pools
 # and the GEMV choice's weight copies (three L2s' worth).
 PROCESS_OVERHEAD_BYTES = 2 << 30

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from engine.modes import aoti as _aoti
 from engine.modes import compile as _compile
+from engine.modes import cuda_graph as _cuda_graph
+from engine.modes import cuda_mlp as _cuda_mlp
 from engine.modes import custom_op as _custom_op
-from engine.modes import cuda_graph as _cuda_graph, cuda_mlp as _cuda_mlp, triton_mlp as _triton_mlp
 from engine.modes import eager as _eager
 from engine.modes import fx as _fx
 from engine.modes import torchscript as _torchscript
+from engine.modes import triton_mlp as _triton_mlp
 from engine.modes.base import Mode, Prepared
 
 MODES: dict[str, Mode] = {}

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-
 # The training step's optimizer, for every mode: torch.optim.Adam with this learning rate and default betas / eps.
 TRAIN_LR = 1e-3
 
@@ -60,7 +59,7 @@ class Mode:
 
 
 def owned_step_only(mode: str) -> Callable[..., torch.Tensor]:
-    """The `fn` of a mode prepared for training that owns the whole step: a clear error instead of a silent eager run."""
+    """The `fn` of a mode prepared for training that owns the whole step: a clear error, not a silent eager run."""
     def fn(*args: torch.Tensor) -> torch.Tensor:
         raise RuntimeError(f"mode {mode} owns the whole training step: call Prepared.train_step(inputs, target), "
                            "not fn (it has no autograd forward to put under another optimizer)")

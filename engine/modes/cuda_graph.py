@@ -164,8 +164,8 @@ def prepare(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], train: b
         raise ValueError(f"mode cuda-graph takes one input tensor, got {len(example_inputs)}")
     graphed = GraphedModel(model, train)
     if train:
-        note = ("cuda-graph: zero_grad, forward, MSE, backward and Adam(capturable=True) captured in one CUDA graph per "
-                "batch size (after a 2-step warm-up whose effect is undone)")
+        note = ("cuda-graph: zero_grad, forward, MSE, backward and Adam(capturable=True) captured in one CUDA graph "
+                "per batch size (after a 2-step warm-up whose effect is undone)")
         return Prepared(fn=owned_step_only("cuda-graph"), train_step=graphed.train_step, notes=[note])
     return Prepared(fn=graphed.forward, notes=["cuda-graph: the forward captured in one CUDA graph per batch size"])
 

@@ -11,7 +11,8 @@ from engine.modes.base import Mode, Prepared
 
 
 def prepare(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], train: bool) -> Prepared:
-    # torch.jit is deprecated in recent releases and warns on every script() call; keep one copy of each message as a note.
+    # torch.jit is deprecated in recent releases and warns on every script() call; keep one copy of each message as a
+    # note.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         scripted = torch.jit.script(model)

@@ -16,8 +16,18 @@ from types import ModuleType
 
 import torch
 
-from engine.native.build import (CSRC, NativeBuildError, _cuda_arch_tag, _ensure_ninja_on_path, _tail, build_lock,
-                                  build_root, build_tag, compiler_missing, nvcc_missing)
+from engine.native.build import (
+    CSRC,
+    NativeBuildError,
+    _cuda_arch_tag,
+    _ensure_ninja_on_path,
+    _tail,
+    build_lock,
+    build_root,
+    build_tag,
+    compiler_missing,
+    nvcc_missing,
+)
 
 SOURCES = ("mlp_step_binding.cpp", "mlp_step.cu")
 HEADERS = ("mlp_step.h",)

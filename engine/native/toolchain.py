@@ -53,7 +53,8 @@ def loaded_libstdcxx() -> str | None:
 
 
 def runner_cxx_candidates() -> list[str]:
-    """Compilers to try for the runner: $CXX first if set, then c++, g++, g++-N, <machine>-linux-gnu-g++[-N], clang++."""
+    """Compilers to try for the runner: $CXX first if set, then c++, g++, g++-N, <machine>-linux-gnu-g++[-N],
+    clang++."""
     machine = platform.machine()
     versions = range(20, 8, -1)
     names = ["c++", "g++", *(f"g++-{v}" for v in versions), f"{machine}-linux-gnu-g++",

@@ -15,10 +15,18 @@ from collections.abc import Callable
 import pandas as pd
 
 from engine.cli import (
-    CliError, _Bars, _device, _non_negative_int, _positive_float, _positive_int, _store, add_model_args, check_device,
+    CliError,
+    _Bars,
+    _device,
+    _non_negative_int,
+    _positive_float,
+    _positive_int,
+    _store,
+    add_model_args,
+    check_device,
     user_model,
 )
-from engine.profiling.op_stats import compare, compare_metrics, comparable_kinds, short_name
+from engine.profiling.op_stats import comparable_kinds, compare, compare_metrics, short_name
 from engine.store import Store
 
 

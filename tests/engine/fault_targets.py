@@ -80,4 +80,5 @@ def where_am_i(params: dict, progress) -> RunResult:
     torch.set_num_threads(2)
     a = torch.ones(256, 256)
     total = float((a @ a).sum())
-    return RunResult(metrics=[Metric("torch_preloaded", float(preloaded), ""), Metric("matmul_sum", total, "")], env={"python": "test"})
+    return RunResult(metrics=[Metric("torch_preloaded", float(preloaded), ""), Metric("matmul_sum", total, "")],
+                     env={"python": "test"})

@@ -13,8 +13,18 @@ import pytest
 import torch
 
 from engine.data import (
-    DEFAULT_CSV, FEATURE_NAMES, FEATURES, MIN_ROWS, TARGET, DatasetError, Normalizer, ensure_default_dataset,
-    generate_housing, load_housing_csv, to_tensors, validate_features,
+    DEFAULT_CSV,
+    FEATURE_NAMES,
+    FEATURES,
+    MIN_ROWS,
+    TARGET,
+    DatasetError,
+    Normalizer,
+    ensure_default_dataset,
+    generate_housing,
+    load_housing_csv,
+    to_tensors,
+    validate_features,
 )
 
 COLUMNS = [*FEATURE_NAMES, TARGET]

@@ -12,8 +12,16 @@ import pytest
 from engine import cli, jobs
 from engine.ceilings import CEILINGS
 from engine.explain import (
-    ADD_UP_TOLERANCE, TERMS, Partition, Side, dominant_sentence, explain, fmt, partition,
-    partition_from_stats, render,
+    ADD_UP_TOLERANCE,
+    TERMS,
+    Partition,
+    Side,
+    dominant_sentence,
+    explain,
+    fmt,
+    partition,
+    partition_from_stats,
+    render,
 )
 from engine.profiling.op_stats import load_trace, parse_events, step_spans
 from engine.store import Store

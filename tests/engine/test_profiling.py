@@ -20,8 +20,16 @@ import torch
 from engine import cli, jobs
 from engine.profiling import ncu
 from engine.profiling.op_stats import (
-    SUM_TOLERANCE, analyze, base_name, comparable_kinds, compare, compare_metrics, kernel_label, load_trace,
-    short_name, union_length,
+    SUM_TOLERANCE,
+    analyze,
+    base_name,
+    comparable_kinds,
+    compare,
+    compare_metrics,
+    kernel_label,
+    load_trace,
+    short_name,
+    union_length,
 )
 from engine.profiling.profile import ProfileConfig, profile_mode
 from engine.store import RunResult, Store

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from engine.report import with_speedup
-from engine.store import (SCHEMA_VERSION, Artifact, Metric, RunResult, Samples, Store, StoreError, pid_alive)
+from engine.store import SCHEMA_VERSION, Artifact, Metric, RunResult, Samples, Store, StoreError, pid_alive
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ALL_TABLES = {"schema_version", "runs", "metrics", "samples", "environments", "artifacts"}

@@ -12,8 +12,15 @@ import pytest
 import torch
 
 from engine.data import DEFAULT_CSV, FEATURE_NAMES, DatasetError, generate_housing, load_housing_csv, price_formula
-from engine.predict import (InvalidInputError, WeightLoadError, list_weights, load_trained, predict, predict_prices,
-                            price_curve)
+from engine.predict import (
+    InvalidInputError,
+    WeightLoadError,
+    list_weights,
+    load_trained,
+    predict,
+    predict_prices,
+    price_curve,
+)
 from engine.train import CHECKPOINT_FORMAT, TrainConfig, train_job, train_model, weights_path
 
 TYPICAL = {"sqft": 2000, "bedrooms": 3, "bathrooms": 2, "age_years": 10, "distance_km": 5}

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import textwrap
 import uuid
 from pathlib import Path
 

@@ -94,7 +94,7 @@ def _attn_inner(acc, l_i, m_i, q, K, V, k_desc, v_desc, kv_row0, lo, hi, offs_m,
 
 
 @triton.jit
-def _attn_fwd_kernel(Q, K, V, O, k_desc, v_desc, S, H, qk_scale,
+def _attn_fwd_kernel(Q, K, V, O, k_desc, v_desc, S, H, qk_scale,  # noqa: E741 - the paper's names
                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, USE_DESC: tl.constexpr,
                      DOT_PREC: tl.constexpr):

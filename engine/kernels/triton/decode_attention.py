@@ -147,7 +147,7 @@ def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, NUM_SPLITS,
     ok = splits < NUM_SPLITS
     idx = (bk * NUM_SPLITS + splits) * REP_PAD + r
     m = tl.load(m_ptr + idx, mask=ok, other=float("-inf"))
-    l = tl.load(l_ptr + idx, mask=ok, other=0.0)
+    l = tl.load(l_ptr + idx, mask=ok, other=0.0)  # noqa: E741 - softmax's running sum, as in the papers
     m_max = tl.max(m, axis=0)
     w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_max))
     dims = tl.arange(0, D)
@@ -195,7 +195,7 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     num_splits = triton.cdiv(s_max, tiles["SPLIT"])
     pos = input_pos.reshape(-1)[-1:]  # read as it is (int64) by the kernel: no cast kernel per layer
     m = torch.empty(b * kvh * num_splits * rep_pad, device=q.device, dtype=torch.float32)
-    l = torch.empty_like(m)
+    l = torch.empty_like(m)  # noqa: E741 - the running sums the split kernel writes
     o = torch.empty(b * kvh * num_splits * rep_pad, d, device=q.device, dtype=torch.float32)
     pdl = {} if interpreted or not pdl_enabled(q.device) else {"PDL": True, "launch_pdl": True}
     _split_kernel[(b * kvh, num_splits)](q, k_c, v_c, pos, m, l, o, 1.0 / math.sqrt(d), kvh, s_max, num_splits,

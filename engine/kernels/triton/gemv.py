@@ -34,7 +34,6 @@ from engine.device_lock import exclusive
 from engine.kernels.triton._common import is_interpreted, pdl_enabled
 from engine.workloads.llama import rms_norm  # the decoder's own RMSNorm: the unfused fallbacks compute exactly it
 
-
 # (BLOCK_N, BLOCK_K, num_warps): few enough that the first decode step's autotuning stays short (every config is a
 # compile), spread from many small programs (N = 2048 still fills 132 SMs) to wide tiles for the 7B's long rows.
 # The two BLOCK_K = 2048 tiles hold a whole row block of the K = 2048 weights: with programmatic dependent launch the

@@ -6,8 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from engine.ir import ConversionError, ExportError, extract_ir
-from engine.ir import zoo
+from engine.ir import ConversionError, ExportError, extract_ir, zoo
 from engine.workloads.house_price import HousePriceNN
 
 

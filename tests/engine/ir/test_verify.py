@@ -8,8 +8,7 @@ import math
 import pytest
 import torch
 
-from engine.ir import WeightLoadError, verify_ir
-from engine.ir import zoo
+from engine.ir import WeightLoadError, verify_ir, zoo
 from engine.ir.verify import model_weights
 
 

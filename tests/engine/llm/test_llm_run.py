@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.checks import ToleranceError
 from engine.ceilings import CEILINGS
+from engine.checks import ToleranceError
 from engine.envinfo import capture_env
 from engine.llm import metrics as M
 from engine.llm import run as llm_run_module
