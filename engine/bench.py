@@ -200,7 +200,7 @@ def _check_infer(workload: Workload, mode: Mode, base_model: torch.nn.Module, in
         progress(lo + 0.05 * (hi - lo), _first_call_message(mode, phase, batch_size))
         with _tuning(mode), nvtx_ranges.range(f"first_call {phase} B={batch_size}"):
             first_out: list[torch.Tensor] = []
-            first_us = time_first_call(lambda: first_out.append(call().clone()), device)
+            first_us = _first_call_us(lambda: first_out.append(call().clone()), device)
         max_abs, max_rel = compare(first_out[0], expected, workload.rtol, workload.atol,
                                    f"{mode.name} inference at batch {batch_size}")
     return _Checked(call, prepared, first_us, max_abs, max_rel)
@@ -221,7 +221,7 @@ def _check_train(workload: Workload, mode: Mode, base_model: torch.nn.Module, in
     progress(lo + 0.05 * (hi - lo), _first_call_message(mode, phase, batch_size))
     with _tuning(mode), nvtx_ranges.range(f"first_call {phase} B={batch_size}"):
         losses: list[torch.Tensor] = []
-        first_us = time_first_call(lambda: losses.append(step().detach().clone()), device)
+        first_us = _first_call_us(lambda: losses.append(step().detach().clone()), device)
     what = f"{mode.name} training step at batch {batch_size}"
     max_abs, max_rel = compare(losses[0], expected_loss, workload.rtol, workload.atol, what + " (loss)")
     for (name, p), (_, p_ref) in zip(model.named_parameters(), reference_model.named_parameters()):
@@ -231,9 +231,21 @@ def _check_train(workload: Workload, mode: Mode, base_model: torch.nn.Module, in
 
 
 def _tuning(mode: Mode) -> contextlib.AbstractContextManager:
-    """Around a first call: a mode that autotunes (max-autotune) times candidate kernels, so it takes the device
-    alone even while its group prepares side by side."""
-    return device_lock.exclusive() if mode.autotunes else contextlib.nullcontext()
+    """Around a first call beside other runs of its group. Where Inductor's own timings of candidate kernels are
+    singled out (engine.modes.inductor_timing, installed by the compile modes), only they take the device alone;
+    otherwise a mode that autotunes holds it alone for the whole first call."""
+    from engine.modes.inductor_timing import installed
+
+    return device_lock.exclusive() if mode.autotunes and not installed() else contextlib.nullcontext()
+
+
+def _first_call_us(fn: Callable[[], object], device: str) -> float:
+    """time_first_call of fn, less the time it waited for the device inside (a phased worker's autotuning waits for
+    the group's other preparations): the first-call cost is the compile's, not the queue's."""
+    hold = device_lock.current()
+    waited = hold.waited_s if hold else 0.0
+    us = time_first_call(fn, device)
+    return us - ((hold.waited_s - waited) * 1e6 if hold else 0.0)
 
 
 def _time_step(step: Callable[[], torch.Tensor], phase: str, batch_size: int, cfg: BenchConfig) -> Measurement:
