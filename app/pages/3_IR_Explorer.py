@@ -25,6 +25,17 @@ from engine.ir import zoo
 from engine.ir.errors import IRError, WeightLoadError
 from engine.ir.graph import IR
 from engine.ir.mermaid import MermaidGraph, default_view, module_depth, modules_at, short_op, to_mermaid
+from engine.ir.overlay import (
+    BASIS_TEXT,
+    Overlay,
+    compare,
+    fractions,
+    module_table,
+    overlay_for_run,
+    profile_runs,
+    profile_workloads,
+    reproduce_command,
+)
 from engine.ir.runs import (
     extract_run,
     extract_spec,
@@ -60,6 +71,11 @@ def cached_ir(path: str, mtime: float) -> IR:
 @st.cache_data(show_spinner=False, max_entries=64)
 def cached_graph(path: str, mtime: float, depth: int | None, expand: tuple[str, ...]) -> MermaidGraph:
     return to_mermaid(cached_ir(path, mtime), depth=depth, expand=expand)
+
+
+@st.cache_data(show_spinner="Attributing the profile to the IR…", max_entries=16)
+def cached_overlay(path: str, mtime: float, profile_run: int) -> Overlay | None:
+    return overlay_for_run(get_store(), cached_ir(path, mtime), profile_run)
 
 
 def fmt_params(n: float) -> str:
@@ -261,6 +277,77 @@ def show_graph(graph: MermaidGraph, key: str) -> None:
     graph_component()(data=data, key=key, on_clicked_change=lambda: on_graph_click(key, graph))
 
 
+# -- measured time on the graph (engine.ir.overlay) --------------------------------------------------------------
+def profile_label(r: Any) -> str:
+    return f"#{r.id} · {r.workload} · {r.mode} · {r.device} · {fmt_time(r.finished_at)}"
+
+
+def overlay_controls(store: Any, row: Any, path: str) -> Overlay | None:
+    """The toggle and the profile-run picker; the overlay of the chosen run, or None."""
+    preset = row.get("preset") if isinstance(row.get("preset"), str) else None
+    default = zoo.get_zoo(row["workload"]).default_preset if preset and row["workload"] in zoo.ZOO else None
+    runs = profile_runs(store, profile_workloads(str(row["workload"]), preset, default))
+    if runs.empty:
+        st.caption(f"No profile run of {row['workload']} in the store: profile it (Profiler page, or "
+                   f"`python -m engine profile --workload {row['workload']} --mode eager --device cpu --phases infer`)"
+                   " to colour this graph by measured time.")
+        return None
+    if not st.toggle("Colour by measured time", key="overlay-on"):
+        return None
+    labels = {int(r.id): profile_label(r) for r in runs.itertuples()}
+    pick = st.selectbox("Profile run", list(labels), key="overlay-run", format_func=labels.get)
+    ov = cached_overlay(path, Path(path).stat().st_mtime, int(pick))
+    if ov is None:
+        st.warning(f"The trace of profile run #{pick} is gone.", icon=":material/warning:")
+    return ov
+
+
+def overlay_tables(store: Any, ov: Overlay) -> None:
+    """The attributed share, the per-module table, what matched nothing, and the two-mode comparison."""
+    run = store.run(ov.run_id)
+    cmd = reproduce_command(run, ov.phase)
+    st.markdown(f"**{ov.share_text()}** — {ov.attributed_us:,.0f} of {ov.total_us:,.0f} µs per step "
+                f"({BASIS_TEXT[ov.basis]}, {ov.phase} phase, {ov.steps} profiled steps of run #{ov.run_id}).")
+    if ov.phase == "train":
+        st.caption("A training step: backward and optimizer ops map to no node of this forward graph. Profile the "
+                   "infer phase (`--phases infer`) to colour the forward alone.")
+    table = module_table(ir, ov)
+    table["reproduce"] = cmd
+    st.dataframe(table, hide_index=True, key="overlay-modules")
+    if ov.unmatched:
+        with st.expander(f"Matched no IR node ({len(ov.unmatched)})"):
+            st.dataframe(pd.DataFrame([{"name": m.name, "calls": m.calls, "us_per_step": m.us, "reproduce": cmd}
+                                       for m in ov.unmatched]), hide_index=True, key="overlay-unmatched")
+    two_mode_view(store, run, ov)
+
+
+def two_mode_view(store: Any, run: dict, ov: Overlay) -> None:
+    """Eager against a compiled profile of the same workload and device, when both exist."""
+    others = profile_runs(store, [str(run["workload"])])
+    others = others[(others["device"] == run["device"]) & (others["id"] != ov.run_id)]
+    eager = ov if run["mode"] == "eager" else None
+    if eager is None:
+        found = others[others["mode"] == "eager"]
+        eager = cached_overlay(path, Path(path).stat().st_mtime, int(found["id"].iloc[0])) if not found.empty else None
+        other = ov
+    else:
+        found = others[others["mode"] != "eager"]
+        other = cached_overlay(path, Path(path).stat().st_mtime, int(found["id"].iloc[0])) if not found.empty else None
+    if eager is None or other is None:
+        return
+    other_run = store.run(other.run_id)
+    st.markdown(f"**Eager (run #{eager.run_id}) against {other_run['mode']} (run #{other.run_id})**")
+    c = compare(ir, eager, other)
+    cmd_b = reproduce_command(other_run, other.phase)
+    nodes = c.nodes.assign(reproduce=cmd_b)
+    st.dataframe(nodes, hide_index=True, key="overlay-compare")
+    f1, f2 = st.columns(2)
+    f1.caption("Fused kernels (map to no single node)")
+    f1.dataframe(c.fused.assign(reproduce=cmd_b), hide_index=True, key="overlay-fused")
+    f2.caption(f"New in {other_run['mode']}")
+    f2.dataframe(c.new.assign(reproduce=cmd_b), hide_index=True, key="overlay-new")
+
+
 # -- sidebar: what to extract ---------------------------------------------------------------------------------------
 names = list(zoo.ZOO)
 with st.sidebar:
@@ -360,6 +447,10 @@ with st.container(border=True, key="graph-section"):
     else:
         expand = []
     graph = cached_graph(path, Path(path).stat().st_mtime, depth, tuple(sorted(expand)))
+    overlay = overlay_controls(store, row, path)
+    if overlay is not None:
+        graph = to_mermaid(ir, depth=depth, expand=tuple(sorted(expand)),
+                           colour=fractions(graph.items.values(), overlay))
     if graph.fits_browser():
         show_graph(graph, key=f"graph-{run_id}")
     else:
@@ -372,6 +463,9 @@ with st.container(border=True, key="graph-section"):
                + (f" · opened: {', '.join(expand)}" if expand else ""))
     d2.download_button("Download this graph (.mmd)", graph.text, file_name=f"{ir.model_name.replace('/', '_')}.mmd",
                        mime="text/plain", key="download-mmd", icon=":material/download:")
+
+    if overlay is not None:
+        overlay_tables(store, overlay)
 
 # -- op types and nodes ---------------------------------------------------------------------------------------------
 left, right = st.columns([1, 2])

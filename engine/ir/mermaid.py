@@ -26,6 +26,11 @@ FANOUT_HIDE = 3
 BODY_ROLES = {"true_graph": "true branch", "false_graph": "false branch", "cond_graph": "condition",
               "body_graph": "body"}
 _SAFE = re.compile(r"[A-Za-z0-9 _.,:/()+\-]")
+# The 5-step scale of a measured-time colouring (engine.ir.overlay): light for little time, dark for the most.
+HEAT = (("#fff5eb", "#7f2704"), ("#fdd0a2", "#7f2704"), ("#fd8d3c", "#000000"), ("#e6550d", "#ffffff"),
+        ("#a63603", "#ffffff"))
+# A box's colouring: (kind, name) as in MermaidGraph.items ("node", op name) / ("module", path) -> fraction of the max.
+Colour = dict[tuple[str, str], float]
 
 
 def escape_label(text: str) -> str:
@@ -136,8 +141,12 @@ class _Layout:
     varying_src: set[str] = field(default_factory=set)  # src ids with at least one edge carrying a varying tensor
 
 
-def to_mermaid(ir: IR, *, depth: int | None = None, expand: Iterable[str] = (), direction: str = "TD") -> MermaidGraph:
-    """A flowchart of the IR: one box per op (depth None) or per module at `depth`, with `expand`ed modules opened."""
+def to_mermaid(ir: IR, *, depth: int | None = None, expand: Iterable[str] = (), direction: str = "TD",
+               colour: Colour | None = None) -> MermaidGraph:
+    """A flowchart of the IR: one box per op (depth None) or per module at `depth`, with `expand`ed modules opened.
+
+    `colour` ((kind, name) -> fraction of the max, e.g. engine.ir.overlay.fractions) shades those op and module boxes
+    on a 5-step scale (HEAT) (classDef heat0…heat4); None leaves the chart as it is without it."""
     expand_set = set(expand)
     ids = _Ids()
     layout = _layout(ir, depth, expand_set, ids)
@@ -145,7 +154,8 @@ def to_mermaid(ir: IR, *, depth: int | None = None, expand: Iterable[str] = (), 
     tensors = ir.tensors()
     writer = _Writer(ir=ir, layout=layout, ids=ids, hidden_fanout=hidden_fanout, tensors=tensors,
                      leaving=_leaving_shapes(ir, layout, depth, expand_set, tensors),
-                     nodes_by_name={n.name: n for n in ir.nodes}, lines=[f"flowchart {direction}"])
+                     nodes_by_name={n.name: n for n in ir.nodes}, lines=[f"flowchart {direction}"],
+                     colour=colour)
     for key in layout.tree[""]:
         writer.emit(key, "  ")
     writer.emit_edges_and_classes()
@@ -244,6 +254,7 @@ class _Writer:
     subgraphs: dict[str, str] = field(default_factory=dict)  # subgraph id -> expanded module path
     bodies: dict[str, str] = field(default_factory=dict)  # control-flow body box id -> subgraph key
     body_edges: list[tuple[str, str, str]] = field(default_factory=list)  # (control-flow node id, body id, role)
+    colour: Colour | None = None  # measured-time shading of op and module boxes (to_mermaid's `colour`)
 
     def emit(self, key: tuple[str, str], indent: str) -> None:
         """One child of the layout tree: an expanded module as a subgraph around its children, or one box."""
@@ -326,6 +337,22 @@ class _Writer:
         for cls, ids in self.classes.items():
             for start in range(0, len(ids), 200):
                 self.lines.append(f"  class {','.join(ids[start:start + 200])} {cls}")
+        if self.colour is not None:
+            self.emit_heat()
+
+    def emit_heat(self) -> None:
+        """The colour scale's classes, after the others so they win, and each coloured box's class."""
+        levels: dict[int, list[str]] = {}
+        for key, mid in self.ids.ids.items():
+            frac = (self.colour or {}).get(key)
+            if frac is not None and key[0] in ("node", "module"):
+                levels.setdefault(heat_level(frac), []).append(mid)
+        for i, (fill, text) in enumerate(HEAT):
+            self.lines.append(f"  classDef heat{i} fill:{fill},stroke:#7f2704,color:{text}")
+        for level in sorted(levels):
+            ids = levels[level]
+            for start in range(0, len(ids), 200):
+                self.lines.append(f"  class {','.join(ids[start:start + 200])} heat{level}")
 
     def items_by_id(self) -> dict[str, tuple[str, str]]:
         """Mermaid id -> (kind, name) of everything drawn (MermaidGraph.items)."""
@@ -333,6 +360,11 @@ class _Writer:
         by_id.update({sid: ("module", path) for sid, path in self.subgraphs.items()})
         by_id.update({hid: ("subgraph", key) for hid, key in self.bodies.items()})
         return by_id
+
+
+def heat_level(fraction: float) -> int:
+    """0…len(HEAT)-1: which step of the colour scale a fraction of the max falls on."""
+    return max(0, min(len(HEAT) - 1, int(float(fraction) * len(HEAT))))
 
 
 def default_view(ir: IR, max_boxes: int = 150) -> int | None:
