@@ -3,6 +3,8 @@ against the naive module, timed, and placed on a roofline under this device's me
 
 from __future__ import annotations
 
+import json
+import os
 import uuid
 
 import pandas as pd
@@ -25,6 +27,7 @@ from engine.ceilings import CEILINGS, dtype_key, latest_ceilings
 from engine.changepoints import history_steps, series_history
 from engine.jobs import JobSpec
 from engine.levels import COMPONENTS, LEVELS
+from engine.levels import yours as yours_levels
 from engine.levels.results import level_results, stage_results
 from engine.store import REPO_ROOT
 
@@ -51,6 +54,18 @@ with st.sidebar:
                                           format_func=lambda n: component.shapes[n].label())]
     iters = int(st.number_input("Timed calls", min_value=1, max_value=10_000, value=30, key="iters"))
     warmup = int(st.number_input("Warm-up calls", min_value=0, max_value=1_000, value=5, key="warmup"))
+    st.header("Your kernel")
+    impl = st.text_input("Your kernel (import path)", key="impl", placeholder="my_pkg.kernels:attention",
+                         help="module.path:function with the component's reference signature; imported only in a "
+                              "separate checking process and in worker processes, never here.").strip()
+    impl_path = st.text_input("Its folder", value=os.getcwd(), key="impl-path").strip() or os.getcwd()
+
+
+@st.cache_data(show_spinner="Checking your kernel (imported in a separate process)…", ttl=60, max_entries=64)
+def check_impl(component_name: str, shape_name: str, impl: str, path: str, device: str) -> dict:
+    from dataclasses import asdict
+
+    return asdict(yours_levels.check_in_subprocess(component_name, shape_name, impl, path, device))
 
 st.markdown(f"**{component.name}** — {component.description}  \nShape **{shape.label()}**"
             + (f" · {shape.note}" if shape.note else ""))
@@ -73,7 +88,8 @@ def fmt_rate(value: float, unit: str) -> str:
 def queue(levels: list[str]) -> None:
     specs = [JobSpec("levels", component.name, lv, device,
                      {"component": component.name, "shape": shape.name, "level": lv, "device": device,
-                      "iters": iters, "warmup": warmup}) for lv in levels]
+                      "iters": iters, "warmup": warmup,
+                      **({"impl_path": impl_path} if yours_levels.is_yours(lv) else {})}) for lv in levels]
     ids = submit(specs, group_id=uuid.uuid4().hex[:12] if len(specs) > 1 else None)
     if ids:
         flash("success", f"Queued {', '.join(f'#{i} {lv}' for i, lv in zip(ids, levels))} on {device}.")
@@ -85,12 +101,22 @@ available = {k: (LEVELS[k].available(device) if here else (False, "this machine 
 runnable = [k for k, (ok, _) in available.items() if ok]
 st.button(f"Run all ({len(runnable)} levels)", type="primary", key="run-all", disabled=not runnable,
           on_click=queue, args=(runnable,))
+if impl:
+    impl_report = check_impl(component.name, shape.name, impl, impl_path, device) if here else {
+        "ok": False, "error": "this machine has no such device"}
+    if impl_report.get("ok"):
+        st.button(f"Run your kernel {impl}", key="run-yours", on_click=queue,
+                  args=([yours_levels.level_key(impl)],))
+    else:
+        st.error(first_line(impl_report.get("error")) or "your kernel could not be checked", icon=":material/error:")
 show_flash()
 watch_active_runs(kind="levels")
 
 results = level_results(store, component=component.name, shape=shape.name, device=device, latest_only=True)
 ok_runs = results[results["status"] == "ok"] if not results.empty else results
 by_level = {r["mode"]: r for r in results.to_dict("records")} if not results.empty else {}
+yours_keys = [m for m in by_level if yours_levels.is_yours(m)]
+chart_keys = level_keys + yours_keys
 
 for start in range(0, len(level_keys), 3):
     for col, key in zip(st.columns(3), level_keys[start:start + 3]):
@@ -131,6 +157,26 @@ for start in range(0, len(level_keys), 3):
                 st.caption(f":material/block: Not available on {device}: {reason}")
             st.button("Run", key=f"run-{key}", disabled=not ok, help=reason or None, on_click=queue, args=([key],))
 
+# -- your kernels: their figures and guard verdicts ------------------------------------------------------------------
+if yours_keys:
+    st.subheader("Your kernels")
+    for key in yours_keys:
+        row = by_level[key]
+        with st.container(border=True):
+            if row["status"] == "ok":
+                versus = row.get("speedup")
+                st.markdown(f"**{key}** — median {fmt_us(row['median_us'])}"
+                            + (f" · {versus:.2f}× L1-naive" if versus == versus and versus is not None else "")
+                            + f" · rel. error {row['rel_l2_err']:.1e} (≤ {row['tolerance']:g}) · run #{row['id']}")
+            else:
+                st.error(f"{key}: run #{row['id']} failed: {first_line(row['error'])}", icon=":material/error:")
+            notes = row.get("notes")
+            verdicts = [n for n in (notes if isinstance(notes, list) else []) if str(n).startswith("guard ")]
+            if isinstance(notes, str):
+                verdicts = [n for n in json.loads(notes or "[]") if n.startswith("guard ")]
+            if verdicts:
+                st.caption("  \n".join(verdicts))
+
 # -- charts ---------------------------------------------------------------------------------------------------------
 timed = ok_runs[ok_runs["interpreted"] != 1] if not ok_runs.empty else ok_runs
 ceilings = latest_ceilings(store, device=device) if not results.empty else None
@@ -139,17 +185,17 @@ if timed.empty:
             icon=":material/info:")
 else:
     left, right = st.columns(2)
-    left.plotly_chart(level_charts.latency_bar(timed, level_keys), key="chart-latency")
+    left.plotly_chart(level_charts.latency_bar(timed, chart_keys), key="chart-latency")
     if timed["speedup"].notna().any():
-        right.plotly_chart(level_charts.value_bar(timed, level_keys, "speedup", "Speedup vs L1-naive", "×"),
+        right.plotly_chart(level_charts.value_bar(timed, chart_keys, "speedup", "Speedup vs L1-naive", "×"),
                            key="chart-speedup")
     left2, right2 = st.columns(2)
-    left2.plotly_chart(level_charts.value_bar(timed, level_keys, "flops_per_s", "Achieved TFLOP/s", "TFLOP/s",
+    left2.plotly_chart(level_charts.value_bar(timed, chart_keys, "flops_per_s", "Achieved TFLOP/s", "TFLOP/s",
                                               1e12), key="chart-tflops")
-    right2.plotly_chart(level_charts.value_bar(timed, level_keys, "bytes_per_s", "Achieved GB/s of minimum bytes",
+    right2.plotly_chart(level_charts.value_bar(timed, chart_keys, "bytes_per_s", "Achieved GB/s of minimum bytes",
                                                "GB/s", 1e9), key="chart-gbps")
     matmul_key = dtype_key(shape.dtype)
-    st.plotly_chart(level_charts.roofline(timed, ceilings, matmul_key, level_keys), key="chart-roofline")
+    st.plotly_chart(level_charts.roofline(timed, ceilings, matmul_key, chart_keys), key="chart-roofline")
     if st.toggle("Show history of earlier runs (change points marked)", key="history"):
         past = series_history(store, "levels", component.name, "forward", device=device, config=f"shape={shape.name}")
         past = past[past["mode"].isin(timed["mode"])]  # interpreted levels time the interpreter: left out

@@ -42,6 +42,11 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.add_argument("--iters", type=_positive_int, default=30, help="timed calls (default: 30)")
     p.add_argument("--warmup", type=_non_negative_int, default=5, help="untimed calls first (default: 5)")
     p.add_argument("--timeout", type=_positive_float, default=1200, help="seconds before a run counts as hung")
+    p.add_argument("--impl", action="append", default=[], metavar="PKG.MOD:FN", help="your own kernel: a callable "
+                   "with the component's reference signature, run as level yours:PKG.MOD:FN beside the others and "
+                   "judged by the guards (repeat to compare several)")
+    p.add_argument("--impl-path", default=None, metavar="DIR", help="the folder that holds --impl's module (default: "
+                   "the current directory)")
     p.add_argument("--list", action="store_true", help="list components, shapes and levels, then exit")
     common(p)
     add_group_args(p)
@@ -93,13 +98,15 @@ def cmd_levels(args: argparse.Namespace) -> int:
     devices = expand_devices(args.device)
     args.device = devices[0]
     plan, notes = _plan(args)
+    impl_path = _add_impls(args, plan)
     for note in notes:
         print(note, file=sys.stderr)
     store = _store(args)
     lanes = spread(devices, len(plan))
     specs = [JobSpec("levels", component, level, device,
                      {"component": component, "shape": shape, "level": level, "device": device,
-                      "iters": args.iters, "warmup": args.warmup}, timeout_s=args.timeout)
+                      "iters": args.iters, "warmup": args.warmup, **({"impl_path": impl_path} if impl_path else {})},
+                     timeout_s=args.timeout)
              for (component, shape, level), device in zip(plan, lanes)]
     ids = create_runs(store, specs, group_id=uuid.uuid4().hex[:12])
     labels = {i: f"{c[:12]} {s} {lv}" + (f" {d}" if len(devices) > 1 else "")
@@ -127,6 +134,27 @@ def cmd_levels(args: argparse.Namespace) -> int:
     return 0 if all(s == "ok" for s in statuses.values()) else 1
 
 
+def _add_impls(args: argparse.Namespace, plan: list[tuple[str, str, str]]) -> str | None:
+    """Check each --impl in a separate process (never imported here) and add its level to every (component, shape)
+    of the plan; a bad one is a CliError (one line, exit 2) before anything is queued. Returns the impl folder."""
+    if not args.impl:
+        return None
+    import os
+    from pathlib import Path
+
+    from engine.levels import yours
+
+    path = str(Path(args.impl_path or os.getcwd()).resolve())
+    pairs = list(dict.fromkeys((c, s) for c, s, _ in plan))
+    for impl in dict.fromkeys(i.strip() for i in args.impl):
+        for component, shape in pairs:
+            report = yours.check_in_subprocess(component, shape, impl, path, args.device)
+            if not report.ok:
+                raise CliError(report.error)
+        plan += [(c, s, yours.level_key(impl)) for c, s in pairs]
+    return path
+
+
 def levels_table(store: Store, run_ids: list[int]) -> pd.DataFrame:
     """One printable row per run: latency, throughput, % of the named ceilings, error, speedup vs L1-naive."""
     from engine.levels.results import level_results
@@ -143,7 +171,7 @@ def levels_table(store: Store, run_ids: list[int]) -> pd.DataFrame:
             "TFLOP/s": _fmt(r.get("flops_per_s"), "{:.2f}", 1e12), "TB/s": _fmt(r.get("bytes_per_s"), "{:.3f}", 1e12),
             "%matmul": _fmt(r.get("pct_matmul"), "{:.0f}"), "%copy": _fmt(r.get("pct_copy_bw"), "{:.0f}"),
             "vs L1-naive": _fmt(r.get("speedup"), "{:.2f}x"), "rel_err": _fmt(r.get("rel_l2_err"), "{:.1e}"),
-            "note": "interpreted" if r.get("interpreted") == 1 else "",
+            "note": "interpreted" if r.get("interpreted") == 1 else _guard_note(r.get("notes")),
         })
     return pd.DataFrame(rows)
 
@@ -161,6 +189,21 @@ def stage_table(store: Store, run_ids: list[int]) -> pd.DataFrame:
         "stage": r["phase"], "level": levels.get(r["run_id"], ""), "run": int(r["run_id"]),
         "median_us": _fmt(r.get("median"), "{:.1f}"), "in_graph_us": _fmt(r.get("graph_median"), "{:.1f}"),
     } for _, r in frame.iterrows()])
+
+
+def _guard_note(notes) -> str:
+    """The guards that flagged or skipped a run ("guards: roofline flagged"), from its notes."""
+    import json
+
+    if isinstance(notes, str):
+        notes = json.loads(notes or "[]")
+    if not isinstance(notes, list):  # no notes: NULL (NaN in the frame)
+        return ""
+    lines = [n for n in notes if isinstance(n, str) and n.startswith("guard ")]
+    flagged = [n.split(":", 1)[0][len("guard "):] for n in lines if ": FLAG" in n]
+    if not lines:
+        return ""
+    return "guards: " + (", ".join(flagged) + " flagged" if flagged else "pass")
 
 
 def _fmt(value, pattern: str, scale: float = 1.0) -> str:

@@ -20,7 +20,7 @@ import torch
 from engine import device_lock
 from engine.ceilings import Ceilings, ceiling_metrics, ceilings_for, dtype_key
 from engine.envinfo import capture_env
-from engine.levels import get_component, get_level
+from engine.levels import get_component, get_level, guards, yours
 from engine.levels.base import Built, Level
 from engine.store import Metric, RunResult, Samples
 from engine.timing import Measurement, time_first_call, time_fn, time_in_graph
@@ -46,6 +46,7 @@ class LevelsConfig:
     db: str | None = None
     artifacts_dir: str | None = None
     quick_ceilings: bool = False
+    impl_path: str | None = None  # the folder of a "yours:pkg.mod:fn" level's module (engine.levels.yours)
     extra: dict = field(default_factory=dict)
 
 
@@ -121,18 +122,29 @@ def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunR
     sets = _input_sets(component, shape, device, cfg.seed)
     naive = _naive_module(component, shape, device, cfg.seed)
     tol = component.tolerance(shape)
+    guard = guards.Guard(component, shape, naive, tol, device) if yours.is_yours(level.key) else None
     with torch.no_grad():
+        if guard is not None:  # a user's kernel: guarded before it is checked and timed like the others
+            progress(0.08, f"guarding {level.key}")
+            guard.probe(level.build(component, shape, naive, device).fn)
         checked = _build_and_check(component, shape, level, naive, sets, tol, device, progress)
     # Beside other runs of its group (engine.plan) this worker prepared holding the device shared; it times alone.
     with device_lock.exclusive():
         with torch.no_grad():
             progress(0.4, f"timing {level.key}")
-            m = _time_rotating(checked.built.fn, sets, cfg)
+            saved = [[x.clone() if isinstance(x, torch.Tensor) else x for x in s] for s in sets] if guard else []
+            m = (guard.time(checked.built.fn, sets, cfg.warmup, cfg.iters) if guard is not None
+                 else _time_rotating(checked.built.fn, sets, cfg))
             stage_measurements = {}
             for stage, stage_fn in checked.built.stages.items():
                 progress(0.8, f"timing stage {stage}")
                 stage_measurements[stage] = _time_rotating(stage_fn, sets, cfg)
         _record_forward(result, component, shape, checked, m, tol, len(sets), ceilings)
+        if guard is not None:
+            with torch.no_grad():
+                _after_timing(guard, component, shape, sets, saved, m, ceilings, checked.built.fn)
+            result.notes += guard.lines()
+            result.metrics += guard.metrics()
         if device.startswith("cuda"):
             _time_in_cuda_graph(result, checked.built, sets, progress)
     _record_stages(result, component, shape, checked.stage_errs, stage_measurements, ceilings)
@@ -143,11 +155,24 @@ def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunR
     return result
 
 
+def _after_timing(guard: guards.Guard, component: Component, shape: Shape, sets: list[tuple], saved: list[list],
+                  m: Measurement, ceilings: Ceilings | None, fn: Callable[..., torch.Tensor]) -> None:
+    """The guards that need the timed calls: their outputs, the roofline floor, other streams (CUDA)."""
+    floor = None
+    if ceilings is not None:
+        floor = guards.roofline_floor_us(component.flops(shape), component.min_bytes(shape),
+                                         ceilings.matmul(dtype_key(shape.dtype)),
+                                         # CPU calls run from cache (no flush): only the compute floor holds there
+                                         ceilings.copy_bw if shape.runs_on("cuda") and guard.device.startswith("cuda")
+                                         else None)
+    guard.after_timing(sets, saved, m.stats.median, floor, fn)
+
+
 def _resolve(cfg: LevelsConfig) -> tuple[Component, Shape, Level]:
     """The component, shape and level of cfg; an error when the shape or the level cannot run on cfg.device."""
     component = get_component(cfg.component)
     shape = component.shape(cfg.shape)
-    level = get_level(cfg.level)
+    level = yours.yours_level(cfg.level, cfg.impl_path) if yours.is_yours(cfg.level) else get_level(cfg.level)
     device = cfg.device
     if not shape.runs_on(device):
         raise ValueError(f"shape {shape.name} of {component.name} is meant for {', '.join(shape.devices)}, not "

@@ -1,0 +1,347 @@
+"""Guards around a user's kernel ("yours:" levels): checks a fast-looking wrong kernel cannot pass.
+
+Each guard ends in a Verdict (pass / fail / flag / skipped) whose line goes into the run's notes and whose status
+into a metric guard_<name> (1 pass, 0 flagged); the first failing guard fails the run with its line first.
+
+    threads       the call started host threads (threading.Thread.start watched, active_count before/after)   fail
+    inputs        the call changed an input (compared with a saved copy)                                     fail
+    aliasing      the output shares storage with an input or an earlier output (memoised results)           fail
+    input_sets    fresh seeds checked against the fp32 reference (a constant / stale output fails)           fail
+    precision     tiny (x1e-6) and sharp (x10) value ranges against the float64 reference with the shape's
+                  tolerance: fp16 underflows on the first, fp16/bf16 rounding breaks the second             fail
+    background_cpu  CPU time spent by other threads while the caller sleeps after the calls                 flag
+    timed_outputs sampled outputs of the timed calls checked, their storage distinct, inputs unchanged       fail
+    roofline      a median faster than the floor of the measured ceilings is impossible                      flag
+    other_stream  (CUDA) device work outlasting the events on the current stream (profiler span)             flag
+    l2_flush      (CUDA) timed with a 2x-L2 buffer zeroed between calls (size from get_device_properties)    note
+The CUDA paths are written but were not run on a GPU by their author: see docs/your-own-kernel.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.store import Metric
+from engine.timing import Measurement, time_fn
+from engine.workloads.component import Component, Shape, rel_l2_error
+
+
+class GuardFailure(AssertionError):
+    """A guard caught the kernel: the message's first line is the failing verdict."""
+
+
+@dataclass(frozen=True)
+class GuardSet:
+    label: str
+    seed: int
+    scale: float
+    precision: bool = False  # checked against the float64 reference (the precision guard)
+
+
+GUARD_SETS = (GuardSet("seed 101", 101, 1.0), GuardSet("seed 202", 202, 1.0),
+              GuardSet("tiny x1e-6", 303, 1e-6, precision=True), GuardSet("sharp x10", 404, 10.0, precision=True))
+BACKGROUND_WINDOW_S = 0.05
+BACKGROUND_CPU_FRACTION = 0.5  # other threads busier than half a core while the caller sleeps: flagged
+TIMED_SAMPLES = 8
+ROOFLINE_SLACK = 0.8  # flagged below 80 % of the floor (ceilings are measured, not exact)
+FLUSH_L2_FACTOR = 2
+
+
+@dataclass(frozen=True)
+class Verdict:
+    guard: str
+    status: str  # "pass", "fail", "flag" or "skipped"
+    detail: str
+
+    def line(self) -> str:
+        return f"guard {self.guard}: {self.status.upper()} — {self.detail}"
+
+
+@dataclass
+class Guard:
+    component: Component
+    shape: Shape
+    naive: torch.nn.Module
+    tol: float
+    device: str
+    verdicts: list[Verdict] = field(default_factory=list)
+    kept: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+
+    def add(self, guard: str, status: str, detail: str) -> None:
+        self.verdicts.append(Verdict(guard, status, detail))
+
+    def raise_on_fail(self) -> None:
+        failed = [v for v in self.verdicts if v.status == "fail"]
+        if failed:
+            others = [v.line() for v in self.verdicts if v is not failed[0]]
+            raise GuardFailure("\n".join([failed[0].line(), *others]))
+
+    def lines(self) -> list[str]:
+        return [v.line() for v in self.verdicts]
+
+    def metrics(self) -> list[Metric]:
+        scores = {"pass": 1.0, "flag": 0.0}
+        return [Metric(f"guard_{v.guard}", scores[v.status], "", phase="forward") for v in self.verdicts
+                if v.status in scores]
+
+    # -- before timing --------------------------------------------------------------------------------------------
+    def probe(self, fn: Callable[..., torch.Tensor]) -> None:
+        """Call fn twice on each guard set; record threads, inputs, aliasing, input_sets, precision, background."""
+        names = input_names(self.naive)
+        found: dict[str, str] = {}
+        started = 0
+        for gs in GUARD_SETS:
+            inputs = scaled_inputs(self.component, self.shape, self.device, gs)
+            saved = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+            with watch_threads() as seen:
+                first = self._call(fn, inputs, gs)
+                second = self._call(fn, inputs, gs)
+            started += seen()
+            found.setdefault("inputs", changed_input(inputs, saved, names, gs.label) or "")
+            found.setdefault("aliasing", aliased(first, second, inputs, names, gs.label) or "")
+            key = "precision" if gs.precision else "input_sets"
+            found.setdefault(key, self._wrong(first, saved, gs) or "")
+            for k, v in list(found.items()):  # keep the first non-empty reason per guard
+                if not v:
+                    del found[k]
+        self._probe_verdicts(found, started)
+        self.raise_on_fail()
+
+    def _call(self, fn: Callable[..., torch.Tensor], inputs: tuple, gs: GuardSet) -> torch.Tensor:
+        out = fn(*inputs)
+        sync(self.device)
+        if not isinstance(out, torch.Tensor):
+            raise GuardFailure(Verdict("output", "fail", f"returned a {type(out).__name__}, not a tensor, on "
+                                                          f"input set '{gs.label}'").line())
+        return out
+
+    def _wrong(self, out: torch.Tensor, inputs: list, gs: GuardSet) -> str | None:
+        dtype = torch.float64 if gs.precision else torch.float32
+        ref = reference(self.naive, inputs, dtype)
+        if tuple(out.shape) != tuple(ref.shape):
+            return f"output shape {tuple(out.shape)} differs from the reference {tuple(ref.shape)}"
+        err = rel_l2_error(out, ref)
+        if err <= self.tol:
+            return None
+        if gs.precision:
+            return (f"relative L2 error against the float64 reference exceeds the {self.shape.dtype} tolerance "
+                    f"{self.tol:g} on input set '{gs.label}' (arithmetic below {self.shape.dtype}?)")
+        return f"relative L2 error against the fp32 reference exceeds {self.tol:g} on input set '{gs.label}'"
+
+    def _probe_verdicts(self, found: dict[str, str], started: int) -> None:
+        if started:
+            self.add("threads", "fail", f"the call started {started} host thread(s)")
+        else:
+            self.add("threads", "pass", "no host thread started by a call")
+        passes = {"inputs": "inputs unchanged after every call (compared with saved copies)",
+                  "aliasing": "every output in fresh storage (no input, no earlier output)",
+                  "input_sets": f"{sum(not g.precision for g in GUARD_SETS)} fresh seeds within {self.tol:g} of the "
+                                "fp32 reference",
+                  "precision": f"{', '.join(g.label for g in GUARD_SETS if g.precision)} within {self.tol:g} of "
+                               "the float64 reference"}
+        for name, ok in passes.items():
+            self.add(name, "fail" if name in found else "pass", found.get(name, ok))
+        busy = background_cpu_s(BACKGROUND_WINDOW_S)
+        if busy > BACKGROUND_CPU_FRACTION * BACKGROUND_WINDOW_S:
+            self.add("background_cpu", "flag", f"other threads used {busy * 1e3:.0f} ms of CPU during a "
+                                               f"{BACKGROUND_WINDOW_S * 1e3:.0f} ms pause after the calls")
+        else:
+            self.add("background_cpu", "pass", "no CPU work by other threads after the calls returned")
+
+    # -- timing ---------------------------------------------------------------------------------------------------
+    def time(self, fn: Callable[..., torch.Tensor], sets: list[tuple], warmup: int, iters: int) -> Measurement:
+        """Rotating over sets like any level, keeping a sample of the timed calls' outputs; on CUDA with the L2
+        flushed between calls."""
+        every = max(1, iters // TIMED_SAMPLES)
+        counter = [0]
+
+        def call() -> torch.Tensor:
+            i = counter[0]
+            counter[0] += 1
+            out = fn(*sets[i % len(sets)])
+            timed_index = i - warmup
+            if timed_index >= 0 and (timed_index % every == 0 or timed_index == iters - 1):
+                self.kept.append((i % len(sets), out))
+            return out
+
+        if self.device.startswith("cuda"):
+            return self._time_flushed(call, warmup, iters)
+        self.add("l2_flush", "skipped", "CPU run: no L2 flush between timed calls (CUDA only)")
+        return time_fn(call, self.device, warmup=warmup, iters=iters, first_call=False)
+
+    def _time_flushed(self, call: Callable[[], torch.Tensor], warmup: int, iters: int) -> Measurement:
+        props = torch.cuda.get_device_properties(torch.device(self.device))
+        l2 = int(props.L2_cache_size)
+        flush = torch.empty(max(FLUSH_L2_FACTOR * l2, 1 << 20) // 4, dtype=torch.float32, device=self.device)
+        for _ in range(warmup):
+            call()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        torch.cuda.synchronize()
+        for i in range(iters):
+            flush.zero_()
+            starts[i].record()
+            call()
+            ends[i].record()
+        torch.cuda.synchronize()
+        self.add("l2_flush", "pass", f"a {flush.numel() * 4 / 1e6:.0f} MB buffer ({FLUSH_L2_FACTOR}x this device's "
+                                     f"{l2 / 1e6:.0f} MB L2, torch.cuda.get_device_properties) zeroed before each "
+                                     "timed call")
+        return Measurement([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)], float("nan"), self.device)
+
+    # -- after timing ---------------------------------------------------------------------------------------------
+    def after_timing(self, sets: list[tuple], saved: list[list], median_us: float, floor_us: float | None,
+                     fn: Callable[..., torch.Tensor]) -> None:
+        names = input_names(self.naive)
+        problem = self._timed_problem(sets, saved, names)
+        n = len(self.kept)
+        self.add("timed_outputs", "fail" if problem else "pass",
+                 problem or f"{n} sampled timed outputs within {self.tol:g} of the fp32 reference, each in its own "
+                            "storage; inputs unchanged")
+        self.kept.clear()
+        self._roofline(median_us, floor_us)
+        self._other_stream(fn, sets[0])
+        self.raise_on_fail()
+
+    def _timed_problem(self, sets: list[tuple], saved: list[list], names: list[str]) -> str | None:
+        for i, (inputs, copy_) in enumerate(zip(sets, saved)):
+            changed = changed_input(inputs, copy_, names, f"timed set {i}")
+            if changed:
+                return changed
+        refs = {i: reference(self.naive, list(sets[i]), torch.float32) for i in {s for s, _ in self.kept}}
+        storages: set[int] = set()
+        for k, (set_index, out) in enumerate(self.kept):
+            ptr = storage_ptr(out)
+            if ptr in storages:
+                return f"timed call sample {k} returned storage an earlier timed call returned (memoised)"
+            storages.add(ptr)
+            if tuple(out.shape) != tuple(refs[set_index].shape) or rel_l2_error(out, refs[set_index]) > self.tol:
+                return f"timed call sample {k} (input set {set_index}) is off the fp32 reference by more than " \
+                       f"{self.tol:g}"
+        return None
+
+    def _roofline(self, median_us: float, floor_us: float | None) -> None:
+        if floor_us is None:
+            self.add("roofline", "skipped", "no measured ceilings for this device: no floor to compare with")
+        elif median_us < ROOFLINE_SLACK * floor_us:
+            self.add("roofline", "flag", f"impossible: median {median_us:.3g} us beats the floor {floor_us:.3g} us "
+                                         "from the measured ceilings")
+        else:
+            self.add("roofline", "pass", f"median {median_us:.3g} us above the floor {floor_us:.3g} us from the "
+                                         "measured ceilings")
+
+    def _other_stream(self, fn: Callable[..., torch.Tensor], inputs: tuple) -> None:
+        if not self.device.startswith("cuda"):
+            self.add("other_stream", "skipped", "CPU run: side-stream work is a CUDA-only concern")
+            return
+        event_us, span_us = profiled_span_us(lambda: fn(*inputs), calls=5)
+        if span_us > 1.2 * event_us + 20:
+            self.add("other_stream", "flag", f"device work spanned {span_us:.0f} us but the events on the current "
+                                             f"stream measured {event_us:.0f} us: work on another stream")
+        else:
+            self.add("other_stream", "pass", f"device work ({span_us:.0f} us) within the events' {event_us:.0f} us")
+
+
+def roofline_floor_us(flops: float, nbytes: float, matmul: float | None, copy_bw: float | None) -> float | None:
+    """The least time the measured ceilings allow: max(FLOPs / matmul rate, bytes / copy bandwidth)."""
+    parts = [flops / matmul if matmul else 0.0, nbytes / copy_bw if copy_bw else 0.0]
+    return max(parts) * 1e6 if any(parts) else None
+
+
+def input_names(naive: torch.nn.Module) -> list[str]:
+    return list(inspect.signature(naive.forward).parameters)
+
+
+def scaled_inputs(component: Component, shape: Shape, device: str, gs: GuardSet) -> tuple:
+    inputs = component.make_inputs(shape, device, gs.seed)
+    if gs.scale == 1.0:
+        return inputs
+    return tuple((x * gs.scale).to(x.dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                 for x in inputs)
+
+
+def reference(naive: torch.nn.Module, inputs: list, dtype: torch.dtype) -> torch.Tensor:
+    module = copy.deepcopy(naive).to(dtype)
+    with torch.no_grad():
+        args = [x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+        return module(*args).to(dtype)
+
+
+def changed_input(inputs: tuple, saved: list, names: list[str], where: str) -> str | None:
+    for i, (x, s) in enumerate(zip(inputs, saved)):
+        if isinstance(x, torch.Tensor) and not torch.equal(x, s):
+            name = names[i] if i < len(names) else f"#{i}"
+            return f"the call wrote into input {name} (on {where})"
+    return None
+
+
+def storage_ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def aliased(first: torch.Tensor, second: torch.Tensor, inputs: tuple, names: list[str], where: str) -> str | None:
+    for i, x in enumerate(inputs):
+        if isinstance(x, torch.Tensor) and x.numel() and storage_ptr(first) == storage_ptr(x):
+            return f"the output shares storage with input {names[i] if i < len(names) else i} (on {where})"
+    if first.numel() and storage_ptr(first) == storage_ptr(second):
+        return f"a repeated call returned the storage of the earlier output: a memoised result (on {where})"
+    return None
+
+
+@contextlib.contextmanager
+def watch_threads() -> Iterator[Callable[[], int]]:
+    """Count host threads started inside the block: Thread.start calls, or more threads alive at the end."""
+    starts = [0]
+    original = threading.Thread.start
+
+    def start(self: threading.Thread, *args, **kwargs) -> None:
+        starts[0] += 1
+        original(self, *args, **kwargs)
+
+    before = threading.active_count()
+    threading.Thread.start = start  # type: ignore[method-assign]
+    after = [before]
+    try:
+        yield lambda: max(starts[0], after[0] - before)
+    finally:
+        after[0] = threading.active_count()
+        threading.Thread.start = original  # type: ignore[method-assign]
+
+
+def background_cpu_s(window_s: float) -> float:
+    """CPU seconds other threads of this process used while this one slept for window_s."""
+    proc, mine = time.process_time(), time.thread_time()
+    time.sleep(window_s)
+    return max(0.0, (time.process_time() - proc) - (time.thread_time() - mine))
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def profiled_span_us(call: Callable[[], object], calls: int) -> tuple[float, float]:
+    """(event time on the current stream, span of all device activity the profiler saw) for `calls` calls, in µs.
+    CUDA only; written for the other-stream guard and not run on a GPU by its author."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start.record()
+        for _ in range(calls):
+            call()
+        end.record()
+        torch.cuda.synchronize()
+    ranges = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    span = max(r[1] for r in ranges) - min(r[0] for r in ranges) if ranges else 0.0
+    return start.elapsed_time(end) * 1e3, float(span)

@@ -1,0 +1,63 @@
+"""Planted cheats for causal_attention at its small CPU shape: each must fail its run or be flagged by the guards.
+side_stream and warm_l2 only mean something on CUDA (their tests skip on the CPU, saying why)."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from user_attention import attention
+
+NOT_CALLABLE = 3
+_memo: dict[tuple, torch.Tensor] = {}
+_stale: dict[tuple, torch.Tensor] = {}
+
+
+def writes_input(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Right answer, but scales q in place as scratch (a second call on the same inputs would be wrong)."""
+    out = attention(q, k, v)
+    q.mul_(0.5)
+    return out
+
+
+def memoised(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Returns the same output tensor whenever it sees the same input buffers again."""
+    key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    if key not in _memo:
+        _memo[key] = attention(q, k, v)
+    return _memo[key]
+
+
+def constant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The first answer it computed for this shape, copied out on every later call: right on the first inputs only."""
+    key = tuple(q.shape)
+    if key not in _stale:
+        _stale[key] = attention(q, k, v)
+    return _stale[key].clone()
+
+
+def fp16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Computes in fp16 when fp32 was asked."""
+    return attention(q.half(), k.half(), v.half()).float()
+
+
+def background_thread(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Returns an empty tensor at once and fills it from a host thread: the timed call does no work."""
+    out = torch.empty_like(q)
+    threading.Thread(target=lambda: out.copy_(attention(q, k, v)), daemon=True).start()
+    return out
+
+
+def side_stream(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """CUDA only: runs the work on another stream that the caller's stream never waits for."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        return attention(q, k, v)
+
+
+def wrong_signature(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    return q
+
+
+def raises(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    raise RuntimeError("kernel launch failed: out of shared memory")
