@@ -50,6 +50,13 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
 
     p = sub.add_parser("llm", help="LLM prefill and decode: TTFT, TPOT, MFU, MBU and operator breakdowns per mode")
     p.add_argument("--preset", default="tiny", choices=list(PRESETS), help="model shape (default: tiny)")
+    p.add_argument("--hf", default=None, metavar="FOLDER", help="a Hugging Face checkpoint folder (config.json, "
+                   "*.safetensors; read locally, nothing downloaded) instead of a preset: docs/llm-checkpoints.md")
+    p.add_argument("--hf-config", default=None, metavar="CONFIG", help="a Hugging Face config.json: its architecture "
+                   "with seeded random weights")
+    p.add_argument("--prompts", default=None, metavar="FILE", help="a JSONL prompt file ({\"prompt\": ...} or "
+                   "{\"ids\": [...]} per line; 'embedded': data/prompts.jsonl): TTFT and TPOT across them "
+                   "(p50/p90/p99)")
     p.add_argument("--layers", type=_positive_int, default=None, help="override the preset's layer count")
     p.add_argument("--prompt-len", type=_positive_int, default=32, help="prompt tokens P (default 32)")
     p.add_argument("--new-tokens", type=_positive_int, default=16, help="decode steps N (default 16)")
@@ -139,7 +146,8 @@ def _base_config(args: argparse.Namespace) -> LLMConfig:
     """The run the flags describe (its mode and swept value set per job by _job_specs)."""
     from engine.llm.config import LLMConfig
 
-    return LLMConfig(preset=args.preset, layers=args.layers, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+    return LLMConfig(preset=args.preset, hf=args.hf, hf_config=args.hf_config, prompts=args.prompts,
+                     layers=args.layers, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                      batch=args.batch, device=args.device, dtype=args.dtype, seed=args.seed, fuse=not args.no_fuse,
                      sdpa=args.sdpa, autotune=args.autotune, prefill_iters=args.prefill_iters,
                      decode_passes=args.decode_passes, check_tokens=args.check_tokens, profile=not args.no_profile,
@@ -172,9 +180,16 @@ def _job_specs(args: argparse.Namespace, base: LLMConfig, modes: list[str]) -> t
                 setattr(cfg, SWEEPS[sweep], value)
             try:
                 cfg.validate()
-            except ValueError as exc:
+                if cfg.hf or cfg.hf_config:  # a checkpoint that will not fit says so before anything is queued
+                    from engine.llm.config import check_memory
+
+                    check_memory(cfg)
+            except (ValueError, MemoryError) as exc:
                 raise CliError(str(exc)) from exc
-            specs.append(JobSpec("llm", f"llama-{cfg.preset}", mode, args.device, params_of(cfg),
+            workload = f"llama-{cfg.preset}"
+            if cfg.checkpoint:
+                workload = f"hf-{Path(cfg.checkpoint['folder']).name}-{cfg.checkpoint['hash'][:8]}"
+            specs.append(JobSpec("llm", workload, mode, args.device, params_of(cfg),
                                  timeout_s=args.timeout))
             labels.append(f"{mode} B={cfg.batch} P={cfg.prompt_len}")
     return specs, labels

@@ -48,6 +48,11 @@ class LLMConfig:
     db: str | None = None
     sweep: str | None = None  # the swept parameter of this run's group ("batch" or "prompt"), for the page
     tp: int = 1  # tensor parallelism over this many ranks (engine.llm.tp_launch; eager only)
+    hf: str | None = None  # a Hugging Face checkpoint folder (engine.llm.hf): its weights instead of a preset's
+    hf_config: str | None = None  # a Hugging Face config.json: its architecture with seeded random weights
+    prompts: str | None = None  # a JSONL prompt file (engine.llm.prompts): validated; the timing runs prompt_len
+    checkpoint: dict | None = None  # the checkpoint's identity (folder, architecture, parameters, dtype, hash)
+    model: dict | None = None  # the checkpoint's LlamaConfig as a dict (the reports rebuild it from the store)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -63,8 +68,14 @@ class LLMConfig:
         return 16 * math.ceil((self.prompt_len + self.new_tokens) / 16)
 
     def validate(self) -> None:
-        if self.preset not in PRESETS:
+        """Raises ValueError (one line) on anything wrong; for a checkpoint run it also fills in `checkpoint` and
+        `model` (what the store keeps of the checkpoint)."""
+        if self.hf or self.hf_config:
+            self._validate_checkpoint()
+        elif self.preset not in PRESETS:
             raise ValueError(f"no Llama preset {self.preset!r}; presets: {', '.join(PRESETS)}")
+        if self.prompts:  # the cache holds the longest prompt and its new tokens
+            self.prompt_len = max(int(self.prompt_len), max(len(p) for p in self.prompt_ids()))
         get_mode(self.mode)
         if self.layers is not None and self.layers < 1:
             raise ValueError(f"layers must be at least 1, not {self.layers}")
@@ -90,7 +101,54 @@ class LLMConfig:
             raise ValueError("ceilings must be auto, stored or none")
         self.torch_dtype  # noqa: B018 - raises on an unknown dtype
 
+    def _validate_checkpoint(self) -> None:
+        from engine.llm import hf
+
+        if self.hf and self.hf_config:
+            raise ValueError("give --hf (a checkpoint folder) or --hf-config (a config.json), not both")
+        if self.layers is not None:
+            raise ValueError("--layers overrides a preset's depth: a checkpoint's layers are its own")
+        if int(self.tp) > 1:
+            raise ValueError("tensor parallelism is for presets only, not checkpoints (--hf, --hf-config)")
+        ckpt = hf.checkpoint_of(self.hf, self.hf_config)
+        assert ckpt is not None
+        window = ckpt.config.get("sliding_window")
+        if window and (ckpt.config.get("use_sliding_window", True)) and int(window) < self.max_seq:
+            raise hf.CheckpointError(f"{ckpt.label()}: sliding-window attention ({window} positions) is shorter than "
+                                     f"this run's {self.max_seq} cached positions; the lab's attention is full")
+        self.checkpoint = ckpt.identity()
+        self.model = hf.model_dict(ckpt.model)
+
+    def prompt_ids(self) -> list[list[int]]:
+        """The --prompts file's prompts as token ids (the checkpoint's tokenizer for text; PromptError, a
+        ValueError, on a bad line)."""
+        from engine.llm.prompts import load_prompts
+
+        tokenizer = None
+        if self.hf:
+            from engine.llm import hf
+
+            tokenizer = hf.tokenizer(self.hf)
+        assert self.prompts is not None
+        return load_prompts(self.prompts, tokenizer, self.model_config().vocab)
+
+    @property
+    def name(self) -> str:
+        """The model's name in tables and titles: the preset, or the checkpoint's folder and architecture."""
+        if self.hf or self.hf_config:
+            from engine.llm import hf
+
+            ckpt = hf.checkpoint_of(self.hf, self.hf_config)
+            return ckpt.label() if ckpt else self.preset
+        return self.preset
+
     def model_config(self) -> LlamaConfig:
+        if self.hf or self.hf_config:
+            from engine.llm import hf
+
+            ckpt = hf.checkpoint_of(self.hf, self.hf_config)
+            assert ckpt is not None
+            return ckpt.model
         return preset(self.preset, **({"layers": self.layers} if self.layers else {}))
 
 
@@ -101,7 +159,11 @@ def config_from_params(params: dict[str, Any]) -> LLMConfig:
 
 def params_of(cfg: LLMConfig) -> dict[str, Any]:
     """The run's parameters as the store keeps them (the local paths and `extra` left out)."""
-    return {k: v for k, v in asdict(cfg).items() if k not in ("artifacts_dir", "db", "extra")}
+    params = {k: v for k, v in asdict(cfg).items() if k not in ("artifacts_dir", "db", "extra")}
+    if not (cfg.hf or cfg.hf_config or cfg.prompts):  # preset runs keep the params they always had
+        for key in ("hf", "hf_config", "prompts", "checkpoint", "model"):
+            params.pop(key)
+    return params
 
 
 # -- memory ---------------------------------------------------------------------------------------------------------
@@ -117,7 +179,13 @@ def memory_needed(cfg: LLMConfig) -> int:
 
 
 def check_memory(cfg: LLMConfig) -> None:
-    """A clear error before allocating a model that cannot fit on this GPU."""
+    """A clear error before allocating a model that cannot fit on this GPU (or, for a checkpoint, this device)."""
+    if cfg.hf or cfg.hf_config:
+        from engine.llm import hf
+
+        ckpt = hf.checkpoint_of(cfg.hf, cfg.hf_config)
+        assert ckpt is not None
+        hf.check_fits(ckpt, cfg.device, cfg.torch_dtype, cfg.batch, cfg.max_seq)
     if not cfg.device.startswith("cuda"):
         return
     free, total = torch.cuda.mem_get_info(torch.device(cfg.device))
@@ -132,7 +200,14 @@ def check_memory(cfg: LLMConfig) -> None:
 # -- the model ------------------------------------------------------------------------------------------------------
 def build(cfg: LLMConfig) -> tuple[LlamaDecoder, torch.Tensor]:
     """The seeded model with its static cache, and the seeded prompt (B, P) on the device."""
-    model = build_model(cfg.model_config(), cfg.device, cfg.torch_dtype, cfg.seed)
+    if cfg.hf or cfg.hf_config:
+        from engine.llm import hf
+
+        ckpt = hf.checkpoint_of(cfg.hf, cfg.hf_config)
+        assert ckpt is not None
+        model = hf.load_model(ckpt, cfg.device, cfg.torch_dtype, cfg.seed)
+    else:
+        model = build_model(cfg.model_config(), cfg.device, cfg.torch_dtype, cfg.seed)
     if cfg.fuse:
         model.fuse_projections()
     model.setup_cache(cfg.batch, cfg.max_seq)

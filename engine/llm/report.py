@@ -59,7 +59,24 @@ class RunView:
         return None if math.isnan(value) else value
 
     @property
+    def checkpoint(self) -> dict[str, Any] | None:
+        """A checkpoint run's identity (folder, architecture, parameters, dtype, hash); None for a preset run."""
+        ckpt = self.params.get("checkpoint")
+        return ckpt if isinstance(ckpt, dict) else None
+
+    @property
+    def model_name(self) -> str:
+        ckpt = self.checkpoint
+        if ckpt:
+            return f"{Path(str(ckpt.get('folder'))).name} ({ckpt.get('architecture')})"
+        return str(self.params.get("preset"))
+
+    @property
     def model_config(self) -> LlamaConfig | None:
+        if isinstance(self.params.get("model"), dict):  # a checkpoint's own shape, as the run stored it
+            from engine.llm.hf import from_dict
+
+            return from_dict(self.params["model"])
         name = self.params.get("preset")
         if name not in PRESETS:
             return None
@@ -147,7 +164,12 @@ def what_was_run(view: RunView) -> str:
     cfg = view.model_config
     shape = (f"d={cfg.dim}, {cfg.layers} layers, {cfg.heads}/{cfg.kv_heads} heads, ffn {cfg.ffn}, vocab {cfg.vocab}"
              if cfg else "unknown shape")
-    return (f"{p.get('preset')} ({shape}), prompt P={p.get('prompt_len')}, N={p.get('new_tokens')} decode steps, "
+    ckpt = view.checkpoint
+    if ckpt:
+        shape += (f"; checkpoint {ckpt.get('folder')}, {ckpt.get('architecture')}, "
+                  f"{int(ckpt.get('parameters') or 0):,} parameters, stored as {ckpt.get('dtype')}, "
+                  f"{ckpt.get('weights')}, hash {ckpt.get('hash')}")
+    return (f"{view.model_name} ({shape}), prompt P={p.get('prompt_len')}, N={p.get('new_tokens')} decode steps, "
             f"batch B={p.get('batch')}, mode {p.get('mode')} on {p.get('device')} "
             f"({p.get('dtype') or ('bfloat16' if str(p.get('device', '')).startswith('cuda') else 'float32')}"
             f"{', SDPA ' + p['sdpa'] if p.get('sdpa') else ''}"
@@ -217,7 +239,7 @@ def _ops_md(view: RunView, phase: str, k: int) -> str:
 def render(view: RunView) -> dict[str, str]:
     """The six report files, name → text."""
     p = view.params
-    title = f"LLM run{' #' + str(view.run_id) if view.run_id is not None else ''}: {p.get('preset')} · {p.get('mode')}"
+    title = f"LLM run{' #' + str(view.run_id) if view.run_id is not None else ''}: {view.model_name} · {p.get('mode')}"
     g = view.get
     tol = g("tolerance")
     rows = [
@@ -235,6 +257,13 @@ def render(view: RunView) -> dict[str, str]:
         ("First decode step (compile, capture)", fmt_time(g("first_call_us", "decode")), "timed on its own"),
         ("Peak device memory", fmt_num(g("peak_memory_bytes"), "B"), "torch.cuda.max_memory_allocated"),
     ]
+    if g("prompts") is not None:
+        n = int(g("prompts") or 0)
+        for phase, what in (("prefill", "ttft"), ("decode", "tpot")):
+            if g(f"prompts_{what}_p50_us", phase) is not None:
+                rows.append((f"{what.upper()} across {n} prompts (p50)", fmt_time(g(f"prompts_{what}_p50_us", phase)),
+                             f"p90 {fmt_time(g(f'prompts_{what}_p90_us', phase))}, "
+                             f"p99 {fmt_time(g(f'prompts_{what}_p99_us', phase))}; per prompt: prompts.csv"))
     head = pd.DataFrame(rows, columns=["figure", "value", "note"])
     eager_err = g("eager_fp32_rel_err")
     check = (f"Logits vs eager: relative L2 error {g('max_rel_err', 'prefill') or 0:.2g} at prefill, "
@@ -243,6 +272,10 @@ def render(view: RunView) -> dict[str, str]:
              + (f" = 4 × eager's own distance from float32, {eager_err:.2g}" if eager_err is not None else "")
              + f"); {int(g('tokens_matched') or 0)} greedy token position(s) equal to eager's. Static cache vs a "
              f"full recompute: {g('cache_vs_recompute_rel_err') or 0:.2g}.")
+    if g("hf_reference_rel_err") is not None:
+        check += (f" Eager vs transformers' own float32 forward of the checkpoint: {g('hf_reference_rel_err'):.2g} "
+                  f"relative L2; greedy tokens equal to its argmax at {int(g('hf_reference_tokens_matched') or 0)} "
+                  "position(s).")
     report = [f"# {title}", "", f"**What was run.** {what_was_run(view)}.", "",
               f"Device: {view.env.get('device_name', '—')} · torch {view.env.get('torch', '—')} · "
               f"git {view.env.get('git_commit') or '—'}", "", "## Headline figures", "", _md_table(head),
@@ -279,6 +312,10 @@ def render(view: RunView) -> dict[str, str]:
             "assumptions.md": assumptions(view)}
 
 
+TIED = (", LM head tied to the embedding table (stored once: the parameter count counts it once; a decode step still "
+        "reads its d·V once, as the LM head)")
+
+
 def assumptions(view: RunView) -> str:
     p, g, cfg = view.params, view.get, view.model_config
     lines = ["# Assumptions: formulas and peaks", "", "## FLOP and byte formulas (engine/llm/metrics.py)", "",
@@ -298,6 +335,14 @@ def assumptions(view: RunView) -> str:
                   f"(weights {M.weight_bytes(cfg, B, elem):,} + K/V read "
                   f"{dec.bytes - M.weight_bytes(cfg, B, elem):,.0f})",
                   ""]
+        if view.checkpoint:
+            lines[-1:-1] = [
+                f"- the shapes above are the loaded checkpoint's own ({view.model_name}: h={cfg.head_dim}"
+                f"{', q/k/v biases' if cfg.qkv_bias else ''}{', o bias' if cfg.o_bias else ''}"
+                f"{', q/k RMSNorm per head' if cfg.qk_norm else ''}"
+                f"{TIED if cfg.tie_embeddings else ''}"
+                f"); biases and q/k norm weights are counted in the parameters, left out of the FLOPs and bytes "
+                "(O(d) per layer against O(d²))"]
     lines += ["## Peaks", "",
               f"- MFU divides by {ceiling_text(view, 'peak')}.",
               f"- MBU divides by {ceiling_text(view, 'bw')} (bytes read + written by a large device-to-device copy).",
@@ -311,7 +356,9 @@ def assumptions(view: RunView) -> str:
               f"{g('tolerance') if g('tolerance') is not None else '—'}: bf16 5e-2, fp32 1e-4; why in "
               "engine/llm/verify.py TOLERANCE) and the greedy tokens must match (a flip between candidates closer than "
               "twice the measured logit difference is a tie, noted, not a failure).",
-              "- Random weights from a fixed seed: the figures depend on shapes only, not on what the weights say.",
+              ("- Weights: the checkpoint's own, checked against transformers' forward of it before timing."
+               if (view.checkpoint or {}).get("weights") == "safetensors" else
+               "- Random weights from a fixed seed: the figures depend on shapes only, not on what the weights say."),
               ""]
     return "\n".join(lines)
 
@@ -358,6 +405,9 @@ def llm_runs(store: Store, status: str | None = "ok", limit: int = 500) -> pd.Da
     params = [json.loads(p) if isinstance(p, str) and p else {} for p in runs["params"]]
     for key in ("preset", "prompt_len", "new_tokens", "batch", "dtype", "sdpa", "sweep"):
         runs[key] = [q.get(key) for q in params]
+    # a checkpoint run: its folder name, architecture and hash (runs of one checkpoint share it); None for presets
+    runs["checkpoint"] = [f"{Path(str(c.get('folder'))).name} ({c.get('architecture')}, {c.get('hash')})"
+                          if isinstance(c := q.get("checkpoint"), dict) else None for q in params]
     ok = runs[runs["status"] == "ok"]
     if not ok.empty:
         figures = headline(store, [int(i) for i in ok["id"]])

@@ -97,6 +97,8 @@ def llm_run(cfg: LLMConfig, progress: Progress = lambda f, m: None) -> RunResult
         _take_device(run, compiled)  # from here the device is this run's alone (GEMV tiles tuned here)
         _check(run, ref, compiled.prepared)  # 3: the mode's generation against eager's
         timings = _time(run, ref, compiled)  # 4: TTFT and TPOT samples
+        if cfg.prompts:
+            _prompt_set(run, ref, compiled)  # 4: TTFT and TPOT across the --prompts file's prompts
         decode_rows = _profile_phases(run, ref, compiled.prepared) if cfg.profile else []  # 5: torch.profiler
     _deep_profile(run, compiled.prepared, decode_rows)  # 5: Nsight Compute (`deep`)
     _share_device(run)  # the rest is arithmetic and files: the next run of the group may time
@@ -196,7 +198,7 @@ def _reference(run: _Run) -> _Reference:
     """Build the model; eager through the static cache is the reference, verified once against a full recompute,
     and its distance from a float32 twin sets the run's tolerance."""
     cfg, device, result = run.cfg, run.device, run.result
-    run.progress(0.05, f"building {cfg.preset} ({cfg.torch_dtype}) on {device}")
+    run.progress(0.05, f"building {cfg.name} ({cfg.torch_dtype}) on {device}")
     check_memory(cfg)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(torch.device(device))
@@ -214,9 +216,44 @@ def _reference(run: _Run) -> _Reference:
                        Metric("tolerance", calib.tolerance, "")]
     if calib.eager_fp32_rel_err is not None:
         result.metrics.append(Metric("eager_fp32_rel_err", calib.eager_fp32_rel_err, ""))
+    if cfg.hf or cfg.hf_config:
+        _checkpoint_reference(run, prompt, ref, calib)
     if device.startswith("cuda"):  # the float32 twin is gone: peak memory counts this run's own model from here
         torch.cuda.reset_peak_memory_stats(torch.device(device))
     return _Reference(model, prompt, positions, eager, ref, calib, k)
+
+
+def _checkpoint_reference(run: _Run, prompt: torch.Tensor, ref: Generation, calib: Calibration) -> None:
+    """A checkpoint run: named in the notes; for --hf, eager's logits against transformers' own float32 forward of
+    the same checkpoint (before any time is shown): within TOLERANCE_FP32 in float32, the calibrated tolerance
+    otherwise. A mismatch fails the run (ToleranceError)."""
+    from engine.checks import ToleranceError
+    from engine.llm import hf
+
+    cfg, result = run.cfg, run.result
+    ident = cfg.checkpoint or {}
+    result.notes.append(f"checkpoint: {ident.get('folder')} · {ident.get('architecture')} · "
+                        f"{int(ident.get('parameters') or 0):,} parameters · stored as {ident.get('dtype')} · "
+                        f"{ident.get('weights')} · hash {ident.get('hash')} (config.json and the weights' index or "
+                        "safetensors headers)")
+    if not cfg.hf:
+        return
+    run.progress(0.12, "transformers' forward of the checkpoint (the reference)")
+    want = hf.reference_logits(cfg.hf, prompt, ref.tokens)
+    tol = TOLERANCE_FP32 if cfg.torch_dtype == torch.float32 else calib.tolerance
+    errs = [rel_l2(ref.logits[j][:1], want[j]) for j in range(len(want))]
+    worst = max(range(len(errs)), key=errs.__getitem__)
+    result.metrics.append(Metric("hf_reference_rel_err", errs[worst], ""))
+    if errs[worst] > tol:
+        where = "prefill" if worst == 0 else f"decode step {worst}"
+        raise ToleranceError(f"{hf.checkpoint_of(cfg.hf, None).label()}: the lab's logits differ from transformers' "
+                             f"forward of the same checkpoint at {where} (relative L2 error {errs[worst]:.3g} > "
+                             f"{tol:g})")
+    agree = sum(int(torch.equal(want[j].argmax(-1), ref.tokens[:1, j].cpu())) for j in range(len(want)))
+    result.metrics.append(Metric("hf_reference_tokens_matched", float(agree), ""))
+    result.notes.append(f"reference: transformers' own forward of the checkpoint (float32, CPU) — the lab's eager "
+                        f"logits within {errs[worst]:.2g} relative L2 (tolerance {tol:g}) over {len(want)} "
+                        f"position(s); greedy tokens equal to transformers' argmax at {agree} of them")
 
 
 def _compile(run: _Run, ref: _Reference) -> _Compiled:
@@ -332,6 +369,50 @@ def _time(run: _Run, ref: _Reference, compiled: _Compiled) -> _Timings:
         result.samples.append(Samples(phase="decode", values=timings.decode_us, batch_size=B))
     _after_timing(run, compiled)
     return timings
+
+
+def _prompt_set(run: _Run, ref: _Reference, compiled: _Compiled) -> None:
+    """--prompts: each prompt (repeated over the batch) prefilled and decoded N steps, timed; TTFT and TPOT across
+    prompts (p50/p90/p99) and one row per prompt (prompts.csv, and the samples prompt_ttft / prompt_tpot in file
+    order). A mode whose prefill is compiled for the run's fixed length prefills the prompts eagerly (a compiled
+    prefill would recompile per length): its prompt TTFTs are left out, its TPOTs kept."""
+    from engine.llm.prompts import percentiles
+
+    cfg, mode, device, result = run.cfg, run.mode, run.device, run.result
+    prompts = cfg.prompt_ids()
+    run.progress(0.7, f"{mode.name}: {len(prompts)} prompts")
+    prepared, decoder = compiled.prepared, compiled.prepared.decoder
+    prefill = ref.eager if mode.prefill == "compile" else prepared.prefill
+    rows = []
+    for i, ids in enumerate(prompts):
+        tokens = torch.tensor(ids, device=device)[None].expand(cfg.batch, -1).contiguous()
+        positions = torch.arange(len(ids), device=device)
+        prefill(tokens, positions)  # warm for this length
+        ttft = timed_calls(lambda: prefill(tokens, positions), 1, device)[0]
+        tpot = None
+        if decoder is not None:
+            token0, _ = prefill(tokens, positions)
+            tpot = summarize(decode_pass(decoder, token0, len(ids), cfg.new_tokens, device)).median
+        rows.append((i + 1, len(ids), ttft, tpot))
+    if mode.prefill != "compile":
+        result.samples.append(Samples(phase="prompt_ttft", values=[r[2] for r in rows], batch_size=cfg.batch))
+        result.metrics += [Metric(f"prompts_ttft_{k}_us", v, "us", **run.tag("prefill"))
+                           for k, v in percentiles([r[2] for r in rows]).items()]
+    if decoder is not None:
+        result.samples.append(Samples(phase="prompt_tpot", values=[r[3] for r in rows], batch_size=cfg.batch))
+        result.metrics += [Metric(f"prompts_tpot_{k}_us", v, "us", **run.tag("decode"))
+                           for k, v in percentiles([r[3] for r in rows]).items()]
+    result.metrics.append(Metric("prompts", float(len(rows)), ""))
+    path = run.out_dir / "prompts.csv"
+    path.write_text("prompt,tokens,ttft_us,tpot_median_us\n" + "".join(
+        f"{n},{t},{'' if mode.prefill == 'compile' else f'{a:.1f}'},{'' if b is None else f'{b:.1f}'}\n"
+        for n, t, a, b in rows))
+    result.artifacts.append(Artifact(kind="prompt_rows", name=path.name, path=str(path)))
+    result.notes.append(f"prompt set {cfg.prompts}: {len(rows)} prompts of {min(r[1] for r in rows)}–"
+                        f"{max(r[1] for r in rows)} tokens, each prefilled and decoded {cfg.new_tokens} steps "
+                        f"(batch {cfg.batch}); per-prompt rows in prompts.csv"
+                        + ("; the compiled prefill is specialised to one length, so the prompts were prefilled "
+                           "eagerly and their TTFTs left out" if mode.prefill == "compile" else ""))
 
 
 def _after_timing(run: _Run, compiled: _Compiled) -> None:

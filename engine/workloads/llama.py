@@ -13,10 +13,15 @@ Two ways to run it:
 
 `fuse_projections()` concatenates q/k/v into one `qkv_proj` and gate/up into one `gate_up_proj` (gpt-fast's `wqkv`):
 the same numbers in fewer, larger matrix products. Both forwards work either way.
+
+Options for real checkpoints (engine.llm.hf maps a Hugging Face config onto them; the presets leave them all off):
+q/k/v biases (Qwen2) and an o bias (Llama's attention_bias), an RMSNorm over each q and k head before RoPE (Qwen3),
+a head width other than dim / heads, RoPE scaling ('linear', 'llama3'), the LM head tied to the embedding table.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,10 +43,17 @@ class LlamaConfig:
     batch: int = 1
     rope_theta: float = 10000.0
     eps: float = 1e-5
+    head_size: int | None = None  # a head width other than dim // heads (Qwen3, some Mistral checkpoints)
+    qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2)
+    o_bias: bool = False  # a bias on the output projection (Llama's attention_bias=True: with qkv_bias)
+    qk_norm: bool = False  # an RMSNorm over each q and k head before RoPE (Qwen3)
+    tie_embeddings: bool = False  # the LM head is the embedding table
+    # RoPE frequency scaling as sorted (key, value) pairs: (("factor", 8.0), ("rope_type", "llama3"), ...) or None
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.heads
+        return self.head_size or self.dim // self.heads
 
 
 # Shapes only; weights are random with a fixed seed. "1B" is Llama-3.2-1B-shaped (with a 32k vocabulary), "1.1B" is
@@ -81,10 +93,34 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-x2, x1], dim=-1)
 
 
+def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+    """The rotary frequencies, with the config's scaling ('linear' divides them by its factor; 'llama3' divides the
+    low frequencies by the factor and blends the middle band, as Llama 3.1+ does)."""
+    head_dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    scaling = dict(cfg.rope_scaling or ())
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv_freq
+    factor = float(scaling["factor"])
+    if kind == "linear":
+        return inv_freq / factor
+    if kind == "llama3":
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"RoPE scaling {kind!r} is not supported (default, linear and llama3 are)")
+
+
 def rope_tables(cfg: LlamaConfig, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the rotary angles for positions 0..length-1 (float32; the model casts them to its dtype)."""
-    head_dim = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    inv_freq = rope_inv_freq(cfg)
     angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
@@ -110,10 +146,15 @@ class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.dim, cfg.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.heads * self.head_dim, cfg.dim, bias=False)
+        self.q_proj = nn.Linear(cfg.dim, cfg.heads * self.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.heads * self.head_dim, cfg.dim, bias=cfg.o_bias)
+        if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE
+            self.q_norm: RMSNorm | None = RMSNorm(self.head_dim, cfg.eps)
+            self.k_norm: RMSNorm | None = RMSNorm(self.head_dim, cfg.eps)
+        else:
+            self.q_norm = self.k_norm = None
         self.qkv_proj: nn.Linear | None = None  # set by fuse()
         self.kv_cache: KVCache | None = None  # set by LlamaDecoder.setup_cache()
         # The decode step's attention over the static cache, (q, k_cache, v_cache, input_pos) -> (b, heads, 1, hd);
@@ -131,10 +172,13 @@ class Attention(nn.Module):
         self.fused_ops: Any = None
 
     def fuse(self) -> None:
+        has_bias = self.q_proj.bias is not None
         fused = nn.Linear(self.q_proj.in_features, self.q_proj.out_features + 2 * self.k_proj.out_features,
-                          bias=False, device=self.q_proj.weight.device, dtype=self.q_proj.weight.dtype)
+                          bias=has_bias, device=self.q_proj.weight.device, dtype=self.q_proj.weight.dtype)
         with torch.no_grad():
             fused.weight.copy_(torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
+            if has_bias:
+                fused.bias.copy_(torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]))
         del self.q_proj, self.k_proj, self.v_proj
         self.qkv_proj = fused
 
@@ -155,8 +199,11 @@ class Attention(nn.Module):
             q, k, v = qkv.split([q_out, kv_out, kv_out], dim=-1)
         else:
             q, k, v = self._qkv(norm(x) if norm is not None else x)
-        q = q.view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = k.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = q.view(b, t, self.heads, self.head_dim)
+        k = k.view(b, t, self.kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
@@ -277,6 +324,8 @@ class LlamaDecoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.layers))
         self.norm = RMSNorm(cfg.dim, cfg.eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
         cos, sin = rope_tables(cfg, cfg.seq)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -314,6 +363,9 @@ class LlamaDecoder(nn.Module):
             if any(m.bias is not None or getattr(m, "reduce", None) is not None for m in projections):
                 raise RuntimeError("set_fused_ops needs bias-free projections that compute x @ W.T alone (no tensor "
                                    "parallel sharding)")
+            if self.cfg.qk_norm:
+                raise RuntimeError("set_fused_ops does not apply to a model with q/k RMSNorm per head (Qwen3): the "
+                                   "fused decode attention applies RoPE to q and k as the product leaves them")
         self.fused_ops = ops
         for layer in self.layers:
             layer.self_attn.fused_ops = ops
@@ -378,8 +430,12 @@ def build_model(cfg: LlamaConfig, device: str | torch.device = "cpu", dtype: tor
 
 
 def parameter_count(cfg: LlamaConfig) -> int:
-    """Parameters of the (unfused or fused: the same) model, counted from the shapes."""
+    """Parameters of the (unfused or fused: the same) model, counted from the shapes (biases, q/k norms and a tied
+    LM head as the config says)."""
     hd = cfg.head_dim
     per_layer = (cfg.dim * (cfg.heads + 2 * cfg.kv_heads) * hd + cfg.heads * hd * cfg.dim
                  + 3 * cfg.dim * cfg.ffn + 2 * cfg.dim)
-    return cfg.vocab * cfg.dim + cfg.layers * per_layer + cfg.dim + cfg.dim * cfg.vocab
+    per_layer += ((cfg.heads + 2 * cfg.kv_heads) * hd if cfg.qkv_bias else 0) + (cfg.dim if cfg.o_bias else 0)
+    per_layer += 2 * hd if cfg.qk_norm else 0
+    return (cfg.vocab * cfg.dim + cfg.layers * per_layer + cfg.dim
+            + (0 if cfg.tie_embeddings else cfg.dim * cfg.vocab))
