@@ -3,7 +3,10 @@ exported through the environment so that worker and supervisor processes started
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,26 @@ def lab_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     return env
+
+
+@contextmanager
+def _module_lab(folder: Path) -> Iterator[tuple[Store, dict[str, str]]]:
+    env = {"RESULTS_DB": str(folder / "results.duckdb"), "ARTIFACTS_DIR": str(folder / "artifacts"),
+           "MODELS_DIR": str(folder / "models"), "MODELAB_LOCK_DIR": str(folder / "locks")}
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        store = Store(env["RESULTS_DB"])
+        store.init()
+        yield store, env
+
+
+@pytest.fixture(scope="session")
+def module_lab() -> Callable[[Path], contextlib.AbstractContextManager]:
+    """For module-scoped fixtures of real runs: `with module_lab(folder) as (store, env):` gives a fresh store with
+    RESULTS_DB, ARTIFACTS_DIR, MODELS_DIR and MODELAB_LOCK_DIR under folder, set in the environment (for the
+    workers too) until the block ends."""
+    return _module_lab
 
 
 @pytest.fixture

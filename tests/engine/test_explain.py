@@ -170,16 +170,9 @@ def trace_of(store: Store, run_id: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory):
+def lab(tmp_path_factory: pytest.TempPathFactory, module_lab):
     """Ceilings, bench runs of eager, compile and fx, and profiles of eager and compile (train, B=64): tiny runs."""
-    folder = tmp_path_factory.mktemp("explain")
-    env = {"RESULTS_DB": str(folder / "results.duckdb"), "ARTIFACTS_DIR": str(folder / "artifacts"),
-           "MODELS_DIR": str(folder / "models"), "MODELAB_LOCK_DIR": str(folder / "locks")}
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
-            mp.setenv(key, value)
-        store = Store(env["RESULTS_DB"])
-        store.init()
+    with module_lab(tmp_path_factory.mktemp("explain")) as (store, env):
         bench = {"workload": "house_price", "device": "cpu", "phases": ["train"], "train_batch_sizes": [64],
                  "warmup": 1, "iters": 5}
         prof = {"workload": "house_price", "device": "cpu", "phases": ["train"], "batch_size": 64, "wait": 0,

@@ -19,7 +19,6 @@ from engine.ir.overlay import (
     reproduce_command,
 )
 from engine.ir.runs import extract_run
-from engine.store import Store
 
 H = {"pid": 1, "tid": 1}
 
@@ -99,16 +98,9 @@ def test_mermaid_is_unchanged_without_colour_and_styled_with_it() -> None:
 
 # -- a real profile of house_price through the job runner ---------------------------------------------------------
 @pytest.fixture(scope="module")
-def profiled(tmp_path_factory: pytest.TempPathFactory):
+def profiled(tmp_path_factory: pytest.TempPathFactory, module_lab):
     """house_price's IR extracted into a store, and an eager CPU profile of its forward (infer, B=64) by a worker."""
-    folder = tmp_path_factory.mktemp("overlay")
-    env = {"RESULTS_DB": str(folder / "results.duckdb"), "ARTIFACTS_DIR": str(folder / "artifacts"),
-           "MODELS_DIR": str(folder / "models"), "MODELAB_LOCK_DIR": str(folder / "locks")}
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
-            mp.setenv(key, value)
-        store = Store(env["RESULTS_DB"])
-        store.init()
+    with module_lab(tmp_path_factory.mktemp("overlay")) as (store, _env):
         ex = extract_run(store, "house_price", "batch64")
         prof = {"workload": "house_price", "mode": "eager", "device": "cpu", "phases": ["infer"], "batch_size": 64,
                 "wait": 0, "warmup": 1, "active": 2, "settle": 1, "unprofiled_iters": 2}
