@@ -1,11 +1,13 @@
 """Compile the LLM lab's Triton kernels for a GPU target offline, without a GPU (Triton's bundled ptxas).
 
-    python benchmarks/triton_aot_check.py [--arch 90]
+    python benchmarks/triton_aot_check.py [--arch 90] [--kernels bf16|quant|all]
 
 A check, not a timing: tests/engine/kernels/test_decode_attention.py runs it on every `make test` (10-20 s on a
 2-core CPU), and `benchmarks/gpu_check.sh decode` on the GPU machine.
 
-Why: the `triton-gemv`, `triton-decode` and `triton-fused` kernels are checked for correctness under Triton's
+Why: the `triton-gemv`, `triton-decode`, `triton-fused` and `triton-int8-wo` / `-fp8-wo` / `-int4-wo` kernels
+(engine/kernels/triton/quant_gemv.py: every tile of its AOT_TILES_*, int8 and fp8 codes per channel, int4 in groups
+of 64) are checked for correctness under Triton's
 interpreter on CPU, but the interpreter does not lower anything to the GPU, so a construct the compiler rejects (a
 shape, a layout, an op) would first show on the GPU machine. This compiles every tile configuration they can use, at
 the 1B and 7B shapes, for sm_ARCH and prints one row per kernel (shared memory, compile seconds). Exit 1 on any
@@ -21,6 +23,22 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def quant_jobs(arch: int):
+    """The weight-only quantized GEMVs (the triton-*-wo LLM modes): every tile they may use, each code type."""
+    from engine.kernels.triton import quant_gemv as qg
+
+    pdl = arch >= 90
+    sig = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32", "K": "i32",
+           "stride_qn": "i32"}
+    for n, k, warps in qg.AOT_TILES_CHANNEL:
+        for fp8 in ((False, True) if arch >= 89 else (False,)):  # fp8 (e4m3) conversions need sm_89+
+            yield (f"quant_gemv {'fp8' if fp8 else 'int8'} {n}x{k} w{warps}", qg._wo_channel_kernel, sig,
+                   {"BLOCK_N": n, "BLOCK_K": k, "FP8": fp8, "PDL": pdl}, warps)
+    for n, k, warps in qg.AOT_TILES_INT4:
+        yield (f"quant_gemv int4 {n}x{k} w{warps}", qg._wo_int4_kernel, {**sig, "stride_sn": "i32"},
+               {"BLOCK_N": n, "BLOCK_K": k, "GROUP_K": qg.GROUP, "PDL": pdl}, warps)
 
 
 def jobs(arch: int):
@@ -56,9 +74,21 @@ def jobs(arch: int):
                    {"BLOCK_N": n, "BLOCK_K": k, "NORM": norm, "ADD": add, "SWIGLU": swiglu, "PDL": pdl}, warps)
 
 
+def selected_jobs(arch: int, kernels: str):
+    if kernels in ("all", "bf16"):
+        yield from jobs(arch)
+    if kernels in ("all", "quant"):
+        yield from quant_jobs(arch)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, help="compute capability × 10 (default 90: H100/H200)")
+    # default bf16: the set tests/engine/kernels/test_decode_attention.py counts; the quantized GEMVs are checked by
+    # tests/engine/kernels/test_quant_gemv.py (--kernels quant); `all` is both
+    parser.add_argument("--kernels", choices=("all", "bf16", "quant"), default="bf16",
+                        help="bf16 (default): decode attention and the bf16 GEMVs; quant: the weight-only quantized "
+                             "GEMVs; all: both")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("TRITON_INTERPRET is set: interpreted kernels cannot be compiled; unset it", file=sys.stderr)
@@ -70,7 +100,7 @@ def main() -> int:
     target = GPUTarget("cuda", args.arch, 32)
     failed = 0
     rows = []
-    for name, fn, signature, constants, warps in jobs(args.arch):
+    for name, fn, signature, constants, warps in selected_jobs(args.arch, args.kernels):
         start = time.perf_counter()
         try:
             src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constants}},

@@ -18,6 +18,12 @@
 |                         |               | GEMVs next to them (norm_linear / linear_add / swiglu_linear_add in     |
 |                         |               | engine/kernels/triton/gemv.py), RoPE and the cache write inside the     |
 |                         |               | decode attention (decode_attention_qkv)                                 |
+| int8-wo, fp8-wo,        | torch.compile | compile-cudagraph over weight-only quantized decoder layers (int8 / fp8 |
+|   int4-wo               | (CPU: eager)  | per channel, int4 in groups of 64; engine/llm/quant.py), dequantized in |
+|                         |               | PyTorch before each product (CPU: eager dequantize-then-matmul)         |
+| triton-int8-wo, -fp8-wo | torch.compile | the same quantized weights, each one-row product the Triton GEMV that   |
+|   -int4-wo              | (CPU: eager)  | dequantizes inside its weight loads (engine/kernels/triton/             |
+|                         |               | quant_gemv.py; CPU: interpreted, correctness only)                      |
 
 Every compiled function is compiled with dynamic=False and fullgraph=True after torch._dynamo.reset(): the static
 cache keeps every shape fixed, so one graph per phase, and a graph break would be a bug worth failing on.
@@ -26,10 +32,16 @@ SDPA backends: the prefill calls SDPA with is_causal=True and no mask, which eve
 passes a boolean mask (keys beyond the current position are not written yet: the cache has a fixed length so the
 shapes stay static); FlashAttention on CUDA takes no mask, so in `sdpa-flash` the decode phase is not measured and
 the run says why. Whether a backend applies is asked of torch itself (a tiny probe call), not hard-coded.
+
+Quantized modes (`LLMMode.quant`): on CUDA they compile and graph the step like compile-cudagraph; on CPU they run
+eagerly (`on_device`), so their numbers can be checked without a GPU. fp8 needs sm_89+ on CUDA. They are gated by
+top-1 agreement and KL against the unquantized reference (engine.llm.quant.check_gate, called by engine.llm.run),
+not by the logits tolerance of the other modes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from dataclasses import dataclass, field
@@ -52,12 +64,22 @@ class LLMMode:
     gemv: bool = False  # linears through engine.kernels.triton.gemv (one-row products; F.linear otherwise)
     decode_attn: bool = False  # the decode step's attention through engine.kernels.triton.decode_attention
     fused: bool = False  # norms and residual adds inside the GEMVs (engine.kernels.triton.gemv.FusedDecodeOps)
+    quant: str | None = None  # weight-only quantization scheme of the decoder layers (engine.llm.quant.SCHEMES)
+    quant_impl: str = "plain"  # plain: dequantize in PyTorch; triton: engine.kernels.triton.quant_gemv
 
     @property
     def compiles(self) -> bool:
         return self.prefill == "compile" or self.decode != "eager"
 
 
+_QUANT_MODES = (
+    ("int8-wo", "int8 per output channel", ""),
+    ("fp8-wo", "fp8 (e4m3) per output channel", " CUDA: sm_89+."),
+    ("int4-wo", "int4, symmetric, groups of 64 along K", ""),
+)
+# engine/llm/run.py checks every mode's logits against eager's within the bf16 tolerance, which a quantized model
+# misses by design; the quantized modes are gated by engine.llm.quant.check_gate instead. True once run.py does that
+# (docs/quantization.md, "Wiring"); until then the modes are declared, prepared and tested, but not offered to runs.
 MODES: dict[str, LLMMode] = {m.name: m for m in (
     LLMMode("eager", "PyTorch eager, op by op; SDPA picks its backend (on the H100 with torch 2.11 it picked cuDNN "
             "attention for both the causal prefill and the masked decode)."),
@@ -87,6 +109,18 @@ MODES: dict[str, LLMMode] = {m.name: m for m in (
             "in its epilogue), RoPE and the KV-cache write inside the decode attention kernel: six kernels per "
             "layer, programmatic dependent launch between them on sm_90+.",
             prefill="compile", decode="cudagraph", gemv=True, decode_attn=True, fused=True),
+    *(LLMMode(f"{scheme}", f"Weight-only {what} (engine/llm/quant.py; embedding and LM head kept in the model's "
+              "dtype): each weight dequantized in PyTorch before its product; on CUDA compile-cudagraph (Inductor "
+              "decides whether the dequantization fuses into the product: unmeasured), on CPU eager "
+              "dequantize-then-matmul." + extra,
+              prefill="compile", decode="cudagraph", quant=scheme)
+      for scheme, what, extra in _QUANT_MODES),
+    *(LLMMode(f"triton-{scheme}", f"Weight-only {what}, each one-row product of the decode step the Triton GEMV "
+              "that dequantizes inside its weight loads (engine/kernels/triton/quant_gemv.py: codes and scales "
+              "loaded with the tile, fp32 accumulation); on CUDA compiled and graphed as compile-cudagraph, on "
+              "CPU interpreted (correctness only)." + extra,
+              prefill="compile", decode="cudagraph", quant=scheme, quant_impl="triton")
+      for scheme, what, extra in _QUANT_MODES),
 )}
 
 
@@ -141,10 +175,49 @@ def _compiler_missing(device: str) -> str | None:
     return compiler_missing(device)
 
 
+def on_device(mode: LLMMode, device: str) -> LLMMode:
+    """The mode as it runs on `device`: a quantized mode off CUDA runs eagerly (no compile, no CUDA graph)."""
+    if mode.quant and not device.startswith("cuda"):
+        return dataclasses.replace(mode, prefill="eager", decode="eager")
+    return mode
+
+
+def quant_unavailable(mode: LLMMode, device: str) -> str | None:
+    """Why a quantized mode cannot run here (None: it can)."""
+    if not mode.quant:
+        return None
+    from engine.llm.quant import get_scheme
+
+    scheme = get_scheme(mode.quant)
+    if device.startswith("cuda"):
+        index = torch.device(device).index
+        cap = torch.cuda.get_device_capability(index if index is not None else torch.cuda.current_device())
+        if cap < scheme.cuda_capability:
+            need = "{}.{}".format(*scheme.cuda_capability)
+            return f"{mode.quant} needs compute capability {need}+ (this GPU: {cap[0]}.{cap[1]})"
+    elif mode.quant_impl == "triton":
+        from engine.kernels.triton._common import is_interpreted
+        from engine.kernels.triton.quant_gemv import _wo_channel_kernel
+
+        if not is_interpreted(_wo_channel_kernel):
+            return "the quantized Triton GEMV runs on CPU only under TRITON_INTERPRET=1 (set before triton loads)"
+    return None
+
+
 def availability(mode: LLMMode, device: str, dtype: torch.dtype) -> str | None:
     """Why the mode cannot run at all here (None: it can run, at least its prefill)."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         return "no CUDA device is visible to torch on this machine"
+    if mode.quant:
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            if mode.quant_impl == "triton":
+                return "Triton is not installed (the mode's kernels are written in Triton)"
+        reason = quant_unavailable(mode, device)
+        if reason:
+            return reason
+        mode = on_device(mode, device)
     if mode.decode in ("reduce-overhead", "cudagraph") and not device.startswith("cuda"):
         return "CUDA graphs need a CUDA device (on CPU this would be the plain compile mode again)"
     if mode.compiles:
@@ -204,6 +277,7 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
             ) -> Prepared:
     """The prefill callable and the decoder of `mode` over `model` (whose cache is set up). Compilation happens
     lazily, at the first call (timed by the caller as the first-call cost)."""
+    mode = on_device(mode, device)
     backend = mode.sdpa or sdpa
     dtype = model.lm_head.weight.dtype
     notes: list[str] = []
@@ -235,6 +309,14 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
                      "down GEMVs, SwiGLU in the down GEMV's load (engine.kernels.triton.gemv.norm_linear / "
                      "linear_add / swiglu_linear_add); RoPE and the KV-cache write inside the decode attention "
                      "kernel (decode_attention_qkv)")
+    if mode.quant:
+        from engine.llm.quant import quantize_model
+
+        report = quantize_model(model, mode.quant, mode.quant_impl)
+        notes.append(report.note())
+        if not device.startswith("cuda"):
+            notes.append("CPU: eager, no compile or CUDA graph" + (" (the Triton GEMV interpreted: correctness "
+                                                                   "only)" if mode.quant_impl == "triton" else ""))
     plain = step_fn(model)
     compile_mode = "max-autotune-no-cudagraphs" if autotune else None
     prefill = _compile(plain, compile_mode) if mode.prefill == "compile" else plain

@@ -55,7 +55,7 @@ from engine.llm.config import (
     params_of,
 )
 from engine.llm.generate import Decoder, Generation, StepFn, generate, step_fn
-from engine.llm.modes import MODES, LLMMode, Prepared, availability, get_mode, prepare
+from engine.llm.modes import MODES, LLMMode, Prepared, availability, get_mode, on_device, prepare
 from engine.llm.report import fmt_num, write_reports
 from engine.llm.timed import decode_pass, sync, timed_calls
 from engine.llm.verify import (
@@ -169,7 +169,7 @@ class _Timings:
 
 def _start(cfg: LLMConfig, progress: Progress, wall0: float) -> _Run:
     """The mode available here? Then the run's folder, its result, and the ceilings its percentages divide by."""
-    mode = get_mode(cfg.mode)
+    mode = on_device(get_mode(cfg.mode), cfg.device)  # a quantized mode off CUDA runs eagerly
     device = cfg.device
     reason = availability(mode, device, cfg.torch_dtype)
     if reason:
@@ -315,6 +315,17 @@ def _take_device(run: _Run, compiled: _Compiled) -> None:
                                 + "; ".join(tuned))
 
 
+def _quant_gate(run: _Run, ref: _Reference) -> None:
+    """A quantized mode's accuracy gate: its model (quantized in place by prepare) teacher-forced through eager's
+    tokens, top-1 agreement and mean KL against eager's logits (engine.llm.quant; a miss fails the run with both)."""
+    from engine.llm.quant import gate_model
+
+    gate = gate_model(ref.model, ref.prompt, ref.generation.tokens, ref.generation.logits, run.mode.quant,
+                      run.mode.name)
+    run.result.notes.append(f"accuracy gate: {gate.describe()}")
+    run.result.metrics += [Metric("quant_top1_agreement", gate.top1, ""), Metric("quant_mean_kl_nats", gate.kl, "")]
+
+
 def _check(run: _Run, ref: _Reference, prepared: Prepared) -> None:
     """The mode's greedy generation against eager's: logits within the tolerance, the same tokens (a ToleranceError
     fails the run). Eager is the reference itself: it matches by definition."""
@@ -325,6 +336,9 @@ def _check(run: _Run, ref: _Reference, prepared: Prepared) -> None:
         if decoder is None:  # prefill only: its first token and logits
             got = generate(prepared.prefill, Decoder(ref.eager), ref.prompt, 0)
             want = Generation(ref.generation.tokens[:, :1], ref.generation.logits[:1])
+        elif mode.quant:  # its own gate (top-1 agreement and KL), not the logits tolerance of unquantized modes
+            _quant_gate(run, ref)
+            return
         else:
             got = generate(prepared.prefill, decoder, ref.prompt, k)
             want = ref.generation
@@ -556,7 +570,12 @@ def _decode_figures(run: _Run, decode_us: list[float], ttft_s: float, peaks: _Pe
     cfg, tag_d = run.cfg, run.tag("decode")
     B, P, N = cfg.batch, cfg.prompt_len, cfg.new_tokens
     dec_stats = summarize(decode_us)
-    dec = M.decode_counts(cfg.model_config(), B, P, N, _elem(cfg))
+    if run.mode.quant:  # the bytes the quantized step moves: packed weights, scales, the KV read
+        from engine.llm.quant import decode_counts as quant_decode_counts
+
+        dec = quant_decode_counts(cfg.model_config(), run.mode.quant, B, P, N, _elem(cfg))
+    else:
+        dec = M.decode_counts(cfg.model_config(), B, P, N, _elem(cfg))
     tpot_s = dec_stats.median * 1e-6
     last_pass = decode_us[-N:]
     generation_s = ttft_s + sum(last_pass) * 1e-6

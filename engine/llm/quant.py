@@ -1,0 +1,474 @@
+"""Weight-only quantized decode: the weights of the decoder layers stored as int8, fp8 or int4, quantized once.
+
+Schemes (`SCHEMES`), all weight-only (activations, the KV cache and every accumulation stay in the model's dtype or
+fp32):
+
+| scheme  | codes                                   | scales                                   | bytes / weight   |
+| ------- | --------------------------------------- | ---------------------------------------- | ---------------- |
+| int8-wo | int8, symmetric, [-127, 127]            | bf16, one per output channel (row)       | 1 + 2/K          |
+| fp8-wo  | float8_e4m3fn (max 448)                 | bf16, one per output channel (row)       | 1 + 2/K          |
+| int4-wo | 4-bit, SYMMETRIC (no zero points):      | bf16, one per group of INT4_GROUP = 64   | 0.5 + 2/64       |
+|         | code = round(w / s) + 8 in [1, 15],     | consecutive weights of a row (the last   |                  |
+|         | two per byte, low nibble = even k       | group of a row may be shorter)           |                  |
+
+int4 is symmetric: s = max|w| / 7 over the group, value = (code − 8) · s. Zero points would add a level and
+handle groups whose weights are not centred on 0; the decoder's weights (random here, and trained Llama weights
+alike) are centred per group, so symmetric codes lose little, and the kernel saves the zero-point load and a
+subtract. Scales are rounded to bf16 *before* the codes are computed, so the codes are the best ones for the scale
+actually stored. fp8 codes are exact on CPU (torch.float8_e4m3fn packs and unpacks there); the fp8 GEMV needs sm_89+
+on a GPU.
+
+What is quantized: every linear layer inside the decoder layers (q, k, v, o or the fused qkv; gate, up, down or the
+fused gate_up). Kept in the model's dtype (bf16 in the lab's runs), for every scheme: the token embedding (a decode
+step reads B of its rows: quantizing it saves nothing on the step) and the LM head (the last product decides the
+token; vocabulary rows are the most sensitive weights, and keeping them is what gpt-fast and torchao's int4/int8
+weight-only default to). The RMSNorm weights stay too (kilobytes).
+
+Two implementations of the product (`QuantLinear.impl`): "plain" dequantizes the whole weight in PyTorch and calls
+F.linear (on CUDA the LLM modes torch.compile it and Inductor decides whether the dequantization fuses into the
+product or writes the dequantized weight first: not yet seen on a GPU; on CPU it runs eagerly); "triton" is
+engine/kernels/triton/quant_gemv.py, dequantizing inside the weight loads.
+
+Quantization is timed (`QuantReport.seconds`) and cached (`quantize_cached`): keyed by a hash of the weight's bytes,
+its shape and dtype, and the scheme; an in-process dict, and a file under engine.native.build.build_root()/quant/
+(torch.save), so a second process (the next mode of `llm --mode all`) loads instead of quantizing.
+
+The accuracy gate (`gate_metrics`, `check_gate`): the quantized model, fed the reference's tokens (teacher
+forcing, so one early disagreement does not derail every later position), against the reference (bf16 or fp32
+model) at the prefill's last position and every decode step: top-1 agreement (fraction of positions × sequences
+where both pick the same greedy token) and the mean KL divergence KL(ref ‖ quant) of the next-token distribution
+(nats). A mode passes when agreement ≥ GATES[scheme].min_top1 and KL ≤ GATES[scheme].max_kl; a miss raises
+engine.checks.ToleranceError with both numbers.
+
+Calibration of GATES (CPU, the lab's random-weight "tiny" and "small" presets, seeds 0–4, prompt 16, 24 decode
+steps, so 25 positions; float32 and bfloat16 models, each against its unquantized self;
+`python -m engine.llm.quant [--dtype bfloat16]` prints the table, docs/quantization.md has it per seed):
+
+    scheme    worst top-1 fp32 / bf16      worst mean KL (nats) fp32 / bf16     gate: top-1 ≥, KL ≤
+    int8-wo   1.00 / 0.96                  5.5e-6 / 1.9e-5                      0.85, 2e-4
+    fp8-wo    0.92 / 0.88                  1.1e-4 / 1.3e-4                      0.75, 1e-3
+    int4-wo   0.84 / 0.64                  1.5e-3 / 1.4e-3                      0.50, 5e-3
+
+How the thresholds account for random weights: a random model's next-token distribution is nearly flat (small
+logits, no confident winner, the top two often within quantization noise), so top-1 flips that a trained model's
+margins would absorb happen here (int4 on "small" in bf16 agrees on as few as 16 of 25 positions), while the KL of a
+flat distribution is small in absolute terms. Top-1 gates therefore sit well below the worst calibration figure
+(it is a coarse check here), and the KL gates about 3× (int4) to 8–10× (fp8, int8) above it — KL does not depend on a
+winner and is the sharp check: one layer's scales × 4 (tests/engine/llm/test_quant.py) lands at KL 0.014–0.018
+and top-1 0.52–0.68 on "tiny" for every scheme, well past every gate. A subtler error (one layer's scales × 0.5:
+KL 5e-4 to 1.1e-3) is caught by the int8 gate only. On trained weights (peaked distributions) KL grows with the
+logit scale: these absolute KL gates are for the lab's random presets and would need calibrating again for a
+checkpoint (not done: no checkpoint runs here); the 1B/7B random presets on a GPU are uncalibrated.
+
+`decode_bytes_per_token` counts what a quantized decode step must move (for MBU): packed codes + scales of the
+quantized linears, the LM head, norms and embedding rows in the model's dtype, and the KV cache read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.checks import ToleranceError
+from engine.workloads.llama import LlamaConfig
+
+INT4_GROUP = 64
+INT8_MAX = 127
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+INT4_MAX = 7  # symmetric: codes − 8 in [-7, 7] (the code 0, i.e. −8, is never produced)
+
+
+@dataclass(frozen=True)
+class Scheme:
+    name: str
+    code_bits: int
+    group: int | None  # None: one scale per output channel
+    cuda_capability: tuple[int, int]  # the least compute capability its GPU kernels need
+    description: str
+
+
+SCHEMES: dict[str, Scheme] = {s.name: s for s in (
+    Scheme("int8-wo", 8, None, (8, 0), "int8 codes, symmetric, one bf16 scale per output channel"),
+    Scheme("fp8-wo", 8, None, (8, 9), "float8 e4m3 codes, one bf16 scale per output channel (sm_89+ on CUDA)"),
+    Scheme("int4-wo", 4, INT4_GROUP, (8, 0),
+           f"symmetric 4-bit codes in groups of {INT4_GROUP} along K (no zero points), two per byte, bf16 scales"),
+)}
+
+
+def get_scheme(name: str) -> Scheme:
+    try:
+        return SCHEMES[name]
+    except KeyError:
+        raise ValueError(f"unknown quantization scheme {name!r}; schemes: {', '.join(SCHEMES)}") from None
+
+
+@dataclass
+class QuantWeight:
+    """One quantized (N, K) weight: codes `q` (int8 (N, K), float8_e4m3fn (N, K) or packed uint8 (N, ceil(K/2)))
+    and bf16 `scales` ((N,) or (N, ceil(K/64)))."""
+
+    scheme: str
+    q: torch.Tensor
+    scales: torch.Tensor
+    shape: tuple[int, int]
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() * self.q.element_size() + self.scales.numel() * self.scales.element_size()
+
+    def to(self, device: torch.device | str, copy: bool = False) -> QuantWeight:
+        return QuantWeight(self.scheme, self.q.to(device, copy=copy), self.scales.to(device, copy=copy), self.shape)
+
+
+def _channel_scales(w: torch.Tensor, qmax: float) -> torch.Tensor:
+    amax = w.abs().amax(dim=1).clamp_min(1e-12)
+    return (amax / qmax).to(torch.bfloat16)  # rounded first: codes are computed against the stored scale
+
+
+def quantize_int8(w: torch.Tensor) -> QuantWeight:
+    w32 = w.detach().float()
+    s = _channel_scales(w32, INT8_MAX)
+    q = torch.round(w32 / s.float()[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return QuantWeight("int8-wo", q, s, tuple(w.shape))
+
+
+def quantize_fp8(w: torch.Tensor) -> QuantWeight:
+    w32 = w.detach().float()
+    s = _channel_scales(w32, FP8_MAX)
+    q = (w32 / s.float()[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return QuantWeight("fp8-wo", q, s, tuple(w.shape))
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """(N, K) codes in [0, 15] → (N, ceil(K/2)) uint8, low nibble = even k (an odd K is padded with code 8 = 0)."""
+    n, k = codes.shape
+    c = codes.to(torch.uint8)
+    if k % 2:
+        c = torch.cat([c, torch.full((n, 1), 8, dtype=torch.uint8, device=c.device)], dim=1)
+    return c[:, 0::2] | (c[:, 1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor, k: int) -> torch.Tensor:
+    """(N, ceil(K/2)) uint8 → (N, K) codes in [0, 15] (uint8)."""
+    return torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1)[:, :k]
+
+
+def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP) -> QuantWeight:
+    if group != INT4_GROUP:
+        raise ValueError(f"the int4 kernels take groups of {INT4_GROUP}")
+    w32 = w.detach().float()
+    n, k = w32.shape
+    groups = math.ceil(k / group)
+    padded = F.pad(w32, (0, groups * group - k)).reshape(n, groups, group)
+    s = (padded.abs().amax(dim=2).clamp_min(1e-12) / INT4_MAX).to(torch.bfloat16)  # (N, groups)
+    codes = torch.round(padded / s.float()[:, :, None]).clamp(-INT4_MAX, INT4_MAX) + 8
+    codes = codes.reshape(n, groups * group)[:, :k]
+    return QuantWeight("int4-wo", pack_int4(codes), s, (n, k))
+
+
+_QUANTIZERS = {"int8-wo": quantize_int8, "fp8-wo": quantize_fp8, "int4-wo": quantize_int4}
+
+
+def quantize(w: torch.Tensor, scheme: str) -> QuantWeight:
+    """Quantize one (N, K) weight (bf16, fp16 or fp32) with `scheme` (no cache)."""
+    get_scheme(scheme)
+    if w.dim() != 2:
+        raise ValueError(f"weight-only quantization takes (N, K) weights, got {tuple(w.shape)}")
+    return _QUANTIZERS[scheme](w)
+
+
+def dequantize(qw: QuantWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The (N, K) weight the codes stand for, in `dtype` (computed in fp32): the plain way."""
+    if qw.scheme == "int4-wo":
+        from_codes = unpack_int4(qw.q, qw.shape[1]).to(torch.float32) - 8
+        s = qw.scales.to(torch.float32).repeat_interleave(INT4_GROUP, dim=1)[:, :qw.shape[1]]
+        return (from_codes * s).to(dtype)
+    return (qw.q.to(torch.float32) * qw.scales.to(torch.float32)[:, None]).to(dtype)
+
+
+# -- the cache ------------------------------------------------------------------------------------------------------
+_CACHE: dict[str, QuantWeight] = {}
+
+
+def weight_key(w: torch.Tensor, scheme: str) -> str:
+    """sha256 of the weight's bytes, shape, dtype and the scheme (and group size)."""
+    h = hashlib.sha256()
+    h.update(f"{scheme}|{INT4_GROUP}|{tuple(w.shape)}|{w.dtype}|".encode())
+    h.update(w.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
+def cache_dir() -> Path:
+    from engine.native.build import build_root
+
+    return build_root() / "quant"
+
+
+def quantize_cached(w: torch.Tensor, scheme: str, disk: bool = True) -> tuple[QuantWeight, str]:
+    """quantize(w, scheme) through the in-process cache and (disk=True) the on-disk one; returns the quantized
+    weight (on w's device; never the cached tensors themselves, so a model's buffers can change without changing the
+    cache) and where it came from: "memory", "disk" or "quantized"."""
+    key = weight_key(w, scheme)
+    if key in _CACHE:
+        return _CACHE[key].to(w.device, copy=True), "memory"
+    path = cache_dir() / f"{key}.pt"
+    if disk and path.exists():
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            qw = QuantWeight(scheme, saved["q"], saved["scales"], tuple(saved["shape"]))
+            _CACHE[key] = qw
+            return qw.to(w.device, copy=True), "disk"
+        except Exception:  # noqa: BLE001 - a damaged or foreign file: quantize again and overwrite it
+            pass
+    qw = quantize(w, scheme)
+    cpu = qw.to("cpu", copy=True)
+    _CACHE[key] = cpu
+    if disk:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save({"q": cpu.q, "scales": cpu.scales, "shape": list(cpu.shape)}, tmp)
+        tmp.replace(path)
+    return qw, "quantized"
+
+
+def clear_memory_cache() -> None:
+    _CACHE.clear()
+
+
+# -- the model ------------------------------------------------------------------------------------------------------
+class QuantLinear(nn.Module):
+    """A bias-free linear layer over a QuantWeight. impl "plain": dequantize in PyTorch, then F.linear;
+    impl "triton": engine.kernels.triton.quant_gemv's custom ops (one row: the fused kernel)."""
+
+    def __init__(self, qw: QuantWeight, impl: str = "plain", dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        if impl not in ("plain", "triton"):
+            raise ValueError(f"unknown QuantLinear impl {impl!r}")
+        self.scheme, self.impl, self.dtype = qw.scheme, impl, dtype
+        self.out_features, self.in_features = qw.shape
+        self.register_buffer("q", qw.q)
+        self.register_buffer("scales", qw.scales)
+
+    def weight_(self) -> QuantWeight:
+        return QuantWeight(self.scheme, self.q, self.scales, (self.out_features, self.in_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.impl == "plain":
+            return F.linear(x, dequantize(self.weight_(), x.dtype))
+        from engine.kernels.triton import quant_gemv
+
+        if self.scheme == "int4-wo":
+            return quant_gemv.int4_linear(x, self.q, self.scales)
+        return quant_gemv.channel_linear(x, self.q, self.scales)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} → {self.out_features}, {self.scheme}, impl={self.impl}"
+
+
+@dataclass
+class QuantReport:
+    scheme: str
+    impl: str
+    layers: int = 0
+    seconds: float = 0.0  # wall time of quantizing (or loading from the cache) every quantized weight
+    bytes_before: int = 0
+    bytes_after: int = 0
+    sources: dict[str, int] = field(default_factory=dict)  # "quantized" / "disk" / "memory" → how many weights
+
+    def note(self) -> str:
+        src = ", ".join(f"{v} {k}" for k, v in sorted(self.sources.items()))
+        return (f"{self.scheme} ({self.impl}): {self.layers} linear layers quantized in {self.seconds:.2f} s "
+                f"({src}); their weights {self.bytes_before / 2**20:.2f} MiB → {self.bytes_after / 2**20:.2f} MiB "
+                f"(codes + scales); embedding, LM head and norms kept in the model's dtype")
+
+
+def quantize_model(model: nn.Module, scheme: str, impl: str = "plain", disk_cache: bool = True) -> QuantReport:
+    """Replace every bias-free nn.Linear (the exact class) inside model.layers (the decoder layers: projections and
+    MLP) by a QuantLinear, in place; the embedding and the LM head stay as they are (see the module docstring).
+    Returns what it did."""
+    get_scheme(scheme)
+    report = QuantReport(scheme, impl)
+    start = time.perf_counter()
+    for parent in model.layers.modules():
+        for name, child in list(parent.named_children()):
+            # exactly nn.Linear: a subclass may do more than x @ W.T (tensor parallel's RowParallelLinear all-reduces)
+            if type(child) is not nn.Linear or child.bias is not None:
+                continue
+            qw, source = quantize_cached(child.weight, scheme, disk=disk_cache)
+            setattr(parent, name, QuantLinear(qw, impl, child.weight.dtype))
+            report.layers += 1
+            report.bytes_before += child.weight.numel() * child.weight.element_size()
+            report.bytes_after += qw.nbytes
+            report.sources[source] = report.sources.get(source, 0) + 1
+    if model.layers and next(model.layers.parameters(), None) is not None and report.layers == 0:
+        raise RuntimeError("quantize_model found no bias-free nn.Linear in model.layers")
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+# -- the accuracy gate ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Gate:
+    min_top1: float
+    max_kl: float
+
+
+# Calibrated on random-weight tiny/small decoders (module docstring; docs/quantization.md).
+GATES: dict[str, Gate] = {
+    "int8-wo": Gate(min_top1=0.85, max_kl=2e-4),
+    "fp8-wo": Gate(min_top1=0.75, max_kl=1e-3),
+    "int4-wo": Gate(min_top1=0.50, max_kl=5e-3),
+}
+
+
+@dataclass
+class GateResult:
+    scheme: str
+    top1: float
+    kl: float
+    positions: int
+    gate: Gate
+
+    @property
+    def passed(self) -> bool:
+        return self.top1 >= self.gate.min_top1 and self.kl <= self.gate.max_kl
+
+    def describe(self) -> str:
+        return (f"{self.scheme}: top-1 agreement {self.top1:.3f} (gate ≥ {self.gate.min_top1:g}), mean KL "
+                f"{self.kl:.3g} nats (gate ≤ {self.gate.max_kl:g}) over {self.positions} positions")
+
+
+def gate_metrics(ref_logits: list[torch.Tensor], got_logits: list[torch.Tensor]) -> tuple[float, float, int]:
+    """(top-1 agreement, mean KL(ref ‖ got) in nats, positions) over every position × sequence, in float64."""
+    ref = torch.cat([r.double().reshape(-1, r.shape[-1]) for r in ref_logits])
+    got = torch.cat([g.double().reshape(-1, g.shape[-1]) for g in got_logits])
+    if ref.shape != got.shape:
+        raise ValueError(f"logits of {tuple(got.shape)} against a reference of {tuple(ref.shape)}")
+    top1 = float((ref.argmax(-1) == got.argmax(-1)).double().mean())
+    ref_lp, got_lp = ref.log_softmax(-1), got.log_softmax(-1)
+    kl = float((ref_lp.exp() * (ref_lp - got_lp)).sum(-1).mean())
+    return top1, kl, ref.shape[0]
+
+
+def check_gate(scheme: str, ref_logits: list[torch.Tensor], got_logits: list[torch.Tensor], what: str = ""
+               ) -> GateResult:
+    """The gate of `scheme` on teacher-forced logits; raises ToleranceError (with both numbers) on a miss."""
+    top1, kl, n = gate_metrics(ref_logits, got_logits)
+    result = GateResult(scheme, top1, kl, n, GATES[scheme])
+    if not result.passed:
+        raise ToleranceError(f"{what or scheme}: misses its accuracy gate: {result.describe()}")
+    return result
+
+
+@torch.no_grad()
+def forced_logits(model: nn.Module, prompt: torch.Tensor, tokens: torch.Tensor) -> list[torch.Tensor]:
+    """Logits (float32, CPU) of a prefill of `prompt` (B, P) and one decode step per token of `tokens` (B, T) but
+    the last, fed those tokens (teacher forcing) through the static cache: engine.llm.verify.forced_logits's
+    computation (not imported from there: engine.llm.verify imports the LLM config, which imports the modes)."""
+    p = prompt.shape[1]
+    out = [model.forward_cached(prompt, torch.arange(p, device=prompt.device)).float().cpu()]
+    for i in range(tokens.shape[1] - 1):
+        logits = model.forward_cached(tokens[:, i:i + 1].to(prompt.device), torch.tensor([p + i], device=prompt.device))
+        out.append(logits.float().cpu())
+    return out
+
+
+@torch.no_grad()
+def gate_model(model: nn.Module, prompt: torch.Tensor, ref_tokens: torch.Tensor, ref_logits: list[torch.Tensor],
+               scheme: str, what: str = "") -> GateResult:
+    """Feed the quantized `model` (its cache set up) the reference's prompt and tokens and gate its logits."""
+    got = forced_logits(model, prompt, ref_tokens.to(prompt.device))  # the whole batch at once, as its cache is
+    return check_gate(scheme, ref_logits, got, what)
+
+
+# -- bytes a decode step moves (MBU) ------------------------------------------------------------------------------
+def linear_shapes(cfg: LlamaConfig) -> list[tuple[int, int]]:
+    """(N, K) of the linear layers of one decoder layer (unfused; fusing stacks along N, which changes no count)."""
+    hd = cfg.head_dim
+    return [(cfg.heads * hd, cfg.dim), (cfg.kv_heads * hd, cfg.dim), (cfg.kv_heads * hd, cfg.dim),
+            (cfg.dim, cfg.heads * hd), (cfg.ffn, cfg.dim), (cfg.ffn, cfg.dim), (cfg.dim, cfg.ffn)]
+
+
+def quantized_linear_bytes(n: int, k: int, scheme: str | None, elem_bytes: int = 2) -> int:
+    """Bytes of one (N, K) weight as stored: codes + bf16 scales; scheme None: N·K in the model's dtype."""
+    if scheme is None:
+        return n * k * elem_bytes
+    get_scheme(scheme)
+    if scheme == "int4-wo":
+        return n * ((k + 1) // 2) + 2 * n * math.ceil(k / INT4_GROUP)
+    return n * k + 2 * n
+
+
+def decode_bytes_per_token(cfg: LlamaConfig, scheme: str | None, context: int, batch: int = 1,
+                           elem_bytes: int = 2) -> int:
+    """Bytes one decode step moves (= per generated token at batch 1; divide by B for per token at B > 1): the
+    quantized linears' codes and scales, the norms and the LM head in the model's dtype (`elem_bytes`), the B
+    embedding rows looked up, and the K/V of `context` cached positions per sequence. scheme None: the unquantized
+    count, equal to engine.llm.metrics.decode_bytes."""
+    linears = cfg.layers * sum(quantized_linear_bytes(n, k, scheme, elem_bytes) for n, k in linear_shapes(cfg))
+    norms = (2 * cfg.layers + 1) * cfg.dim * elem_bytes
+    lm_head = cfg.vocab * cfg.dim * elem_bytes
+    embedding = batch * cfg.dim * elem_bytes
+    kv = cfg.layers * 2 * batch * cfg.kv_heads * cfg.head_dim * context * elem_bytes
+    return linears + norms + lm_head + embedding + kv
+
+
+def decode_counts(cfg: LlamaConfig, scheme: str | None, batch: int, prompt_len: int, steps: int,
+                  elem_bytes: int = 2):  # -> engine.llm.metrics.PhaseCounts
+    """engine.llm.metrics.decode_counts for a quantized model: the same FLOPs (the products are the same), the bytes
+    of decode_bytes_per_token; mean per step over `steps` steps after a prompt of `prompt_len`."""
+    from engine.llm import metrics
+
+    if steps < 1:
+        raise ValueError("decode needs at least one step")
+    contexts = [prompt_len + i + 1 for i in range(steps)]
+    flops = sum(metrics.decode_flops(cfg, batch, n) for n in contexts) / steps
+    moved = sum(decode_bytes_per_token(cfg, scheme, n, batch, elem_bytes) for n in contexts) / steps
+    return metrics.PhaseCounts(flops, moved)
+
+
+# -- calibration (python -m engine.llm.quant) -------------------------------------------------------------------------
+@torch.no_grad()
+def calibration_row(preset_name: str, scheme: str, seed: int, prompt_len: int = 16, steps: int = 24,
+                    dtype: torch.dtype = torch.float32, impl: str = "plain") -> tuple[float, float]:
+    """(top-1, KL) of `scheme` on a random-weight preset against its unquantized self, teacher-forced."""
+    from engine.llm.generate import Decoder, generate, step_fn
+    from engine.workloads.llama import build_model, preset
+
+    cfg = preset(preset_name)
+    model = build_model(cfg, "cpu", dtype, seed)
+    model.setup_cache(1, prompt_len + steps + 1)
+    prompt = torch.randint(0, cfg.vocab, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
+    ref = generate(step_fn(model), Decoder(step_fn(model)), prompt, steps)
+    quantize_model(model, scheme, impl, disk_cache=False)
+    got = forced_logits(model, prompt, ref.tokens)
+    top1, kl, _ = gate_metrics(ref.logits, got)
+    return top1, kl
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="calibration figures of the accuracy gate (random-weight presets)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--presets", default="tiny,small")
+    parser.add_argument("--seeds", type=int, default=5)
+    args = parser.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    print(f"{'preset':6} {'scheme':8} {'seed':>4} {'top-1':>6} {'KL':>9}   ({args.dtype})")
+    for preset_name in args.presets.split(","):
+        for scheme in SCHEMES:
+            for seed in range(args.seeds):
+                top1, kl = calibration_row(preset_name, scheme, seed, dtype=dtype)
+                print(f"{preset_name:6} {scheme:8} {seed:4d} {top1:6.3f} {kl:9.2e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""The weight-only quantized Triton GEMVs (int8 / fp8 per channel, int4 in groups of 64) against float64
+dequantize-then-matmul (interpreted on CPU; see conftest), on ragged shapes (K and N not multiples of the tile),
+and their custom ops: several rows dequantized first, one row compiled without a graph break."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from engine.kernels.triton import quant_gemv as qg  # noqa: E402
+from engine.kernels.triton._common import is_interpreted  # noqa: E402
+from engine.llm import quant  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and not is_interpreted(qg._wo_channel_kernel):
+    pytest.skip("the quantized GEMV kernels were imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+
+# The reference dequantizes the same codes in float64, so only the fp32 summation order (and, in bf16, the rounded
+# output) differs: the same bounds as the bf16 GEMV's test.
+TOL = {torch.float32: 1e-6, torch.bfloat16: 8e-3}
+SHAPES = [(37, 300), (130, 129), (5, 1000), (64, 256), (3, 65)]  # INTERPRETER_CONFIG: BLOCK_N 32, BLOCK_K 128
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double().cpu() - ref.cpu()).norm() / ref.cpu().norm())
+
+
+def _quantized(scheme: str, n: int, k: int) -> tuple[torch.Tensor, quant.QuantWeight]:
+    gen = torch.Generator().manual_seed(n * 1000 + k)
+    x = torch.randn(1, k, generator=gen)
+    w = torch.randn(n, k, generator=gen) / k ** 0.5
+    return x, quant.quantize(w, scheme).to(DEVICE)
+
+
+def _gemv(x: torch.Tensor, qw: quant.QuantWeight) -> torch.Tensor:
+    return (qg.gemv_int4 if qw.scheme == "int4-wo" else qg.gemv_channel)(x, qw.q, qw.scales)
+
+
+def _reference(x: torch.Tensor, qw: quant.QuantWeight) -> torch.Tensor:
+    ref = qg._reference_int4 if qw.scheme == "int4-wo" else qg._reference_channel
+    return ref(x.cpu(), qw.q.cpu(), qw.scales.cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scheme", ["int8-wo", "fp8-wo", "int4-wo"])
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_quantized_gemv_matches_float64_dequantize_then_matmul(scheme: str, n: int, k: int,
+                                                               dtype: torch.dtype) -> None:
+    x, qw = _quantized(scheme, n, k)
+    x = x.to(DEVICE, dtype)
+    y = _gemv(x, qw)
+    assert y.shape == (1, n) and y.dtype == dtype
+    assert rel_err(y, _reference(x, qw)) < TOL[dtype]
+    assert _gemv(x[0], qw).shape == (n,)
+    # the plain dequantization (engine.llm.quant) is the same function as the kernel's
+    assert rel_err(y, torch.nn.functional.linear(x.double().cpu(), quant.dequantize(qw.to("cpu"), torch.float64))) \
+        < TOL[dtype]
+
+
+def test_int4_kernel_reads_every_group_scale() -> None:
+    """A scale changed in one group of one row changes exactly that output (the kernel loads every group's scale,
+    the ragged last one included)."""
+    x, qw = _quantized("int4-wo", 9, 200)  # 4 groups: 64, 64, 64, 8
+    base = _gemv(x.to(DEVICE), qw).cpu()
+    for group in range(4):
+        scales = qw.scales.clone()
+        scales[2, group] *= 3
+        changed = qg.gemv_int4(x.to(DEVICE), qw.q, scales).cpu()
+        diff = (changed - base).abs().flatten() > 1e-6
+        assert diff.tolist() == [i == 2 for i in range(9)], group
+        assert rel_err(changed, qg._reference_int4(x, qw.q.cpu(), scales.cpu())) < 1e-6
+
+
+def test_refuses_mismatched_shapes_and_codes() -> None:
+    x, qw = _quantized("int8-wo", 16, 64)
+    with pytest.raises(ValueError, match="one row"):
+        qg.gemv_channel(torch.randn(2, 64, device=DEVICE), qw.q, qw.scales)
+    with pytest.raises(ValueError, match="does not match"):
+        qg.gemv_channel(torch.randn(1, 63, device=DEVICE), qw.q, qw.scales)
+    with pytest.raises(ValueError, match="scales"):
+        qg.gemv_channel(x.to(DEVICE), qw.q, qw.scales[:-1])
+    with pytest.raises(ValueError, match="int8 or float8"):
+        qg.gemv_channel(x.to(DEVICE), qw.q.view(torch.uint8), qw.scales)
+    _, q4 = _quantized("int4-wo", 16, 64)
+    with pytest.raises(ValueError, match="packed int4"):
+        qg.gemv_int4(torch.randn(1, 66, device=DEVICE), q4.q, q4.scales)
+    with pytest.raises(ValueError, match="int4 scales"):
+        qg.gemv_int4(x.to(DEVICE), q4.q, q4.scales[:, :0])
+
+
+@pytest.mark.parametrize("scheme", ["int8-wo", "int4-wo"])
+def test_the_ops_dequantize_for_several_rows_and_compile_without_a_graph_break(scheme: str) -> None:
+    x, qw = _quantized(scheme, 24, 130)
+    op = qg.int4_linear if scheme == "int4-wo" else qg.channel_linear
+    rows = torch.randn(3, 1, 130).to(DEVICE)
+    want = torch.nn.functional.linear(rows, quant.dequantize(qw, torch.float32))
+    assert rel_err(op(rows, qw.q, qw.scales), want.double()) < 1e-6
+    compiled = torch.compile(lambda a, q, s: op(a, q, s) * 2, fullgraph=True, backend="eager")
+    x = x.to(DEVICE)
+    assert rel_err(compiled(x, qw.q, qw.scales), 2 * _reference(x, qw)) < 1e-6
+
+
+def test_the_quantized_kernels_compile_for_sm90_offline(tmp_path) -> None:
+    """Every tile of the quantized GEMVs (int8, fp8, int4) compiles for sm_90 with Triton's own ptxas
+    (benchmarks/triton_aot_check.py --kernels quant), in a process without TRITON_INTERPRET, cache empty."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    env["PYTHONPATH"] = str(repo)
+    done = subprocess.run([sys.executable, "benchmarks/triton_aot_check.py", "--arch", "90", "--kernels", "quant"],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line for line in done.stdout.splitlines()[1:] if line.strip()]
+    want = 2 * len(qg.AOT_TILES_CHANNEL) + len(qg.AOT_TILES_INT4)
+    assert len(rows) == want and all(line.endswith("ok") for line in rows), done.stdout

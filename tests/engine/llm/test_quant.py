@@ -1,0 +1,239 @@
+"""Weight-only quantization (engine/llm/quant.py): pack/unpack and dequantize round trips, the cache, the model
+swap, the accuracy gate (and that it fails on an injected wrong scale), the quantized LLM modes on the tiny decoder
+(plain and Triton, interpreted on CPU), and the bytes a quantized decode step moves."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton and the kernels load (the triton-* modes)
+
+from engine.checks import ToleranceError  # noqa: E402
+from engine.llm import metrics, modes, quant  # noqa: E402
+from engine.llm.generate import Decoder, generate, step_fn  # noqa: E402
+from engine.workloads.llama import LlamaConfig, build_model, preset  # noqa: E402
+
+SCHEMES = list(quant.SCHEMES)
+
+
+@pytest.fixture(autouse=True)
+def _own_build_dir(tmp_path, monkeypatch) -> Iterator[None]:
+    """The on-disk quantization cache (under build_root()) in this test's folder, the in-process one empty."""
+    monkeypatch.setenv("MODELAB_BUILD_DIR", str(tmp_path / "build"))
+    quant.clear_memory_cache()
+    yield
+    quant.clear_memory_cache()
+
+
+def _weight(n: int = 12, k: int = 133, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+
+
+def test_int4_pack_unpack_round_trip_odd_k() -> None:
+    codes = torch.randint(0, 16, (5, 131), generator=torch.Generator().manual_seed(1)).to(torch.uint8)
+    packed = quant.pack_int4(codes)
+    assert packed.shape == (5, 66) and packed.dtype == torch.uint8
+    assert torch.equal(quant.unpack_int4(packed, 131), codes)
+    assert int(packed[0, 0]) == int(codes[0, 0]) | (int(codes[0, 1]) << 4)  # low nibble: even k
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_dequantize_is_within_half_a_step(scheme: str, dtype: torch.dtype) -> None:
+    w = _weight().to(dtype)
+    qw = quant.quantize(w, scheme)
+    assert qw.shape == (12, 133) and qw.scales.dtype == torch.bfloat16
+    back = quant.dequantize(qw, torch.float32)
+    err = (back - w.float()).abs()
+    if scheme == "int4-wo":
+        assert qw.q.shape == (12, 67) and qw.scales.shape == (12, 3)  # 133 = 64 + 64 + 5
+        step = qw.scales.float().repeat_interleave(64, dim=1)[:, :133]
+        assert bool((err <= step / 2 + 1e-6).all())
+        assert int(quant.unpack_int4(qw.q, 133).min()) >= 1  # symmetric: code 0 (−8) never produced
+    elif scheme == "int8-wo":
+        assert qw.q.dtype == torch.int8 and int(qw.q.abs().max()) == 127
+        assert bool((err <= qw.scales.float()[:, None] / 2 + 1e-6).all())
+    else:
+        assert qw.q.dtype == torch.float8_e4m3fn
+        assert float((err / w.float().abs().clamp_min(1e-3)).median()) < 2 ** -4  # 3 mantissa bits
+        # fp8 codes pack and unpack exactly through their bytes
+        assert torch.equal(qw.q.view(torch.uint8).view(torch.float8_e4m3fn).float(), qw.q.float())
+    assert quant.dequantize(qw, torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_the_cache_keys_on_weights_and_scheme_and_keeps_a_disk_copy(tmp_path) -> None:
+    w = _weight(seed=5)
+    first, src = quant.quantize_cached(w, "int8-wo")
+    assert src == "quantized" and list((tmp_path / "build" / "quant").glob("*.pt"))
+    again, src = quant.quantize_cached(w, "int8-wo")
+    assert src == "memory" and torch.equal(again.q, first.q) and again.q.data_ptr() != first.q.data_ptr()
+    assert quant.quantize_cached(w, "int4-wo")[1] == "quantized"  # another scheme, another key
+    assert quant.quantize_cached(w + 1e-3, "int8-wo")[1] == "quantized"  # other weights, another key
+    quant.clear_memory_cache()
+    loaded, src = quant.quantize_cached(w, "int8-wo")
+    assert src == "disk" and torch.equal(loaded.q, first.q) and torch.equal(loaded.scales, first.scales)
+
+
+def _tiny(seed: int = 0, dtype: torch.dtype = torch.float32, steps: int = 24):
+    cfg = preset("tiny")
+    model = build_model(cfg, "cpu", dtype, seed)
+    model.setup_cache(1, 16 + steps + 1)
+    prompt = torch.randint(0, cfg.vocab, (1, 16), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        ref = generate(step_fn(model), Decoder(step_fn(model)), prompt, steps)
+    return model, prompt, ref
+
+
+def test_quantize_model_swaps_the_layer_linears_and_keeps_embedding_and_lm_head() -> None:
+    model, _, _ = _tiny()
+    head, embed = model.lm_head.weight.clone(), model.embed_tokens.weight.clone()
+    report = quant.quantize_model(model, "int4-wo", disk_cache=False)
+    assert report.layers == 7 * model.cfg.layers and report.seconds >= 0
+    assert report.bytes_after < report.bytes_before / 3
+    assert not any(type(m) is torch.nn.Linear for m in model.layers.modules())
+    assert type(model.lm_head) is torch.nn.Linear and torch.equal(model.lm_head.weight, head)
+    assert torch.equal(model.embed_tokens.weight, embed)
+    assert "int4-wo" in report.note()
+
+
+def test_the_gate_passes_int8_and_fails_on_an_injected_wrong_scale() -> None:
+    model, prompt, ref = _tiny(seed=1)
+    quant.quantize_model(model, "int8-wo", disk_cache=False)
+    passed = quant.gate_model(model, prompt, ref.tokens, ref.logits, "int8-wo")
+    assert passed.passed and passed.top1 >= 0.85 and passed.positions == 25
+    with torch.no_grad():
+        model.layers[0].mlp.down_proj.scales.mul_(4)  # one layer's scales wrong by 4×
+    with pytest.raises(ToleranceError, match=r"top-1 agreement 0\.\d+ .*mean KL 0\.01\d+"):
+        quant.gate_model(model, prompt, ref.tokens, ref.logits, "int8-wo")
+    for scheme in SCHEMES:  # past every scheme's gate (its KL, at least)
+        with pytest.raises(ToleranceError):
+            quant.gate_model(model, prompt, ref.tokens, ref.logits, scheme)
+
+
+def test_the_gate_takes_a_batch_through_the_models_own_cache() -> None:
+    cfg = preset("tiny")
+    model = build_model(cfg, "cpu", torch.float32, 4)
+    model.setup_cache(2, 24)
+    prompt = torch.randint(0, cfg.vocab, (2, 8), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref = generate(step_fn(model), Decoder(step_fn(model)), prompt, 4)
+        quant.quantize_model(model, "fp8-wo")
+        gate = quant.gate_model(model, prompt, ref.tokens, ref.logits, "fp8-wo")
+    assert gate.passed and gate.positions == 2 * 5
+
+
+def test_gate_metrics_on_known_logits() -> None:
+    ref = [torch.tensor([[2.0, 0.0, 0.0]]), torch.tensor([[0.0, 1.0, 0.0]])]
+    assert quant.gate_metrics(ref, ref) == (1.0, 0.0, 2)
+    top1, kl, n = quant.gate_metrics(ref, [ref[0], torch.tensor([[1.0, 0.0, 0.0]])])
+    p = torch.tensor([0.0, 1.0, 0.0]).double().softmax(-1)
+    q = torch.tensor([1.0, 0.0, 0.0]).double().softmax(-1)
+    assert top1 == 0.5 and n == 2 and kl == pytest.approx(float((p * (p / q).log()).sum()) / 2)
+
+
+@pytest.mark.parametrize("name", [f"{impl}{s}" for impl in ("", "triton-") for s in SCHEMES])
+def test_each_quantized_mode_decodes_the_tiny_model_within_its_gate(name: str) -> None:
+    mode = modes.get_mode(name)
+    if mode.quant_impl == "triton":
+        from engine.kernels.triton._common import is_interpreted
+        from engine.kernels.triton.quant_gemv import _wo_channel_kernel
+
+        if not torch.cuda.is_available() and not is_interpreted(_wo_channel_kernel):
+            pytest.skip("the quantized Triton kernels were imported before TRITON_INTERPRET=1 was set")
+    steps = 4 if mode.quant_impl == "triton" else 8  # the interpreter runs every program of every GEMV in Python
+    model, prompt, ref = _tiny(seed=2, steps=steps)
+    with torch.no_grad():
+        prepared = modes.prepare(mode, model, "cpu")
+        assert any(mode.quant in n for n in prepared.notes)
+        assert all(isinstance(m, quant.QuantLinear) and m.impl == mode.quant_impl
+                   for m in model.layers.modules() if isinstance(m, (torch.nn.Linear, quant.QuantLinear)))
+        got = generate(prepared.prefill, prepared.decoder, prompt, 1)  # the mode's own prefill and decoder run
+        assert got.tokens.shape == (1, 2) and torch.isfinite(got.logits[-1]).all()
+        # the gate: teacher-forced on the reference's tokens (a free-running greedy run would compare different
+        # contexts after its first flip)
+        gate = quant.gate_model(model, prompt, ref.tokens, ref.logits, mode.quant, name)
+    assert gate.passed and gate.positions == steps + 1
+    if mode.quant_impl == "triton":  # the kernels compute what the plain dequantization computes
+        plain = [torch.nn.functional.linear(torch.ones(1, m.in_features), quant.dequantize(m.weight_()))
+                 for m in model.layers.modules() if isinstance(m, quant.QuantLinear)][:2]
+        fused = [m(torch.ones(1, m.in_features)) for m in model.layers.modules()
+                 if isinstance(m, quant.QuantLinear)][:2]
+        for a, b in zip(fused, plain):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["int4-wo", "triton-int4-wo"])
+def test_a_quantized_step_compiles_without_a_graph_break(name: str) -> None:
+    """What the CUDA modes compile (dynamo fullgraph; aot_eager here): the plain dequantization and the custom ops."""
+    mode = modes.get_mode(name)
+    if mode.quant_impl == "triton" and not torch.cuda.is_available():
+        from engine.kernels.triton._common import is_interpreted
+        from engine.kernels.triton.quant_gemv import _wo_int4_kernel
+
+        if not is_interpreted(_wo_int4_kernel):
+            pytest.skip("the quantized Triton kernels were imported before TRITON_INTERPRET=1 was set")
+    model, prompt, _ = _tiny(seed=3, steps=2)
+    with torch.no_grad():
+        modes.prepare(mode, model, "cpu")
+        eager = generate(step_fn(model), Decoder(step_fn(model)), prompt, 2)
+        compiled = torch.compile(step_fn(model), fullgraph=True, backend="aot_eager")
+        got = generate(compiled, Decoder(compiled), prompt, 2)
+    assert torch.equal(got.tokens, eager.tokens)
+    assert max(float((a - b).abs().max()) for a, b in zip(got.logits, eager.logits)) < 1e-5
+
+
+def test_quantized_modes_declared_with_reasons() -> None:
+    for name in ("int8-wo", "fp8-wo", "int4-wo", "triton-int8-wo", "triton-fp8-wo", "triton-int4-wo"):
+        assert modes.MODES[name].quant
+    assert modes.availability(modes.MODES["int8-wo"], "cpu", torch.float32) is None
+    eager = modes.on_device(modes.MODES["int4-wo"], "cpu")
+    assert (eager.prefill, eager.decode) == ("eager", "eager")
+    assert modes.on_device(modes.MODES["int4-wo"], "cuda").decode == "cudagraph"
+    if not torch.cuda.is_available():
+        assert "no CUDA device" in modes.availability(modes.MODES["fp8-wo"], "cuda", torch.bfloat16)
+
+
+def test_decode_bytes_per_token_against_a_hand_count() -> None:
+    cfg = LlamaConfig(vocab=100, dim=128, layers=2, heads=4, kv_heads=2, ffn=200)  # head_dim 32
+    # per layer: q 128×128, k and v 64×128, o 128×128, gate and up 200×128, down 128×200
+    weights_per_layer = 128 * 128 + 2 * 64 * 128 + 128 * 128 + 2 * 200 * 128 + 128 * 200
+    rows_per_layer = 128 + 2 * 64 + 128 + 2 * 200 + 128  # output channels
+    rest = (2 * 2 + 1) * 128 * 2 + 100 * 128 * 2 + 3 * 128 * 2  # norms, LM head (bf16), B = 3 embedding rows
+    kv = 2 * 2 * 3 * 2 * 32 * 10 * 2  # layers · (K, V) · B · kv_heads · head_dim · context · 2 bytes
+    int8 = 2 * (weights_per_layer + 2 * rows_per_layer)
+    assert quant.decode_bytes_per_token(cfg, "int8-wo", 10, batch=3) == int8 + rest + kv
+    assert quant.decode_bytes_per_token(cfg, "fp8-wo", 10, batch=3) == int8 + rest + kv
+    # int4: half a byte per weight, one bf16 scale per 64 weights of a row (K = 128 → 2 groups, K = 200 → 4)
+    groups = 128 * 2 + 2 * 64 * 2 + 128 * 2 + 2 * 200 * 2 + 128 * 4
+    assert quant.decode_bytes_per_token(cfg, "int4-wo", 10, batch=3) == 2 * (weights_per_layer // 2 + 2 * groups) \
+        + rest + kv
+    assert quant.decode_bytes_per_token(cfg, None, 10, batch=3) == metrics.decode_bytes(cfg, 3, 10, 2)
+    want = metrics.decode_counts(cfg, 3, 9, 2, 2)
+    got = quant.decode_counts(cfg, None, 3, 9, 2)
+    assert (got.flops, got.bytes) == (want.flops, want.bytes)
+    assert quant.decode_counts(cfg, "int4-wo", 3, 9, 2).bytes < quant.decode_counts(cfg, "int8-wo", 3, 9, 2).bytes
+
+
+@pytest.mark.parametrize("scheme", ["int8-wo", "int4-wo"])
+def test_a_quantized_llm_run_passes_its_gate_and_counts_the_bytes_it_moves(scheme: str) -> None:
+    """The whole LLM run (engine.llm.run) of a quantized mode on CPU: gated by top-1 and KL, not the logits
+    tolerance; its decode bytes are the packed weights' (fewer than the unquantized step's)."""
+    from engine.llm.config import LLMConfig
+    from engine.llm.run import llm_run
+
+    cfg = LLMConfig(preset="tiny", prompt_len=8, new_tokens=4, mode=scheme, prefill_iters=2, decode_passes=1,
+                    profile=False, ceilings="none")
+    result = llm_run(cfg)
+    got = {(m.name, m.phase): m.value for m in result.metrics}
+    assert got[("quant_top1_agreement", None)] >= quant.GATES[scheme].min_top1
+    assert got[("quant_mean_kl_nats", None)] <= quant.GATES[scheme].max_kl
+    assert any(n.startswith("accuracy gate: ") for n in result.notes)
+    plain = llm_run(dataclasses.replace(cfg, mode="eager"))
+    plain_bytes = {(m.name, m.phase): m.value for m in plain.metrics}[("bytes", "decode")]
+    assert got[("bytes", "decode")] < plain_bytes
