@@ -13,11 +13,16 @@ LEVELS: dict[str, Level] = {level.key: level for level in LEVEL_LIST}
 REFERENCE_LEVEL = "L1-naive"
 
 
-def get_component(name: str) -> Component:
-    try:
+def get_component(name: str, path: str | None = None) -> Component:
+    """A built-in component by name, or a user's `pkg.mod:spec` imported from the folder `path`
+    (engine.levels.yours.load_component; a ValueError with one line when it cannot be used)."""
+    if name in COMPONENTS:
         return COMPONENTS[name]
-    except KeyError:
-        raise ValueError(f"unknown component {name!r}; known: {', '.join(COMPONENTS)}") from None
+    from engine.levels import yours
+
+    if yours.is_component_path(name):
+        return yours.load_component(name, path)
+    raise ValueError(f"unknown component {name!r}; known: {', '.join(COMPONENTS)} (or your own, module.path:spec)")
 
 
 def get_level(key: str) -> Level:

@@ -32,7 +32,8 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p = sub.add_parser("levels", help="kernel levels: a component written five ways (native → CUDA), each checked "
                        "against the naive module and timed")
     p.add_argument("--component", default="all", help="causal_attention, vit_patch_attention, gnn_message_passing "
-                   "or all (default: all)")
+                   "or all (default: all); or your own, PKG.MOD:SPEC (a Component with its reference module, shapes, "
+                   "FLOP and byte formulas, from --impl-path): L1-naive, L2 and L3 run on its reference")
     p.add_argument("--level", default="all", help="'all' or a comma list: L1-naive,L1-native,L2-torchscript,"
                    "L3-compile,L4-triton,L5-cuda (or 1–5)")
     p.add_argument("--shape", default=None, help="a shape name or a comma list (default: every shape meant for "
@@ -45,28 +46,59 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.add_argument("--impl", action="append", default=[], metavar="PKG.MOD:FN", help="your own kernel: a callable "
                    "with the component's reference signature, run as level yours:PKG.MOD:FN beside the others and "
                    "judged by the guards (repeat to compare several)")
-    p.add_argument("--impl-path", default=None, metavar="DIR", help="the folder that holds --impl's module (default: "
-                   "the current directory)")
+    p.add_argument("--impl-path", default=None, metavar="DIR", help="the folder that holds --impl's module and a "
+                   "PKG.MOD:SPEC --component's (default: the current directory)")
     p.add_argument("--list", action="store_true", help="list components, shapes and levels, then exit")
     common(p)
     add_group_args(p)
     p.set_defaults(func=cmd_levels)
 
 
+def _user_path(args: argparse.Namespace) -> str:
+    """The folder of --impl's and a user component's modules, absolute (default: the current directory)."""
+    import os
+    from pathlib import Path
+
+    return str(Path(args.impl_path or os.getcwd()).expanduser().resolve())
+
+
+def _user_component(name: str, args: argparse.Namespace):
+    """A `pkg.mod:spec` component checked in a separate process (never imported here): a stand-in with its name
+    (the import path, which workers resolve), shapes and which optional levels it provides; CliError if it is bad."""
+    from types import SimpleNamespace
+
+    from engine.levels import yours
+
+    report = yours.check_component_in_subprocess(name, _user_path(args), args.device)
+    if not report.ok:
+        raise CliError(report.error)
+    return SimpleNamespace(name=name, shapes=report.shape_objects(), native=report.native, kernels=report.kernels)
+
+
 def _plan(args: argparse.Namespace) -> tuple[list[tuple[str, str, str]], list[str]]:
-    from engine.levels import COMPONENTS, get_component, resolve_levels
+    from engine.levels import COMPONENTS, get_component, resolve_levels, yours
 
     names = list(COMPONENTS) if args.component == "all" else [c.strip() for c in args.component.split(",")]
     try:
-        components = [get_component(n) for n in names if n]
         levels, skipped = resolve_levels(args.level, args.device)
+        components = [get_component(n) for n in names if n and not yours.is_component_path(n)]
     except ValueError as exc:
         raise CliError(str(exc)) from exc
+    components += [_user_component(n, args) for n in names if n and yours.is_component_path(n)]
     notes = [f"skipping {k}: {reason}" for k, reason in skipped.items()]
     if skipped and args.level.strip() != "all" and not levels:
         raise CliError("; ".join(f"level {k} is not available on {args.device}: {r}" for k, r in skipped.items()))
     plan = []
     for component in components:
+        component_levels = levels
+        if yours.is_component_path(component.name):  # L1-native, L4, L5 only where the component provides them
+            missing = {lv.key: yours.missing_level(component.name, lv.key, component.native, component.kernels)
+                       for lv in levels}
+            missing = {k: r for k, r in missing.items() if r}
+            notes += [f"skipping {k}: {r}" for k, r in missing.items()]
+            component_levels = [lv for lv in levels if lv.key not in missing]
+            if not component_levels:
+                raise CliError("; ".join(f"level {k} is not available: {r}" for k, r in missing.items()))
         if args.shape:
             shapes = []
             for s in (s.strip() for s in args.shape.split(",") if s.strip()):
@@ -82,7 +114,7 @@ def _plan(args: argparse.Namespace) -> tuple[list[tuple[str, str, str]], list[st
         else:
             shapes = [n for n, s in component.shapes.items() if s.runs_on(args.device)
                       and (args.device == "cpu" or "cpu" not in s.devices)]
-        plan += [(component.name, s, level.key) for s in shapes for level in levels]
+        plan += [(component.name, s, level.key) for s in shapes for level in component_levels]
     if not plan:
         raise CliError("nothing to run: no shape of the chosen components is meant for this device")
     return plan, notes
@@ -103,9 +135,12 @@ def cmd_levels(args: argparse.Namespace) -> int:
         print(note, file=sys.stderr)
     store = _store(args)
     lanes = spread(devices, len(plan))
+    from engine.levels.yours import is_component_path
+
     specs = [JobSpec("levels", component, level, device,
                      {"component": component, "shape": shape, "level": level, "device": device,
-                      "iters": args.iters, "warmup": args.warmup, **({"impl_path": impl_path} if impl_path else {})},
+                      "iters": args.iters, "warmup": args.warmup, **({"impl_path": impl_path} if impl_path else {}),
+                      **({"component_path": _user_path(args)} if is_component_path(component) else {})},
                      timeout_s=args.timeout)
              for (component, shape, level), device in zip(plan, lanes)]
     ids = create_runs(store, specs, group_id=uuid.uuid4().hex[:12])
@@ -139,16 +174,14 @@ def _add_impls(args: argparse.Namespace, plan: list[tuple[str, str, str]]) -> st
     of the plan; a bad one is a CliError (one line, exit 2) before anything is queued. Returns the impl folder."""
     if not args.impl:
         return None
-    import os
-    from pathlib import Path
-
     from engine.levels import yours
 
-    path = str(Path(args.impl_path or os.getcwd()).resolve())
+    path = _user_path(args)
     pairs = list(dict.fromkeys((c, s) for c, s, _ in plan))
     for impl in dict.fromkeys(i.strip() for i in args.impl):
         for component, shape in pairs:
-            report = yours.check_in_subprocess(component, shape, impl, path, args.device)
+            report = yours.check_in_subprocess(component, shape, impl, path, args.device,
+                                               component_path=path if yours.is_component_path(component) else None)
             if not report.ok:
                 raise CliError(report.error)
         plan += [(c, s, yours.level_key(impl)) for c, s in pairs]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ class LevelsConfig:
     artifacts_dir: str | None = None
     quick_ceilings: bool = False
     impl_path: str | None = None  # the folder of a "yours:pkg.mod:fn" level's module (engine.levels.yours)
+    component_path: str | None = None  # the folder of a user's component "pkg.mod:spec" (engine.levels.yours)
     extra: dict = field(default_factory=dict)
 
 
@@ -170,10 +172,17 @@ def _after_timing(guard: guards.Guard, component: Component, shape: Shape, sets:
 
 def _resolve(cfg: LevelsConfig) -> tuple[Component, Shape, Level]:
     """The component, shape and level of cfg; an error when the shape or the level cannot run on cfg.device."""
-    component = get_component(cfg.component)
+    component = get_component(cfg.component, cfg.component_path)
     shape = component.shape(cfg.shape)
     level = yours.yours_level(cfg.level, cfg.impl_path) if yours.is_yours(cfg.level) else get_level(cfg.level)
     device = cfg.device
+    if yours.is_component_path(cfg.component):  # a user's component: L1-native, L4, L5 only where it provides them
+        if level.key in component.kernels:
+            level = dataclasses.replace(level, build=yours.kernel_build(component.kernels[level.key]))
+        missing = yours.missing_level(cfg.component, level.key, component.make_native is not None,
+                                      list(component.kernels))
+        if missing:
+            raise RuntimeError(f"level {level.key} is not available for {cfg.component}: {missing}")
     if not shape.runs_on(device):
         raise ValueError(f"shape {shape.name} of {component.name} is meant for {', '.join(shape.devices)}, not "
                          f"{device}")

@@ -59,6 +59,10 @@ class Component:
     # bandwidth work (its roofline compares against copy bandwidth).
     bound: str = "compute"
     stages: dict[str, str] = field(default_factory=dict)  # sub-steps timed on their own, name -> description
+    # A user's component (engine.levels.yours): per-dtype tolerances overriding REL_L2_TOL, and hand-written kernels
+    # for L4-triton / L5-cuda, level key -> (shape, naive module, device) -> a callable with the reference signature.
+    tolerances: dict[str, float] = field(default_factory=dict)
+    kernels: dict[str, Callable[[Shape, nn.Module, str], Callable[..., Any]]] = field(default_factory=dict)
 
     def shape(self, name: str) -> Shape:
         try:
@@ -67,7 +71,7 @@ class Component:
             raise ValueError(f"unknown shape {name!r} for {self.name}; known: {', '.join(self.shapes)}") from None
 
     def tolerance(self, shape: Shape) -> float:
-        return REL_L2_TOL[shape.dtype]
+        return self.tolerances.get(shape.dtype, REL_L2_TOL[shape.dtype])
 
 
 def seeded(seed: int, device: str) -> torch.Generator:

@@ -181,3 +181,39 @@ def test_charts_add_the_in_graph_time_where_a_run_has_one(lab: Store) -> None:
     hollow = {t.name: t.y[0] for t in roof.data if t.name and t.name.endswith("in a CUDA graph")}
     assert list(hollow) == ["L4-triton in a CUDA graph"]
     assert hollow["L4-triton in a CUDA graph"] == pytest.approx(per_call["L4-triton"] * 270.0 / 60.0)
+
+
+def test_your_kernel_field_checks_it_and_your_kernels_show_their_guard_verdicts(lab: Store) -> None:
+    """A stored yours: run appears under "Your kernels" with its figures and verdicts; the "Your kernel" field checks
+    the kernel in a separate process: a bad one gets its one-line reason, a good one a Run button."""
+    kernels = str(Path(__file__).resolve().parents[1] / "engine" / "levels" / "user_kernels")
+    add_level_run(lab, "L1-naive", 400.0, device="cpu", shape="small")
+    key = "yours:user_attention:attention"
+    run_id = lab.create_run("levels", "causal_attention", key, "cpu",
+                            {"component": "causal_attention", "shape": "small", "level": key, "device": "cpu"})
+    lab.start_run(run_id)
+    verdicts = ["guard threads: PASS — no host thread started by a call",
+                "guard roofline: FLAG — the median beats the floor of the measured ceilings"]
+    lab.record_result(run_id, RunResult(env=ENV, notes=["your kernel user_attention:attention", *verdicts], metrics=[
+        Metric("median", 200.0, "us", "forward"), Metric("p10", 190.0, "us", "forward"),
+        Metric("p90", 220.0, "us", "forward"), Metric("rel_l2_err", 1e-7, "", "forward"),
+        Metric("tolerance", 2e-3, "", "forward"), Metric("interpreted", 0.0, "", "forward"),
+        Metric("flops_per_s", 1e9, "FLOP/s", "forward"), Metric("bytes_per_s", 1e8, "B/s", "forward"),
+        Metric("guard_threads", 1.0, "", "forward"), Metric("guard_roofline", 0.0, "", "forward")],
+        samples=[Samples("forward", [200.0] * 5)]))
+    at = open_levels()
+    at.run()
+    assert not at.exception
+    assert any(s.value == "Your kernels" for s in at.subheader)
+    text = "\n".join(m.value for m in at.markdown)
+    assert "**yours:user_attention:attention** — median 200.0 µs · 2.00× L1-naive" in text and f"run #{run_id}" in text
+    captions = "\n".join(c.value for c in at.caption)
+    assert all(v in captions for v in verdicts)  # every guard's verdict, and only those notes
+    assert "your kernel user_attention:attention" not in captions
+    at.sidebar.text_input(key="impl-path").set_value(kernels)
+    at.sidebar.text_input(key="impl").set_value("user_cheats:wrong_signature").run()
+    assert not at.exception
+    assert any("user_cheats:wrong_signature has the signature" in e.value for e in at.error)
+    assert not [b for b in at.button if b.key == "run-yours"]
+    at.sidebar.text_input(key="impl").set_value("user_attention:attention").run()
+    assert at.button(key="run-yours").label == "Run your kernel user_attention:attention"

@@ -28,7 +28,20 @@ def _run(impl: str, db: str | None = None):
                                   warmup=1, impl_path=KERNELS, db=db, quick_ceilings=True))
 
 
+def _store_ceilings(store: Store, matmul_fp32: float) -> None:
+    """A ceilings run for this CPU with a chosen matmul rate: the roofline guard's floor, fixed, not measured under
+    whatever load the machine has."""
+    from engine.envinfo import capture_env
+    from engine.store import Metric, RunResult
+
+    run_id = store.create_run("ceilings", "ceilings", "measure", "cpu", {"device": "cpu"})
+    store.start_run(run_id)
+    store.record_result(run_id, RunResult(env=capture_env("cpu"), metrics=[
+        Metric("copy_bw", 1e15, "B/s"), Metric("matmul_fp32", matmul_fp32, "FLOP/s"), Metric("launch_us", 1e-3, "us")]))
+
+
 def test_an_honest_kernel_passes_every_guard_with_metrics_and_a_roofline_point(store: Store) -> None:
+    _store_ceilings(store, matmul_fp32=1e18)  # a floor no CPU kernel comes near
     result = _run("user_attention:attention", db=str(store.path))
     figures = {m.name: m.value for m in result.metrics if m.phase in ("forward", None)}
     assert figures["rel_l2_err"] <= figures["tolerance"] and figures["median"] > 0
@@ -39,6 +52,13 @@ def test_an_honest_kernel_passes_every_guard_with_metrics_and_a_roofline_point(s
     assert [k for k, v in guards.items() if v != 1.0] == [], result.notes
     assert "guard l2_flush: SKIPPED — CPU run: no L2 flush between timed calls (CUDA only)" in result.notes
     assert "guard other_stream: SKIPPED — CPU run: side-stream work is a CUDA-only concern" in result.notes
+
+
+def test_a_kernel_faster_than_the_floor_is_flagged_impossible(store: Store) -> None:
+    _store_ceilings(store, matmul_fp32=1e3)  # 1 kFLOP/s: every real kernel beats this floor
+    result = _run("user_attention:attention", db=str(store.path))
+    assert {m.name: m.value for m in result.metrics}["guard_roofline"] != 1.0
+    assert any(n.startswith("guard roofline: FLAG — impossible: median ") for n in result.notes), result.notes
 
 
 CHEATS = {
