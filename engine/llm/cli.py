@@ -94,16 +94,30 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.set_defaults(func=cmd_llm_report)
 
 
-def _resolve_modes(text: str, device: str, dtype: torch.dtype) -> list[str]:
-    from engine.llm.modes import MODES, availability
+def _resolve_modes(text: str, device: str, dtype: torch.dtype, hf_folder: str | None = None) -> list[str]:
+    from engine.llm.modes import MODES, availability, route_unavailable
 
+    route, label = "native", ""
+    if hf_folder:  # the checkpoint's route decides which modes apply (a bad folder is one line here)
+        from engine.llm import hf
+
+        try:
+            ckpt = hf.checkpoint_of(hf_folder, None)
+        except ValueError as exc:
+            raise CliError(str(exc)) from exc
+        assert ckpt is not None
+        route, label = ckpt.route, ckpt.label()
     names = [m.strip() for m in text.split(",") if m.strip()]
     if names == ["all"]:
-        return [n for n, m in MODES.items() if availability(m, device, dtype) is None]
+        return [n for n, m in MODES.items() if availability(m, device, dtype) is None
+                and route_unavailable(n, route, device) is None]
     unknown = [n for n in names if n not in MODES]
     if unknown or not names:
         raise CliError(f"unknown LLM mode(s) {', '.join(unknown) or '(none)'}; modes: {', '.join(MODES)} or all")
     for name in names:
+        reason = route_unavailable(name, route, device)
+        if reason:
+            raise CliError(f"mode {name} is not available for {label}: {reason}")
         reason = availability(MODES[name], device, dtype)
         if reason:
             raise CliError(f"mode {name} is not available on {device}: {reason}")
@@ -125,7 +139,7 @@ def cmd_llm(args: argparse.Namespace) -> int:
     if args.list:
         _print_modes(args.device, dtype)
         return 0
-    modes = _resolve_modes(args.mode, args.device, dtype)
+    modes = _resolve_modes(args.mode, args.device, dtype, args.hf)
     if args.tp > 1 and modes != ["eager"]:
         raise CliError(f"--tp runs eager only, not {', '.join(modes)} (use --mode eager)")
     specs, labels = _job_specs(args, base, modes)

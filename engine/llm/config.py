@@ -63,6 +63,12 @@ class LLMConfig:
         return DTYPES[name]
 
     @property
+    def route(self) -> str:
+        """native (the lab's decoder: presets and Llama/Mistral/Qwen checkpoints) or transformers (another causal
+        LM, run as transformers' own module: engine.llm.hf_route)."""
+        return str((self.checkpoint or {}).get("route") or "native")
+
+    @property
     def max_seq(self) -> int:
         """Cache length: P + N rounded up to 16 (aligned rows for the attention kernels' masks)."""
         return 16 * math.ceil((self.prompt_len + self.new_tokens) / 16)
@@ -112,6 +118,17 @@ class LLMConfig:
             raise ValueError("tensor parallelism is for presets only, not checkpoints (--hf, --hf-config)")
         ckpt = hf.checkpoint_of(self.hf, self.hf_config)
         assert ckpt is not None
+        self.checkpoint = ckpt.identity()
+        self.model = hf.model_dict(ckpt.model)
+        if not ckpt.native:  # transformers' module: its own attention (sliding windows included)
+            from engine.llm.modes import route_unavailable
+
+            reason = route_unavailable(self.mode, ckpt.route, self.device)
+            if reason:
+                raise ValueError(f"mode {self.mode} is not available for {ckpt.label()}: {reason}")
+            if self.prompts:
+                raise ValueError(f"{ckpt.label()}: --prompts is not built for the transformers route yet")
+            return
         window = ckpt.config.get("sliding_window")
         if window and (ckpt.config.get("use_sliding_window", True)) and int(window) < self.max_seq:
             raise hf.CheckpointError(f"{ckpt.label()}: sliding-window attention ({window} positions) is shorter than "

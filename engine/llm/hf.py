@@ -11,8 +11,12 @@ HF_HUB_OFFLINE=1 and local_files_only=True).
 The native route: Llama (Llama 3.x 'llama3' RoPE scaling included), Mistral, Qwen2/2.5 (q/k/v biases) and Qwen3
 (q/k RMSNorm per head) — SmolLM and TinyLlama are Llama — load into engine.workloads.llama's decoder, so every LLM
 mode applies. `inspect` validates a folder without loading any weight (headers only), so the CLI refuses a bad
-folder before any run is queued, each problem in one line (CheckpointError). Other architectures are refused with
-the reason (the transformers route, running transformers' own module, is not built yet).
+folder before any run is queued, each problem in one line (CheckpointError).
+
+The transformers route (engine.llm.hf_route): any other causal LM transformers knows (its AutoModelForCausalLM
+mapping: GPT-2, Phi-3, Gemma 2/3, …) runs as transformers' own module with its static KV cache, in modes eager,
+compile and (CUDA) compile-cudagraph; `Checkpoint.route` says which route a folder takes. Its `model` is the shape
+the store and the reports keep (width, layers, heads, FFN width, vocabulary), not a decoder the lab builds.
 
 The reference check of an --hf run (`reference_logits`): transformers' own forward of the same checkpoint, float32 on
 the CPU, fed the prompt and the lab's greedy tokens; the lab's logits must match it within the run's tolerance.
@@ -56,6 +60,11 @@ class Checkpoint:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # lab name → shape, from the headers
     weight_dtype: str | None = None  # the safetensors' dtype (the most common one)
     hash: str = ""
+    route: str = "native"  # native: the lab's decoder; transformers: transformers' own module (engine.llm.hf_route)
+
+    @property
+    def native(self) -> bool:
+        return self.route == "native"
 
     @property
     def has_weights(self) -> bool:
@@ -63,13 +72,16 @@ class Checkpoint:
 
     @property
     def parameters(self) -> int:
+        if not self.native:  # the weights' own shapes (a tied head is stored once)
+            return sum(_numel(shape) for shape in self.shapes.values())
         return parameter_count(self.model)
 
     def identity(self) -> dict[str, Any]:
         """What every run of this checkpoint stores: folder, architecture, parameters, dtype, hash."""
         return {"folder": str(self.folder), "architecture": self.architecture, "parameters": self.parameters,
                 "dtype": self.weight_dtype or str(self.config.get("torch_dtype") or self.config.get("dtype") or "—"),
-                "weights": "safetensors" if self.has_weights else "random (seeded; config only)", "hash": self.hash}
+                "weights": "safetensors" if self.has_weights else "random (seeded; config only)", "hash": self.hash,
+                "route": self.route}
 
     def label(self) -> str:
         """A short name for tables and titles: folder name and architecture."""
@@ -88,17 +100,65 @@ def _read_config(path: Path, flag: str) -> dict[str, Any]:
     return config
 
 
-def _architecture(config: dict[str, Any], where: str) -> str:
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def transformers_causal_lm(model_type: str) -> str | None:
+    """transformers' causal-LM class name for a config's model_type (its AutoModelForCausalLM mapping), or None."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:
+        return None
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+
+
+def _architecture(config: dict[str, Any], where: str) -> tuple[str, str]:
+    """The architecture's name and its route: native (the lab's decoder) or transformers (its own module)."""
     archs = config.get("architectures") or []
     arch = archs[0] if archs else None
     if arch is None:  # some configs name only a model_type
         arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                 "qwen3": "Qwen3ForCausalLM"}.get(str(config.get("model_type")))
-    if arch not in NATIVE:
+    if arch in NATIVE:
+        return arch, "native"
+    known = transformers_causal_lm(str(config.get("model_type")))
+    if known is None:
         raise CheckpointError(f"{where}: unknown architecture {arch or config.get('model_type') or '(none named)'}: "
-                              f"the lab loads {', '.join(NATIVE)} (SmolLM and TinyLlama are Llama); the transformers "
-                              "route for other causal LMs is not built yet")
-    return arch
+                              f"the lab loads {', '.join(NATIVE)} natively (SmolLM and TinyLlama are Llama) and other "
+                              "causal LMs of transformers' AutoModelForCausalLM through the transformers route")
+    return arch or known, "transformers"
+
+
+def shape_config(config: dict[str, Any], where: str = "config.json") -> LlamaConfig:
+    """The shape of a transformers-route model as the lab's LlamaConfig (width, layers, heads, k/v heads, head width,
+    FFN width, vocabulary): what the store and the reports keep of it, and the KV cache's size. Its FLOPs and bytes
+    come from the loaded module's parameters (engine.llm.hf_route), not from this."""
+    c = dict(config.get("text_config") or config)
+
+    def first(*keys: str) -> Any:
+        for k in keys:
+            if c.get(k) is not None:
+                return c[k]
+        raise KeyError(keys[0])
+
+    try:
+        dim = int(first("hidden_size", "n_embd", "d_model"))
+        heads = int(first("num_attention_heads", "n_head"))
+        head_dim = int(c.get("head_dim") or dim // heads)
+        ffn = c.get("intermediate_size") or c.get("n_inner") or 4 * dim
+        return LlamaConfig(vocab=int(first("vocab_size")), dim=dim, layers=int(first("num_hidden_layers", "n_layer")),
+                           heads=heads, kv_heads=int(c.get("num_key_value_heads") or heads), ffn=int(ffn),
+                           seq=min(int(c.get("max_position_embeddings") or c.get("n_positions") or 2048), 2048),
+                           head_size=head_dim if head_dim != dim // heads else None,
+                           tie_embeddings=bool(c.get("tie_word_embeddings", True)))
+    except KeyError as exc:
+        raise CheckpointError(f"{where}: config.json lacks {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{where}: config.json has an unreadable shape ({exc})") from None
 
 
 def _rope(config: dict[str, Any]) -> tuple[float, tuple[tuple[str, Any], ...] | None]:
@@ -202,9 +262,12 @@ def inspect(path: str | Path, weights: bool = True) -> Checkpoint:
     folder = config_path.parent
     config_bytes = config_path.read_bytes()
     config = _read_config(config_path, flag)
-    arch = _architecture(config, where)
-    cfg = model_config(config, arch, where)
-    ckpt = Checkpoint(folder=folder.resolve(), config=config, architecture=arch, model=cfg)
+    arch, route = _architecture(config, where)
+    if route == "transformers" and not weights:
+        raise CheckpointError(f"{where}: {arch} runs through the transformers route, which loads a checkpoint's own "
+                              "weights: give --hf FOLDER (--hf-config builds the native architectures only)")
+    cfg = model_config(config, arch, where) if route == "native" else shape_config(config, where)
+    ckpt = Checkpoint(folder=folder.resolve(), config=config, architecture=arch, model=cfg, route=route)
     digest = hashlib.sha256(config_bytes)
     if weights:
         files, index_bytes = _weight_files(folder, where)
@@ -225,7 +288,8 @@ def inspect(path: str | Path, weights: bool = True) -> Checkpoint:
                 ckpt.shapes[lab] = tuple(int(d) for d in info["shape"])
                 dtypes[info["dtype"]] = dtypes.get(info["dtype"], 0) + 1
         ckpt.weight_dtype = max(dtypes, key=dtypes.__getitem__) if dtypes else None
-        _check_shapes(ckpt, where)
+        if ckpt.native:  # the transformers route: transformers' from_pretrained checks its own module's shapes
+            _check_shapes(ckpt, where)
     ckpt.hash = digest.hexdigest()[:16]
     return ckpt
 

@@ -351,3 +351,29 @@ def mode_table(device: str, dtype: torch.dtype) -> list[dict[str, str | None]]:
                                     if availability(m, device, dtype) is None else None)}
             for name, m in MODES.items()]
 
+
+
+# -- the transformers route (engine.llm.hf_route) -------------------------------------------------------------------
+# A checkpoint whose architecture the lab's decoder does not have runs as transformers' own module with its static
+# KV cache: eager, its decode step compiled, and on CUDA that compiled step replayed from CUDA graph trees.
+TRANSFORMERS_ROUTE_MODES = {
+    "eager": "transformers' module eagerly, prefill and decode, through its StaticCache.",
+    "compile": "Prefill eager; the decode step (transformers' forward over its StaticCache, argmax) compiled with "
+               "torch.compile (Inductor, fullgraph, static shapes); no CUDA graphs.",
+    "compile-cudagraph": "Prefill eager; the decode step compiled with mode='reduce-overhead' over the StaticCache "
+                         "(the static-cache + torch.compile path transformers documents: Inductor kernels replayed "
+                         "from CUDA graph trees). CUDA only.",
+}
+NATIVE_ONLY_REASON = ("the lab's fused kernels need the native decoder; this architecture runs as transformers' "
+                      "module")
+
+
+def route_unavailable(name: str, route: str, device: str) -> str | None:
+    """Why mode `name` cannot run a checkpoint of `route` (None: it can, as far as the route goes)."""
+    if route != "transformers":
+        return None
+    if name not in TRANSFORMERS_ROUTE_MODES:
+        return NATIVE_ONLY_REASON
+    if name == "compile-cudagraph" and not device.startswith("cuda"):
+        return "CUDA graphs need a CUDA device (on CPU this would be the plain compile mode again)"
+    return None

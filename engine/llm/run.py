@@ -90,6 +90,10 @@ def llm_run(cfg: LLMConfig, progress: Progress = lambda f, m: None) -> RunResult
         from engine.llm.tp_launch import tp_result
 
         return tp_result(cfg, cfg.tp, progress)
+    if cfg.route == "transformers":  # another causal LM: transformers' own module and static cache
+        from engine.llm.hf_route import route_run
+
+        return route_run(cfg, progress)
     run = _start(cfg, progress, wall0)  # the mode available here? the run's folder, result, ceilings
     with torch.no_grad():
         ref = _reference(run)  # 1-2: build; eager's generation, checked against a recompute; the tolerance
@@ -232,6 +236,7 @@ def _checkpoint_reference(run: _Run, prompt: torch.Tensor, ref: Generation, cali
 
     cfg, result = run.cfg, run.result
     ident = cfg.checkpoint or {}
+    result.notes.append("route: native (the lab's decoder, engine/workloads/llama.py)")
     result.notes.append(f"checkpoint: {ident.get('folder')} · {ident.get('architecture')} · "
                         f"{int(ident.get('parameters') or 0):,} parameters · stored as {ident.get('dtype')} · "
                         f"{ident.get('weights')} · hash {ident.get('hash')} (config.json and the weights' index or "

@@ -137,9 +137,10 @@ def _bad(checkpoints: dict[str, Path], tmp_path: Path, case: str) -> Path:
         config = json.loads((folder / "config.json").read_text())
         config["intermediate_size"] = 128
         (folder / "config.json").write_text(json.dumps(config))
-    elif case == "architecture":
-        shutil.rmtree(folder)
-        shutil.copytree(checkpoints["gpt2"], folder)
+    elif case == "architecture":  # GPT-2 takes the transformers route (test_hf_route.py); this one nobody knows
+        config = json.loads((folder / "config.json").read_text())
+        config.update(architectures=["FooForCausalLM"], model_type="foo")
+        (folder / "config.json").write_text(json.dumps(config))
     return folder
 
 
@@ -149,9 +150,9 @@ BAD = {
     "no-weights": ": no weights (*.safetensors) in the folder",
     "truncated": ": model.safetensors is truncated (",
     "shapes": ": layers.0.mlp.gate_proj.weight has shape [112, 64] in the weights, config.json says [128, 64]",
-    "architecture": ": unknown architecture GPT2LMHeadModel: the lab loads LlamaForCausalLM, MistralForCausalLM, "
-                    "Qwen2ForCausalLM, Qwen3ForCausalLM (SmolLM and TinyLlama are Llama); the transformers route "
-                    "for other causal LMs is not built yet",
+    "architecture": ": unknown architecture FooForCausalLM: the lab loads LlamaForCausalLM, MistralForCausalLM, "
+                    "Qwen2ForCausalLM, Qwen3ForCausalLM natively (SmolLM and TinyLlama are Llama) and other causal "
+                    "LMs of transformers' AutoModelForCausalLM through the transformers route",
 }
 
 

@@ -22,6 +22,16 @@ from engine.workloads.llama import LlamaConfig, build_model, preset  # noqa: E40
 SCHEMES = list(quant.SCHEMES)
 
 
+def _interpreted(kernel: object) -> bool:
+    """The kernel runs in Triton's interpreter, and so does triton.language itself (tl.zeros is a jit function too:
+    a triton imported before TRITON_INTERPRET=1, by an earlier test module, cannot run an interpreted kernel)."""
+    import triton.language as tl
+
+    from engine.kernels.triton._common import is_interpreted
+
+    return is_interpreted(kernel) and is_interpreted(tl.standard.zeros)
+
+
 @pytest.fixture(autouse=True)
 def _own_build_dir(tmp_path, monkeypatch) -> Iterator[None]:
     """The on-disk quantization cache (under build_root()) in this test's folder, the in-process one empty."""
@@ -141,11 +151,10 @@ def test_gate_metrics_on_known_logits() -> None:
 def test_each_quantized_mode_decodes_the_tiny_model_within_its_gate(name: str) -> None:
     mode = modes.get_mode(name)
     if mode.quant_impl == "triton":
-        from engine.kernels.triton._common import is_interpreted
         from engine.kernels.triton.quant_gemv import _wo_channel_kernel
 
-        if not torch.cuda.is_available() and not is_interpreted(_wo_channel_kernel):
-            pytest.skip("the quantized Triton kernels were imported before TRITON_INTERPRET=1 was set")
+        if not torch.cuda.is_available() and not _interpreted(_wo_channel_kernel):
+            pytest.skip("Triton (or its kernels) was imported before TRITON_INTERPRET=1 was set")
     steps = 4 if mode.quant_impl == "triton" else 8  # the interpreter runs every program of every GEMV in Python
     model, prompt, ref = _tiny(seed=2, steps=steps)
     with torch.no_grad():
@@ -173,11 +182,10 @@ def test_a_quantized_step_compiles_without_a_graph_break(name: str) -> None:
     """What the CUDA modes compile (dynamo fullgraph; aot_eager here): the plain dequantization and the custom ops."""
     mode = modes.get_mode(name)
     if mode.quant_impl == "triton" and not torch.cuda.is_available():
-        from engine.kernels.triton._common import is_interpreted
         from engine.kernels.triton.quant_gemv import _wo_int4_kernel
 
-        if not is_interpreted(_wo_int4_kernel):
-            pytest.skip("the quantized Triton kernels were imported before TRITON_INTERPRET=1 was set")
+        if not _interpreted(_wo_int4_kernel):
+            pytest.skip("Triton (or its kernels) was imported before TRITON_INTERPRET=1 was set")
     model, prompt, _ = _tiny(seed=3, steps=2)
     with torch.no_grad():
         modes.prepare(mode, model, "cpu")
