@@ -210,22 +210,55 @@ def _kv_bytes(s: Shapes, batch: int, tokens: int, elem: int) -> int:
 
 
 # -- the run --------------------------------------------------------------------------------------------------------
+@dataclass
+class _RouteRun:
+    """What the steps of one transformers-route run share."""
+    cfg: LLMConfig
+    progress: Progress
+    result: RunResult
+    model: Any = None
+    cache: Any = None
+    prompt: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    check_tokens: int = 0
+    tolerance: float = 0.0
+    reference: Generation | None = None
+
+    def tag(self, phase: str) -> dict[str, Any]:
+        return dict(phase=phase, batch_size=self.cfg.batch)
+
+
 def route_run(cfg: LLMConfig, progress: Progress = lambda f, m: None) -> RunResult:
     """One run of a transformers-route checkpoint: check, time, figures, reports (see the module's docstring)."""
+    wall0 = time.perf_counter()
+    run, ceilings = _route_start(cfg, progress)
+    with torch.no_grad():
+        _route_reference(run)  # 1-2: load; eager through the StaticCache against transformers' own generate
+        prepared, graphs0 = _route_compile(run)  # 3: the mode, its first calls, its generation against eager's
+        prefill_us, decode_us = _route_time(run, prepared, graphs0)  # 4: TTFT and TPOT samples
+        shapes = shapes_of(run.model)
+    if cfg.profile:
+        run.result.notes.append("profile: torch.profiler and Nsight Compute are not taken on the transformers route "
+                                "yet")
+    progress(0.92, "figures and reports")  # 5
+    _figures(run.result, cfg, shapes, torch.finfo(cfg.torch_dtype).bits // 8, prefill_us, decode_us, ceilings)
+    run.result.metrics.append(Metric("run_wall_s", time.perf_counter() - wall0, "s"))
+    _route_reports(run)
+    progress(1.0, "done")
+    return run.result
+
+
+def _route_start(cfg: LLMConfig, progress: Progress) -> tuple[_RouteRun, Any]:
+    """The mode available here? The run's result with the route and checkpoint named; the ceilings."""
     from engine.ceilings import ceilings_for
     from engine.envinfo import capture_env
-    from engine.llm.config import check_memory
-    from engine.llm.report import write_reports
 
-    wall0 = time.perf_counter()
-    device, dtype, mode = cfg.device, cfg.torch_dtype, cfg.mode
+    device, mode = cfg.device, cfg.mode
     if mode not in TRANSFORMERS_ROUTE_MODES or route_unavailable(mode, "transformers", device):
         raise RuntimeError(f"mode {mode} is not available on the transformers route: "
                            f"{route_unavailable(mode, 'transformers', device)}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"mode {mode} is not available on {device}: no CUDA device is visible to torch")
-    out_dir = Path(cfg.artifacts_dir or tempfile.mkdtemp(prefix="modelab-llm-"))
-    out_dir.mkdir(parents=True, exist_ok=True)
     result = RunResult(env=capture_env(device))
     ident = cfg.checkpoint or {}
     result.notes += [ROUTE_NOTE, f"checkpoint: {ident.get('folder')} · {ident.get('architecture')} · "
@@ -235,102 +268,116 @@ def route_run(cfg: LLMConfig, progress: Progress = lambda f, m: None) -> RunResu
     if cfg.ceilings != "none":
         progress(0.02, "device ceilings")
         ceilings = ceilings_for(device, cfg.db, measure_if_missing=cfg.ceilings == "auto")
-    B, P, N = cfg.batch, cfg.prompt_len, cfg.new_tokens
-    tag_p, tag_d = dict(phase="prefill", batch_size=B), dict(phase="decode", batch_size=B)
-    with torch.no_grad():
-        progress(0.05, f"loading {cfg.name} with transformers ({dtype}) on {device}")
-        check_memory(cfg)
-        model = load(cfg.hf, device, dtype)
-        cache = static_cache(model, cfg.max_seq)
-        gen = torch.Generator().manual_seed(cfg.seed + 1)
-        prompt = torch.randint(0, int(model.config.get_text_config(decoder=True).vocab_size), (B, P),
-                               generator=gen).to(device)
-        positions = torch.arange(P, device=device)
-        k = min(cfg.check_tokens, N)
+    return _RouteRun(cfg, progress, result), ceilings
 
-        # 2: eager through the static cache against transformers' own generate
-        progress(0.1, "eager through the StaticCache vs transformers' generate")
-        ref = generate(step_fn(model, cache, prefill=True), Decoder(step_fn(model, cache)), prompt, k)
-        theirs = reference_generation(cfg.hf, prompt, k)
-        first = Generation(ref.tokens[:1].cpu(), [x[:1] for x in ref.logits])
-        fp32 = dtype == torch.float32
-        steps = min(len(first.logits), len(theirs.logits))
-        errs = [rel_l2(first.logits[j], theirs.logits[j]) for j in range(steps)]
-        if fp32:
-            check_generation(first, theirs, TOLERANCE_FP32, f"{cfg.name} (transformers route, eager)")
-            tol = TOLERANCE_FP32
-        else:
-            tol = max(TOLERANCE_FACTOR * errs[0], TOLERANCE_FLOOR)
-        agree = int((first.tokens[0, :steps] == theirs.tokens[0, :steps]).sum())
-        result.metrics += [Metric("hf_reference_rel_err", max(errs), ""),
-                           Metric("hf_reference_tokens_matched", float(agree), ""), Metric("tolerance", tol, "")]
-        result.notes.append(f"reference: transformers' own eager generate of the checkpoint (float32, CPU) — eager "
+
+def _route_reference(run: _RouteRun) -> None:
+    """Load the checkpoint, seed a prompt, and check eager through the StaticCache against transformers' own
+    generate (float32: within TOLERANCE_FP32 or the run fails; bf16: the distance sets the modes' tolerance)."""
+    from engine.llm.config import check_memory
+
+    cfg, device, dtype = run.cfg, run.cfg.device, run.cfg.torch_dtype
+    B, P = cfg.batch, cfg.prompt_len
+    run.progress(0.05, f"loading {cfg.name} with transformers ({dtype}) on {device}")
+    check_memory(cfg)
+    run.model = load(cfg.hf, device, dtype)
+    run.cache = static_cache(run.model, cfg.max_seq)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    vocab = int(run.model.config.get_text_config(decoder=True).vocab_size)
+    run.prompt = torch.randint(0, vocab, (B, P), generator=gen).to(device)
+    run.positions = torch.arange(P, device=device)
+    k = run.check_tokens = min(cfg.check_tokens, cfg.new_tokens)
+    run.progress(0.1, "eager through the StaticCache vs transformers' generate")
+    ref = run.reference = generate(step_fn(run.model, run.cache, prefill=True), Decoder(step_fn(run.model, run.cache)),
+                                   run.prompt, k)
+    theirs = reference_generation(cfg.hf, run.prompt, k)
+    first = Generation(ref.tokens[:1].cpu(), [x[:1] for x in ref.logits])
+    fp32 = dtype == torch.float32
+    steps = min(len(first.logits), len(theirs.logits))
+    errs = [rel_l2(first.logits[j], theirs.logits[j]) for j in range(steps)]
+    if fp32:
+        check_generation(first, theirs, TOLERANCE_FP32, f"{cfg.name} (transformers route, eager)")
+    run.tolerance = TOLERANCE_FP32 if fp32 else max(TOLERANCE_FACTOR * errs[0], TOLERANCE_FLOOR)
+    agree = int((first.tokens[0, :steps] == theirs.tokens[0, :steps]).sum())
+    run.result.metrics += [Metric("hf_reference_rel_err", max(errs), ""),
+                           Metric("hf_reference_tokens_matched", float(agree), ""),
+                           Metric("tolerance", run.tolerance, "")]
+    run.result.notes.append(f"reference: transformers' own eager generate of the checkpoint (float32, CPU) — eager "
                             f"through the StaticCache within {max(errs):.2g} relative L2 over {steps} position(s), "
                             f"greedy tokens equal at {agree} of them"
-                            + ("" if fp32 else f"; the modes' tolerance against eager: {tol:.3g} "
+                            + ("" if fp32 else f"; the modes' tolerance against eager: {run.tolerance:.3g} "
                                f"({TOLERANCE_FACTOR:g} × eager's prefill distance from float32)"))
 
-        # 3: the mode, its first calls timed on their own, its generation against eager's
-        progress(0.2, f"{mode}: preparing")
-        prepared = prepare(mode, model, cache, device)
-        result.notes += prepared.notes
-        from torch._dynamo.utils import counters
 
-        graphs0 = counters["stats"]["unique_graphs"]
-        result.metrics.append(Metric("first_call_us", _first_call(lambda: prepared.prefill(prompt, positions), device),
-                                     "us", **tag_p))
+def _route_compile(run: _RouteRun) -> tuple[Any, int]:
+    """Prepare the mode; time its first prefill and first decode step on their own (compiles happen there); check
+    its generation against eager's. Returns the prepared mode and dynamo's graph count before it."""
+    from torch._dynamo.utils import counters
+
+    cfg, result, mode, device = run.cfg, run.result, run.cfg.mode, run.cfg.device
+    prompt, positions, k = run.prompt, run.positions, run.check_tokens
+    run.progress(0.2, f"{mode}: preparing")
+    prepared = prepare(mode, run.model, run.cache, device)
+    result.notes += prepared.notes
+    graphs0 = counters["stats"]["unique_graphs"]
+    result.metrics.append(Metric("first_call_us", _first_call(lambda: prepared.prefill(prompt, positions), device),
+                                 "us", **run.tag("prefill")))
+    token0, _ = prepared.prefill(prompt, positions)
+
+    def first_decode() -> None:
+        prepared.decoder.reset(token0, cfg.prompt_len)
+        prepared.decoder.step()
+
+    run.progress(0.35, f"{mode}: first decode step" + (" (compiles)" if mode != "eager" else ""))
+    result.metrics.append(Metric("first_call_us", _first_call(first_decode, device), "us", **run.tag("decode")))
+    if mode == "eager":
+        result.metrics += [Metric("max_rel_err", 0.0, "", **run.tag("prefill")),
+                           Metric("tokens_matched", float(k + 1), "")]
+        return prepared, graphs0
+    got = generate(prepared.prefill, prepared.decoder, prompt, k)
+    check = check_generation(got, run.reference, run.tolerance, mode)
+    result.notes += check.notes
+    result.metrics += [Metric("max_rel_err", check.prefill_rel_err, "", **run.tag("prefill")),
+                       Metric("tokens_matched", float(check.tokens_matched), ""),
+                       Metric("max_abs_err", check.max_abs_err, "")]
+    if check.decode_rel_err is not None:
+        result.metrics.append(Metric("max_rel_err", check.decode_rel_err, "", **run.tag("decode")))
+    return prepared, graphs0
+
+
+def _route_time(run: _RouteRun, prepared: Any, graphs0: int) -> tuple[list[float], list[float]]:
+    """Prefill calls and decode passes timed (samples stored); graphs compiled and peak memory beside them."""
+    from torch._dynamo.utils import counters
+
+    cfg, result, mode, device = run.cfg, run.result, run.cfg.mode, run.cfg.device
+    prompt, positions, B, P, N = run.prompt, run.positions, cfg.batch, cfg.prompt_len, cfg.new_tokens
+    run.progress(0.55, f"{mode}: timing prefill")
+    for _ in range(2):
+        prepared.prefill(prompt, positions)
+    prefill_us = timed_calls(lambda: prepared.prefill(prompt, positions), cfg.prefill_iters, device)
+    result.samples.append(Samples(phase="prefill", values=prefill_us, batch_size=B))
+    run.progress(0.65, f"{mode}: timing decode ({cfg.decode_passes} × {N} steps)")
+    token0, _ = prepared.prefill(prompt, positions)
+    decode_pass(prepared.decoder, token0, P, min(N, 8), device)
+    decode_us: list[float] = []
+    for _ in range(cfg.decode_passes):
         token0, _ = prepared.prefill(prompt, positions)
+        decode_us += decode_pass(prepared.decoder, token0, P, N, device)
+    result.samples.append(Samples(phase="decode", values=decode_us, batch_size=B))
+    if mode != "eager":
+        result.metrics.append(Metric("graphs_compiled", float(counters["stats"]["unique_graphs"] - graphs0), ""))
+    if device.startswith("cuda"):
+        result.metrics.append(Metric("peak_memory_bytes", float(torch.cuda.max_memory_allocated(device)), "bytes"))
+    return prefill_us, decode_us
 
-        def first_decode() -> None:
-            prepared.decoder.reset(token0, P)
-            prepared.decoder.step()
 
-        progress(0.35, f"{mode}: first decode step" + (" (compiles)" if mode != "eager" else ""))
-        result.metrics.append(Metric("first_call_us", _first_call(first_decode, device), "us", **tag_d))
-        if mode != "eager":
-            got = generate(prepared.prefill, prepared.decoder, prompt, k)
-            check = check_generation(got, ref, tol, mode)
-            result.notes += check.notes
-            result.metrics += [Metric("max_rel_err", check.prefill_rel_err, "", **tag_p),
-                               Metric("tokens_matched", float(check.tokens_matched), ""),
-                               Metric("max_abs_err", check.max_abs_err, "")]
-            if check.decode_rel_err is not None:
-                result.metrics.append(Metric("max_rel_err", check.decode_rel_err, "", **tag_d))
-        else:
-            result.metrics += [Metric("max_rel_err", 0.0, "", **tag_p), Metric("tokens_matched", float(k + 1), "")]
+def _route_reports(run: _RouteRun) -> None:
+    from engine.llm.report import write_reports
 
-        # 4: timing
-        progress(0.55, f"{mode}: timing prefill")
-        for _ in range(2):
-            prepared.prefill(prompt, positions)
-        prefill_us = timed_calls(lambda: prepared.prefill(prompt, positions), cfg.prefill_iters, device)
-        result.samples.append(Samples(phase="prefill", values=prefill_us, batch_size=B))
-        progress(0.65, f"{mode}: timing decode ({cfg.decode_passes} × {N} steps)")
-        token0, _ = prepared.prefill(prompt, positions)
-        decode_pass(prepared.decoder, token0, P, min(N, 8), device)
-        decode_us: list[float] = []
-        for _ in range(cfg.decode_passes):
-            token0, _ = prepared.prefill(prompt, positions)
-            decode_us += decode_pass(prepared.decoder, token0, P, N, device)
-        result.samples.append(Samples(phase="decode", values=decode_us, batch_size=B))
-        if mode != "eager":
-            result.metrics.append(Metric("graphs_compiled", float(counters["stats"]["unique_graphs"] - graphs0), ""))
-        if device.startswith("cuda"):
-            result.metrics.append(Metric("peak_memory_bytes", float(torch.cuda.max_memory_allocated(device)),
-                                         "bytes"))
-        shapes = shapes_of(model)
-    if cfg.profile:
-        result.notes.append("profile: torch.profiler and Nsight Compute are not taken on the transformers route yet")
-
-    # 5: figures
-    progress(0.92, "figures and reports")
-    elem = torch.finfo(dtype).bits // 8
-    _figures(result, cfg, shapes, elem, prefill_us, decode_us, ceilings)
-    result.metrics.append(Metric("run_wall_s", time.perf_counter() - wall0, "s"))
+    out_dir = Path(run.cfg.artifacts_dir or tempfile.mkdtemp(prefix="modelab-llm-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
     folder = re.fullmatch(r"run_(\d+)", out_dir.name)
-    result.artifacts += write_reports(cfg, result, out_dir, run_id=int(folder.group(1)) if folder else None)
-    progress(1.0, "done")
-    return result
+    run.result.artifacts += write_reports(run.cfg, run.result, out_dir, run_id=int(folder.group(1)) if folder else None)
 
 
 def _first_call(fn: Callable[[], object], device: str) -> float:
