@@ -381,9 +381,10 @@ def test_cli_explain_profile_runs_the_missing_profile_then_explains(lab, capsys)
     """Last in this module: it adds a profile of fx to the shared lab."""
     db = lab["env"]["RESULTS_DB"]
     assert cli.main(["explain", str(lab["bench_fx"]), str(lab["bench_eager"]), "--db", db]) == 0
-    assert "to see why, profile fx" in capsys.readouterr().out
+    assert "fx: no profile at train B=64; run `python -m engine profile" in capsys.readouterr().out
     assert cli.main(["explain", str(lab["bench_fx"]), str(lab["bench_eager"]), "--profile", "--db", db]) == 0
     captured = capsys.readouterr()
     assert "profiling fx (runs " in captured.err
-    assert "to see why" not in captured.out and "= profiled step" in captured.out
+    assert "fx: no profile" not in captured.out and "to see why" not in captured.out
+    assert "= profiled step" in captured.out
     assert lab["store"].runs(kind="profile", status=["ok"]).query("mode == 'fx'").shape[0] == 1
