@@ -80,11 +80,35 @@ def test_a_planted_cheat_fails_its_run_with_its_verdict(cheat: str) -> None:
     assert str(caught.value).splitlines()[0] == CHEATS[cheat]
 
 
-@pytest.mark.parametrize("cheat", ["side_stream", "warm_l2"])
-def test_cuda_only_cheats(cheat: str) -> None:
-    if not torch.cuda.is_available():
-        pytest.skip(f"{cheat}: a CUDA-only cheat (other-stream work / a warm L2); the guards for it run on a GPU only")
-    pytest.skip("GPU guard tests not written: the CUDA paths were not run by their author")
+def test_work_left_running_on_a_raw_thread_is_flagged() -> None:
+    result = _run("user_cheats:spins_after")
+    assert {m.name: m.value for m in result.metrics}["guard_background_cpu"] == 0.0
+    assert any(n.startswith("guard background_cpu: FLAG — other threads used ") for n in result.notes), result.notes
+
+
+CUDA = torch.cuda.is_available()
+
+
+def _run_cuda(impl: str):
+    """At S=1024 bf16: enough device work per call that the GPU, not the Python launches, sets the time."""
+    return run_level(LevelsConfig(component="causal_attention", shape="S=1024", level=level_key(impl), device="cuda",
+                                  iters=5, warmup=1, impl_path=KERNELS, quick_ceilings=True))
+
+
+@pytest.mark.skipif(not CUDA, reason="the CUDA guards (L2 flush, other stream) need a GPU")
+def test_on_cuda_an_honest_kernel_is_timed_with_the_l2_flushed_and_passes_every_guard() -> None:
+    result = _run_cuda("user_attention:attention")
+    guards = {m.name: m.value for m in result.metrics if m.name.startswith("guard_")}
+    assert guards["guard_other_stream"] == 1.0 and [k for k, v in guards.items() if v != 1.0] == [], result.notes
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    assert f"guard l2_flush: PASS — a {2 * l2 // 4 * 4 / 1e6:.0f} MB buffer (2x this device's" in " ".join(result.notes)
+
+
+@pytest.mark.skipif(not CUDA, reason="the CUDA guards (L2 flush, other stream) need a GPU")
+def test_on_cuda_work_left_on_a_side_stream_is_flagged() -> None:
+    result = _run_cuda("user_cheats:side_stream")
+    assert {m.name: m.value for m in result.metrics}["guard_other_stream"] == 0.0, result.notes
+    assert any(n.startswith("guard other_stream: FLAG — device work spanned ") for n in result.notes), result.notes
 
 
 @pytest.mark.parametrize("impl,error", [

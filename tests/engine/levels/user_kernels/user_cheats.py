@@ -1,9 +1,11 @@
 """Planted cheats for causal_attention at its small CPU shape: each must fail its run or be flagged by the guards.
-side_stream and warm_l2 only mean something on CUDA (their tests skip on the CPU, saying why)."""
+side_stream only means something on CUDA (its test skips on the CPU, saying why)."""
 
 from __future__ import annotations
 
+import _thread
 import threading
+import time
 
 import torch
 from user_attention import attention
@@ -46,6 +48,17 @@ def background_thread(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
     out = torch.empty_like(q)
     threading.Thread(target=lambda: out.copy_(attention(q, k, v)), daemon=True).start()
     return out
+
+
+def spins_after(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Right answer, but leaves a raw thread (_thread, unseen by the threads guard) burning CPU after returning: work
+    that a timer which stops at the return never sees."""
+    def spin(until: float) -> None:
+        while time.perf_counter() < until:
+            pass
+
+    _thread.start_new_thread(spin, (time.perf_counter() + 0.2,))
+    return attention(q, k, v)
 
 
 def side_stream(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
