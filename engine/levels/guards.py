@@ -167,8 +167,9 @@ class Guard:
         busy = min(after(fn), after(fn))
         window_ms = BACKGROUND_WINDOW_S * 1e3
         if busy - baseline > BACKGROUND_CPU_FRACTION * BACKGROUND_WINDOW_S:
-            self.add("background_cpu", "flag", f"other threads used {busy * 1e3:.0f} ms of CPU during a {window_ms:.0f}"
-                                               f" ms pause after the calls ({baseline * 1e3:.0f} ms after the lab's L1)")
+            self.add("background_cpu", "flag", f"other threads used {busy * 1e3:.0f} ms of CPU during a "
+                                               f"{window_ms:.0f} ms pause after the calls ({baseline * 1e3:.0f} ms "
+                                               "after the lab's L1)")
         else:
             self.add("background_cpu", "pass", f"other threads used {busy * 1e3:.0f} ms of CPU in a {window_ms:.0f} ms "
                                                f"pause after the calls, {baseline * 1e3:.0f} ms after the lab's L1")
