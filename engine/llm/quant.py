@@ -68,6 +68,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,7 +234,9 @@ def quantize_cached(w: torch.Tensor, scheme: str, disk: bool = True) -> tuple[Qu
     _CACHE[key] = cpu
     if disk:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        # runs of a group quantize side by side: each writes its own temporary file, and the rename (atomic) lets the
+        # last one win with identical bytes
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp")
         torch.save({"q": cpu.q, "scales": cpu.scales, "shape": list(cpu.shape)}, tmp)
         tmp.replace(path)
     return qw, "quantized"

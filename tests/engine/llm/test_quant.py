@@ -90,6 +90,35 @@ def test_the_cache_keys_on_weights_and_scheme_and_keeps_a_disk_copy(tmp_path) ->
     assert src == "disk" and torch.equal(loaded.q, first.q) and torch.equal(loaded.scales, first.scales)
 
 
+def test_side_by_side_quantizers_of_one_weight_all_write_the_disk_cache(tmp_path, monkeypatch) -> None:
+    """Runs of a group prepare side by side and quantize the same weights: each writer keeps its own temporary file
+    (one shared name failed three of eight runs on the H100: the first rename took the others' file away)."""
+    import threading
+
+    class NoMemory(dict):  # every thread misses the in-process cache, as separate processes do
+        def __contains__(self, key: object) -> bool:
+            return False
+
+    monkeypatch.setattr(quant, "_CACHE", NoMemory())
+    w, barrier, errors = _weight(seed=7), threading.Barrier(8), []
+
+    def quantize() -> None:
+        barrier.wait()
+        try:
+            for _ in range(3):
+                quant.quantize_cached(w, "int8-wo")
+        except Exception as err:  # noqa: BLE001 - collected and asserted below
+            errors.append(err)
+
+    threads = [threading.Thread(target=quantize) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(list((tmp_path / "build" / "quant").glob("*.pt"))) == 1
+    assert not list((tmp_path / "build" / "quant").glob("*.tmp"))
+
+
 def _tiny(seed: int = 0, dtype: torch.dtype = torch.float32, steps: int = 24):
     cfg = preset("tiny")
     model = build_model(cfg, "cpu", dtype, seed)
