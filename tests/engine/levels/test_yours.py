@@ -17,6 +17,7 @@ from engine.levels.guards import GuardFailure
 from engine.levels.run import LevelsConfig, run_level
 from engine.levels.yours import check, is_yours, level_key
 from engine.store import Store
+from engine.workloads.component import Shape
 
 KERNELS = str(Path(__file__).resolve().parent / "user_kernels")
 ATTN = get_component("causal_attention")
@@ -152,3 +153,61 @@ def test_cli_runs_several_kernels_beside_the_levels(child_env: dict[str, str]) -
                           "small", "--impl", "user_cheats:raises", "--impl-path", KERNELS], capture_output=True,
                          text=True, env=child_env, timeout=300)
     assert bad.returncode == 2 and "raised on causal_attention small: RuntimeError" in bad.stderr
+
+
+# A test-only causal_attention shape whose rotating input sets fit in L2 together: 12x16x64x64 bf16, 1.6 MB a tensor,
+# 4.7 MB a set, and the harness rotates over 4 sets (engine.levels.run._input_sets) — 19 MB, under half an H100's L2.
+L2_RESIDENT = Shape("L2-resident", {"B": 12, "H": 16, "S": 64, "D": 64}, "bf16", devices=("cuda",),
+                    note="test only: every rotating input set fits in L2 at once")
+SPIN_CYCLES = 100_000  # torch.cuda._sleep: ~50 us at an H100's clock, longer than the harness's 100 MB flush
+
+
+def _unflushed_median_us(fn, sets: list[tuple], warmup: int, iters: int) -> float:
+    """The harness's timed loop (guards.Guard._time_flushed: the same calls over the same rotating sets, a CUDA event
+    pair around each) with the flush taken out. In its place torch.cuda._sleep keeps the device busy ahead of the host
+    as the flush does, touching no memory: the events time the kernel, not the host's launch, in both loops."""
+    import statistics
+
+    with torch.no_grad():
+        for i in range(warmup):
+            fn(*sets[i % len(sets)])
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        torch.cuda.synchronize()
+        for i in range(iters):
+            torch.cuda._sleep(SPIN_CYCLES)
+            starts[i].record()
+            fn(*sets[(warmup + i) % len(sets)])
+            ends[i].record()
+        torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+
+
+@pytest.mark.skipif(not CUDA, reason="the L2 flush between timed calls is CUDA-only (on the CPU: guard l2_flush "
+                                     "SKIPPED)")
+def test_on_cuda_a_kernel_replayed_from_a_warm_l2_is_timed_cold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """user_cheats.warm_l2 reads q, k, v once (one fused launch): memory-bound. At L2_RESIDENT every set the harness
+    rotates over stays in L2 between calls, so a loop without a flush times L2 reads; the harness's median (a 2x-L2
+    buffer zeroed before each call) must be at least 1.2x that: the warm-L2 advantage is gone, and the verdict line
+    says how. Not _run_cuda: at S=1024 a set is 48 MB and three rotate, so nothing stays in L2 even unflushed and the
+    comparison would show nothing; the shape is added to causal_attention for this test only (monkeypatch)."""
+    from engine.levels.run import _input_sets
+    from engine.levels.yours import load_impl
+
+    monkeypatch.setitem(ATTN.shapes, L2_RESIDENT.name, L2_RESIDENT)
+    warmup, iters = 5, 50
+    result = run_level(LevelsConfig(component="causal_attention", shape=L2_RESIDENT.name,
+                                    level=level_key("user_cheats:warm_l2"), device="cuda", iters=iters, warmup=warmup,
+                                    impl_path=KERNELS, quick_ceilings=True))
+    guards = {m.name: m.value for m in result.metrics if m.name.startswith("guard_")}
+    assert [k for k, v in guards.items() if v != 1.0] == [], result.notes  # honest arithmetic: nothing else to catch
+    assert any(n.startswith("guard l2_flush: PASS — ") for n in result.notes), result.notes
+    flushed = {m.name: m.value for m in result.metrics if m.phase == "forward"}["median"]
+
+    sets = _input_sets(ATTN, L2_RESIDENT, "cuda", 0)  # the sets the harness timed (LevelsConfig's seed 0)
+    working_set = sum(x.numel() * x.element_size() for s in sets for x in s)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    assert len(sets) == 4 and working_set < l2 / 2, (len(sets), working_set, l2)
+    warm = _unflushed_median_us(load_impl("user_cheats:warm_l2", KERNELS), sets, warmup, iters)
+    assert flushed >= 1.2 * warm, (f"flushed median {flushed:.2f} us vs {warm:.2f} us unflushed "
+                                   f"({working_set / 1e6:.1f} MB over {len(sets)} sets, L2 {l2 / 1e6:.0f} MB)")
