@@ -29,6 +29,9 @@ from engine.jobs import JobSpec
 from engine.levels import COMPONENTS, LEVELS
 from engine.levels import yours as yours_levels
 from engine.levels.results import level_results, stage_results
+from engine.levels.timers import AGREE_NOTE as CROSS_AGREE
+from engine.levels.timers import NOT_MEASURED as CROSS_NOT_MEASURED
+from engine.levels.timers import NOTE_PREFIX as CROSS_TIMER
 from engine.store import REPO_ROOT
 
 st.set_page_config(page_title="Kernel Levels · Mode Lab", layout="wide")
@@ -83,6 +86,38 @@ def fmt_rate(value: float, unit: str) -> str:
         if value >= scale:
             return f"{value / scale:,.1f} {prefix}{unit}"
     return f"{value:,.0f} {unit}"
+
+
+def run_notes(row: dict) -> list[str]:
+    """A stored run's notes (a JSON list in the store; NaN where it has none)."""
+    notes = row.get("notes")
+    if isinstance(notes, str):
+        notes = json.loads(notes or "[]")
+    return [str(n) for n in notes] if isinstance(notes, list) else []
+
+
+def show_timers(row: dict) -> None:
+    """The cross-timer panel of a CUDA level: events per call, in a CUDA graph, the profiler's kernel time side by
+    side, and the run's cross-timer notes (engine.levels.timers) where they disagree beyond the stated bounds."""
+    graph_us, kernel_us = row.get("graph_median_us"), row.get("kernel_median_us")
+    has_graph, has_kernel = (v is not None and v == v for v in (graph_us, kernel_us))  # NaN where not measured
+    notes = [n for n in run_notes(row) if n.startswith(CROSS_TIMER)]
+    if not (has_graph or has_kernel or notes):  # CPU runs: one timer only
+        return
+    st.caption(f"Per call — events {fmt_us(row['median_us'])}"
+               + (f" · in a CUDA graph {fmt_us(graph_us)}" if has_graph else "")
+               + (f" · profiler kernel time {fmt_us(kernel_us)}" if has_kernel else "")
+               + " (events include the host's cost of each call; the graph removes it; the profiler counts only "
+                 "the time kernels ran)" + ("; they agree within the stated bounds" if CROSS_AGREE in notes else ""))
+    lines = [n[len(CROSS_TIMER):] for n in notes if n != CROSS_AGREE]
+    if any(n.startswith(CROSS_NOT_MEASURED) for n in notes):
+        st.caption(":material/info: " + "; ".join(lines))
+    elif lines:
+        st.warning("The timers disagree beyond the stated bounds:\n\n" + "\n".join(f"- {n}" for n in lines)
+                   + "\n\nWhy they may: events bracket each Python call, gaps while the device waits for the host "
+                     "included; a CUDA graph removes the launches but not the gaps between dependent kernels; the "
+                     "profiler counts only the time kernels (and copies) ran, on every stream. Bounds: "
+                     "docs/measurement.md, \"Three timers\".", icon=":material/compare_arrows:")
 
 
 def queue(levels: list[str]) -> None:
@@ -142,10 +177,7 @@ for start in range(0, len(level_keys), 3):
                                   if pct == pct and pct is not None else "")
                                + (f" · {row['pct_copy_bw']:.0f} % of the measured copy bandwidth"
                                   if row.get("pct_copy_bw") == row.get("pct_copy_bw") else ""))
-                graph_us = row.get("graph_median_us")
-                if graph_us is not None and graph_us == graph_us:  # NaN on CPU and where capture failed
-                    st.caption(f"In a CUDA graph: {fmt_us(graph_us)} per call (device time; the median above "
-                               "includes the host's cost of each call)")
+                show_timers(row)
                 st.caption(f"rel. error {row['rel_l2_err']:.1e} (≤ {row['tolerance']:g}) · p10–p90 "
                            f"{fmt_us(row['p10_us'])}–{fmt_us(row['p90_us'])} · first call "
                            f"{fmt_us(row['first_call_us'])} · run #{row['id']} · {fmt_time(row['finished_at'])}")
@@ -170,10 +202,7 @@ if yours_keys:
                             + f" · rel. error {row['rel_l2_err']:.1e} (≤ {row['tolerance']:g}) · run #{row['id']}")
             else:
                 st.error(f"{key}: run #{row['id']} failed: {first_line(row['error'])}", icon=":material/error:")
-            notes = row.get("notes")
-            verdicts = [n for n in (notes if isinstance(notes, list) else []) if str(n).startswith("guard ")]
-            if isinstance(notes, str):
-                verdicts = [n for n in json.loads(notes or "[]") if n.startswith("guard ")]
+            verdicts = [n for n in run_notes(row) if n.startswith("guard ")]
             if verdicts:
                 st.caption("  \n".join(verdicts))
 

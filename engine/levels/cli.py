@@ -157,6 +157,9 @@ def cmd_levels(args: argparse.Namespace) -> int:
         if frame["in_graph_us"].ne("").any():
             print("in_graph_us: the same calls captured in one CUDA graph and replayed (device time, no per-call host "
                   "cost); median_us is per call from Python, CUDA events around each call")
+        if frame["kernel_us"].ne("").any():
+            print("kernel_us: the profiler's kernel (+memcpy/memset) busy time per call, no gaps; normally kernel_us "
+                  "<= in_graph_us <= median_us; where not, the run's 'cross-timer:' notes (Kernel Levels page) say why")
     stages = stage_table(store, ids)
     if not stages.empty:
         print()
@@ -201,6 +204,7 @@ def levels_table(store: Store, run_ids: list[int]) -> pd.DataFrame:
             "component": r["workload"], "shape": r["shape"], "level": r["mode"], "status": r["status"],
             "median_us": _fmt(r.get("median_us"), "{:.1f}"), "p10-p90": _range(r),
             "in_graph_us": _fmt(r.get("graph_median_us"), "{:.1f}"),
+            "kernel_us": _fmt(r.get("kernel_median_us"), "{:.1f}"),
             "TFLOP/s": _fmt(r.get("flops_per_s"), "{:.2f}", 1e12), "TB/s": _fmt(r.get("bytes_per_s"), "{:.3f}", 1e12),
             "%matmul": _fmt(r.get("pct_matmul"), "{:.0f}"), "%copy": _fmt(r.get("pct_copy_bw"), "{:.0f}"),
             "vs L1-naive": _fmt(r.get("speedup"), "{:.2f}x"), "rel_err": _fmt(r.get("rel_l2_err"), "{:.1e}"),

@@ -14,7 +14,8 @@ FIGURES = {"median": "median_us", "p10": "p10_us", "p90": "p90_us", "first_call"
            "rel_l2_err": "rel_l2_err", "tolerance": "tolerance", "interpreted": "interpreted",
            "pct_copy_bw": "pct_copy_bw", "flops": "flops", "min_bytes": "min_bytes",
            "ceiling_copy_bw": "ceiling_copy_bw", "ceilings_run_id": "ceilings_run_id",
-           "graph_median": "graph_median_us"}  # CUDA runs: the calls replayed from a CUDA graph (device time)
+           "graph_median": "graph_median_us",  # CUDA runs: the calls replayed from a CUDA graph (device time)
+           "kernel_median": "kernel_median_us"}  # CUDA runs: the profiler's device busy time per call
 
 
 def level_results(store: Store, *, run_ids: Sequence[int] | None = None, component: str | None = None,

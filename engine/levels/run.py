@@ -21,7 +21,7 @@ import torch
 from engine import device_lock
 from engine.ceilings import Ceilings, ceiling_metrics, ceilings_for, dtype_key
 from engine.envinfo import capture_env
-from engine.levels import get_component, get_level, guards, yours
+from engine.levels import get_component, get_level, guards, timers, yours
 from engine.levels.base import Built, Level
 from engine.store import Metric, RunResult, Samples
 from engine.timing import Measurement, time_first_call, time_fn, time_in_graph
@@ -29,6 +29,7 @@ from engine.workloads.component import Component, Shape, rel_l2_error, tensor_by
 
 Progress = Callable[[float, str], None]
 L2_ROTATE_BYTES = 120 << 20  # rotate input sets until the working set is well past an H100/H200's 50–60 MB L2
+PROFILED_CALLS = 10  # calls under the profiler for kernel_median: a few rotations of the input sets
 
 
 class LevelMismatchError(AssertionError):
@@ -149,6 +150,7 @@ def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunR
             result.metrics += guard.metrics()
         if device.startswith("cuda"):
             _time_in_cuda_graph(result, checked.built, sets, progress)
+            _cross_timers(result, checked.built.fn, sets, m.stats.median, progress)
     _record_stages(result, component, shape, checked.stage_errs, stage_measurements, ceilings)
     result.metrics += ceiling_metrics(ceilings, ("copy_bw", f"matmul_{dtype_key(shape.dtype)}", "launch_us"))
     result.notes += [n for n in checked.built.notes if n not in result.notes]
@@ -278,6 +280,37 @@ def _time_in_cuda_graph(result: RunResult, built: Built, sets: list[tuple], prog
             result.metrics.append(Metric(f"graph_{name}", getattr(gm.stats, name), "us", phase=phase_name))
     result.notes.append("graph_median: the same calls (over the rotating input sets) captured back to back in "
                         "one CUDA graph and replayed: device time without the host's per-call cost")
+
+
+def _cross_timers(result: RunResult, fn: Callable[..., torch.Tensor], sets: list[tuple], events_us: float,
+                  progress: Progress) -> None:
+    """kernel_median (the profiler's device busy time per call) and the cross-timer notes (CUDA only)."""
+    progress(0.95, "profiler kernel time")
+    kernel_us = _profiled_kernel_us(result, fn, sets)
+    if kernel_us is None:
+        return
+    result.metrics.append(Metric("kernel_median", kernel_us, "us", phase="forward"))
+    graph_us = next((g.value for g in result.metrics if g.name == "graph_median" and g.phase == "forward"), None)
+    result.notes += timers.notes(timers.CrossTimers(events_us, graph_us, kernel_us))
+
+
+def _profiled_kernel_us(result: RunResult, fn: Callable[..., torch.Tensor], sets: list[tuple]) -> float | None:
+    """The profiler's kernel busy time per call over PROFILED_CALLS calls on the rotating input sets; None, with a
+    note, where the profiler fails (no CUPTI, say): the panel is a cross-check, never a reason to fail the run."""
+    counter = [0]
+
+    def call() -> torch.Tensor:
+        counter[0] += 1
+        return fn(*sets[counter[0] % len(sets)])
+
+    try:
+        with torch.no_grad():
+            return timers.profiler_kernel_us(call, PROFILED_CALLS)
+    except Exception as exc:  # noqa: BLE001 - CUPTI missing or held by another profiler: the other figures stand
+        torch.cuda.synchronize()
+        result.notes.append(f"{timers.NOT_MEASURED} ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0][:160] if str(exc) else ''})")
+        return None
 
 
 def _record_stages(result: RunResult, component: Component, shape: Shape, stage_errs: dict[str, float],

@@ -31,7 +31,8 @@ def add_ceilings(store: Store, device: str = "cuda") -> int:
 
 def add_level_run(store: Store, level: str, median_us: float, *, device: str = "cuda", shape: str = "S=4096",
                   component: str = "causal_attention", interpreted: bool = False, stage_us: float | None = None,
-                  graph_us: float | None = None, stage_graph_us: float | None = None) -> int:
+                  graph_us: float | None = None, stage_graph_us: float | None = None,
+                  kernel_us: float | None = None, notes: list[str] | None = None) -> int:
     run_id = store.create_run("levels", component, level, device,
                               {"component": component, "shape": shape, "level": level, "device": device})
     store.start_run(run_id)
@@ -52,11 +53,13 @@ def add_level_run(store: Store, level: str, median_us: float, *, device: str = "
         metrics.append(Metric("graph_median", graph_us, "us", "forward"))
     if stage_graph_us is not None:
         metrics.append(Metric("graph_median", stage_graph_us, "us", "patch_embed"))
+    if kernel_us is not None:
+        metrics.append(Metric("kernel_median", kernel_us, "us", "forward"))
     if stage_us is not None:
         metrics += [Metric("median", stage_us, "us", "patch_embed"), Metric("rel_l2_err", 1e-3, "", "patch_embed"),
                     Metric("flops_per_s", 14.8e9 / (stage_us * 1e-6), "FLOP/s", "patch_embed")]
     store.record_result(run_id, RunResult(env=ENV, metrics=metrics, samples=samples,
-                                          notes=["interpreted"] if interpreted else []))
+                                          notes=(["interpreted"] if interpreted else []) + (notes or [])))
     return run_id
 
 
@@ -143,8 +146,44 @@ def test_vit_stage_table(lab: Store) -> None:
     assert triton_row["median"] == "145.0 µs" and triton_row["in a CUDA graph"] == "41.5 µs"
     assert table[table["level"] == "L1-naive"].iloc[0]["in a CUDA graph"] == "—"
     captions = "\n".join(c.value for c in at.caption)
-    assert "In a CUDA graph: 350.0 µs per call" in captions
+    assert "Per call — events 400.0 µs · in a CUDA graph 350.0 µs (events include" in captions
     assert "Hollow points: the same calls replayed from one CUDA graph" in captions  # the roofline says what it shows
+
+
+def test_cards_show_the_three_timers_and_where_they_disagree(lab: Store) -> None:
+    """A CUDA level's card puts events per call, the CUDA-graph time and the profiler's kernel time side by side; the
+    run's cross-timer notes show as a warning with why the timers may differ, or as one line where they agree."""
+    from engine.levels.timers import AGREE_NOTE, CrossTimers, notes
+
+    add_ceilings(lab)
+    disagree = notes(CrossTimers(events_us=270.0, graph_us=60.0, kernel_us=52.5))  # host-bound per call
+    add_level_run(lab, "L4-triton", 270.0, graph_us=60.0, kernel_us=52.5, notes=["timed over 2 sets", *disagree])
+    add_level_run(lab, "L1-native", 1000.0, graph_us=990.0, kernel_us=980.0, notes=[AGREE_NOTE])
+    add_level_run(lab, "L3-compile", 900.0)  # no graph, no profiler figure (e.g. an older run): one timer
+    at = _select_stored_gpu(open_levels())
+    assert not at.exception
+    captions = "\n".join(c.value for c in at.caption)
+    assert ("Per call — events 270.0 µs · in a CUDA graph 60.0 µs · profiler kernel time 52.5 µs (events include "
+            "the host's cost of each call") in captions
+    assert ("Per call — events 1,000.0 µs · in a CUDA graph 990.0 µs · profiler kernel time 980.0 µs" in captions
+            and "they agree within the stated bounds" in captions)
+    assert "events 900.0 µs" not in captions
+    warnings = [w.value for w in at.warning]
+    assert len(warnings) == 1, warnings  # only the disagreeing level
+    assert "host/launch bound: events 270.0 µs per call against profiler kernel busy 52.5 µs" in warnings[0]
+    assert "cross-timer:" not in warnings[0] and "Why they may" in warnings[0] and "Three timers" in warnings[0]
+
+
+def test_a_profiler_that_could_not_measure_is_said_in_a_caption(lab: Store) -> None:
+    from engine.levels.timers import NOT_MEASURED
+
+    add_ceilings(lab)
+    add_level_run(lab, "L4-triton", 270.0, graph_us=60.0, notes=[f"{NOT_MEASURED} (RuntimeError: CUPTI missing)"])
+    at = _select_stored_gpu(open_levels())
+    assert not at.exception and not at.warning
+    captions = "\n".join(c.value for c in at.caption)
+    assert "Per call — events 270.0 µs · in a CUDA graph 60.0 µs (events" in captions
+    assert "profiler kernel time not measured (RuntimeError: CUPTI missing)" in captions
 
 
 def test_run_all_queues_every_available_level(lab: Store, monkeypatch: pytest.MonkeyPatch) -> None:
