@@ -52,13 +52,18 @@ def background_thread(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 
 
 def spins_after(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Right answer, but leaves a raw thread (_thread, unseen by the threads guard) burning CPU after returning: work
-    that a timer which stops at the return never sees."""
+    """Right answer, but leaves raw threads (_thread, unseen by the threads guard) computing for 0.3 s after it
+    returns: work that a timer which stops at the return never sees. Four threads of matmuls (which release the GIL,
+    so they run on every core at once): on a loaded 2-core machine one pure-Python spinner got too little CPU to
+    show."""
     def spin(until: float) -> None:
+        a = torch.randn(192, 192)
         while time.perf_counter() < until:
-            pass
+            a = torch.tanh(a @ a)
 
-    _thread.start_new_thread(spin, (time.perf_counter() + 0.2,))
+    until = time.perf_counter() + 0.3
+    for _ in range(4):
+        _thread.start_new_thread(spin, (until,))
     return attention(q, k, v)
 
 
