@@ -35,6 +35,7 @@ from engine.llm.report import (
     fmt_pct,
     from_store,
     headline,
+    latest_native_vs_transformers,
     llm_runs,
     peak_key,
     report_files,
@@ -67,7 +68,8 @@ def value(row: dict[str, Any], key: str) -> float | None:
 
 
 def run_label(row: dict[str, Any]) -> str:
-    return (f"#{row['id']} · {row['preset']} · {row['mode']} · B={row['batch']} P={row['prompt_len']} "
+    model = row.get("checkpoint") or row["preset"]  # a checkpoint run: its folder, architecture and hash
+    return (f"#{row['id']} · {model} · {row['mode']} · B={row['batch']} P={row['prompt_len']} "
             f"N={row['new_tokens']} · {row['device']} · {fmt_time(row['finished_at'])}")
 
 
@@ -147,10 +149,11 @@ with st.expander("New LLM run", expanded=runs.empty, icon=":material/rocket_laun
     device = c5.selectbox("Device", info["devices"], key="new-device",
                           format_func=lambda d: f"{d} — {info['names'].get(d, '')}")
     dtype = DTYPES["bfloat16" if device.startswith("cuda") else "float32"]
-    reasons = {name: availability(m, device, dtype) for name, m in MODES.items()}
+    # presets only here: the transformers-* modes run an --hf folder's own transformers module (CLI)
+    reasons = {name: availability(m, device, dtype) for name, m in MODES.items() if m.route == "native"}
     runnable = [n for n, r in reasons.items() if r is None]
     c6, c7, c8 = st.columns([2, 1, 2])
-    mode = c6.selectbox("Mode", ["all"] + list(MODES), key="new-mode",
+    mode = c6.selectbox("Mode", ["all"] + list(reasons), key="new-mode",
                         format_func=lambda m: f"all available ({len(runnable)})" if m == "all" else
                         (m if reasons[m] is None else f"{m} (unavailable)"))
     sweep_kind = c7.selectbox("Sweep", list(SWEEP_PARAMS), key="new-sweep")
@@ -209,6 +212,11 @@ else:
     run_id = st.selectbox("Run", ids, key="run-a", format_func=lambda i: run_label(records[i]))
     row = records[run_id]
     view = from_store(store, run_id)
+    if row.get("checkpoint"):  # native and transformers' own modes of this checkpoint in one group
+        for found in latest_native_vs_transformers(runs, row["checkpoint"]):
+            line = found.line()
+            st.info(f"{line[0].upper()}{line[1:]} · runs #{found.native_run} and #{found.transformers_run}, the "
+                    "newest group of this checkpoint with both", icon=":material/compare_arrows:")
 
     with st.container(border=True, key="cards"):
         cols = st.columns(5)

@@ -94,10 +94,14 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.set_defaults(func=cmd_llm_report)
 
 
-def _resolve_modes(text: str, device: str, dtype: torch.dtype, hf_folder: str | None = None) -> list[str]:
-    from engine.llm.modes import MODES, availability, route_unavailable
+def _resolve_modes(text: str, device: str, dtype: torch.dtype, hf_folder: str | None = None,
+                   label: str = "") -> list[str]:
+    """The runs' modes, each once, or one line (CliError) on any that cannot run this model here. `all`: every
+    mode that can — on a native --hf folder the native modes and transformers' own (transformers-*), on a
+    transformers-route folder its eager / compile / compile-cudagraph, on a preset or --hf-config the native modes."""
+    from engine.llm.modes import MODES, availability, route_mode, route_unavailable
 
-    route, label = "native", ""
+    route = "native"
     if hf_folder:  # the checkpoint's route decides which modes apply (a bad folder is one line here)
         from engine.llm import hf
 
@@ -107,21 +111,24 @@ def _resolve_modes(text: str, device: str, dtype: torch.dtype, hf_folder: str | 
             raise CliError(str(exc)) from exc
         assert ckpt is not None
         route, label = ckpt.route, ckpt.label()
+    folder = bool(hf_folder)
     names = [m.strip() for m in text.split(",") if m.strip()]
     if names == ["all"]:
-        return [n for n, m in MODES.items() if availability(m, device, dtype) is None
-                and route_unavailable(n, route, device) is None]
+        names = [n for n, m in MODES.items() if availability(m, device, dtype) is None
+                 and route_unavailable(n, route, device, folder) is None]
     unknown = [n for n in names if n not in MODES]
     if unknown or not names:
         raise CliError(f"unknown LLM mode(s) {', '.join(unknown) or '(none)'}; modes: {', '.join(MODES)} or all")
     for name in names:
-        reason = route_unavailable(name, route, device)
+        reason = route_unavailable(name, route, device, folder)
         if reason:
             raise CliError(f"mode {name} is not available for {label}: {reason}")
         reason = availability(MODES[name], device, dtype)
         if reason:
             raise CliError(f"mode {name} is not available on {device}: {reason}")
-    return names
+    if route == "transformers":  # transformers-eager is the route's own eager: one run, stored as it always was
+        names = [route_mode(n) for n in names]
+    return list(dict.fromkeys(names))
 
 
 def cmd_llm(args: argparse.Namespace) -> int:
@@ -139,7 +146,8 @@ def cmd_llm(args: argparse.Namespace) -> int:
     if args.list:
         _print_modes(args.device, dtype)
         return 0
-    modes = _resolve_modes(args.mode, args.device, dtype, args.hf)
+    modes = _resolve_modes(args.mode, args.device, dtype, args.hf,
+                           f"--hf-config {args.hf_config}" if args.hf_config else f"preset {args.preset}")
     if args.tp > 1 and modes != ["eager"]:
         raise CliError(f"--tp runs eager only, not {', '.join(modes)} (use --mode eager)")
     specs, labels = _job_specs(args, base, modes)
@@ -149,6 +157,7 @@ def cmd_llm(args: argparse.Namespace) -> int:
     statuses = supervise(store, ids, _Bars(dict(zip(ids, labels))), None, args.prepare_parallel, args.serial,
                          out=sys.stderr)
     _print_figures(store, ids, specs, statuses)
+    _print_native_vs_transformers(store, ids)
     if args.tp > 1:
         _print_scaling(store, ids, statuses)
     print("MFU: % of the measured matmul ceiling; MBU: % of the measured copy bandwidth (python -m engine ceilings "
@@ -172,10 +181,12 @@ def _print_modes(device: str, dtype: torch.dtype) -> None:
     """--list: every mode, and whether (and for which phases) it runs on `device`."""
     from engine.llm.modes import mode_table
 
-    for row in mode_table(device, dtype):
+    rows = mode_table(device, dtype)
+    width = max(len(str(row["mode"])) for row in rows)
+    for row in rows:
         state = f"unavailable: {row['unavailable']}" if row["unavailable"] else (
             f"prefill only: {row['decode_unavailable']}" if row["decode_unavailable"] else "available")
-        print(f"{row['mode']:<24} {state}\n{'':<24} {row['description']}")
+        print(f"{row['mode']:<{width}} {state}\n{'':<{width}} {row['description']}")
 
 
 def _job_specs(args: argparse.Namespace, base: LLMConfig, modes: list[str]) -> tuple[list[JobSpec], list[str]]:
@@ -214,19 +225,30 @@ def _print_figures(store: Store, ids: list[int], specs: list[JobSpec], statuses:
     from engine.llm.report import fmt_num, fmt_pct, fmt_time, headline
 
     figures = headline(store, [i for i in ids if statuses[i] == "ok"])
-    print(f"\n{'run':>5} {'mode':<24} {'B':>3} {'P':>5} {'TTFT':>10} {'TPOT med':>10} {'TPOT p90':>10} "
+    print(f"\n{'run':>5} {'mode':<30} {'B':>3} {'P':>5} {'TTFT':>10} {'TPOT med':>10} {'TPOT p90':>10} "
           f"{'tok/s':>9} {'MFU':>7} {'MBU':>7} {'1st prefill':>11} {'1st decode':>11}")
     for run_id, spec in zip(ids, specs):
         if statuses[run_id] != "ok":
             error = (store.run(run_id)["error"] or "").strip().splitlines()
-            print(f"{run_id:>5} {spec.mode:<24} failed: {error[0] if error else 'no message'}")
+            print(f"{run_id:>5} {spec.mode:<30} failed: {error[0] if error else 'no message'}")
             continue
         f = figures.loc[run_id].to_dict() if run_id in figures.index else {}
         g = lambda k: None if f.get(k) is None or f.get(k) != f.get(k) else float(f[k])  # noqa: E731 - NaN → None
-        print(f"{run_id:>5} {spec.mode:<24} {spec.params['batch']:>3} {spec.params['prompt_len']:>5} "
+        print(f"{run_id:>5} {spec.mode:<30} {spec.params['batch']:>3} {spec.params['prompt_len']:>5} "
               f"{fmt_time(g('ttft_us')):>10} {fmt_time(g('tpot_median_us')):>10} {fmt_time(g('tpot_p90_us')):>10} "
               f"{fmt_num(g('tokens_per_s')):>9} {fmt_pct(g('mfu_pct')):>7} {fmt_pct(g('mbu_pct')):>7} "
               f"{fmt_time(g('first_call_prefill_us')):>11} {fmt_time(g('first_call_decode_us')):>11}")
+
+
+def _print_native_vs_transformers(store: Store, ids: list[int]) -> None:
+    """A native --hf folder run in native and transformers-* modes together: what the native route buys."""
+    from engine.llm.report import llm_runs, native_vs_transformers
+
+    runs = llm_runs(store, status="ok", limit=max(500, len(ids)))
+    if runs.empty:
+        return
+    for found in native_vs_transformers(runs[runs["id"].isin(ids)]):
+        print(f"\n{found.line()} (runs #{found.native_run} and #{found.transformers_run})")
 
 
 def _print_scaling(store: Store, ids: list[int], statuses: dict[int, str]) -> None:

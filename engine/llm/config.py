@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from engine.llm import metrics as M
-from engine.llm.modes import get_mode
+from engine.llm.modes import get_mode, route_unavailable, run_route
 from engine.workloads.llama import PRESETS, LlamaConfig, LlamaDecoder, build_model, parameter_count, preset
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
@@ -65,7 +65,8 @@ class LLMConfig:
     @property
     def route(self) -> str:
         """native (the lab's decoder: presets and Llama/Mistral/Qwen checkpoints) or transformers (another causal
-        LM, run as transformers' own module: engine.llm.hf_route)."""
+        LM, or any --hf folder in a transformers-* mode, run as transformers' own module: engine.llm.hf_route).
+        validate() records it in `checkpoint`."""
         return str((self.checkpoint or {}).get("route") or "native")
 
     @property
@@ -80,6 +81,8 @@ class LLMConfig:
             self._validate_checkpoint()
         elif self.preset not in PRESETS:
             raise ValueError(f"no Llama preset {self.preset!r}; presets: {', '.join(PRESETS)}")
+        else:
+            self._refuse_route_mode(f"preset {self.preset}")
         if self.prompts:  # the cache holds the longest prompt and its new tokens
             self.prompt_len = max(int(self.prompt_len), max(len(p) for p in self.prompt_ids()))
         get_mode(self.mode)
@@ -120,12 +123,9 @@ class LLMConfig:
         assert ckpt is not None
         self.checkpoint = ckpt.identity()
         self.model = hf.model_dict(ckpt.model)
-        if not ckpt.native:  # transformers' module: its own attention (sliding windows included)
-            from engine.llm.modes import route_unavailable
-
-            reason = route_unavailable(self.mode, ckpt.route, self.device)
-            if reason:
-                raise ValueError(f"mode {self.mode} is not available for {ckpt.label()}: {reason}")
+        self._refuse_route_mode(ckpt.label(), ckpt.route)
+        if run_route(self.mode, ckpt.route) == "transformers":  # its own attention (sliding windows included)
+            self.checkpoint["route"] = "transformers"  # this run's route (a native folder in a transformers-* mode)
             if self.prompts:
                 raise ValueError(f"{ckpt.label()}: --prompts is not built for the transformers route yet")
             return
@@ -135,6 +135,13 @@ class LLMConfig:
                                      f"this run's {self.max_seq} cached positions; the lab's attention is full")
         self.checkpoint = ckpt.identity()
         self.model = hf.model_dict(ckpt.model)
+
+    def _refuse_route_mode(self, label: str, route: str = "native") -> None:
+        """One line when the mode cannot run this model's route: a native-only mode on a transformers-route folder,
+        a transformers-* mode without an --hf folder."""
+        reason = route_unavailable(self.mode, route, self.device, folder=bool(self.hf))
+        if reason:
+            raise ValueError(f"mode {self.mode} is not available for {label}: {reason}")
 
     def prompt_ids(self) -> list[list[int]]:
         """The --prompts file's prompts as token ids (the checkpoint's tokenizer for text; PromptError, a

@@ -2,6 +2,11 @@
 transformers' own module, from its local folder, through transformers' StaticCache.
 
     python -m engine llm --hf ~/models/gpt2 --mode eager,compile
+    python -m engine llm --hf ~/models/Llama-3.2-1B --mode triton-fused,transformers-compile-cudagraph --device cuda
+
+Any --hf folder runs here in modes transformers-eager, transformers-compile and transformers-compile-cudagraph (a
+native Llama/Mistral/Qwen folder too: beside its native modes, what the native route buys); on a transformers-route
+folder they are its eager, compile and compile-cudagraph (engine.llm.modes.route_mode).
 
 In order (engine.llm.run.llm_run hands a transformers-route run here):
 
@@ -37,7 +42,7 @@ import torch
 from engine.llm import metrics as M
 from engine.llm.config import LLMConfig
 from engine.llm.generate import Decoder, Generation, StepFn, generate
-from engine.llm.modes import TRANSFORMERS_ROUTE_MODES, route_unavailable
+from engine.llm.modes import TRANSFORMERS_ROUTE_MODES, route_mode, route_unavailable
 from engine.llm.timed import decode_pass, sync, timed_calls
 from engine.llm.verify import TOLERANCE_FACTOR, TOLERANCE_FLOOR, TOLERANCE_FP32, check_generation, rel_l2
 from engine.store import Metric, RunResult, Samples
@@ -104,9 +109,10 @@ class RoutePrepared:
 
 
 def prepare(mode: str, model: Any, cache: Any, device: str) -> RoutePrepared:
-    """The prefill (eager in every mode of the route) and the decoder of `mode`. Compilation happens at the first
-    decode step."""
+    """The prefill (eager in every mode of the route) and the decoder of `mode` (eager, compile, compile-cudagraph or
+    their transformers-* names). Compilation happens at the first decode step."""
     reason = route_unavailable(mode, "transformers", device)
+    mode = route_mode(mode)
     if reason:
         raise RuntimeError(f"mode {mode} is not available on the transformers route: {reason}")
     plain = step_fn(model, cache, prefill=True)
@@ -227,6 +233,11 @@ class _RouteRun:
     def tag(self, phase: str) -> dict[str, Any]:
         return dict(phase=phase, batch_size=self.cfg.batch)
 
+    @property
+    def mode(self) -> str:
+        """The route's own name of the run's mode (transformers-compile → compile)."""
+        return route_mode(self.cfg.mode)
+
 
 def route_run(cfg: LLMConfig, progress: Progress = lambda f, m: None) -> RunResult:
     """One run of a transformers-route checkpoint: check, time, figures, reports (see the module's docstring)."""
@@ -235,7 +246,9 @@ def route_run(cfg: LLMConfig, progress: Progress = lambda f, m: None) -> RunResu
     with torch.no_grad():
         _route_reference(run)  # 1-2: load; eager through the StaticCache against transformers' own generate
         prepared, graphs0 = _route_compile(run)  # 3: the mode, its first calls, its generation against eager's
+        hold = _route_take_device(run)  # from here the device is this run's alone
         prefill_us, decode_us = _route_time(run, prepared, graphs0)  # 4: TTFT and TPOT samples
+        _route_share_device(run, hold)  # the rest is arithmetic and files: the next run of the group may time
         shapes = shapes_of(run.model)
     if cfg.profile:
         run.result.notes.append("profile: torch.profiler and Nsight Compute are not taken on the transformers route "
@@ -254,7 +267,7 @@ def _route_start(cfg: LLMConfig, progress: Progress) -> tuple[_RouteRun, Any]:
     from engine.envinfo import capture_env
 
     device, mode = cfg.device, cfg.mode
-    if mode not in TRANSFORMERS_ROUTE_MODES or route_unavailable(mode, "transformers", device):
+    if route_mode(mode) not in TRANSFORMERS_ROUTE_MODES or route_unavailable(mode, "transformers", device):
         raise RuntimeError(f"mode {mode} is not available on the transformers route: "
                            f"{route_unavailable(mode, 'transformers', device)}")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -264,6 +277,9 @@ def _route_start(cfg: LLMConfig, progress: Progress) -> tuple[_RouteRun, Any]:
     result.notes += [ROUTE_NOTE, f"checkpoint: {ident.get('folder')} · {ident.get('architecture')} · "
                      f"{int(ident.get('parameters') or 0):,} parameters · stored as {ident.get('dtype')} · "
                      f"{ident.get('weights')} · hash {ident.get('hash')}"]
+    if mode != route_mode(mode):  # on a native folder: transformers' module of it, beside the lab's decoder
+        result.notes.append(f"mode {mode}: transformers' own {route_mode(mode)} of the checkpoint, as the "
+                            "transformers route runs it (the native modes run the lab's decoder)")
     ceilings = None
     if cfg.ceilings != "none":
         progress(0.02, "device ceilings")
@@ -314,9 +330,9 @@ def _route_compile(run: _RouteRun) -> tuple[Any, int]:
     its generation against eager's. Returns the prepared mode and dynamo's graph count before it."""
     from torch._dynamo.utils import counters
 
-    cfg, result, mode, device = run.cfg, run.result, run.cfg.mode, run.cfg.device
+    cfg, result, mode, device = run.cfg, run.result, run.mode, run.cfg.device
     prompt, positions, k = run.prompt, run.positions, run.check_tokens
-    run.progress(0.2, f"{mode}: preparing")
+    run.progress(0.2, f"{cfg.mode}: preparing")
     prepared = prepare(mode, run.model, run.cache, device)
     result.notes += prepared.notes
     graphs0 = counters["stats"]["unique_graphs"]
@@ -335,7 +351,7 @@ def _route_compile(run: _RouteRun) -> tuple[Any, int]:
                            Metric("tokens_matched", float(k + 1), "")]
         return prepared, graphs0
     got = generate(prepared.prefill, prepared.decoder, prompt, k)
-    check = check_generation(got, run.reference, run.tolerance, mode)
+    check = check_generation(got, run.reference, run.tolerance, cfg.mode)  # named as the run is
     result.notes += check.notes
     result.metrics += [Metric("max_rel_err", check.prefill_rel_err, "", **run.tag("prefill")),
                        Metric("tokens_matched", float(check.tokens_matched), ""),
@@ -349,7 +365,7 @@ def _route_time(run: _RouteRun, prepared: Any, graphs0: int) -> tuple[list[float
     """Prefill calls and decode passes timed (samples stored); graphs compiled and peak memory beside them."""
     from torch._dynamo.utils import counters
 
-    cfg, result, mode, device = run.cfg, run.result, run.cfg.mode, run.cfg.device
+    cfg, result, mode, device = run.cfg, run.result, run.mode, run.cfg.device
     prompt, positions, B, P, N = run.prompt, run.positions, cfg.batch, cfg.prompt_len, cfg.new_tokens
     run.progress(0.55, f"{mode}: timing prefill")
     for _ in range(2):
@@ -369,6 +385,29 @@ def _route_time(run: _RouteRun, prepared: Any, graphs0: int) -> tuple[list[float
     if device.startswith("cuda"):
         result.metrics.append(Metric("peak_memory_bytes", float(torch.cuda.max_memory_allocated(device)), "bytes"))
     return prefill_us, decode_us
+
+
+def _route_take_device(run: _RouteRun) -> Any:
+    """When the run prepared beside others of its group (engine.worker: a GPU group, native and transformers-route
+    runs of one folder alike), wait until it has the device alone; returns the hold (None in an ordinary worker)."""
+    from engine import device_lock
+
+    hold = device_lock.current()
+    if hold is not None:
+        run.progress(0.5, f"{run.cfg.mode}: waiting to time alone")
+        hold.exclusive()
+    return hold
+
+
+def _route_share_device(run: _RouteRun, hold: Any) -> None:
+    """Timed: the next run of the group may time; what the run prepared beside, stated as the native route does."""
+    if hold is None:
+        return
+    hold.shared()
+    run.result.metrics += [Metric("prepared_alongside", float(hold.group_size - 1), ""),
+                           Metric("device_wait_s", hold.waited_s, "s")]
+    run.result.notes.append(f"prepared beside up to {hold.group_size - 1} other run(s) of its group (untimed work "
+                            "only: loading, checking, compiling), timed with the device to itself")
 
 
 def _route_reports(run: _RouteRun) -> None:

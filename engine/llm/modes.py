@@ -24,6 +24,10 @@
 | triton-int8-wo, -fp8-wo | torch.compile | the same quantized weights, each one-row product the Triton GEMV that   |
 |   -int4-wo              | (CPU: eager)  | dequantizes inside its weight loads (engine/kernels/triton/             |
 |                         |               | quant_gemv.py; CPU: interpreted, correctness only)                      |
+| transformers-eager,     | eager         | --hf folders only: transformers' own module of the checkpoint through   |
+|   -compile,             | (transformers'| its StaticCache, as the transformers route runs eager / compile /       |
+|   -compile-cudagraph    | module)       | compile-cudagraph (engine/llm/hf_route.py); beside the native modes of  |
+|                         |               | a Llama/Mistral/Qwen folder: what the native route buys                 |
 
 Every compiled function is compiled with dynamic=False and fullgraph=True after torch._dynamo.reset(): the static
 cache keeps every shape fixed, so one graph per phase, and a graph break would be a bug worth failing on.
@@ -66,10 +70,36 @@ class LLMMode:
     fused: bool = False  # norms and residual adds inside the GEMVs (engine.kernels.triton.gemv.FusedDecodeOps)
     quant: str | None = None  # weight-only quantization scheme of the decoder layers (engine.llm.quant.SCHEMES)
     quant_impl: str = "plain"  # plain: dequantize in PyTorch; triton: engine.kernels.triton.quant_gemv
+    route: str = "native"  # transformers: transformers' own module of an --hf folder (engine.llm.hf_route)
 
     @property
     def compiles(self) -> bool:
         return self.prefill == "compile" or self.decode != "eager"
+
+
+# -- the transformers route (engine.llm.hf_route) -------------------------------------------------------------------
+# A checkpoint whose architecture the lab's decoder does not have runs as transformers' own module with its static
+# KV cache: eager, its decode step compiled, and on CUDA that compiled step replayed from CUDA graph trees.
+TRANSFORMERS_ROUTE_MODES = {
+    "eager": "transformers' module eagerly, prefill and decode, through its StaticCache.",
+    "compile": "Prefill eager; the decode step (transformers' forward over its StaticCache, argmax) compiled with "
+               "torch.compile (Inductor, fullgraph, static shapes); no CUDA graphs.",
+    "compile-cudagraph": "Prefill eager; the decode step compiled with mode='reduce-overhead' over the StaticCache "
+                         "(the static-cache + torch.compile path transformers documents: Inductor kernels replayed "
+                         "from CUDA graph trees). CUDA only.",
+}
+NATIVE_ONLY_REASON = ("the lab's fused kernels need the native decoder; this architecture runs as transformers' "
+                      "module")
+# The same three on any --hf folder, named apart: on a native folder (Llama, Mistral, Qwen) they run transformers'
+# module of the checkpoint beside the lab's decoder in one group — what the native route buys is their ratio
+# (engine.llm.report.native_vs_transformers). Stored under these names, so their series stay apart from the native
+# modes'; on a transformers-route folder they are the route's own eager / compile / compile-cudagraph.
+TRANSFORMERS_MODES = {f"transformers-{name}": name for name in TRANSFORMERS_ROUTE_MODES}
+NEEDS_FOLDER_REASON = ("transformers' own module is loaded from a checkpoint folder (--hf FOLDER); a preset or "
+                       "--hf-config has none")
+_ROUTE_DECODE = {"eager": "eager", "compile": "compile", "compile-cudagraph": "reduce-overhead"}
+
+
 
 
 _QUANT_MODES = (
@@ -121,6 +151,11 @@ MODES: dict[str, LLMMode] = {m.name: m for m in (
               "CPU interpreted (correctness only)." + extra,
               prefill="compile", decode="cudagraph", quant=scheme, quant_impl="triton")
       for scheme, what, extra in _QUANT_MODES),
+    *(LLMMode(name, f"--hf folders only: transformers' own module of the checkpoint (engine/llm/hf_route.py), run "
+              f"as the transformers route runs {base}: {TRANSFORMERS_ROUTE_MODES[base]} On a Llama, Mistral or "
+              "Qwen folder it sits beside the native modes: what the native route buys.",
+              decode=_ROUTE_DECODE[base], route="transformers")
+      for name, base in TRANSFORMERS_MODES.items()),
 )}
 
 
@@ -353,23 +388,24 @@ def mode_table(device: str, dtype: torch.dtype) -> list[dict[str, str | None]]:
 
 
 
-# -- the transformers route (engine.llm.hf_route) -------------------------------------------------------------------
-# A checkpoint whose architecture the lab's decoder does not have runs as transformers' own module with its static
-# KV cache: eager, its decode step compiled, and on CUDA that compiled step replayed from CUDA graph trees.
-TRANSFORMERS_ROUTE_MODES = {
-    "eager": "transformers' module eagerly, prefill and decode, through its StaticCache.",
-    "compile": "Prefill eager; the decode step (transformers' forward over its StaticCache, argmax) compiled with "
-               "torch.compile (Inductor, fullgraph, static shapes); no CUDA graphs.",
-    "compile-cudagraph": "Prefill eager; the decode step compiled with mode='reduce-overhead' over the StaticCache "
-                         "(the static-cache + torch.compile path transformers documents: Inductor kernels replayed "
-                         "from CUDA graph trees). CUDA only.",
-}
-NATIVE_ONLY_REASON = ("the lab's fused kernels need the native decoder; this architecture runs as transformers' "
-                      "module")
+def route_mode(name: str) -> str:
+    """The transformers route's own name of a mode (transformers-compile → compile; others as they are)."""
+    return TRANSFORMERS_MODES.get(name, name)
 
 
-def route_unavailable(name: str, route: str, device: str) -> str | None:
-    """Why mode `name` cannot run a checkpoint of `route` (None: it can, as far as the route goes)."""
+def run_route(name: str, route: str) -> str:
+    """The route a run of mode `name` takes on a checkpoint of `route`: a transformers-* mode takes transformers'
+    module whatever the folder's own route."""
+    return "transformers" if name in TRANSFORMERS_MODES else route
+
+
+def route_unavailable(name: str, route: str, device: str, folder: bool = True) -> str | None:
+    """Why mode `name` cannot run a checkpoint of `route` (None: it can, as far as the route goes). `folder`: the
+    run has an --hf folder (a transformers-* mode needs one)."""
+    if name in TRANSFORMERS_MODES:
+        if not folder:
+            return NEEDS_FOLDER_REASON
+        name, route = TRANSFORMERS_MODES[name], "transformers"
     if route != "transformers":
         return None
     if name not in TRANSFORMERS_ROUTE_MODES:

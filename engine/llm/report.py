@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pandas as pd
 
 from engine.llm import metrics as M
 from engine.llm.config import LLMConfig, params_of
+from engine.llm.modes import TRANSFORMERS_MODES, route_mode
 from engine.store import Artifact, RunResult, Store
 from engine.workloads.llama import PRESETS, LlamaConfig
 
@@ -173,8 +175,13 @@ def what_was_run(view: RunView) -> str:
             f"batch B={p.get('batch')}, mode {p.get('mode')} on {p.get('device')} "
             f"({p.get('dtype') or ('bfloat16' if str(p.get('device', '')).startswith('cuda') else 'float32')}"
             f"{', SDPA ' + p['sdpa'] if p.get('sdpa') else ''}"
-            f"{', q/k/v and gate/up fused' if p.get('fuse', True) else ''}"
+            f"{', q/k/v and gate/up fused' if p.get('fuse', True) and not _transformers_module(view) else ''}"
             f"{', max-autotune' if p.get('autotune') else ''})")
+
+
+def _transformers_module(view: RunView) -> bool:
+    """The run took the transformers route: transformers' own module, not the lab's decoder."""
+    return (view.checkpoint or {}).get("route") == "transformers"
 
 
 def bound_sentences(view: RunView) -> list[str]:
@@ -270,8 +277,9 @@ def render(view: RunView) -> dict[str, str]:
              f"{(g('max_rel_err', 'decode') or 0):.2g} at most over the checked decode steps (tolerance "
              f"{f'{tol:.3g}' if tol is not None else '—'}"
              + (f" = 4 × eager's own distance from float32, {eager_err:.2g}" if eager_err is not None else "")
-             + f"); {int(g('tokens_matched') or 0)} greedy token position(s) equal to eager's. Static cache vs a "
-             f"full recompute: {g('cache_vs_recompute_rel_err') or 0:.2g}.")
+             + f"); {int(g('tokens_matched') or 0)} greedy token position(s) equal to eager's."
+             + ("" if g("cache_vs_recompute_rel_err") is None else  # the transformers route does not take it
+                f" Static cache vs a full recompute: {g('cache_vs_recompute_rel_err'):.2g}."))
     if g("hf_reference_rel_err") is not None:
         check += (f" Eager vs transformers' own float32 forward of the checkpoint: {g('hf_reference_rel_err'):.2g} "
                   f"relative L2; greedy tokens equal to its argmax at {int(g('hf_reference_tokens_matched') or 0)} "
@@ -408,6 +416,8 @@ def llm_runs(store: Store, status: str | None = "ok", limit: int = 500) -> pd.Da
     # a checkpoint run: its folder name, architecture and hash (runs of one checkpoint share it); None for presets
     runs["checkpoint"] = [f"{Path(str(c.get('folder'))).name} ({c.get('architecture')}, {c.get('hash')})"
                           if isinstance(c := q.get("checkpoint"), dict) else None for q in params]
+    # the route the run took: native (the lab's decoder) or transformers (its own module); None for presets
+    runs["route"] = [c.get("route") if isinstance(c := q.get("checkpoint"), dict) else None for q in params]
     ok = runs[runs["status"] == "ok"]
     if not ok.empty:
         figures = headline(store, [int(i) for i in ok["id"]])
@@ -445,3 +455,85 @@ def roofline_points(store: Store, run_ids: list[int]) -> pd.DataFrame:
             out.append({"run_id": int(r.id), "phase": phase, "mode": r.mode, "batch": r.batch,
                         "prompt_len": r.prompt_len, "intensity": float(ai), "flops_per_s": float(fl)})
     return pd.DataFrame(out, columns=["run_id", "phase", "mode", "batch", "prompt_len", "intensity", "flops_per_s"])
+
+
+# -- what the native route buys -------------------------------------------------------------------------------------
+# A native checkpoint (Llama, Mistral, Qwen) run in the lab's modes and, in the same group, as transformers' own
+# module (transformers-*): the issue's headline is the ratio of their decode TPOTs. Runs compare only within one
+# configuration: the same checkpoint, device, dtype, B, P and N.
+SAME_RUN = ("checkpoint", "device", "dtype", "batch", "prompt_len", "new_tokens")
+
+
+@dataclass(frozen=True)
+class NativeVsTransformers:
+    """The fastest native mode of a checkpoint against transformers' own module of it, by median decode TPOT."""
+    native_mode: str
+    native_tpot_us: float
+    transformers_mode: str  # as stored: transformers-compile-cudagraph (eager … on a transformers-route folder)
+    transformers_tpot_us: float
+    graphed: bool  # the transformers side is its compile-cudagraph; False: its fastest mode in the group
+    native_run: int | None = None
+    transformers_run: int | None = None
+
+    @property
+    def ratio(self) -> float:
+        """How many times faster the native route decodes (above 1: faster)."""
+        return self.transformers_tpot_us / self.native_tpot_us
+
+    def line(self) -> str:
+        which = "" if self.graphed else (" (no transformers-compile-cudagraph run beside it: transformers' fastest "
+                                         "mode in the group)")
+        return (f"what the native route buys: {self.native_mode} TPOT {fmt_time(self.native_tpot_us)} vs "
+                f"transformers' {route_mode(self.transformers_mode)} {fmt_time(self.transformers_tpot_us)}: "
+                f"{self.ratio:.2f}×{which}")
+
+
+def _plain(value: Any) -> Any:
+    """NaN and pandas' missing values as None (so rows of one configuration group together)."""
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA else value
+
+
+def native_vs_transformers(rows: pd.DataFrame | Iterable[Mapping[str, Any]]) -> list[NativeVsTransformers]:
+    """What the native route buys, one per configuration (SAME_RUN) in `rows` that has both sides: the fastest
+    native mode by median decode TPOT among the runs that passed their checks (status ok; a failed check fails its
+    run), against transformers' compile-cudagraph of the same checkpoint — its fastest transformers-route mode where
+    there is none. Rows carry llm_runs' columns: id, mode, status, route, tpot_median_us and SAME_RUN's; a row
+    without a route is native unless its mode is a transformers-* one. Empty where either side is missing."""
+    records = rows.to_dict("records") if isinstance(rows, pd.DataFrame) else [dict(r) for r in rows]
+    sides: dict[tuple, dict[str, list[tuple[float, dict[str, Any]]]]] = {}
+    for r in records:
+        tpot = _plain(r.get("tpot_median_us"))
+        if tpot is None or (_plain(r.get("status")) or "ok") != "ok":  # failed, or no decode measured
+            continue
+        route = _plain(r.get("route")) or ("transformers" if r.get("mode") in TRANSFORMERS_MODES else "native")
+        key = tuple(_plain(r.get(k)) for k in SAME_RUN)
+        sides.setdefault(key, {"native": [], "transformers": []}).setdefault(route, []).append((float(tpot), r))
+    out = []
+    for side in sides.values():
+        if not side["native"] or not side["transformers"]:
+            continue
+        n_tpot, n = min(side["native"], key=lambda tr: tr[0])
+        graphed = [tr for tr in side["transformers"] if route_mode(str(tr[1].get("mode"))) == "compile-cudagraph"]
+        t_tpot, t = min(graphed or side["transformers"], key=lambda tr: tr[0])
+        out.append(NativeVsTransformers(str(n.get("mode")), n_tpot, str(t.get("mode")), t_tpot, bool(graphed),
+                                        _run_id(n), _run_id(t)))
+    return out
+
+
+def _run_id(row: Mapping[str, Any]) -> int | None:
+    value = _plain(row.get("id"))
+    return None if value is None else int(value)
+
+
+def latest_native_vs_transformers(runs: pd.DataFrame, checkpoint: str) -> list[NativeVsTransformers]:
+    """The headline of the newest group of `checkpoint`'s runs (llm_runs' checkpoint label) that has both sides
+    (the LLM page shows it); empty where no group has."""
+    if runs.empty or "group_id" not in runs:
+        return []
+    mine = runs[(runs["checkpoint"] == checkpoint) & runs["group_id"].notna()]
+    newest_first = sorted(mine.groupby("group_id"), key=lambda gf: -int(gf[1]["id"].max()))
+    for _, frame in newest_first:
+        found = native_vs_transformers(frame)
+        if found:
+            return found
+    return []

@@ -3,6 +3,7 @@ roofline charts from real stored runs, two runs side by side, the report downloa
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,8 @@ def test_empty_store_offers_a_first_run(lab: Store) -> None:
     at = open_llm().run()
     assert not at.exception
     assert "No LLM runs yet" in texts(at.info)
-    runnable = [n for n, m in MODES.items() if availability(m, "cpu", __import__("torch").float32) is None]
+    runnable = [n for n, m in MODES.items() if availability(m, "cpu", __import__("torch").float32) is None
+                and m.route == "native"]  # the transformers-* modes need an --hf folder (the CLI's)
     assert at.button(key="llm-run").label == f"Run ({len(runnable)} runs)"  # mode "all": every available mode
     assert not at.get("plotly_chart")
 
@@ -130,3 +132,22 @@ def test_failed_run_shows_its_error(lab: Store) -> None:
     assert not at.exception
     assert "decode step 3 logits differ" in texts(at.error)
     assert "--- tb ---" in texts(at.code)
+
+
+def test_what_the_native_route_buys_for_a_checkpoint(lab: Store, sweep_results) -> None:
+    """A native checkpoint's newest group with a native mode and transformers' own: the headline over the cards,
+    computed by engine.llm.report.native_vs_transformers (the CLI prints the same line)."""
+    params, result = sweep_results[0]
+    ckpt = {"folder": "/models/llama", "architecture": "LlamaForCausalLM", "parameters": 1000, "dtype": "F32",
+            "weights": "safetensors", "hash": "0123456789abcdef", "route": "native"}
+    slower = dataclasses.replace(result, metrics=[dataclasses.replace(m, value=2 * m.value)
+                                                  if m.name == "tpot_median_us" else m for m in result.metrics])
+    native_id, theirs_id = add_runs(lab, [({**params, "checkpoint": ckpt}, result),
+                                          ({**params, "mode": "transformers-eager",
+                                            "checkpoint": {**ckpt, "route": "transformers"}}, slower)], group="g2")
+    at = open_llm().run()
+    assert not at.exception
+    line = next(t for t in (str(e.value) for e in at.info) if t.startswith("What the native route buys: eager TPOT"))
+    assert "vs transformers' eager" in line and ": 2.00×" in line
+    assert f"runs #{native_id} and #{theirs_id}" in line
+    assert "transformers-eager" not in [o for o in at.selectbox(key="new-mode").options]  # presets only here

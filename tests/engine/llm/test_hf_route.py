@@ -1,6 +1,8 @@
 """The transformers route (engine.llm.hf_route): a tiny GPT-2 checkpoint written with save_pretrained runs as
 transformers' own module through its StaticCache — eager and compiled greedy tokens and logits against transformers'
-own generate, `llm --hf` end to end naming the route, a native-only mode refused with the reason."""
+own generate, `llm --hf` end to end naming the route, a native-only mode refused with the reason. The transformers-*
+modes: a tiny Llama folder run natively and as transformers' module in one group (distinct stored modes, both
+checked, the headline printed); the names on a transformers-route folder; refused without --hf."""
 
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ import torch
 
 from engine.cli import main
 from engine.llm import hf, hf_route
+from engine.llm.cli import _resolve_modes
+from engine.llm.config import LLMConfig
 from engine.llm.generate import generate
-from engine.llm.modes import NATIVE_ONLY_REASON
+from engine.llm.modes import MODES, NATIVE_ONLY_REASON, NEEDS_FOLDER_REASON, TRANSFORMERS_MODES, availability
 from engine.llm.report import llm_runs
-from engine.store import Store
+from engine.store import RunResult, Store
 
 transformers = pytest.importorskip("transformers")
 
@@ -90,3 +94,101 @@ def test_llm_hf_gpt2_runs_end_to_end_on_the_transformers_route(gpt2: Path, store
     assert float(get("hf_reference_tokens_matched").iloc[0]) == 4
     assert (get("flops") > 0).all() and float(get("tpot_median_us").iloc[0]) > 0
     assert main(["llm-report", str(run["id"]), "--db", str(store.path)]) == 0
+
+
+# -- transformers' own module of any --hf folder: the transformers-* modes ------------------------------------------
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A native-route folder, one layer (the compiled mode's compile is most of the test's time)."""
+    folder = tmp_path_factory.mktemp("route") / "llama"
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_a_native_folder_runs_natively_and_as_transformers_module_in_one_group(
+        llama: Path, store: Store, capsys: pytest.CaptureFixture) -> None:
+    """Prepared side by side (as a GPU group would be), each timed with the device to itself."""
+    code = main(["llm", "--hf", str(llama), "--prompt-len", "6", "--new-tokens", "3", "--mode",
+                 "eager,transformers-eager,transformers-compile", "--device", "cpu", "--prefill-iters", "2",
+                 "--decode-passes", "1", "--no-profile", "--prepare-parallel", "3", "--db", str(store.path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    runs = llm_runs(store).set_index("mode")
+    assert sorted(runs.index) == ["eager", "transformers-compile", "transformers-eager"]  # stored apart
+    assert runs["group_id"].nunique() == 1 and runs["workload"].nunique() == 1  # one checkpoint, the same run
+    alongside = store.metrics(list(runs["id"])).query("name == 'prepared_alongside'")
+    assert sorted(alongside["run_id"]) == sorted(runs["id"]) and set(alongside["value"]) == {2.0}
+    assert runs.loc["eager", "route"] == "native"
+    for mode in ("transformers-eager", "transformers-compile"):
+        run = store.run(int(runs.loc[mode, "id"]))
+        assert run["params"]["checkpoint"]["route"] == "transformers" and run["params"]["mode"] == mode
+        assert "route: transformers" in run["notes"][0]
+        assert any(n.startswith("reference: transformers' own eager generate") for n in run["notes"])
+        metrics = store.metrics([run["id"]])
+        get = lambda name, m=metrics: m[m["name"] == name]["value"]  # noqa: E731
+        assert float(get("hf_reference_rel_err").iloc[0]) < 1e-4 and float(get("tokens_matched").iloc[0]) == 4
+        assert (get("flops") > 0).all() and float(get("tpot_median_us").iloc[0]) > 0
+    compiled = store.metrics([int(runs.loc["transformers-compile", "id"])])
+    assert float(compiled[(compiled["name"] == "max_rel_err") & (compiled["phase"] == "decode")]["value"].iloc[0]) \
+        < 1e-4  # its generation checked against transformers-eager's
+    native = store.run(int(runs.loc["eager", "id"]))
+    assert native["params"]["checkpoint"]["route"] == "native"
+    assert any(n.startswith("reference: transformers' own forward") for n in native["notes"])
+    line = next(x for x in out.splitlines() if x.startswith("what the native route buys: eager TPOT "))
+    assert "transformers' fastest mode in the group" in line  # no compile-cudagraph on the CPU
+
+
+def test_all_and_the_transformers_names_per_route(llama: Path, gpt2: Path) -> None:
+    native = _resolve_modes("all", "cpu", torch.float32, str(llama))
+    assert {"eager", "compile", "transformers-eager", "transformers-compile"} <= set(native)
+    assert "transformers-compile-cudagraph" not in native  # CUDA only, as compile-cudagraph
+    # on a transformers-route folder the transformers-* names are its own modes: one run each, stored as before
+    assert _resolve_modes("all", "cpu", torch.float32, str(gpt2)) == ["eager", "compile"]
+    assert _resolve_modes("eager,transformers-eager,transformers-compile", "cpu", torch.float32, str(gpt2)) == [
+        "eager", "compile"]
+    assert set(TRANSFORMERS_MODES) == {n for n, m in MODES.items() if m.route == "transformers"}
+    assert "CUDA graphs" in availability(MODES["transformers-compile-cudagraph"], "cpu", torch.float32)
+
+
+def test_a_transformers_mode_without_a_folder_is_refused_in_one_line(store: Store,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    assert main(["llm", "--preset", "tiny", "--mode", "eager,transformers-eager", "--device", "cpu",
+                 "--db", str(store.path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.endswith(f"mode transformers-eager is not available for preset tiny: {NEEDS_FOLDER_REASON}")
+    assert llm_runs(store).empty
+    with pytest.raises(ValueError, match="needs|has none"):  # the page and the job runner validate the same way
+        LLMConfig(preset="tiny", mode="transformers-compile").validate()
+
+
+def test_a_route_run_times_with_the_device_to_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prepared beside other runs of its group (native ones of the same folder too), it takes the device alone to
+    time and gives it back after, as the native route does."""
+    from engine import device_lock
+
+    calls: list[str] = []
+
+    class Hold:
+        group_size, waited_s = 3, 0.5
+
+        def exclusive(self) -> None:
+            calls.append("exclusive")
+
+        def shared(self) -> None:
+            calls.append("shared")
+
+    monkeypatch.setattr(device_lock, "current", lambda: Hold())
+    run = hf_route._RouteRun(LLMConfig(mode="transformers-compile"), lambda f, m: None, RunResult())
+    assert run.mode == "compile"
+    hold = hf_route._route_take_device(run)
+    hf_route._route_share_device(run, hold)
+    assert calls == ["exclusive", "shared"]
+    assert {m.name: m.value for m in run.result.metrics} == {"prepared_alongside": 2.0, "device_wait_s": 0.5}
