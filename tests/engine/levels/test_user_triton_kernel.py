@@ -94,6 +94,8 @@ def test_it_is_fp32_accurate_on_every_head_dim_ragged_s_and_value_range(d: int, 
         assert err < 1e-4, f"D={d} S={s} scale {scale}: relative L2 error {err:.3g}"
 
 
+@pytest.mark.skipif(CUDA, reason="interpreted on the CPU only; with a GPU the kernel runs compiled and the "
+                                 "harness test on CUDA below covers it")
 def test_through_the_harness_it_passes_every_guard(store: Store) -> None:
     _store_ceilings(store)
     result = run_level(LevelsConfig(component="causal_attention", shape="small", level=level_key(IMPL), iters=2,
@@ -110,10 +112,11 @@ def test_through_the_harness_it_passes_every_guard(store: Store) -> None:
 
 @pytest.mark.skipif(not CUDA, reason="bf16 needs a GPU (Triton 3.6's interpreter multiplies bf16 dot operands as raw "
                                      "bits); fp32 with tf32x3 dots is a GPU path")
-@pytest.mark.parametrize("d", [32, 64, 128])
+@pytest.mark.parametrize("d", [64, 128])
 def test_on_cuda_bf16_and_fp32_match_the_reference(d: int) -> None:
+    # each (S, D, dtype) autotunes its configs afresh (~20 s of compiling): two head widths, a ragged S in bf16
     gen = torch.Generator(device="cuda").manual_seed(d)
-    for dtype, s, tol in ((torch.bfloat16, 80, 2e-2), (torch.bfloat16, 1041, 2e-2), (torch.float32, 80, 2e-3)):
+    for dtype, s, tol in ((torch.bfloat16, 1041, 2e-2), (torch.float32, 80, 2e-3)):
         for scale in (1.0, 10.0):
             q, k, v = ((torch.randn(2, 3, s, d, device="cuda", generator=gen) * scale).to(dtype) for _ in range(3))
             ref = _ref64(q, k, v)

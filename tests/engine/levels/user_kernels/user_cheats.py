@@ -1,5 +1,5 @@
 """Planted cheats for causal_attention at its small CPU shape: each must fail its run or be flagged by the guards.
-side_stream and warm_l2 only mean something on CUDA (their tests skip on the CPU, saying why)."""
+side_stream only means something on CUDA (its test skips on the CPU, saying why)."""
 
 from __future__ import annotations
 
@@ -68,20 +68,12 @@ def spins_after(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
 
 
 def side_stream(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """CUDA only: runs the work on another stream that the caller's stream never waits for."""
+    """CUDA only: runs the work on another stream that the caller's stream never waits for. The side stream waits for
+    the caller's (so it reads finished inputs and the answer is right); the caller's events bracket nothing."""
     stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        return attention(q, k, v)
-
-
-def warm_l2(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """CUDA only: replaying from a warm L2. Right answer in one fused launch (SDPA's flash kernel) that reads q, k, v
-    once and writes out once: memory-bound at a short S, where every input set a benchmark rotates over fits in L2
-    together. Timed back to back, each call finds its inputs in L2 (left there by the calls before it) and reports L2's
-    speed, not the HBM reads a cold call (a real model's layer) pays. Nothing in the call is wrong: the cheat is the
-    timing it invites. The harness zeroes a 2x-L2 buffer before every timed call (guard l2_flush); its test
-    (tests/engine/levels/test_yours.py) finds the flushed median well above an unflushed loop of the same calls."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # SDPA: accurate at bf16 (plain bf16 torch math fails the precision guard first)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 def wrong_signature(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,141 @@
+"""Weight-only quantized GEMVs at B=1: the project's Triton kernels (engine/kernels/triton/quant_gemv.py) over a sweep
+of tiles, beside cuBLAS on the bf16 weight, per weight shape of a preset.
+
+    python benchmarks/quant_gemv_bench.py --preset 1B,7B [--schemes int8-wo,fp8-wo,int4-wo]     (CUDA only)
+
+Each (shape, scheme): the weight quantized as the LLM modes do (engine.llm.quant.quantize), every tile's output
+checked against float64 dequantize-then-matmul first (relative L2 ≤ 8e-3, bf16 outputs), then timed as a decode
+step runs it: calls on rotating copies of the codes (3× the L2 in all, so they stream from HBM) captured back to
+back in one CUDA graph (engine.timing.time_in_graph). GB/s = the bytes the call must move (codes + scales + x + y)
+/ median time. The last table gives, per scheme, the tile with the best total time over the preset's shapes and how
+far the current default (TILE_CHANNEL / TILE_INT4) is from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+TILES = [(bn, bk, w, st) for bn, bk, w, st in itertools.product((2, 4, 8, 16), (256, 512, 1024), (4, 8), (1,))
+         if bn * bk <= 8192]
+
+
+def shapes(name: str) -> list[tuple[str, int, int]]:
+    from engine.workloads.llama import preset
+
+    c = preset(name)
+    hd = c.dim // c.heads
+    return [("qkv", (c.heads + 2 * c.kv_heads) * hd, c.dim), ("o", c.dim, c.heads * hd),
+            ("gate_up", 2 * c.ffn, c.dim), ("down", c.dim, c.ffn)]
+
+
+def launcher(scheme: str, tile: tuple[int, int, int, int]):
+    """A call of the scheme's kernel with this tile (the module's own launch, tile forced)."""
+    import triton
+
+    from engine.kernels.triton import quant_gemv as qg
+
+    bn, bk, warps, stages = tile
+
+    def channel(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        qb = q.view(torch.uint8)
+        qg._wo_channel_kernel[(triton.cdiv(q.shape[0], bn),)](
+            x, qb, s, y, q.shape[0], q.shape[1], qb.stride(0), BLOCK_N=bn, BLOCK_K=bk, FP8=scheme == "fp8-wo",
+            num_warps=warps, num_stages=stages)
+        return y
+
+    def int4(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        qg._wo_int4_kernel[(triton.cdiv(q.shape[0], bn),)](
+            x, q, s, y, q.shape[0], x.numel(), q.stride(0), s.stride(0), BLOCK_N=bn, BLOCK_K=bk, GROUP_K=qg.GROUP,
+            num_warps=warps, num_stages=stages)
+        return y
+
+    return int4 if scheme == "int4-wo" else channel
+
+
+def bench_shape(scheme: str, n: int, k: int) -> dict:
+    from engine.kernels.triton.quant_gemv import _reference_channel, _reference_int4
+    from engine.llm.quant import quantize
+    from engine.timing import time_in_graph
+
+    gen = torch.Generator(device="cuda").manual_seed(n + k)
+    x = torch.randn(k, device="cuda", generator=gen).bfloat16()
+    w = (torch.randn(n, k, device="cuda", generator=gen) / k ** 0.5).bfloat16()
+    qw = quantize(w, scheme)
+    q, s = qw.q.contiguous(), qw.scales.contiguous()
+    ref = (_reference_int4 if scheme == "int4-wo" else _reference_channel)(x[None], q, s)[0]
+    nbytes = q.numel() * q.element_size() + s.numel() * s.element_size() + 2 * (k + n)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    copies = max(2, min(32, int(3 * l2 // (q.numel() * q.element_size())) + 1))
+    sets = [(q.clone(), s.clone()) for _ in range(copies)]
+    y = torch.empty(n, device="cuda", dtype=torch.bfloat16)
+    times = {}
+    for tile in TILES:
+        if scheme == "int4-wo" and tile[1] % 64:
+            continue
+        fn = launcher(scheme, tile)
+        try:
+            out = fn(x, q, s, y).double()
+        except Exception as err:  # noqa: BLE001 - a tile that does not compile here is skipped with its reason
+            print(f"  {scheme} {n}x{k} tile {tile}: {type(err).__name__}: {str(err)[:80]}", file=sys.stderr)
+            continue
+        err = float((out - ref).norm() / ref.norm())
+        if err > 8e-3:  # outputs are bf16 (2^-9 relative rounding); gemv_bench.py uses the same bound
+            print(f"  {scheme} {n}x{k} tile {tile}: off by {err:.2e}, not timed", file=sys.stderr)
+            continue
+        calls = [lambda qq=qq, ss=ss, fn=fn: fn(x, qq, ss, y) for qq, ss in sets]
+        times[tile] = time_in_graph(calls, replays=10).stats.median
+    wb = [w.clone() for _ in range(max(2, min(32, int(3 * l2 // (w.numel() * 2)) + 1)))]
+    cublas = time_in_graph([lambda ww=ww: F.linear(x[None], ww) for ww in wb], replays=10).stats.median
+    return {"bytes": nbytes, "times": times, "cublas_bf16_us": cublas, "bf16_bytes": 2 * (n * k + k + n)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="1B,7B")
+    parser.add_argument("--schemes", default="int8-wo,fp8-wo,int4-wo")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA device", file=sys.stderr)
+        return 2
+    from engine.kernels.triton.quant_gemv import TILE_CHANNEL, TILE_INT4
+
+    totals: dict[tuple[str, str], dict] = {}
+    print(f"{'preset':<6}{'shape':<9}{'N':>7}{'K':>7}{'scheme':>9}{'MB':>8}{'best tile':>16}{'µs':>8}{'GB/s':>7}"
+          f"{'default µs':>11}{'bf16 cuBLAS µs':>15}{'GB/s':>7}")
+    for name in args.preset.split(","):
+        for scheme in args.schemes.split(","):
+            total = totals.setdefault((name, scheme), {})
+            for what, n, k in shapes(name):
+                r = bench_shape(scheme, n, k)
+                if not r["times"]:
+                    continue
+                best = min(r["times"], key=r["times"].get)
+                default = (*(TILE_INT4 if scheme == "int4-wo" else TILE_CHANNEL), 1)
+                for tile, us in r["times"].items():
+                    total[tile] = total.get(tile, 0.0) + us
+                t = r["times"][best]
+                print(f"{name:<6}{what:<9}{n:>7}{k:>7}{scheme:>9}{r['bytes'] / 1e6:>8.1f}"
+                      f"{'x'.join(map(str, best)):>16}{t:>8.1f}{r['bytes'] / t / 1e3:>7.0f}"
+                      f"{r['times'].get(default, float('nan')):>11.1f}{r['cublas_bf16_us']:>15.1f}"
+                      f"{r['bf16_bytes'] / r['cublas_bf16_us'] / 1e3:>7.0f}")
+    print("\nper preset and scheme, summed over its shapes (tile = BLOCK_N x BLOCK_K x warps x stages):")
+    print(f"{'preset':<6}{'scheme':>9}{'best tile':>16}{'µs':>9}{'default µs':>11}")
+    for (name, scheme), total in totals.items():
+        if total:
+            best = min(total, key=total.get)
+            default = (*(TILE_INT4 if scheme == "int4-wo" else TILE_CHANNEL), 1)
+            print(f"{name:<6}{scheme:>9}{'x'.join(map(str, best)):>16}{total[best]:>9.1f}"
+                  f"{total.get(default, float('nan')):>11.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
