@@ -8,7 +8,7 @@ checked against float64 dequantize-then-matmul first (relative L2 ≤ 8e-3, bf16
 step runs it: calls on rotating copies of the codes (3× the L2 in all, so they stream from HBM) captured back to
 back in one CUDA graph (engine.timing.time_in_graph). GB/s = the bytes the call must move (codes + scales + x + y)
 / median time. The last table gives, per scheme, the tile with the best total time over the preset's shapes and how
-far the current default (TILE_CHANNEL / TILE_INT4) is from it.
+far the current default (TILE_INT8 / TILE_FP8 / TILE_INT4) is from it.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-TILES = [(bn, bk, w, st) for bn, bk, w, st in itertools.product((2, 4, 8, 16), (256, 512, 1024), (4, 8), (1,))
-         if bn * bk <= 8192]
+# (BLOCK_N, BLOCK_K, warps, stages, grouped): grouped is int4's GROUPED (1: per-group sums, 0: per-weight scales);
+# the channel kernels run grouped = 1 only
+TILES = [(bn, bk, w, st, g) for bn, bk, w, st, g in itertools.product((2, 4, 8, 16), (256, 512, 1024), (4, 8), (1,),
+                                                                      (1, 0)) if bn * bk <= 8192]
 
 
 def shapes(name: str) -> list[tuple[str, int, int]]:
@@ -33,7 +35,7 @@ def shapes(name: str) -> list[tuple[str, int, int]]:
     c = preset(name)
     hd = c.dim // c.heads
     return [("qkv", (c.heads + 2 * c.kv_heads) * hd, c.dim), ("o", c.dim, c.heads * hd),
-            ("gate_up", 2 * c.ffn, c.dim), ("down", c.dim, c.ffn)]
+            ("gate_up", 2 * c.ffn, c.dim), ("down", c.dim, c.ffn), ("lm_head", c.vocab, c.dim)]
 
 
 def launcher(scheme: str, tile: tuple[int, int, int, int]):
@@ -42,19 +44,19 @@ def launcher(scheme: str, tile: tuple[int, int, int, int]):
 
     from engine.kernels.triton import quant_gemv as qg
 
-    bn, bk, warps, stages = tile
+    bn, bk, warps, stages, grouped = tile
 
     def channel(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         qb = q.view(torch.uint8)
         qg._wo_channel_kernel[(triton.cdiv(q.shape[0], bn),)](
-            x, qb, s, y, q.shape[0], q.shape[1], qb.stride(0), BLOCK_N=bn, BLOCK_K=bk, FP8=scheme == "fp8-wo",
-            num_warps=warps, num_stages=stages)
+            x, qb, s, y, x, x, q.shape[0], q.shape[1], qb.stride(0), 0.0, BLOCK_N=bn, BLOCK_K=bk,
+            FP8=scheme == "fp8-wo", num_warps=warps, num_stages=stages)
         return y
 
     def int4(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         qg._wo_int4_kernel[(triton.cdiv(q.shape[0], bn),)](
-            x, q, s, y, q.shape[0], x.numel(), q.stride(0), s.stride(0), BLOCK_N=bn, BLOCK_K=bk, GROUP_K=qg.GROUP,
-            num_warps=warps, num_stages=stages)
+            x, q, s, y, x, x, q.shape[0], x.numel(), q.stride(0), s.stride(0), 0.0, BLOCK_N=bn, BLOCK_K=bk,
+            GROUP_K=qg.GROUP, GROUPED=bool(grouped), num_warps=warps, num_stages=stages)
         return y
 
     return int4 if scheme == "int4-wo" else channel
@@ -78,7 +80,7 @@ def bench_shape(scheme: str, n: int, k: int) -> dict:
     y = torch.empty(n, device="cuda", dtype=torch.bfloat16)
     times = {}
     for tile in TILES:
-        if scheme == "int4-wo" and tile[1] % 64:
+        if (scheme == "int4-wo" and tile[1] % 64) or (scheme != "int4-wo" and not tile[4]):
             continue
         fn = launcher(scheme, tile)
         try:
@@ -105,7 +107,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
-    from engine.kernels.triton.quant_gemv import TILE_CHANNEL, TILE_INT4
+    from engine.kernels.triton.quant_gemv import GROUPED_INT4, TILE_FP8, TILE_INT4, TILE_INT8
 
     totals: dict[tuple[str, str], dict] = {}
     print(f"{'preset':<6}{'shape':<9}{'N':>7}{'K':>7}{'scheme':>9}{'MB':>8}{'best tile':>16}{'µs':>8}{'GB/s':>7}"
@@ -118,7 +120,8 @@ def main() -> int:
                 if not r["times"]:
                     continue
                 best = min(r["times"], key=r["times"].get)
-                default = (*(TILE_INT4 if scheme == "int4-wo" else TILE_CHANNEL), 1)
+                default = (*{"int4-wo": TILE_INT4, "fp8-wo": TILE_FP8}.get(scheme, TILE_INT8), 1, int(GROUPED_INT4 or
+                                                                                           scheme != "int4-wo"))
                 for tile, us in r["times"].items():
                     total[tile] = total.get(tile, 0.0) + us
                 t = r["times"][best]
@@ -126,14 +129,16 @@ def main() -> int:
                       f"{'x'.join(map(str, best)):>16}{t:>8.1f}{r['bytes'] / t / 1e3:>7.0f}"
                       f"{r['times'].get(default, float('nan')):>11.1f}{r['cublas_bf16_us']:>15.1f}"
                       f"{r['bf16_bytes'] / r['cublas_bf16_us'] / 1e3:>7.0f}")
-    print("\nper preset and scheme, summed over its shapes (tile = BLOCK_N x BLOCK_K x warps x stages):")
+    print("\nper preset and scheme, summed over its shapes (tile = BLOCK_N x BLOCK_K x warps x stages x grouped):")
     print(f"{'preset':<6}{'scheme':>9}{'best tile':>16}{'µs':>9}{'default µs':>11}")
     for (name, scheme), total in totals.items():
         if total:
-            best = min(total, key=total.get)
-            default = (*(TILE_INT4 if scheme == "int4-wo" else TILE_CHANNEL), 1)
-            print(f"{name:<6}{scheme:>9}{'x'.join(map(str, best)):>16}{total[best]:>9.1f}"
-                  f"{total.get(default, float('nan')):>11.1f}")
+            ranked = sorted(total, key=total.get)
+            default = (*{"int4-wo": TILE_INT4, "fp8-wo": TILE_FP8}.get(scheme, TILE_INT8), 1, int(GROUPED_INT4 or
+                                                                                   scheme != "int4-wo"))
+            runners_up = "  ".join(f"{'x'.join(map(str, t))} {total[t]:.1f}" for t in ranked[1:5])
+            print(f"{name:<6}{scheme:>9}{'x'.join(map(str, ranked[0])):>16}{total[ranked[0]]:>9.1f}"
+                  f"{total.get(default, float('nan')):>11.1f}   next: {runners_up}")
     return 0
 
 

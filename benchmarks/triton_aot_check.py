@@ -25,20 +25,42 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+FUSIONS = ((True, False, False), (False, True, False), (False, True, True))  # norm_linear; linear_add; swiglu
+
+
+def _fusion_tag(norm: bool, add: bool, swiglu: bool) -> str:
+    return " +norm" if norm else " +swiglu +residual" if swiglu else " +residual" if add else ""
+
+
 def quant_jobs(arch: int):
-    """The weight-only quantized GEMVs (the triton-*-wo LLM modes): every tile they may use, each code type."""
+    """The weight-only quantized GEMVs (the triton-*-wo LLM modes): every tile they may use, each code type, plain;
+    the fused variants of the triton-fused step (norm, residual, SwiGLU + residual) at the tile the modes launch."""
     from engine.kernels.triton import quant_gemv as qg
 
     pdl = arch >= 90
-    sig = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32", "K": "i32",
-           "stride_qn": "i32"}
+    sig = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*bf16", "y_ptr": "*bf16", "g_ptr": "*bf16", "r_ptr": "*bf16",
+           "N": "i32", "K": "i32", "stride_qn": "i32"}
+    codes = (False, True) if arch >= 89 else (False,)  # fp8 (e4m3) conversions need sm_89+
     for n, k, warps in qg.AOT_TILES_CHANNEL:
-        for fp8 in ((False, True) if arch >= 89 else (False,)):  # fp8 (e4m3) conversions need sm_89+
-            yield (f"quant_gemv {'fp8' if fp8 else 'int8'} {n}x{k} w{warps}", qg._wo_channel_kernel, sig,
-                   {"BLOCK_N": n, "BLOCK_K": k, "FP8": fp8, "PDL": pdl}, warps)
+        for fp8 in codes:
+            launched = qg.TILE_FP8 if fp8 else qg.TILE_INT8
+            fusions = ((False, False, False),) + (FUSIONS if (n, k, warps) == launched else ())
+            for norm, add, swiglu in fusions:
+                yield (f"quant_gemv {'fp8' if fp8 else 'int8'} {n}x{k} w{warps}{_fusion_tag(norm, add, swiglu)}",
+                       qg._wo_channel_kernel, {**sig, "eps": "fp32"},
+                       {"BLOCK_N": n, "BLOCK_K": k, "FP8": fp8, "NORM": norm, "ADD": add, "SWIGLU": swiglu,
+                        "PDL": pdl}, warps)
     for n, k, warps in qg.AOT_TILES_INT4:
-        yield (f"quant_gemv int4 {n}x{k} w{warps}", qg._wo_int4_kernel, {**sig, "stride_sn": "i32"},
-               {"BLOCK_N": n, "BLOCK_K": k, "GROUP_K": qg.GROUP, "PDL": pdl}, warps)
+        fusions = ((False, False, False),) + (FUSIONS if (n, k, warps) == qg.TILE_INT4 else ())
+        for norm, add, swiglu in fusions:
+            yield (f"quant_gemv int4 {n}x{k} w{warps}{_fusion_tag(norm, add, swiglu)}", qg._wo_int4_kernel,
+                   {**sig, "stride_sn": "i32", "eps": "fp32"},
+                   {"BLOCK_N": n, "BLOCK_K": k, "GROUP_K": qg.GROUP, "NORM": norm, "ADD": add, "SWIGLU": swiglu,
+                    "PDL": pdl}, warps)
+
+
+def quant_job_count(arch: int = 90) -> int:
+    return sum(1 for _ in quant_jobs(arch))
 
 
 def jobs(arch: int):
@@ -69,8 +91,7 @@ def jobs(arch: int):
         # plain; norm_linear; linear_add; swiglu_linear_add
         for norm, add, swiglu in ((False, False, False), (True, False, False), (False, True, False),
                                   (False, True, True)):
-            tag = " +norm" if norm else " +swiglu +residual" if swiglu else " +residual" if add else ""
-            yield (f"gemv {n}x{k} w{warps}{tag}", gm._gemv_kernel, gemv_sig,
+            yield (f"gemv {n}x{k} w{warps}{_fusion_tag(norm, add, swiglu)}", gm._gemv_kernel, gemv_sig,
                    {"BLOCK_N": n, "BLOCK_K": k, "NORM": norm, "ADD": add, "SWIGLU": swiglu, "PDL": pdl}, warps)
 
 
@@ -112,9 +133,9 @@ def main() -> int:
             failed += 1
             rows.append((name, f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", 0,
                          time.perf_counter() - start))
-    print(f"{'kernel':34} {'sm':>3} {'shared B':>8} {'s':>5}  result")
+    print(f"{'kernel':44} {'sm':>3} {'shared B':>8} {'s':>5}  result")
     for name, result, shared, seconds in rows:
-        print(f"{name:34} {args.arch:3d} {shared:8d} {seconds:5.1f}  {result}")
+        print(f"{name:44} {args.arch:3d} {shared:8d} {seconds:5.1f}  {result}")
     return 1 if failed else 0
 
 

@@ -138,6 +138,20 @@ def time_blocks(fn: Callable[[], object], device: str, *, block: int = 20, reps:
     return Measurement(samples_us=samples, first_call_us=float("nan"), device=device)
 
 
+def reset_after_failed_capture() -> None:
+    """A capture that fails (a host sync, an uncapturable op) ends before torch tells the CUDA generator the capture
+    is over, and every later CUDA random op in the process then raises "Offset increment outside graph capture
+    encountered unexpectedly" (seen on an H100, torch 2.11). One small capture that succeeds closes it again."""
+    import torch
+
+    torch.cuda.synchronize()
+    x = torch.zeros(1, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        x.add_(1)
+    torch.cuda.synchronize()
+
+
 def time_in_graph(calls: list[Callable[[], object]], *, replays: int = 20, warmup: int = 2) -> Measurement:
     """Device time per call of `calls`, captured back to back into one CUDA graph and replayed: no host launch cost,
     as inside a decode step's graph. Give calls that read different buffers (e.g. rotating copies of a weight, more
@@ -153,9 +167,13 @@ def time_in_graph(calls: list[Callable[[], object]], *, replays: int = 20, warmu
                 call()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
+    try:
+        with torch.cuda.graph(graph):
+            for call in calls:
+                call()
+    except Exception:
+        reset_after_failed_capture()
+        raise
     graph.replay()
     torch.cuda.synchronize()
     pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]

@@ -18,12 +18,13 @@
 |                         |               | GEMVs next to them (norm_linear / linear_add / swiglu_linear_add in     |
 |                         |               | engine/kernels/triton/gemv.py), RoPE and the cache write inside the     |
 |                         |               | decode attention (decode_attention_qkv)                                 |
-| int8-wo, fp8-wo,        | torch.compile | compile-cudagraph over weight-only quantized decoder layers (int8 / fp8 |
-|   int4-wo               | (CPU: eager)  | per channel, int4 in groups of 64; engine/llm/quant.py), dequantized in |
-|                         |               | PyTorch before each product (CPU: eager dequantize-then-matmul)         |
-| triton-int8-wo, -fp8-wo | torch.compile | the same quantized weights, each one-row product the Triton GEMV that   |
-|   -int4-wo              | (CPU: eager)  | dequantizes inside its weight loads (engine/kernels/triton/             |
-|                         |               | quant_gemv.py; CPU: interpreted, correctness only)                      |
+| int8-wo, fp8-wo,        | torch.compile | compile-cudagraph over weight-only quantized decoder layers and LM head |
+|   int4-wo               | (CPU: eager)  | (int8 / fp8 per channel, int4 in groups of 64; engine/llm/quant.py),    |
+|                         |               | dequantized in PyTorch before each product (CPU: eager)                 |
+| triton-int8-wo, -fp8-wo | torch.compile | triton-fused over the same quantized weights: each one-row product the  |
+|   -int4-wo              | (CPU: eager)  | Triton GEMV that dequantizes inside its weight loads, with the norms,   |
+|                         |               | residual adds and SwiGLU fused as in triton-fused (engine/kernels/      |
+|                         |               | triton/quant_gemv.py; CPU: interpreted, correctness only)               |
 | transformers-eager,     | eager         | --hf folders only: transformers' own module of the checkpoint through   |
 |   -compile,             | (transformers'| its StaticCache, as the transformers route runs eager / compile /       |
 |   -compile-cudagraph    | module)       | compile-cudagraph (engine/llm/hf_route.py); beside the native modes of  |
@@ -139,17 +140,20 @@ MODES: dict[str, LLMMode] = {m.name: m for m in (
             "in its epilogue), RoPE and the KV-cache write inside the decode attention kernel: six kernels per "
             "layer, programmatic dependent launch between them on sm_90+.",
             prefill="compile", decode="cudagraph", gemv=True, decode_attn=True, fused=True),
-    *(LLMMode(f"{scheme}", f"Weight-only {what} (engine/llm/quant.py; embedding and LM head kept in the model's "
-              "dtype): each weight dequantized in PyTorch before its product; on CUDA compile-cudagraph (Inductor "
+    *(LLMMode(f"{scheme}", f"Weight-only {what} (engine/llm/quant.py; decoder layers and LM head quantized, the "
+              "embedding kept in the model's dtype): each weight dequantized in PyTorch before its product; on CUDA "
+              "compile-cudagraph (Inductor "
               "decides whether the dequantization fuses into the product: unmeasured), on CPU eager "
               "dequantize-then-matmul." + extra,
               prefill="compile", decode="cudagraph", quant=scheme)
       for scheme, what, extra in _QUANT_MODES),
-    *(LLMMode(f"triton-{scheme}", f"Weight-only {what}, each one-row product of the decode step the Triton GEMV "
-              "that dequantizes inside its weight loads (engine/kernels/triton/quant_gemv.py: codes and scales "
-              "loaded with the tile, fp32 accumulation); on CUDA compiled and graphed as compile-cudagraph, on "
-              "CPU interpreted (correctness only)." + extra,
-              prefill="compile", decode="cudagraph", quant=scheme, quant_impl="triton")
+    *(LLMMode(f"triton-{scheme}", f"Weight-only {what} in the triton-fused step: each one-row product the Triton "
+              "GEMV that dequantizes inside its weight loads (engine/kernels/triton/quant_gemv.py: codes and scales "
+              "loaded with the tile, fp32 accumulation), with triton-fused's fusions kept (RMSNorm, residual adds "
+              "and SwiGLU inside the GEMVs, RoPE and the cache write inside the decode attention); on CPU "
+              "interpreted (correctness only)." + extra,
+              prefill="compile", decode="cudagraph", gemv=True, decode_attn=True, fused=True, quant=scheme,
+              quant_impl="triton")
       for scheme, what, extra in _QUANT_MODES),
     *(LLMMode(name, f"--hf folders only: transformers' own module of the checkpoint (engine/llm/hf_route.py), run "
               f"as the transformers route runs {base}: {TRANSFORMERS_ROUTE_MODES[base]} On a Llama, Mistral or "
@@ -321,6 +325,14 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
         configure_inductor()
     if mode.fused:
         model.fuse_projections()  # before the swap, so the fused projections are GEMV linears too (prefill aside)
+    if mode.quant:  # before the swap: quantize_model takes exactly nn.Linear (the fused projections included)
+        from engine.llm.quant import quantize_model
+
+        report = quantize_model(model, mode.quant, mode.quant_impl)
+        notes.append(report.note())
+        if not device.startswith("cuda"):
+            notes.append("CPU: eager, no compile or CUDA graph" + (" (the Triton GEMV interpreted: correctness "
+                                                                   "only)" if mode.quant_impl == "triton" else ""))
     if mode.gemv:
         from engine.kernels.triton.gemv import swap_linears
 
@@ -344,14 +356,6 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
                      "down GEMVs, SwiGLU in the down GEMV's load (engine.kernels.triton.gemv.norm_linear / "
                      "linear_add / swiglu_linear_add); RoPE and the KV-cache write inside the decode attention "
                      "kernel (decode_attention_qkv)")
-    if mode.quant:
-        from engine.llm.quant import quantize_model
-
-        report = quantize_model(model, mode.quant, mode.quant_impl)
-        notes.append(report.note())
-        if not device.startswith("cuda"):
-            notes.append("CPU: eager, no compile or CUDA graph" + (" (the Triton GEMV interpreted: correctness "
-                                                                   "only)" if mode.quant_impl == "triton" else ""))
     plain = step_fn(model)
     compile_mode = "max-autotune-no-cudagraphs" if autotune else None
     prefill = _compile(plain, compile_mode) if mode.prefill == "compile" else plain

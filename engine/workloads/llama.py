@@ -166,7 +166,8 @@ class Attention(nn.Module):
         # The triton-fused mode sets engine.kernels.triton.decode_attention.decode_attention_qkv here.
         self.decode_attn_qkv: Callable[..., torch.Tensor] | None = None
         # The decode step's one-row products with the norm before them / the residual after them inside the product
-        # (norm_linear(x, norm_w, eps, w), linear_add(x, w, residual), swiglu_linear_add(gate_up, w, residual));
+        # (norm_linear(x, norm_w, eps, proj), linear_add(x, proj, residual), swiglu_linear_add(gate_up, proj, residual),
+        # each given the projection module, so a quantized one brings its codes and scales);
         # None: the plain modules. Set through
         # LlamaDecoder.set_fused_ops (the LLM lab's triton-fused mode: engine.kernels.triton.gemv.FusedDecodeOps).
         self.fused_ops: Any = None
@@ -195,7 +196,7 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         if norm is not None and self.fused_ops is not None and t == 1 and self.qkv_proj is not None:
             q_out, kv_out = self.heads * self.head_dim, self.kv_heads * self.head_dim
-            qkv = self.fused_ops.norm_linear(x, norm.weight, norm.eps, self.qkv_proj.weight)
+            qkv = self.fused_ops.norm_linear(x, norm.weight, norm.eps, self.qkv_proj)
             q, k, v = qkv.split([q_out, kv_out, kv_out], dim=-1)
         else:
             q, k, v = self._qkv(norm(x) if norm is not None else x)
@@ -224,7 +225,7 @@ class Attention(nn.Module):
         if residual is None:
             return self.o_proj(flat)
         if self.fused_ops is not None and t == 1:
-            return self.fused_ops.linear_add(flat, self.o_proj.weight, residual)
+            return self.fused_ops.linear_add(flat, self.o_proj, residual)
         return residual + self.o_proj(flat)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -241,7 +242,7 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         if t == 1 and self.decode_attn_qkv is not None and self.fused_ops is not None and norm is not None \
                 and self.qkv_proj is not None:
-            qkv = self.fused_ops.norm_linear(x, norm.weight, norm.eps, self.qkv_proj.weight)
+            qkv = self.fused_ops.norm_linear(x, norm.weight, norm.eps, self.qkv_proj)
             out = self.decode_attn_qkv(qkv, cos, sin, self.kv_cache.k, self.kv_cache.v, input_pos)
             return self._out(out, residual)
         q, k, v = self._heads(x, cos, sin, norm)
@@ -284,8 +285,8 @@ class MLP(nn.Module):
         """SwiGLU of x (normalised by `norm` first when given), plus `residual` when given."""
         if self.fused_ops is not None and norm is not None and residual is not None and self.gate_up_proj is not None \
                 and x.shape[-2] == 1:
-            gate_up = self.fused_ops.norm_linear(x, norm.weight, norm.eps, self.gate_up_proj.weight)
-            return self.fused_ops.swiglu_linear_add(gate_up, self.down_proj.weight, residual)
+            gate_up = self.fused_ops.norm_linear(x, norm.weight, norm.eps, self.gate_up_proj)
+            return self.fused_ops.swiglu_linear_add(gate_up, self.down_proj, residual)
         if norm is not None:
             x = norm(x)
         if self.gate_up_proj is not None:
@@ -358,9 +359,11 @@ class LlamaDecoder(nn.Module):
                 raise RuntimeError("set_fused_ops needs fused projections: call fuse_projections() first")
             projections = [self.lm_head] + [m for layer in self.layers for m in (
                 layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-            # The fused ops read .weight and compute x @ W.T: a bias, or a module that does more in its forward
-            # (tensor parallel's RowParallelLinear all-reduces its output), would be skipped.
-            if any(m.bias is not None or getattr(m, "reduce", None) is not None for m in projections):
+            # The fused ops read the weight (or a quantized module's codes) and compute x @ W.T: a bias, or a module
+            # that does more in its forward (tensor parallel's RowParallelLinear all-reduces its output), would be
+            # skipped.
+            if any(getattr(m, "bias", None) is not None or getattr(m, "reduce", None) is not None
+                   for m in projections):
                 raise RuntimeError("set_fused_ops needs bias-free projections that compute x @ W.T alone (no tensor "
                                    "parallel sharding)")
             if self.cfg.qk_norm:
@@ -398,7 +401,7 @@ class LlamaDecoder(nn.Module):
         for layer in self.layers:
             h = layer.forward_cached(h, cos, sin, input_pos, mask)
         if self.fused_ops is not None and t == 1:
-            return self.fused_ops.norm_linear(h[:, -1], self.norm.weight, self.norm.eps, self.lm_head.weight)
+            return self.fused_ops.norm_linear(h[:, -1], self.norm.weight, self.norm.eps, self.lm_head)
         return self.lm_head(self.norm(h[:, -1]))
 
 

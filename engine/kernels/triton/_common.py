@@ -12,6 +12,7 @@ import os
 
 import torch
 import triton
+import triton.language as tl
 
 
 def _fix_interpreter_index() -> None:
@@ -160,3 +161,19 @@ def pdl_enabled(device: torch.device) -> bool:
 def _major(index: int) -> int:
     """The device's compute capability major, asked once (pdl_enabled runs on every GEMV call outside a graph)."""
     return torch.cuda.get_device_capability(index)[0]
+
+
+@triton.jit
+def load_fused_x(x_ptr, g_ptr, offs_k, k_mask, K, sumsq, SWIGLU: tl.constexpr, NORM: tl.constexpr):
+    """A one-row GEMV's input at offs_k in fp32, as the fused decode products form it: SWIGLU: x_ptr holds
+    [gate, up] (2K values) and x = silu(gate) · up; NORM: x's squares added to sumsq (the RMSNorm's sum, taken in
+    the GEMV's own pass) and x scaled by the norm weight g. Returns (x, sumsq). Shared by engine.kernels.triton.gemv
+    and quant_gemv."""
+    x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+    if SWIGLU:
+        up = tl.load(x_ptr + K + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        x = x * tl.sigmoid(x) * up
+    if NORM:
+        sumsq += x * x
+        x = x * tl.load(g_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+    return x, sumsq

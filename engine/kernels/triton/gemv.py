@@ -31,7 +31,7 @@ import triton.language as tl
 import triton.testing
 
 from engine.device_lock import exclusive
-from engine.kernels.triton._common import is_interpreted, pdl_enabled
+from engine.kernels.triton._common import is_interpreted, load_fused_x, pdl_enabled
 from engine.workloads.llama import rms_norm  # the decoder's own RMSNorm: the unfused fallbacks compute exactly it
 
 # (BLOCK_N, BLOCK_K, num_warps): few enough that the first decode step's autotuning stays short (every config is a
@@ -76,13 +76,7 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_wn, eps, BLOCK_
         offs_next = offs_k + BLOCK_K
         w_next = tl.load(w_rows + offs_next[None, :], mask=n_mask[:, None] & (offs_next < K)[None, :], other=0.0,
                          eviction_policy="evict_first")
-        x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-        if SWIGLU:
-            up = tl.load(x_ptr + K + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-            x = x * tl.sigmoid(x) * up
-        if NORM:
-            sumsq += x * x
-            x = x * tl.load(g_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        x, sumsq = load_fused_x(x_ptr, g_ptr, offs_k, k_mask, K, sumsq, SWIGLU, NORM)
         acc += w.to(tl.float32) * x[None, :]
         w = w_next
     y = tl.sum(acc, axis=1)
@@ -341,14 +335,42 @@ def _(gate_up: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> to
     return torch.empty_like(residual)
 
 
+def _quantized(proj: torch.nn.Module) -> bool:
+    """A weight-only quantized projection (engine.llm.quant.QuantLinear: codes `q` and `scales`, no .weight)."""
+    return hasattr(proj, "q") and hasattr(proj, "scales")
+
+
 class FusedDecodeOps:
     """What the decoder calls for its one-row products when the LLM lab's triton-fused mode sets it
     (LlamaDecoder.set_fused_ops): the RMSNorm in front of qkv, gate_up and lm_head, the residual add after o, and
-    SwiGLU + residual around down, inside the GEMVs — three kernels fewer per layer than norm + GEMV + add."""
+    SwiGLU + residual around down, inside the GEMVs — three kernels fewer per layer than norm + GEMV + add. Each is
+    given the projection module: a bf16 nn.Linear takes this module's GEMV; a weight-only quantized one (the
+    triton-int8-wo / -fp8-wo / -int4-wo modes) the same fusions in engine.kernels.triton.quant_gemv, dequantizing
+    inside the weight loads."""
 
-    norm_linear = staticmethod(norm_linear)
-    linear_add = staticmethod(linear_add)
-    swiglu_linear_add = staticmethod(swiglu_linear_add)
+    @staticmethod
+    def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, proj: torch.nn.Module) -> torch.Tensor:
+        if _quantized(proj):
+            from engine.kernels.triton import quant_gemv
+
+            return quant_gemv.norm_linear(x, norm_weight, eps, proj.q, proj.scales)
+        return norm_linear(x, norm_weight, eps, proj.weight)
+
+    @staticmethod
+    def linear_add(x: torch.Tensor, proj: torch.nn.Module, residual: torch.Tensor) -> torch.Tensor:
+        if _quantized(proj):
+            from engine.kernels.triton import quant_gemv
+
+            return quant_gemv.linear_add(x, proj.q, proj.scales, residual)
+        return linear_add(x, proj.weight, residual)
+
+    @staticmethod
+    def swiglu_linear_add(gate_up: torch.Tensor, proj: torch.nn.Module, residual: torch.Tensor) -> torch.Tensor:
+        if _quantized(proj):
+            from engine.kernels.triton import quant_gemv
+
+            return quant_gemv.swiglu_linear_add(gate_up, proj.q, proj.scales, residual)
+        return swiglu_linear_add(gate_up, proj.weight, residual)
 
 
 def _reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

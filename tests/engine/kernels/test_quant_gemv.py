@@ -118,5 +118,76 @@ def test_the_quantized_kernels_compile_for_sm90_offline(tmp_path) -> None:
                           cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line for line in done.stdout.splitlines()[1:] if line.strip()]
-    want = 2 * len(qg.AOT_TILES_CHANNEL) + len(qg.AOT_TILES_INT4)
+    # plain at every tile (int8, fp8, int4), and the three fusions at the launched tile of each code type
+    want = 2 * len(qg.AOT_TILES_CHANNEL) + len(qg.AOT_TILES_INT4) + 3 * 3
+    assert {qg.TILE_INT8, qg.TILE_FP8} <= set(qg.AOT_TILES_CHANNEL) and qg.TILE_INT4 in qg.AOT_TILES_INT4
     assert len(rows) == want and all(line.endswith("ok") for line in rows), done.stdout
+
+
+def _reference_fused(x: torch.Tensor, qw: quant.QuantWeight, fusion: str, g: torch.Tensor, r: torch.Tensor
+                     ) -> torch.Tensor:
+    """float64: the decoder's own ops around the dequantized product."""
+    x, g, r = x.double().cpu(), g.double().cpu(), r.double().cpu()
+    w = quant.dequantize(qw.to("cpu"), torch.float64)
+    if fusion == "norm":
+        return torch.nn.functional.linear(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * g, w)
+    if fusion == "swiglu":
+        gate, up = x.chunk(2, dim=-1)
+        return r + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w)
+    return r + torch.nn.functional.linear(x, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scheme", ["int8-wo", "fp8-wo", "int4-wo"])
+@pytest.mark.parametrize("fusion", ["norm", "add", "swiglu"])
+@pytest.mark.parametrize("n,k", [(37, 300), (130, 129)])
+def test_the_fused_products_match_the_decoders_ops_in_float64(fusion: str, scheme: str, n: int, k: int,
+                                                              dtype: torch.dtype) -> None:
+    """The triton-fused step's three products over quantized weights (norm inside, residual added, SwiGLU formed
+    on load), through the custom ops the decoder calls, against float64 rms_norm / silu / add around the
+    dequantized product; ragged K and N (odd K: int4's last byte holds one code)."""
+    gen = torch.Generator().manual_seed(n + k)
+    _, qw = _quantized(scheme, n, k)
+    x = torch.randn(1, 2 * k if fusion == "swiglu" else k, generator=gen).to(DEVICE, dtype)
+    g = (1 + 0.5 * torch.randn(k, generator=gen)).to(DEVICE, dtype)
+    r = torch.randn(1, n, generator=gen).to(DEVICE, dtype)
+    if fusion == "norm":
+        y = qg.norm_linear(x, g, 1e-5, qw.q, qw.scales)
+    elif fusion == "add":
+        y = qg.linear_add(x, qw.q, qw.scales, r)
+    else:
+        y = qg.swiglu_linear_add(x, qw.q, qw.scales, r)
+    assert y.shape == (1, n) and y.dtype == dtype
+    ref = _reference_fused(x, qw, fusion, g, r)
+    assert rel_err(y, ref) < TOL[dtype] * (4 if fusion == "swiglu" and dtype == torch.float32 else 1)
+    # several rows take the unfused fallback: the same function
+    rows = x.expand(3, -1).contiguous()
+    if fusion == "norm":
+        many = qg.norm_linear(rows, g, 1e-5, qw.q, qw.scales)
+    elif fusion == "add":
+        many = qg.linear_add(rows, qw.q, qw.scales, r.expand(3, -1).contiguous())
+    else:
+        many = qg.swiglu_linear_add(rows, qw.q, qw.scales, r.expand(3, -1).contiguous())
+    assert rel_err(many[1:2], ref) < TOL[dtype] * 4
+
+
+def test_a_wrong_fusion_input_is_refused() -> None:
+    x, qw = _quantized("int8-wo", 16, 64)
+    with pytest.raises(ValueError, match="norm weight"):
+        qg.gemv_channel(x.to(DEVICE), qw.q, qw.scales, norm_weight=torch.ones(63, device=DEVICE))
+    with pytest.raises(ValueError, match="residual"):
+        qg.gemv_channel(x.to(DEVICE), qw.q, qw.scales, residual=torch.ones(15, device=DEVICE))
+    _, q4 = _quantized("int4-wo", 16, 64)
+    with pytest.raises(ValueError, match="even number"):
+        qg.gemv_int4(torch.randn(1, 127, device=DEVICE), q4.q, q4.scales, swiglu=True)
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_both_int4_scale_paths_match(grouped: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The int4 kernel's two ways of applying group scales (per-group sums, or a scale gathered per weight) give
+    the float64 result, fused residual included (the bench picks the faster one as GROUPED_INT4)."""
+    monkeypatch.setattr(qg, "GROUPED_INT4", grouped)
+    x, qw = _quantized("int4-wo", 37, 300)
+    r = torch.randn(1, 37, generator=torch.Generator().manual_seed(3))
+    y = qg.gemv_int4(x.to(DEVICE), qw.q, qw.scales, residual=r.to(DEVICE))
+    assert rel_err(y, r.double() + _reference(x, qw)) < 1e-6

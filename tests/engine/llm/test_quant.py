@@ -129,16 +129,21 @@ def _tiny(seed: int = 0, dtype: torch.dtype = torch.float32, steps: int = 24):
     return model, prompt, ref
 
 
-def test_quantize_model_swaps_the_layer_linears_and_keeps_embedding_and_lm_head() -> None:
+def test_quantize_model_swaps_the_layer_linears_and_the_lm_head_where_the_scheme_says() -> None:
     model, _, _ = _tiny()
     head, embed = model.lm_head.weight.clone(), model.embed_tokens.weight.clone()
     report = quant.quantize_model(model, "int4-wo", disk_cache=False)
-    assert report.layers == 7 * model.cfg.layers and report.seconds >= 0
+    assert report.layers == 7 * model.cfg.layers + 1 and report.seconds >= 0
     assert report.bytes_after < report.bytes_before / 3
-    assert not any(type(m) is torch.nn.Linear for m in model.layers.modules())
-    assert type(model.lm_head) is torch.nn.Linear and torch.equal(model.lm_head.weight, head)
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert isinstance(model.lm_head, quant.QuantLinear) and model.lm_head.scheme == "int4-wo"
+    assert torch.equal(quant.quantize(head, "int4-wo").q, model.lm_head.q)  # from the head's own weights
     assert torch.equal(model.embed_tokens.weight, embed)
-    assert "int4-wo" in report.note()
+    assert "int4-wo" in report.note() and "LM head among them" in report.note()
+    fp8_model, _, _ = _tiny()
+    report = quant.quantize_model(fp8_model, "fp8-wo", disk_cache=False)
+    assert report.layers == 7 * fp8_model.cfg.layers and type(fp8_model.lm_head) is torch.nn.Linear
+    assert "LM head kept" in report.note()
 
 
 def test_the_gate_passes_int8_and_fails_on_an_injected_wrong_scale() -> None:
@@ -241,15 +246,18 @@ def test_decode_bytes_per_token_against_a_hand_count() -> None:
     # per layer: q 128×128, k and v 64×128, o 128×128, gate and up 200×128, down 128×200
     weights_per_layer = 128 * 128 + 2 * 64 * 128 + 128 * 128 + 2 * 200 * 128 + 128 * 200
     rows_per_layer = 128 + 2 * 64 + 128 + 2 * 200 + 128  # output channels
-    rest = (2 * 2 + 1) * 128 * 2 + 100 * 128 * 2 + 3 * 128 * 2  # norms, LM head (bf16), B = 3 embedding rows
+    rest = (2 * 2 + 1) * 128 * 2 + 3 * 128 * 2  # norms, B = 3 embedding rows (bf16)
     kv = 2 * 2 * 3 * 2 * 32 * 10 * 2  # layers · (K, V) · B · kv_heads · head_dim · context · 2 bytes
     int8 = 2 * (weights_per_layer + 2 * rows_per_layer)
-    assert quant.decode_bytes_per_token(cfg, "int8-wo", 10, batch=3) == int8 + rest + kv
-    assert quant.decode_bytes_per_token(cfg, "fp8-wo", 10, batch=3) == int8 + rest + kv
+    head8 = 100 * 128 + 2 * 100  # int8: the LM head quantized too, codes + a bf16 scale per vocabulary row
+    assert quant.decode_bytes_per_token(cfg, "int8-wo", 10, batch=3) == int8 + head8 + rest + kv
+    head_bf16 = 100 * 128 * 2  # fp8 keeps the LM head in the model's dtype
+    assert quant.decode_bytes_per_token(cfg, "fp8-wo", 10, batch=3) == int8 + head_bf16 + rest + kv
     # int4: half a byte per weight, one bf16 scale per 64 weights of a row (K = 128 → 2 groups, K = 200 → 4)
     groups = 128 * 2 + 2 * 64 * 2 + 128 * 2 + 2 * 200 * 2 + 128 * 4
+    head4 = 100 * 64 + 2 * 100 * 2
     assert quant.decode_bytes_per_token(cfg, "int4-wo", 10, batch=3) == 2 * (weights_per_layer // 2 + 2 * groups) \
-        + rest + kv
+        + head4 + rest + kv
     assert quant.decode_bytes_per_token(cfg, None, 10, batch=3) == metrics.decode_bytes(cfg, 3, 10, 2)
     want = metrics.decode_counts(cfg, 3, 9, 2, 2)
     got = quant.decode_counts(cfg, None, 3, 9, 2)
