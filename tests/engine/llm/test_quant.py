@@ -140,10 +140,14 @@ def test_quantize_model_swaps_the_layer_linears_and_the_lm_head_where_the_scheme
     assert torch.equal(quant.quantize(head, "int4-wo").q, model.lm_head.q)  # from the head's own weights
     assert torch.equal(model.embed_tokens.weight, embed)
     assert "int4-wo" in report.note() and "LM head among them" in report.note()
-    fp8_model, _, _ = _tiny()
-    report = quant.quantize_model(fp8_model, "fp8-wo", disk_cache=False)
-    assert report.layers == 7 * fp8_model.cfg.layers and type(fp8_model.lm_head) is torch.nn.Linear
-    assert "LM head kept" in report.note()
+    kept = dict(quant.QUANTIZE_LM_HEAD, **{"int8-wo": False})  # a scheme that keeps its head: layers only
+    plain_model, _, _ = _tiny()
+    import unittest.mock
+
+    with unittest.mock.patch.dict(quant.QUANTIZE_LM_HEAD, kept):
+        report = quant.quantize_model(plain_model, "int8-wo", disk_cache=False)
+        assert "LM head kept" in report.note()
+    assert report.layers == 7 * plain_model.cfg.layers and type(plain_model.lm_head) is torch.nn.Linear
 
 
 def test_the_gate_passes_int8_and_fails_on_an_injected_wrong_scale() -> None:
@@ -251,8 +255,7 @@ def test_decode_bytes_per_token_against_a_hand_count() -> None:
     int8 = 2 * (weights_per_layer + 2 * rows_per_layer)
     head8 = 100 * 128 + 2 * 100  # int8: the LM head quantized too, codes + a bf16 scale per vocabulary row
     assert quant.decode_bytes_per_token(cfg, "int8-wo", 10, batch=3) == int8 + head8 + rest + kv
-    head_bf16 = 100 * 128 * 2  # fp8 keeps the LM head in the model's dtype
-    assert quant.decode_bytes_per_token(cfg, "fp8-wo", 10, batch=3) == int8 + head_bf16 + rest + kv
+    assert quant.decode_bytes_per_token(cfg, "fp8-wo", 10, batch=3) == int8 + head8 + rest + kv
     # int4: half a byte per weight, one bf16 scale per 64 weights of a row (K = 128 → 2 groups, K = 200 → 4)
     groups = 128 * 2 + 2 * 64 * 2 + 128 * 2 + 2 * 200 * 2 + 128 * 4
     head4 = 100 * 64 + 2 * 100 * 2
