@@ -236,10 +236,12 @@ def quant_unavailable(mode: LLMMode, device: str) -> str | None:
             return f"{mode.quant} needs compute capability {need}+ (this GPU: {cap[0]}.{cap[1]})"
     elif mode.quant_impl == "triton":
         from engine.kernels.triton._common import is_interpreted
+        from engine.kernels.triton.decode_attention import _split_kernel
         from engine.kernels.triton.quant_gemv import _wo_channel_kernel
 
-        if not is_interpreted(_wo_channel_kernel):
-            return "the quantized Triton GEMV runs on CPU only under TRITON_INTERPRET=1 (set before triton loads)"
+        if not is_interpreted(_wo_channel_kernel) or not is_interpreted(_split_kernel):
+            return ("the quantized Triton GEMV and the fused step's decode attention run on CPU only under "
+                    "TRITON_INTERPRET=1 (set before triton loads)")
     return None
 
 
