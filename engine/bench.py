@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import json
 import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine import device_lock, nvtx_ranges
+from engine import bench_ahead, device_lock, nvtx_ranges
 from engine.caches import cache_metrics, counter_snapshot
 from engine.checks import compare
 from engine.envinfo import capture_env
@@ -157,10 +160,17 @@ class _Checked:
 
 
 def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, phase: str, batch_size: int,
-                cfg: BenchConfig, result: RunResult, progress: Progress, frac: tuple[float, float]) -> None:
+                cfg: BenchConfig, result: RunResult, progress: Progress, frac: tuple[float, float],
+                ahead: bench_ahead.Ahead | None = None) -> None:
     device = cfg.device
     inputs, target = workload.make_batch(batch_size, device)
     lo, hi = frac
+    ahead_us, ahead_failed = None, None
+    if ahead is not None and (phase, batch_size) in ahead.helpers:
+        progress(lo, f"{mode.name} {phase} B={batch_size}: waiting for its compile ahead")
+        ahead_us, ahead_failed = ahead.wait(phase, batch_size)
+        if ahead_failed:
+            result.notes.append(f"{phase} B={batch_size}: compiling ahead failed ({ahead_failed}); compiled here")
     progress(lo, f"{mode.name} {phase} B={batch_size}: preparing" + (" (export + compile unless cached)"
                                                                       if mode.name == "aoti" else ""))
     before = _Counters.snapshot()
@@ -174,6 +184,9 @@ def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, pha
         progress(lo + 0.2 * (hi - lo), f"{phase} B={batch_size}: timing")
         checked.timed = _time_step(checked.step, phase, batch_size, cfg)
         extra = _extra_metrics(checked, workload, phase, batch_size, cfg, progress, frac)
+    if ahead_us is not None:  # the cold compile was the helper's; this process loaded it from Inductor's caches
+        extra.append(Metric("first_call_here", checked.first_us, "us"))
+        checked.first_us = ahead_us
     _record_phase(result, checked, extra, mode, phase, batch_size, before)
     _keep_artifacts(result, checked.prepared, cfg)
     for note in checked.prepared.notes:
@@ -200,7 +213,7 @@ def _check_infer(workload: Workload, mode: Mode, base_model: torch.nn.Module, in
         progress(lo + 0.05 * (hi - lo), _first_call_message(mode, phase, batch_size))
         with _tuning(mode), nvtx_ranges.range(f"first_call {phase} B={batch_size}"):
             first_out: list[torch.Tensor] = []
-            first_us = _first_call_us(lambda: first_out.append(call().clone()), device)
+            first_us = time_first_call(lambda: first_out.append(call().clone()), device)
         max_abs, max_rel = compare(first_out[0], expected, workload.rtol, workload.atol,
                                    f"{mode.name} inference at batch {batch_size}")
     return _Checked(call, prepared, first_us, max_abs, max_rel)
@@ -221,7 +234,7 @@ def _check_train(workload: Workload, mode: Mode, base_model: torch.nn.Module, in
     progress(lo + 0.05 * (hi - lo), _first_call_message(mode, phase, batch_size))
     with _tuning(mode), nvtx_ranges.range(f"first_call {phase} B={batch_size}"):
         losses: list[torch.Tensor] = []
-        first_us = _first_call_us(lambda: losses.append(step().detach().clone()), device)
+        first_us = time_first_call(lambda: losses.append(step().detach().clone()), device)
     what = f"{mode.name} training step at batch {batch_size}"
     max_abs, max_rel = compare(losses[0], expected_loss, workload.rtol, workload.atol, what + " (loss)")
     for (name, p), (_, p_ref) in zip(model.named_parameters(), reference_model.named_parameters()):
@@ -237,15 +250,6 @@ def _tuning(mode: Mode) -> contextlib.AbstractContextManager:
     from engine.modes.inductor_timing import installed
 
     return device_lock.exclusive() if mode.autotunes and not installed() else contextlib.nullcontext()
-
-
-def _first_call_us(fn: Callable[[], object], device: str) -> float:
-    """time_first_call of fn, less the time it waited for the device inside (a phased worker's autotuning waits for
-    the group's other preparations): the first-call cost is the compile's, not the queue's."""
-    hold = device_lock.current()
-    waited = hold.waited_s if hold else 0.0
-    us = time_first_call(fn, device)
-    return us - ((hold.waited_s - waited) * 1e6 if hold else 0.0)
 
 
 def _time_step(step: Callable[[], torch.Tensor], phase: str, batch_size: int, cfg: BenchConfig) -> Measurement:
@@ -341,12 +345,67 @@ def bench_mode(cfg: BenchConfig, progress: Progress = lambda f, msg: None) -> Ru
     if not plan:
         raise ValueError(f"nothing to benchmark: no phases or batch sizes (mode {mode.name} supports "
                          f"{', '.join(mode.phases)}; asked for {', '.join(cfg.phases) or 'none'})")
-    for i, (phase, batch_size) in enumerate(plan):
-        with nvtx_ranges.range(f"{mode.name} {phase} B={batch_size}"):
-            bench_phase(workload, mode, base_model, phase, batch_size, cfg, result, progress,
-                        (i / len(plan), (i + 1) / len(plan)))
+    if device_lock.current() is not None:  # beside a group: Triton and C++ compiles leave the device to timings
+        from engine.modes.inductor_timing import compile_off_device
+
+        compile_off_device()
+    ahead = None
+    if bench_ahead.wanted(mode.autotunes, cfg.device, len(plan)):
+        ahead = bench_ahead.start(dataclasses.asdict(cfg), plan)
+        result.notes.append(f"{mode.name}: phases after the first compiled ahead in parallel helper processes "
+                            "(engine/bench_ahead.py); their first_call is the helper's cold compile, first_call_here "
+                            "this run's load of it from Inductor's caches")
+    try:
+        for i, (phase, batch_size) in enumerate(plan):
+            with nvtx_ranges.range(f"{mode.name} {phase} B={batch_size}"):
+                bench_phase(workload, mode, base_model, phase, batch_size, cfg, result, progress,
+                            (i / len(plan), (i + 1) / len(plan)), ahead)
+    finally:
+        if ahead is not None:
+            ahead.stop()
     progress(1.0, "done")
     return result
+
+
+def first_call_ahead(spec: dict) -> float:
+    """A compile-ahead helper's work (engine.bench_ahead): one phase of a run up to its checked first call; its µs."""
+    known = set(BenchConfig.__dataclass_fields__)
+    params = spec["params"]
+    cfg = BenchConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in params.items() if k in known})
+    workload, mode = get_workload(cfg.workload), get_mode(cfg.mode)
+    base_model = workload.make_model().to(cfg.device)
+    phase, batch_size = spec["phase"], int(spec["batch_size"])
+    inputs, target = workload.make_batch(batch_size, cfg.device)
+    frac = (0.0, 1.0)
+
+    def quiet(frac: float, message: str) -> None:
+        pass
+
+    if phase == "infer":
+        checked = _check_infer(workload, mode, base_model, inputs, batch_size, cfg, quiet, frac)
+    else:
+        checked = _check_train(workload, mode, base_model, inputs, target, batch_size, cfg, quiet, frac)
+    return checked.first_us
+
+
+def _first_call_main(spec_json: str) -> int:
+    """`python -m engine.bench --first-call SPEC`: a compile-ahead helper, a member of its group's device discipline."""
+    from engine.modes.inductor_timing import compile_off_device
+    from engine.native.build import configure_compile_caches
+
+    spec = json.loads(spec_json)
+    configure_compile_caches()
+    device = spec["params"]["device"]
+    device_lock.begin_phases(device, group_size=int(spec.get("group_size", 2)))
+    try:
+        compile_off_device()
+        first_us = first_call_ahead(spec)
+        device_lock.end_phases()
+        bench_ahead.write_result(spec["out"], first_us=first_us)
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the run compiles this phase itself; the reason goes in its notes
+        bench_ahead.write_result(spec["out"], error=f"{type(exc).__name__}: {exc}")
+        return 1
 
 
 def bench_job(params: dict, progress: Progress) -> RunResult:
@@ -385,3 +444,10 @@ def user_model_job(params: dict, progress: Progress, run: Callable[[dict, Progre
         if note not in result.notes:
             result.notes.append(note)
     return result
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--first-call":
+        sys.exit(_first_call_main(sys.argv[2]))
+    sys.exit("usage: python -m engine.bench --first-call SPEC_JSON (internal: engine/bench_ahead.py's helpers); "
+             "to benchmark, run python -m engine bench --help")

@@ -8,7 +8,10 @@ it never goes stale).
                                one, so two timings (or a timing and another run's compile) never share the device
 
 Code that times (engine.timing users, the GEMV's choice, Triton's autotuner) wraps the timed part in `exclusive()`: a
-no-op in an ordinary worker, whose supervisor already holds the device alone.
+no-op in an ordinary worker, whose supervisor already holds the device alone. Host-only work (native builds, C++ and
+Triton compiles) runs in `released()`: on a GPU machine with cores to spare it gives the device up, so other runs may
+time meanwhile, and moves to the cores a timing never uses — a timing holds the first two cores, a released block the
+rest — so a compile beside a timing neither launches work on its device nor takes its cores.
 """
 
 from __future__ import annotations
@@ -81,6 +84,23 @@ def _drain_device(device: str) -> None:
         torch.cuda.synchronize(torch.device(device))
 
 
+# Below this many cores a compile beside a timing would share its cores: released() holds on to the device there.
+MIN_CORES_TO_SPLIT = 8
+TIMING_CORES = 2
+
+
+def split_cores(device: str) -> tuple[set[int], set[int]] | None:
+    """(cores a timing holds, cores a released block runs on) for a phased worker on `device`; None where host-only
+    work cannot be kept off a timing's cores (a CPU device, whose timings use every core; too few cores; no
+    affinity calls on this system)."""
+    if not device.startswith("cuda") or not hasattr(os, "sched_getaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < MIN_CORES_TO_SPLIT:
+        return None
+    return set(cores[:TIMING_CORES]), set(cores[TIMING_CORES:])
+
+
 class PhaseHold:
     """One worker's hold on its device, shared or exclusive, switched as its run moves from preparing to timing.
     `waited_s` adds up the time spent waiting for the lock, so a caller can take it out of a wall-clock figure."""
@@ -97,6 +117,17 @@ class PhaseHold:
         self.exclusive_s = 0.0  # time held exclusively (timing and profiling)
         self._since = 0.0
         self._fd = _open(device)
+        self.cores = split_cores(device)  # None: released() passes straight through, affinity is left alone
+        self._all_cores = set(os.sched_getaffinity(0)) if self.cores else set()
+        self.released_s = 0.0  # time given up for host-only work (released())
+
+    def _pin(self, state: str | None) -> None:
+        """This thread's cores for a state: a timing's two, a released block's the rest, shared: all of them (a
+        thread's mask; the subprocesses it starts inherit it)."""
+        if self.cores:
+            timing, compiling = self.cores
+            os.sched_setaffinity(0, timing if state == "exclusive" else compiling if state is None
+                                 else self._all_cores)
 
     def _switch(self, state: str | None) -> None:
         if state == self.state:
@@ -111,12 +142,14 @@ class PhaseHold:
             fcntl.flock(self._fd, fcntl.LOCK_UN)  # explicit: flock's own conversion is not atomic either
             self.state = None
         if state is None:
+            self._pin(None)
             return
         kind = fcntl.LOCK_EX if state == "exclusive" else fcntl.LOCK_SH
         what = ("waiting for the device: other runs are preparing or timing" if state == "exclusive"
                 else "waiting for the device: another run is timing")
         self.waited_s += _take(self._fd, kind, self.poll_s, (lambda: self.on_wait(what)) if self.on_wait else None)
         self.state = state
+        self._pin(state)
         self._since = time.perf_counter()
         if state == "exclusive":  # named to whoever waits (device_lock's message)
             os.ftruncate(self._fd, 0)
@@ -135,6 +168,8 @@ class PhaseHold:
 
     def close(self) -> None:
         self.release()
+        if self.cores:
+            os.sched_setaffinity(0, self._all_cores)
         os.close(self._fd)
 
 
@@ -176,4 +211,23 @@ def exclusive() -> Iterator[None]:
     try:
         yield
     finally:
+        hold._switch(before)
+
+
+@contextmanager
+def released() -> Iterator[None]:
+    """Give the device up for a block of host-only work (a native build, a C++ or Triton compile, waiting for a
+    compile pool): other runs of the group may time meanwhile. The hold comes back as it was before the block (waiting
+    while another run times). Nested blocks and ordinary workers pass straight through."""
+    hold = _HOLD
+    if hold is None or hold.state is None or hold.cores is None:
+        yield
+        return
+    before = hold.state
+    hold.release()
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        hold.released_s += time.perf_counter() - start
         hold._switch(before)

@@ -21,6 +21,7 @@ from typing import TextIO
 
 from engine.ceilings import ensure_ceilings
 from engine.jobs import PHASED_KINDS, OnProgress, run_jobs
+from engine.native import prebuild
 from engine.store import Store
 
 
@@ -93,6 +94,9 @@ def supervise(store: Store, run_ids: Sequence[int], on_progress: OnProgress | No
     plan = plan_group(store, run_ids, requested, serial)
     if len(plan.order) > 1:
         print(f"{len(plan.order)} {what}; {plan.describe()}", file=out or sys.stdout, flush=True)
+    if plan.slots > 1:  # side by side: the group's native builds start now, in the background
+        runs = [store.run(i) for i in plan.order]
+        prebuild.start([str(r["mode"]) for r in runs if r], str(runs[0]["device"]) if runs[0] else "cpu")
     return run_jobs(store, plan.order, on_progress, launcher, prepare_parallel=plan.slots)
 
 

@@ -60,16 +60,23 @@ def _is_cuda(device: str) -> bool:
 
 
 def time_first_call(fn: Callable[[], object], device: str) -> float:
-    """Wall time of one call including everything it triggers (tracing, compilation), in µs."""
+    """Wall time of one call including everything it triggers (tracing, compilation), in µs — less the time it waited
+    for the device inside: in a worker beside its group (engine.device_lock's phases) an autotuner's timings, or a
+    compile's return to the device, wait for the other runs; the first call's cost is its own, not the queue's."""
     import torch
 
+    from engine import device_lock
+
+    hold = device_lock.current()
+    waited = hold.waited_s if hold else 0.0
     if _is_cuda(device):
         torch.cuda.synchronize()
     start = time.perf_counter()
     fn()
     if _is_cuda(device):
         torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e6
+    us = (time.perf_counter() - start) * 1e6
+    return us - ((hold.waited_s - waited) * 1e6 if hold else 0.0)
 
 
 def time_fn(fn: Callable[[], object], device: str, *, warmup: int = 10, iters: int = 100,

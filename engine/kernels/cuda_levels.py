@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from engine import device_lock
 from engine.native import build as native
 
 SOURCE_DIR = native.CSRC / "levels"
@@ -178,7 +179,8 @@ def load(verbose: bool = False) -> str:
     name = f"modelab_cuda_levels_{key}"
     start = time.perf_counter()
     hit = any(folder.glob(f"{name}*.so"))
-    with native.build_lock(f"cuda_levels-{key}"):
+    # host-only: other runs of a group may time meanwhile
+    with device_lock.released(), native.build_lock(f"cuda_levels-{key}"):
         (folder / "lock").unlink(missing_ok=True)  # a killed build's baton; we hold the real lock
         try:
             path = cpp_extension.load(

@@ -74,8 +74,10 @@ def prepare(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], train: b
     if train:
         raise InferenceOnlyError("aoti: AOTInductor packages are inference-only (torch.export of the forward pass, "
                                  "no autograd graph), so there is no training step to run; benchmark phase 'infer'")
+    from engine.modes.inductor_timing import install as keep_timings_alone
     from engine.native import aoti
 
+    keep_timings_alone()  # beside a preparing group: the package's C++ build leaves the device to the timings
     device = example_inputs[0].device if example_inputs else torch.device("cpu")
     model = model.eval()
     pkg = aoti.compile_package(model, example_inputs)

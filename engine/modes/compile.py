@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from engine.modes.base import Mode, Prepared, cuda_only
-from engine.modes.inductor_timing import time_candidates_alone
+from engine.modes.inductor_timing import install as keep_timings_alone
 
 
 def compiler_missing(device: str) -> str | None:
@@ -43,7 +43,7 @@ def compiler_missing(device: str) -> str | None:
 
 def _make(compile_mode: str | None):
     def prepare(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], train: bool) -> Prepared:
-        time_candidates_alone()  # beside a preparing group, Inductor's kernel timings take the device alone
+        keep_timings_alone()  # beside a preparing group: kernel timings take the device alone, compiles leave it
         torch._dynamo.reset()
         compiled = torch.compile(model, mode=compile_mode, dynamic=False)
         before = None

@@ -6,10 +6,17 @@ time (engine.device_lock.exclusive). torch.compile times candidate kernels insid
     AlgorithmSelectorCache.benchmark        max-autotune's GEMM/template choices (after they are precompiled)
     CachingAutotuner.benchmark_all_configs  a generated Triton kernel with several configs, at its first launch
 
-`time_candidates_alone()` wraps both in `device_lock.exclusive()`, once per process, so tracing, lowering and
+    CachingAutotuner.bench                  one config of a generated kernel (coordinate-descent tuning's too)
+
+`time_candidates_alone()` wraps them in `device_lock.exclusive()`, once per process, so tracing, lowering and
 compiling the candidates stay shared with the group and only the timings wait for the device. Outside a phased
-worker the wrapper passes straight through. Where a torch version lacks either method, `installed()` says so and the
+worker the wrapper passes straight through. Where a torch version lacks one of them, `installed()` says so and the
 caller holds the device alone for the whole first call instead.
+
+`compile_off_device()` does the converse for host-only work — Triton's compiler (Inductor's kernels, their
+coordinate-descent variants, a level's @triton.jit kernels), Inductor's C++ builds (AOTInductor, CPU kernels) and
+waiting for Inductor's compile pool: it runs in `device_lock.released()`, so on a GPU machine other runs of the group
+time meanwhile, on cores the compile does not use.
 """
 
 from __future__ import annotations
@@ -23,8 +30,14 @@ from engine import device_lock
 
 # (module, class, method) of each place Inductor times candidate kernels (torch 2.11–2.13).
 TIMED = (("torch._inductor.select_algorithm", "AlgorithmSelectorCache", "benchmark"),
-         ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner", "benchmark_all_configs"))
+         ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner", "benchmark_all_configs"),
+         ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner", "bench"))
+# (module, class or None for a module-level function, name) of host-only work; missing ones are skipped.
+HOST_ONLY = (("triton", None, "compile"), ("triton.compiler", None, "compile"),
+             ("torch._inductor.cpp_builder", "CppBuilder", "build"),
+             ("torch._inductor.async_compile", "AsyncCompile", "wait"))
 _MARK = "_modelab_times_alone"
+_OFF_MARK = "_modelab_off_device"
 
 
 def _alone(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -62,3 +75,36 @@ def installed() -> bool:
         if not getattr(getattr(cls, method_name, None), _MARK, False):
             return False
     return True
+
+
+def _off_device(function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with device_lock.released():
+            return function(*args, **kwargs)
+
+    setattr(wrapper, _OFF_MARK, True)
+    return wrapper
+
+
+def compile_off_device() -> list[str]:
+    """Wrap every HOST_ONLY function this environment has (once per process); returns the names wrapped."""
+    wrapped = []
+    for module_name, class_name, name in HOST_ONLY:
+        try:
+            owner = importlib.import_module(module_name)
+            if class_name:
+                owner = getattr(owner, class_name)
+            function = getattr(owner, name)
+        except (ImportError, AttributeError):
+            continue
+        if not getattr(function, _OFF_MARK, False):
+            setattr(owner, name, _off_device(function))
+        wrapped.append(f"{module_name}.{class_name + '.' if class_name else ''}{name}")
+    return wrapped
+
+
+def install() -> bool:
+    """Both disciplines for a worker that compiles beside its group; True when every timing is singled out."""
+    compile_off_device()
+    return time_candidates_alone()

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from engine import device_lock
 from engine.native.toolchain import exported_std_code, find_cxx, runner_cxx_candidates
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -206,7 +207,7 @@ def load_custom_ops(with_cuda: bool | None = None, verbose: bool = False) -> str
     sources = [str(CSRC / s) for s in OPS_SOURCES + (OPS_CUDA_SOURCES if with_cuda else ())]
     build_dir = build_root() / build_tag() / (f"{name}-{_cuda_arch_tag()}" if with_cuda else name)
     build_dir.mkdir(parents=True, exist_ok=True)
-    with build_lock(name):
+    with device_lock.released(), build_lock(name):  # host-only: other runs of a group may time meanwhile
         (build_dir / "lock").unlink(missing_ok=True)  # a killed build's baton; we hold the real lock
         before = _newest_library(build_dir, name)
         start = time.perf_counter()
@@ -295,7 +296,7 @@ def _build_runner_with(cxx: str | None, verbose: bool) -> Path:
     if exe.is_file() and os.access(exe, os.X_OK):
         record_build("aoti_runner", True, 0.0)
         return exe
-    with build_lock("aoti_runner"):
+    with device_lock.released(), build_lock("aoti_runner"):  # host-only: others may time meanwhile
         if exe.is_file():
             record_build("aoti_runner", True, 0.0)
             return exe

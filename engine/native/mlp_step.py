@@ -16,6 +16,7 @@ from types import ModuleType
 
 import torch
 
+from engine import device_lock
 from engine.native.build import (
     CSRC,
     NativeBuildError,
@@ -78,7 +79,7 @@ def load(verbose: bool = False) -> ModuleType:
     folder = build_dir(key)
     folder.mkdir(parents=True, exist_ok=True)
     name = f"modelab_mlp_step_{key}"
-    with build_lock(f"mlp_step-{key}"):
+    with device_lock.released(), build_lock(f"mlp_step-{key}"):  # host-only: others may time meanwhile
         (folder / "lock").unlink(missing_ok=True)  # a killed build's baton; we hold the real lock
         try:
             module = cpp_extension.load(
