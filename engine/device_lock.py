@@ -117,17 +117,17 @@ class PhaseHold:
         self.exclusive_s = 0.0  # time held exclusively (timing and profiling)
         self._since = 0.0
         self._fd = _open(device)
+        self._turn = os.open(str(lock_path(device)) + ".turn", os.O_CREAT | os.O_RDWR, 0o666)
         self.cores = split_cores(device)  # None: released() passes straight through, affinity is left alone
         self._all_cores = set(os.sched_getaffinity(0)) if self.cores else set()
         self.released_s = 0.0  # time given up for host-only work (released())
 
     def _pin(self, state: str | None) -> None:
-        """This thread's cores for a state: a timing's two, a released block's the rest, shared: all of them (a
-        thread's mask; the subprocesses it starts inherit it)."""
+        """This thread's cores: a timing's two while it times, the rest otherwise — a thread's mask, inherited by the
+        threads and processes it starts (compile pools, ninja, nvcc), so only a timing ever runs on its two."""
         if self.cores:
-            timing, compiling = self.cores
-            os.sched_setaffinity(0, timing if state == "exclusive" else compiling if state is None
-                                 else self._all_cores)
+            timing, others = self.cores
+            os.sched_setaffinity(0, timing if state == "exclusive" else others)
 
     def _switch(self, state: str | None) -> None:
         if state == self.state:
@@ -147,7 +147,14 @@ class PhaseHold:
         kind = fcntl.LOCK_EX if state == "exclusive" else fcntl.LOCK_SH
         what = ("waiting for the device: other runs are preparing or timing" if state == "exclusive"
                 else "waiting for the device: another run is timing")
-        self.waited_s += _take(self._fd, kind, self.poll_s, (lambda: self.on_wait(what)) if self.on_wait else None)
+        told = (lambda: self.on_wait(what)) if self.on_wait else None
+        # Writers first: whoever waits to time holds the turnstile, so no new preparation starts until it has the
+        # device (flock alone lets shared holders that come and go keep a timing waiting indefinitely).
+        self.waited_s += _take(self._turn, fcntl.LOCK_EX, self.poll_s, told)
+        try:
+            self.waited_s += _take(self._fd, kind, self.poll_s, told)
+        finally:
+            fcntl.flock(self._turn, fcntl.LOCK_UN)
         self.state = state
         self._pin(state)
         self._since = time.perf_counter()
@@ -171,6 +178,7 @@ class PhaseHold:
         if self.cores:
             os.sched_setaffinity(0, self._all_cores)
         os.close(self._fd)
+        os.close(self._turn)
 
 
 _HOLD: PhaseHold | None = None

@@ -32,8 +32,14 @@ from engine import device_lock
 TIMED = (("torch._inductor.select_algorithm", "AlgorithmSelectorCache", "benchmark"),
          ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner", "benchmark_all_configs"),
          ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner", "bench"))
+# Inductor's benchmarker (pad_mm's padded-or-not timing, and under the two above): wrapped where present.
+BENCHMARKERS = tuple(("torch._inductor.runtime.benchmarking", cls, "benchmark_gpu")
+                     for cls in ("Benchmarker", "TritonBenchmarker", "InductorBenchmarker", "TorchProfilerBenchmarker"))
 # (module, class or None for a module-level function, name) of host-only work; missing ones are skipped.
-HOST_ONLY = (("triton", None, "compile"), ("triton.compiler", None, "compile"),
+# fx_codegen_and_compile is Inductor's lowering, code generation and kernel compiles of one graph (a cache miss): it
+# times candidates only through the methods above, which take the device back alone.
+HOST_ONLY = (("torch._inductor.compile_fx", None, "fx_codegen_and_compile"),
+             ("triton", None, "compile"), ("triton.compiler", None, "compile"),
              ("torch._inductor.cpp_builder", "CppBuilder", "build"),
              ("torch._inductor.async_compile", "AsyncCompile", "wait"))
 _MARK = "_modelab_times_alone"
@@ -51,16 +57,16 @@ def _alone(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def time_candidates_alone() -> bool:
-    """Wrap every TIMED method that exists in this torch; True when all of them are wrapped."""
+    """Wrap every TIMED method (and BENCHMARKERS') that exists in this torch; True when all of TIMED are wrapped."""
     complete = True
-    for module_name, class_name, method_name in TIMED:
+    for module_name, class_name, method_name in TIMED + BENCHMARKERS:
         try:
             cls = getattr(importlib.import_module(module_name), class_name)
             method = getattr(cls, method_name)
         except (ImportError, AttributeError):
-            complete = False
+            complete = complete and (module_name, class_name, method_name) in BENCHMARKERS
             continue
-        if not getattr(method, _MARK, False):
+        if method_name in cls.__dict__ and not getattr(method, _MARK, False):
             setattr(cls, method_name, _alone(method))
     return complete
 
