@@ -351,6 +351,9 @@ def bench_mode(cfg: BenchConfig, progress: Progress = lambda f, msg: None) -> Ru
         compile_off_device()
     ahead = None
     if bench_ahead.wanted(mode.autotunes, cfg.device, len(plan)):
+        # This process does the longest compile (training: forward and backward) itself, already imported; the
+        # helpers, which first import torch, take the rest.
+        plan.sort(key=lambda phase_batch: phase_batch[0] != "train")
         ahead = bench_ahead.start(dataclasses.asdict(cfg), plan)
         result.notes.append(f"{mode.name}: phases after the first compiled ahead in parallel helper processes "
                             "(engine/bench_ahead.py); their first_call is the helper's cold compile, first_call_here "

@@ -105,7 +105,7 @@ class PhaseHold:
     """One worker's hold on its device, shared or exclusive, switched as its run moves from preparing to timing.
     `waited_s` adds up the time spent waiting for the lock, so a caller can take it out of a wall-clock figure."""
 
-    def __init__(self, device: str, on_wait: Callable[[str], None] | None = None, poll_s: float = 0.05,
+    def __init__(self, device: str, on_wait: Callable[[str], None] | None = None, poll_s: float = 0.005,
                  group_size: int = 1, on_switch: Callable[[str | None], None] | None = None) -> None:
         self.device = device
         self.on_switch = on_switch  # told each new state once it holds it (a worker's timeline records them)

@@ -136,6 +136,7 @@ class ForkServer:
                                          start_new_session=True, text=True, bufsize=1)
         self._events: queue.Queue[dict] = queue.Queue()
         self._exits: dict[int, int] = {}
+        self._eof = False
         threading.Thread(target=self._read, daemon=True).start()
         self.ready = False
         self.preloaded: list[str] = []
@@ -154,11 +155,18 @@ class ForkServer:
         self.preload_s = float(hello.get("seconds", 0.0))
 
     def _read(self) -> None:
+        # Exits go straight to their table: the threads that poll exit_code() and the one waiting in spawn() for its
+        # 'started' never take each other's events (a 'started' lost that way once cost a 30 s wait and the server).
         for line in self.proc.stdout:
             try:
-                self._events.put(json.loads(line))
+                event = json.loads(line)
             except ValueError:
                 continue
+            if "exited" in event:
+                self._exits[int(event["exited"])] = int(event["code"])
+            else:
+                self._events.put(event)
+        self._eof = True
         self._events.put({"eof": True})
 
     def _next_event(self, timeout_s: float, what: str) -> dict:
@@ -169,9 +177,6 @@ class ForkServer:
             except queue.Empty:
                 if time.monotonic() > deadline:
                     raise ForkServerError(f"the fork server sent no '{what}' in {timeout_s:.0f} s") from None
-                continue
-            if "exited" in event:
-                self._exits[int(event["exited"])] = int(event["code"])
                 continue
             if event.get("eof"):
                 self._events.put(event)  # stays visible to later calls
@@ -192,19 +197,14 @@ class ForkServer:
 
     def exit_code(self, pid: int) -> int | None:
         """The child's exit code once the server reported it; None while it runs. Raises if the server died first."""
-        while True:
-            try:
-                event = self._events.get_nowait()
-            except queue.Empty:
-                break
-            if "exited" in event:
-                self._exits[int(event["exited"])] = int(event["code"])
-            elif event.get("eof"):
-                self._events.put(event)
-                break
         if pid in self._exits:
             return self._exits.pop(pid)
-        if not self.alive():
+        if self._eof or not self.alive():
+            deadline = time.monotonic() + 2.0
+            while not self._eof and time.monotonic() < deadline:  # the reader may still hold the last lines
+                time.sleep(0.02)
+            if pid in self._exits:
+                return self._exits.pop(pid)
             raise ForkServerError(f"the fork server died (exit {self.proc.poll()}) while the run was running; "
                                   f"the run's process died with it. Server log: {self.log_path}")
         return None

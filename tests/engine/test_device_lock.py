@@ -136,3 +136,103 @@ def test_phased_supervision_refuses_kinds_that_do_not_mark_their_timings(tmp_pat
     with pytest.raises(ValueError, match="prepare side by side"):
         run_jobs(store, ids, prepare_parallel=2)
     assert {store.run(i)["status"] for i in ids} == {"queued"}
+
+
+def test_a_waiting_timing_goes_before_new_preparations():
+    a, timing, late = (dl.PhaseHold("cpu", poll_s=0.005) for _ in range(3))
+    a.shared()
+    order: list[str] = []
+
+    def time_it() -> None:
+        timing.exclusive()
+        order.append("timing")
+        time.sleep(0.1)
+        timing.release()
+
+    def prepare() -> None:
+        late.shared()
+        order.append("late")
+
+    waiter = threading.Thread(target=time_it)
+    waiter.start()
+    time.sleep(0.1)  # the timing now waits for a's preparation...
+    newcomer = threading.Thread(target=prepare)
+    newcomer.start()
+    time.sleep(0.1)
+    assert order == [], "a new shared hold was granted while a timing waited"  # ...and so does the newcomer
+    a.release()
+    waiter.join(5)
+    newcomer.join(5)
+    assert order == ["timing", "late"]
+    for hold in (a, timing, late):
+        hold.close()
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    """A GPU machine's split, on whatever cores this machine has: timing on the first, the rest for everything else."""
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    split = ({cores[0]}, set(cores[1:]) or {cores[0]})
+    monkeypatch.setattr(dl, "split_cores", lambda device: split if device.startswith("cuda") else None)
+    return split, set(cores)
+
+
+def test_released_gives_the_device_up_for_host_work_and_takes_it_back(two_cores):
+    import os
+
+    (timing_cores, other_cores), all_cores = two_cores
+    hold = dl.begin_phases("cuda:0", group_size=2)
+    assert hold.state == "shared" and os.sched_getaffinity(0) == other_cores
+    other = dl.PhaseHold("cuda:0", poll_s=0.005)
+    with dl.released():
+        assert hold.state is None
+        other.exclusive()  # another run times while this one compiles: it does not wait
+        assert other.waited_s < 0.05
+        other.release()
+        with dl.exclusive():  # a compile's own timing inside the block takes the device alone, on the timing cores
+            assert hold.state == "exclusive" and os.sched_getaffinity(0) == timing_cores
+        assert hold.state is None and os.sched_getaffinity(0) == other_cores
+    assert hold.state == "shared" and hold.released_s > 0
+    with dl.exclusive():
+        with dl.released():  # host work inside a timing's block: the device goes, and comes back exclusive
+            assert hold.state is None
+        assert hold.state == "exclusive"
+    other.close()
+    dl.end_phases()
+    assert os.sched_getaffinity(0) == all_cores
+
+
+def test_released_holds_on_where_host_work_would_share_a_timings_cores(two_cores):
+    hold = dl.begin_phases("cpu", group_size=2)  # a CPU device: its timings use every core
+    with dl.released():
+        assert hold.state == "shared"
+    assert hold.released_s == 0
+
+
+def test_compile_off_device_wraps_host_only_functions_once(two_cores, monkeypatch):
+    import sys
+    import types
+
+    from engine.modes import inductor_timing
+
+    seen: list[str | None] = []
+    module = types.ModuleType("fake_compiler")
+
+    def compile(src: str) -> str:  # noqa: A001 - the name Triton's compiler has
+        seen.append(dl.current().state if dl.current() else None)
+        return src.upper()
+
+    module.compile = compile
+    monkeypatch.setitem(sys.modules, "fake_compiler", module)
+    monkeypatch.setattr(inductor_timing, "HOST_ONLY", (("fake_compiler", None, "compile"),
+                                                        ("absent_module", None, "x")))
+    assert inductor_timing.compile_off_device() == ["fake_compiler.compile"]
+    wrapped = module.compile
+    inductor_timing.compile_off_device()
+    assert module.compile is wrapped
+    assert module.compile("k") == "K"  # no phased hold: straight through
+    dl.begin_phases("cuda:0", group_size=2)
+    assert module.compile("k") == "K" and dl.current().state == "shared"
+    assert seen == [None, None]  # the second call ran with the device given up
