@@ -41,8 +41,10 @@ def _open(device: str) -> int:
     return os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
 
 
-def _take(fd: int, kind: int, poll_s: float, on_wait: Callable[[], None] | None = None) -> float:
-    """Poll for the lock (non-blocking tries, so a signal or timeout always gets through); returns seconds waited."""
+def _take(fd: int, kind: int, poll_s: float, on_wait: Callable[[], None] | None = None,
+          patience_s: float | None = None) -> float | None:
+    """Poll for the lock (non-blocking tries, so a signal or timeout always gets through); returns seconds waited, or
+    None when patience_s passed without it."""
     t0 = time.perf_counter()
     waited = False
     while True:
@@ -50,6 +52,8 @@ def _take(fd: int, kind: int, poll_s: float, on_wait: Callable[[], None] | None 
             fcntl.flock(fd, kind | fcntl.LOCK_NB)
             return time.perf_counter() - t0
         except BlockingIOError:
+            if patience_s is not None and time.perf_counter() - t0 > patience_s:
+                return None
             if on_wait and not waited:
                 on_wait()
             waited = True
@@ -84,6 +88,8 @@ def _drain_device(device: str) -> None:
         torch.cuda.synchronize(torch.device(device))
 
 
+# How long a timing waits for the preparations under way before it stops new ones from starting (the turnstile).
+PATIENCE_S = 2.0
 # Below this many cores a compile beside a timing would share its cores: released() holds on to the device there.
 MIN_CORES_TO_SPLIT = 8
 TIMING_CORES = 2
@@ -148,13 +154,19 @@ class PhaseHold:
         what = ("waiting for the device: other runs are preparing or timing" if state == "exclusive"
                 else "waiting for the device: another run is timing")
         told = (lambda: self.on_wait(what)) if self.on_wait else None
-        # Writers first: whoever waits to time holds the turnstile, so no new preparation starts until it has the
-        # device (flock alone lets shared holders that come and go keep a timing waiting indefinitely).
-        self.waited_s += _take(self._turn, fcntl.LOCK_EX, self.poll_s, told)
-        try:
-            self.waited_s += _take(self._fd, kind, self.poll_s, told)
-        finally:
-            fcntl.flock(self._turn, fcntl.LOCK_UN)
+        start = time.perf_counter()
+        if kind == fcntl.LOCK_EX and _take(self._fd, kind, self.poll_s, told, patience_s=PATIENCE_S) is not None:
+            self.waited_s += time.perf_counter() - start
+        else:
+            # A timing that waited PATIENCE_S holds the turnstile: no new preparation starts until it has the device
+            # (flock alone lets shared holds that come and go keep a timing waiting for as long as they overlap).
+            # Only then: taken at once, the turnstile would let one preparation run at a time behind each timing.
+            _take(self._turn, fcntl.LOCK_EX, self.poll_s, told)
+            try:
+                _take(self._fd, kind, self.poll_s, told)
+            finally:
+                fcntl.flock(self._turn, fcntl.LOCK_UN)
+            self.waited_s += time.perf_counter() - start
         self.state = state
         self._pin(state)
         self._since = time.perf_counter()

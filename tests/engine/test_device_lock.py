@@ -138,7 +138,8 @@ def test_phased_supervision_refuses_kinds_that_do_not_mark_their_timings(tmp_pat
     assert {store.run(i)["status"] for i in ids} == {"queued"}
 
 
-def test_a_waiting_timing_goes_before_new_preparations():
+def test_a_timing_that_waited_its_patience_goes_before_new_preparations(monkeypatch):
+    monkeypatch.setattr(dl, "PATIENCE_S", 0.05)
     a, timing, late = (dl.PhaseHold("cpu", poll_s=0.005) for _ in range(3))
     a.shared()
     order: list[str] = []
@@ -164,6 +165,23 @@ def test_a_waiting_timing_goes_before_new_preparations():
     waiter.join(5)
     newcomer.join(5)
     assert order == ["timing", "late"]
+    for hold in (a, timing, late):
+        hold.close()
+
+
+def test_within_its_patience_a_waiting_timing_lets_preparations_start(monkeypatch):
+    monkeypatch.setattr(dl, "PATIENCE_S", 5.0)
+    a, timing, late = (dl.PhaseHold("cpu", poll_s=0.005) for _ in range(3))
+    a.shared()
+    waiter = threading.Thread(target=timing.exclusive)
+    waiter.start()
+    time.sleep(0.1)
+    late.shared()  # preparations still overlap: one waiting timing does not serialise them
+    assert late.waited_s < 0.05 and timing.state is None
+    a.release()
+    late.release()
+    waiter.join(5)
+    assert timing.state == "exclusive"
     for hold in (a, timing, late):
         hold.close()
 
