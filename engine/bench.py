@@ -355,6 +355,7 @@ def bench_mode(cfg: BenchConfig, progress: Progress = lambda f, msg: None) -> Ru
         # helpers, which first import torch, take the rest.
         plan.sort(key=lambda phase_batch: phase_batch[0] != "train")
         ahead = bench_ahead.start(dataclasses.asdict(cfg), plan)
+    if ahead is not None and ahead.helpers:
         result.notes.append(f"{mode.name}: phases after the first compiled ahead in parallel helper processes "
                             "(engine/bench_ahead.py); their first_call is the helper's cold compile, first_call_here "
                             "this run's load of it from Inductor's caches")
@@ -404,6 +405,9 @@ def _first_call_main(spec_json: str) -> int:
         compile_off_device()
         first_us = first_call_ahead(spec)
         device_lock.end_phases()
+        done = bench_ahead.marker(spec["params"], spec["phase"], int(spec["batch_size"]))
+        done.parent.mkdir(parents=True, exist_ok=True)
+        done.write_text(json.dumps({"first_us": first_us}))
         bench_ahead.write_result(spec["out"], first_us=first_us)
         return 0
     except Exception as exc:  # noqa: BLE001 - the run compiles this phase itself; the reason goes in its notes

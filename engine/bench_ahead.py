@@ -10,11 +10,14 @@ first call — the seeded model, the mode's prepare, the first call timed the sa
 own process, under the same device discipline (timings alone, compiles off the device), and writes the first call's
 µs. Its compile lands in Inductor's caches (FX graph, AOTAutograd, autotune), so when the run reaches that phase its
 own first call loads it: the phase's `first_call` is the helper's (the cold cost), `first_call_here` the run's own.
-A helper that fails leaves the run to compile that phase itself, with the reason in a note.
+A helper that fails leaves the run to compile that phase itself, with the reason in a note. A helper that succeeds
+leaves a marker beside Inductor's caches (`marker()`): while it is there those caches hold the phase, so the next run
+loads it in about a second and starts no helper for it (a helper costs a Python start and torch's import).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -74,8 +77,24 @@ def wanted(autotunes: bool, device: str, phases: int) -> bool:
     return autotunes and phases > 1 and device.startswith("cuda") and hold is not None and hold.cores is not None
 
 
+def marker(params: dict, phase: str, batch_size: int) -> Path:
+    """The file a helper leaves beside Inductor's caches once it compiled a phase (same folder: wiped with them)."""
+    from engine.native.build import inductor_cache_dir
+
+    key = {k: params.get(k) for k in ("workload", "mode", "device")}
+    try:
+        import torch
+
+        key["gpu"] = torch.cuda.get_device_name() if str(params.get("device", "")).startswith("cuda") else "cpu"
+    except (RuntimeError, AssertionError):
+        key["gpu"] = "?"
+    digest = hashlib.sha256(json.dumps([key, phase, batch_size], sort_keys=True).encode()).hexdigest()[:16]
+    return inductor_cache_dir() / "compiled_ahead" / digest
+
+
 def start(params: dict, plan: list[tuple[str, int]]) -> Ahead:
-    """One helper per phase of `plan` after the first, each given the run's own parameters and its phase."""
+    """One helper per phase of `plan` after the first, each given the run's own parameters and its phase — except
+    phases an earlier helper compiled into the caches still there."""
     folder = Path(tempfile.mkdtemp(prefix="modelab-ahead-"))
     hold = device_lock.current()
     env = dict(os.environ)
@@ -84,6 +103,8 @@ def start(params: dict, plan: list[tuple[str, int]]) -> Ahead:
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // (4 * len(plan)))))
     helpers = {}
     for phase, batch_size in plan[1:]:
+        if marker(params, phase, batch_size).exists():
+            continue
         tag = f"{phase}-{batch_size}"
         spec = {"params": params, "phase": phase, "batch_size": batch_size,
                 "group_size": hold.group_size if hold else 1, "out": str(folder / f"{tag}.json")}

@@ -41,10 +41,8 @@ def _open(device: str) -> int:
     return os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
 
 
-def _take(fd: int, kind: int, poll_s: float, on_wait: Callable[[], None] | None = None,
-          patience_s: float | None = None) -> float | None:
-    """Poll for the lock (non-blocking tries, so a signal or timeout always gets through); returns seconds waited, or
-    None when patience_s passed without it."""
+def _take(fd: int, kind: int, poll_s: float, on_wait: Callable[[], None] | None = None) -> float:
+    """Poll for the lock (non-blocking tries, so a signal or timeout always gets through); returns seconds waited."""
     t0 = time.perf_counter()
     waited = False
     while True:
@@ -52,8 +50,6 @@ def _take(fd: int, kind: int, poll_s: float, on_wait: Callable[[], None] | None 
             fcntl.flock(fd, kind | fcntl.LOCK_NB)
             return time.perf_counter() - t0
         except BlockingIOError:
-            if patience_s is not None and time.perf_counter() - t0 > patience_s:
-                return None
             if on_wait and not waited:
                 on_wait()
             waited = True
@@ -88,8 +84,6 @@ def _drain_device(device: str) -> None:
         torch.cuda.synchronize(torch.device(device))
 
 
-# How long a timing waits for the preparations under way before it stops new ones from starting (the turnstile).
-PATIENCE_S = 2.0
 # Below this many cores a compile beside a timing would share its cores: released() holds on to the device there.
 MIN_CORES_TO_SPLIT = 8
 TIMING_CORES = 2
@@ -123,7 +117,6 @@ class PhaseHold:
         self.exclusive_s = 0.0  # time held exclusively (timing and profiling)
         self._since = 0.0
         self._fd = _open(device)
-        self._turn = os.open(str(lock_path(device)) + ".turn", os.O_CREAT | os.O_RDWR, 0o666)
         self.cores = split_cores(device)  # None: released() passes straight through, affinity is left alone
         self._all_cores = set(os.sched_getaffinity(0)) if self.cores else set()
         self.released_s = 0.0  # time given up for host-only work (released())
@@ -153,20 +146,7 @@ class PhaseHold:
         kind = fcntl.LOCK_EX if state == "exclusive" else fcntl.LOCK_SH
         what = ("waiting for the device: other runs are preparing or timing" if state == "exclusive"
                 else "waiting for the device: another run is timing")
-        told = (lambda: self.on_wait(what)) if self.on_wait else None
-        start = time.perf_counter()
-        if kind == fcntl.LOCK_EX and _take(self._fd, kind, self.poll_s, told, patience_s=PATIENCE_S) is not None:
-            self.waited_s += time.perf_counter() - start
-        else:
-            # A timing that waited PATIENCE_S holds the turnstile: no new preparation starts until it has the device
-            # (flock alone lets shared holds that come and go keep a timing waiting for as long as they overlap).
-            # Only then: taken at once, the turnstile would let one preparation run at a time behind each timing.
-            _take(self._turn, fcntl.LOCK_EX, self.poll_s, told)
-            try:
-                _take(self._fd, kind, self.poll_s, told)
-            finally:
-                fcntl.flock(self._turn, fcntl.LOCK_UN)
-            self.waited_s += time.perf_counter() - start
+        self.waited_s += _take(self._fd, kind, self.poll_s, (lambda: self.on_wait(what)) if self.on_wait else None)
         self.state = state
         self._pin(state)
         self._since = time.perf_counter()
@@ -190,7 +170,6 @@ class PhaseHold:
         if self.cores:
             os.sched_setaffinity(0, self._all_cores)
         os.close(self._fd)
-        os.close(self._turn)
 
 
 _HOLD: PhaseHold | None = None

@@ -43,6 +43,9 @@ def test_phases_compiled_ahead_record_the_helpers_first_call(monkeypatch):
         assert firsts[(phase, batch, "first_call")] != firsts[(phase, batch, "first_call_here")]
     assert any("compiled ahead" in note for note in result.notes)
     assert not any("failed" in note for note in result.notes)
+    again = bench.bench_mode(cfg)  # the helpers' markers say the caches hold those phases: no helper this time
+    assert not any(m.name == "first_call_here" for m in again.metrics)
+    assert not any("compiled ahead" in note for note in again.notes)
 
 
 def test_a_failed_helper_says_why_and_leaves_the_phase_to_the_run():
