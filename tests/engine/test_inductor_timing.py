@@ -87,3 +87,26 @@ def test_the_first_call_cost_leaves_the_wait_for_the_device_out() -> None:
     us = time_first_call(first_call, "cpu")
     assert hold.waited_s >= 0.25
     assert 0.04e6 <= us <= 0.2e6, us  # the 50 ms of work, not the 300 ms queue
+
+
+def test_a_benchmark_inside_a_released_block_takes_the_device_alone_and_stays_shared_otherwise(monkeypatch):
+    monkeypatch.setattr(dl, "split_cores", lambda device: ({0}, {0}) if device.startswith("cuda") else None)
+    seen: list[str | None] = []
+
+    class Benchmarker:
+        def benchmark_gpu(self, fn):
+            seen.append(dl.current().state)
+            return 1.0
+
+    module = types.ModuleType("fake_benchmarking")
+    module.Benchmarker = Benchmarker
+    monkeypatch.setitem(sys.modules, "fake_benchmarking", module)
+    monkeypatch.setattr(inductor_timing, "TIMED", ())
+    monkeypatch.setattr(inductor_timing, "BENCHMARKERS", (("fake_benchmarking", "Benchmarker", "benchmark_gpu"),))
+    inductor_timing.time_candidates_alone()
+    dl.begin_phases("cuda:0", group_size=2)
+    Benchmarker().benchmark_gpu(None)  # coordinate descent's way: beside preparations, as the device is held
+    with dl.released():  # e.g. an epilogue-fusion benchmark during code generation
+        Benchmarker().benchmark_gpu(None)
+        assert dl.current().state is None
+    assert seen == ["shared", "exclusive"]
