@@ -330,7 +330,12 @@ def bench_mode(cfg: BenchConfig, progress: Progress = lambda f, msg: None) -> Ru
     ok, reason = mode.available(cfg.device)
     if not ok:
         raise RuntimeError(f"mode {mode.name} is not available on {cfg.device}: {reason}")
-    result = RunResult(env=capture_env(cfg.device))
+    with device_lock.released():  # host-only (git, the device's properties, wrappers): others may time meanwhile
+        result = RunResult(env=capture_env(cfg.device))
+        if device_lock.current() is not None:  # beside a group: Triton and C++ compiles leave the device to timings
+            from engine.modes.inductor_timing import compile_off_device
+
+            compile_off_device()
     # Ranges name every phase in Nsight timelines; on CPU nothing reads them, so they stay out of the timed loop.
     nvtx_ranges.enable(cfg.device.startswith("cuda"))
     base_model = workload.make_model().to(cfg.device)
@@ -345,10 +350,6 @@ def bench_mode(cfg: BenchConfig, progress: Progress = lambda f, msg: None) -> Ru
     if not plan:
         raise ValueError(f"nothing to benchmark: no phases or batch sizes (mode {mode.name} supports "
                          f"{', '.join(mode.phases)}; asked for {', '.join(cfg.phases) or 'none'})")
-    if device_lock.current() is not None:  # beside a group: Triton and C++ compiles leave the device to timings
-        from engine.modes.inductor_timing import compile_off_device
-
-        compile_off_device()
     ahead = None
     if bench_ahead.wanted(mode.autotunes, cfg.device, len(plan)):
         # This process does the longest compile (training: forward and backward) itself, already imported; the

@@ -106,7 +106,10 @@ def run_job(job_path: str | Path) -> int:
             share_compile_threads(int(phases.get("group_size", 2)))
             begin_phases(phases["device"], on_wait=lambda message: progress(last[0], message),
                          group_size=int(phases.get("group_size", 2)), on_switch=hold_changed)
-        target = load_target(job["target"])
+        from engine.device_lock import released
+
+        with released():  # importing the target is host-only: others of the group may time meanwhile
+            target = load_target(job["target"])
         result = target(job["params"], progress)
         if job.get("device_phases"):  # done with the device: let the group's next run have it now
             from engine.device_lock import end_phases

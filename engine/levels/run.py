@@ -117,9 +117,10 @@ class _Checked:
 def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunResult:
     component, shape, level = _resolve(cfg)
     device = cfg.device
-    result = RunResult(env=capture_env(device))
-    if device_lock.current() is not None:  # beside a group: Triton and C++ compiles leave the device to timings
-        compile_off_device()
+    with device_lock.released():  # host-only (git, the device's properties, wrappers): others may time meanwhile
+        result = RunResult(env=capture_env(device))
+        if device_lock.current() is not None:  # beside a group: Triton and C++ compiles leave the device to timings
+            compile_off_device()
     progress(0.02, "ceilings")
     with device_lock.exclusive():  # measures them if this device has none: a timing like any other
         ceilings = ceilings_for(device, cfg.db, quick=cfg.quick_ceilings) if cfg.db else None
