@@ -350,16 +350,7 @@ def bench_mode(cfg: BenchConfig, progress: Progress = lambda f, msg: None) -> Ru
     if not plan:
         raise ValueError(f"nothing to benchmark: no phases or batch sizes (mode {mode.name} supports "
                          f"{', '.join(mode.phases)}; asked for {', '.join(cfg.phases) or 'none'})")
-    ahead = None
-    if bench_ahead.wanted(mode.autotunes, cfg.device, len(plan)):
-        # This process does the longest compile (training: forward and backward) itself, already imported; the
-        # helpers, which first import torch, take the rest.
-        plan.sort(key=lambda phase_batch: phase_batch[0] != "train")
-        ahead = bench_ahead.start(dataclasses.asdict(cfg), plan)
-    if ahead is not None and ahead.helpers:
-        result.notes.append(f"{mode.name}: phases after the first compiled ahead in parallel helper processes "
-                            "(engine/bench_ahead.py); their first_call is the helper's cold compile, first_call_here "
-                            "this run's load of it from Inductor's caches")
+    ahead = _compile_ahead(mode, cfg, plan, result)
     try:
         for i, (phase, batch_size) in enumerate(plan):
             with nvtx_ranges.range(f"{mode.name} {phase} B={batch_size}"):
@@ -372,11 +363,25 @@ def bench_mode(cfg: BenchConfig, progress: Progress = lambda f, msg: None) -> Ru
     return result
 
 
+def _compile_ahead(mode: Mode, cfg: BenchConfig, plan: list[tuple[str, int]], result: RunResult
+                   ) -> bench_ahead.Ahead | None:
+    """Where engine.bench_ahead applies, start its helpers (the plan reordered: training first, done here)."""
+    if not bench_ahead.wanted(mode.autotunes, cfg.device, len(plan)):
+        return None
+    # This process does the longest compile (training: forward and backward) itself, already imported; the helpers,
+    # which first import torch, take the rest.
+    plan.sort(key=lambda phase_batch: phase_batch[0] != "train")
+    ahead = bench_ahead.start(dataclasses.asdict(cfg), plan)
+    if ahead.helpers:
+        result.notes.append(f"{mode.name}: phases after the first compiled ahead in parallel helper processes "
+                            "(engine/bench_ahead.py); their first_call is the helper's cold compile, first_call_here "
+                            "this run's load of it from Inductor's caches")
+    return ahead
+
+
 def first_call_ahead(spec: dict) -> float:
     """A compile-ahead helper's work (engine.bench_ahead): one phase of a run up to its checked first call; its µs."""
-    known = set(BenchConfig.__dataclass_fields__)
-    params = spec["params"]
-    cfg = BenchConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in params.items() if k in known})
+    cfg = _config(spec["params"])
     workload, mode = get_workload(cfg.workload), get_mode(cfg.mode)
     base_model = workload.make_model().to(cfg.device)
     phase, batch_size = spec["phase"], int(spec["batch_size"])
@@ -424,10 +429,13 @@ def bench_job(params: dict, progress: Progress) -> RunResult:
     return _bench_params(params, progress)
 
 
-def _bench_params(params: dict, progress: Progress) -> RunResult:
+def _config(params: dict) -> BenchConfig:
     known = set(BenchConfig.__dataclass_fields__)
-    cfg = BenchConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in params.items() if k in known})
-    return bench_mode(cfg, progress)
+    return BenchConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in params.items() if k in known})
+
+
+def _bench_params(params: dict, progress: Progress) -> RunResult:
+    return bench_mode(_config(params), progress)
 
 
 def user_model_job(params: dict, progress: Progress, run: Callable[[dict, Progress], RunResult]) -> RunResult:
