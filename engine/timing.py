@@ -79,6 +79,26 @@ def time_first_call(fn: Callable[[], object], device: str) -> float:
     return us - ((hold.waited_s - waited) * 1e6 if hold else 0.0)
 
 
+def time_events_each(fn: Callable[[], object], warmup: int, iters: int, before_each: Callable[[], object]
+                     ) -> list[float]:
+    """CUDA: `warmup` calls, then `iters` calls each between two events (µs per call), with `before_each()` queued
+    untimed before each start event (an L2 flush, a lead of torch.cuda._sleep that keeps the device ahead)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    torch.cuda.synchronize()
+    for i in range(iters):
+        before_each()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends)]
+
+
 def time_fn(fn: Callable[[], object], device: str, *, warmup: int = 10, iters: int = 100,
             first_call: bool = True, on_iter: Callable[[int], None] | None = None) -> Measurement:
     """Time `fn` once cold (its first call), then `warmup` untimed calls, then `iters` timed calls."""

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.store import Metric
-from engine.timing import Measurement, time_fn
+from engine.timing import Measurement, time_events_each, time_fn
 from engine.workloads.component import Component, Shape, rel_l2_error
 
 
@@ -208,21 +208,11 @@ class Guard:
         props = torch.cuda.get_device_properties(torch.device(self.device))
         l2 = int(props.L2_cache_size)
         flush = torch.empty(max(FLUSH_L2_FACTOR * l2, 1 << 20) // 4, dtype=torch.float32, device=self.device)
-        for _ in range(warmup):
-            call()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        torch.cuda.synchronize()
-        for i in range(iters):
-            flush.zero_()
-            starts[i].record()
-            call()
-            ends[i].record()
-        torch.cuda.synchronize()
+        samples = time_events_each(call, warmup, iters, flush.zero_)
         self.add("l2_flush", "pass", f"a {flush.numel() * 4 / 1e6:.0f} MB buffer ({FLUSH_L2_FACTOR}x this device's "
                                      f"{l2 / 1e6:.0f} MB L2, torch.cuda.get_device_properties) zeroed before each "
                                      "timed call")
-        return Measurement([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)], float("nan"), self.device)
+        return Measurement(samples, float("nan"), self.device)
 
     # -- after timing ---------------------------------------------------------------------------------------------
     def after_timing(self, sets: list[tuple], saved: list[list], median_us: float, floor_us: float | None,

@@ -17,6 +17,7 @@ from engine.levels.guards import Guard, GuardFailure
 from engine.levels.run import LevelsConfig, run_level
 from engine.levels.yours import check, is_yours, level_key
 from engine.store import Store
+from engine.timing import time_events_each
 
 KERNELS = str(Path(__file__).resolve().parent / "user_kernels")
 ATTN = get_component("causal_attention")
@@ -173,18 +174,7 @@ def _events_median_us(call, warmup: int, iters: int) -> float:
     keeps the device ahead of the host as the flush does, touching no memory."""
     import statistics
 
-    for _ in range(warmup):
-        call()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    torch.cuda.synchronize()
-    for i in range(iters):
-        torch.cuda._sleep(100_000)
-        starts[i].record()
-        call()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+    return statistics.median(time_events_each(call, warmup, iters, lambda: torch.cuda._sleep(100_000)))
 
 
 @pytest.mark.skipif(not CUDA, reason="the L2 flush between timed calls is CUDA-only (on the CPU: guard l2_flush "
