@@ -385,3 +385,37 @@ def test_lanes_with_cpu_kernel_levels_preload_torch_alone(store):
     assert preload_for(store, gpu_level) == default_preload()
     # Dynamo imports Triton, after which the worker could no longer switch Triton to its interpreter.
     assert preload_for(store, bench + cpu_level) == ("torch",)
+
+
+def test_exit_reports_never_swallow_the_started_event_a_spawner_waits_for(tmp_path):
+    """The supervisor polls exit_code() from one thread per running run while another waits in spawn() for its
+    'started': the server's report lines reach each of them whatever the order they were read in."""
+    import queue
+    import threading
+
+    from engine.forkserver import ForkServer
+
+    script = ("import json, sys, time\n"
+              "for line in ({'exited': 11, 'code': 0}, {'started': 'job', 'pid': 12}, {'exited': 13, 'code': -9}):\n"
+              "    print(json.dumps(line), flush=True)\n"
+              "time.sleep(5)\n")
+    server = object.__new__(ForkServer)
+    server.proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    server.log_path = tmp_path / "server.log"
+    server._events, server._exits, server._eof = queue.Queue(), {}, False
+    polled: list[int | None] = []
+    poller = threading.Thread(target=lambda: [polled.append(server.exit_code(11)) or time.sleep(0.01)
+                                              for _ in range(50)])
+    threading.Thread(target=server._read, daemon=True).start()
+    poller.start()
+    poller.join(5)  # the poller ran through every line first…
+    assert polled.count(0) == 1  # …took the exit of pid 11, once
+    assert server._next_event(1.0, "started") == {"started": "job", "pid": 12}  # …and left the spawner its event
+    deadline = time.monotonic() + 5
+    code = server.exit_code(13)
+    while code is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+        code = server.exit_code(13)
+    assert code == -9 and server.exit_code(13) is None  # reported once
+    server.proc.kill()
+    server.proc.wait()
