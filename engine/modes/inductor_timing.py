@@ -51,25 +51,21 @@ _MARK = "_modelab_times_alone"
 _OFF_MARK = "_modelab_off_device"
 
 
-def _alone(method: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(method)
+def _within(function: Callable[..., Any], context: Callable[[], contextlib.AbstractContextManager],
+            mark: str) -> Callable[..., Any]:
+    """`function`, each call of it run inside a fresh `context()`; marked so it is wrapped only once."""
+    @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with device_lock.exclusive():
-            return method(*args, **kwargs)
+        with context():
+            return function(*args, **kwargs)
 
-    setattr(wrapper, _MARK, True)
+    setattr(wrapper, mark, True)
     return wrapper
 
 
-def _alone_if_released(method: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        hold = device_lock.current()
-        with device_lock.exclusive() if hold is not None and hold.state is None else contextlib.nullcontext():
-            return method(*args, **kwargs)
-
-    setattr(wrapper, _MARK, True)
-    return wrapper
+def _exclusive_if_released() -> contextlib.AbstractContextManager:
+    hold = device_lock.current()
+    return device_lock.exclusive() if hold is not None and hold.state is None else contextlib.nullcontext()
 
 
 def time_candidates_alone() -> bool:
@@ -83,12 +79,12 @@ def time_candidates_alone() -> bool:
             complete = False
             continue
         if not getattr(method, _MARK, False):
-            setattr(cls, method_name, _alone(method))
+            setattr(cls, method_name, _within(method, device_lock.exclusive, _MARK))
     for module_name, class_name, method_name in BENCHMARKERS:
         cls = getattr(importlib.import_module(module_name), class_name, None) if _importable(module_name) else None
         method = cls.__dict__.get(method_name) if cls is not None else None  # each class's own override
         if method is not None and not getattr(method, _MARK, False):
-            setattr(cls, method_name, _alone_if_released(method))
+            setattr(cls, method_name, _within(method, _exclusive_if_released, _MARK))
     return complete
 
 
@@ -112,16 +108,6 @@ def installed() -> bool:
     return True
 
 
-def _off_device(function: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with device_lock.released():
-            return function(*args, **kwargs)
-
-    setattr(wrapper, _OFF_MARK, True)
-    return wrapper
-
-
 def compile_off_device() -> list[str]:
     """Wrap every HOST_ONLY function this environment has (once per process); returns the names wrapped."""
     wrapped = []
@@ -134,7 +120,7 @@ def compile_off_device() -> list[str]:
         except (ImportError, AttributeError):
             continue
         if not getattr(function, _OFF_MARK, False):
-            setattr(owner, name, _off_device(function))
+            setattr(owner, name, _within(function, device_lock.released, _OFF_MARK))
         wrapped.append(f"{module_name}.{class_name + '.' if class_name else ''}{name}")
     return wrapped
 
