@@ -204,19 +204,12 @@ class _Bars:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from engine.jobs import new_launcher
+    from engine.jobs import prestarted_launcher
 
-    devices = expand_devices(args.device)
-    # The fork server's imports (torch, Inductor) overlap this process's own checks below (the store is opened only
-    # after them: a refused command leaves no results file behind).
-    launcher = new_launcher(Store(args.db)) if len(devices) == 1 else None
-    if launcher:
-        launcher.prestart()
-    try:
-        return _bench(args, devices, launcher)
-    finally:
-        if launcher:
-            launcher.close()
+    # The fork server's imports (torch, Inductor) overlap this process's own — torch for the device check, then the
+    # checks below (the store is opened only after them: a refused command leaves no results file behind).
+    with prestarted_launcher(Store(args.db), "bench", args.device) as launcher:
+        return _bench(args, expand_devices(args.device), launcher)
 
 
 def _bench(args: argparse.Namespace, devices: list[str], launcher) -> int:

@@ -213,14 +213,21 @@ def default_preload() -> tuple[str, ...]:
     return PRELOAD + (PRELOAD_WITHOUT_GPU if no_gpu else ())
 
 
+def preload_for_kind(kind: str, device: str) -> tuple[str, ...]:
+    """What a lane's fork server may import for runs of `kind` on `device`. A kernel-level run off CUDA switches
+    Triton to its interpreter inside the worker (engine.levels.base.use_triton_interpreter), which only works while
+    Triton is not imported yet, and dynamo and Inductor import it: such lanes preload torch alone."""
+    if kind == "levels" and not device.startswith("cuda"):
+        return ("torch",)
+    return default_preload()
+
+
 def preload_for(store: Store, run_ids: Sequence[int]) -> tuple[str, ...]:
-    """What a lane's fork server may import for these runs. A kernel-level run off CUDA switches Triton to its
-    interpreter inside the worker (engine.levels.base.use_triton_interpreter), which only works while Triton is not
-    imported yet, and dynamo and Inductor import it: such lanes preload torch alone."""
+    """What a lane's fork server may import for these runs (the narrowest any of them needs)."""
     for run_id in run_ids:
         run = store.run(run_id)
-        if run is not None and run["kind"] == "levels" and not str(run["device"]).startswith("cuda"):
-            return ("torch",)
+        if run is not None and preload_for_kind(str(run["kind"]), str(run["device"])) != default_preload():
+            return preload_for_kind(str(run["kind"]), str(run["device"]))
     return default_preload()
 
 
@@ -282,6 +289,22 @@ class Launcher:
 
 def new_launcher(store: Store, name: str = "lane", preload: Sequence[str] | None = None) -> Launcher:
     return Launcher(artifacts_root(store) / f"forkserver-{os.getpid()}-{name}.log", preload)
+
+
+@contextmanager
+def prestarted_launcher(store: Store, kind: str, device_spec: str) -> Iterator[Launcher | None]:
+    """A lane's launcher whose fork server starts now, before the caller imports torch and checks its arguments: the
+    server's imports (~10 s on the GPU machine) then overlap the caller's instead of following them. None for a
+    sweep over several devices (each device's lane starts its own). Closed when the block ends."""
+    if "," in device_spec or device_spec.endswith(":all"):
+        yield None
+        return
+    launcher = new_launcher(store, preload=preload_for_kind(kind, device_spec))
+    launcher.prestart()
+    try:
+        yield launcher
+    finally:
+        launcher.close()
 
 
 @contextmanager

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from engine.ceilings import ensure_ceilings
-from engine.jobs import PHASED_KINDS, OnProgress, run_jobs
+from engine.jobs import PHASED_KINDS, OnProgress, new_launcher, preload_for, run_jobs
 from engine.native import prebuild
 from engine.store import Store
 
@@ -109,7 +109,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     store = Store(args.db)
     kinds = {run["kind"] for run in (store.run(i) for i in args.run_ids) if run}
-    statuses = supervise(store, args.run_ids, what="LLM runs" if kinds == {"llm"} else "runs")
+    # The lane's fork server starts before planning, whose ceilings check imports torch: the imports overlap.
+    launcher = new_launcher(store, preload=preload_for(store, args.run_ids)) if len(args.run_ids) > 1 else None
+    if launcher:
+        launcher.prestart()
+    try:
+        statuses = supervise(store, args.run_ids, launcher=launcher, what="LLM runs" if kinds == {"llm"} else "runs")
+    finally:
+        if launcher:
+            launcher.close()
     print(json.dumps(statuses))
     return 0 if all(s == "ok" for s in statuses.values()) else 1
 

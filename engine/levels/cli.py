@@ -124,6 +124,13 @@ def cmd_levels(args: argparse.Namespace) -> int:
     if args.list:
         print_catalogue()
         return 0
+    from engine.jobs import prestarted_launcher
+
+    with prestarted_launcher(Store(args.db), "levels", args.device) as launcher:  # its imports overlap ours
+        return _levels(args, launcher)
+
+
+def _levels(args: argparse.Namespace, launcher) -> int:
     from engine.jobs import JobSpec, create_runs, run_jobs_spread, spread
     from engine.plan import supervise
 
@@ -149,7 +156,8 @@ def cmd_levels(args: argparse.Namespace) -> int:
     if len(devices) > 1:
         statuses = run_jobs_spread(store, ids, _Bars(labels))
     else:
-        statuses = supervise(store, ids, _Bars(labels), None, args.prepare_parallel, args.serial, out=sys.stderr)
+        statuses = supervise(store, ids, _Bars(labels), launcher, args.prepare_parallel, args.serial,
+                             out=sys.stderr)
     frame = levels_table(store, ids)
     if not frame.empty:
         print()

@@ -134,6 +134,15 @@ def _resolve_modes(text: str, device: str, dtype: torch.dtype, hf_folder: str | 
 def cmd_llm(args: argparse.Namespace) -> int:
     """`python -m engine llm`: one run per (sweep value, mode), queued as a group, prepared side by side where they
     fit and timed one at a time; then a table of their headline figures. Exit code 1 when a run failed."""
+    from engine.jobs import prestarted_launcher
+
+    if args.list:
+        return _llm(args, None)
+    with prestarted_launcher(Store(args.db), "llm", args.device) as launcher:  # its imports overlap ours
+        return _llm(args, launcher)
+
+
+def _llm(args: argparse.Namespace, launcher) -> int:
     from engine.jobs import create_runs
     from engine.plan import supervise
 
@@ -154,7 +163,7 @@ def cmd_llm(args: argparse.Namespace) -> int:
     store = _store(args)
     group = uuid.uuid4().hex[:12] if len(specs) > 1 else None
     ids = create_runs(store, specs, group)
-    statuses = supervise(store, ids, _Bars(dict(zip(ids, labels))), None, args.prepare_parallel, args.serial,
+    statuses = supervise(store, ids, _Bars(dict(zip(ids, labels))), launcher, args.prepare_parallel, args.serial,
                          out=sys.stderr)
     _print_figures(store, ids, specs, statuses)
     _print_native_vs_transformers(store, ids)

@@ -175,3 +175,30 @@ def test_a_failed_run_exits_1_with_its_error(session):
     run = store.runs(kind="bench", limit=1).iloc[0]
     assert run["status"] == "failed" and run["error"].startswith("timed out")
     assert f"run {run['id']} (eager) failed: timed out" in proc.stderr
+
+
+@pytest.mark.parametrize("argv, module, check", [
+    (["bench", "--mode", "eager", "--device", "cpu"], "engine.cli", "expand_devices"),
+    (["levels", "--component", "mlp", "--level", "L1", "--device", "cpu"], "engine.levels.cli", "expand_devices"),
+    (["llm", "--preset", "tiny", "--mode", "eager", "--device", "cpu"], "engine.llm.cli", "check_device"),
+])
+def test_the_fork_server_starts_before_the_command_imports_torch(argv, module, check, monkeypatch, tmp_path):
+    """A group's fork server imports torch and Inductor (~10 s on the GPU machine): started first, those imports
+    overlap the command's own (its device check imports torch) instead of following them."""
+    import importlib
+
+    from engine.cli import CliError, main
+    from engine.jobs import Launcher
+
+    order: list[str] = []
+    monkeypatch.setattr(Launcher, "prestart", lambda self: order.append("fork server"))
+
+    def refuse(*args, **kwargs):
+        order.append("device check")
+        raise CliError("stop here")
+
+    monkeypatch.setattr(importlib.import_module(module), check, refuse)
+    db = tmp_path / "r.duckdb"
+    assert main([*argv, "--db", str(db)]) == 2
+    assert order == ["fork server", "device check"]
+    assert not db.exists()  # a refused command still leaves no results file behind
