@@ -3,6 +3,7 @@
 //
 //   aoti_runner --package model.pt2 --device cpu|cuda[:N] --input FILE:DTYPE:D0,D1,... [--input ...]
 //               [--warmup 10] [--iters 100] [--output-dir DIR] [--model-name model]
+//               [--device-lock FILE --timing-cores 0,1]
 //
 // Each --input is a raw, C-contiguous, little-endian tensor file (what numpy's tofile writes); DTYPE is one of
 // float32 float64 float16 bfloat16 int64 int32. The runner loads the package, runs `warmup` untimed calls and
@@ -14,6 +15,11 @@
 //    "outputs": [{"path": ..., "dtype": "float32", "shape": [4, 1], "sum": ...}]}
 //
 // On an error it prints {"ok": false, "error": "..."} and exits with status 1. Diagnostics go to stderr.
+//
+// --device-lock: beside other runs of a group (engine/device_lock.py) the runner holds the device itself, as a phased
+// worker does: the lock file shared while it starts CUDA and loads the package, exclusive (on --timing-cores) while it
+// warms up and times. Its caller gives the device up meanwhile, so others time while this one loads. Without it the
+// caller holds the device for the runner.
 
 #include <ATen/ATen.h>
 #include <c10/core/Device.h>
@@ -27,8 +33,13 @@
 #define MODELAB_HAS_DEVICE_ALLOCATOR_STATS 0
 #endif
 
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/file.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -58,6 +69,8 @@ struct Args {
   std::vector<InputSpec> inputs;
   int warmup = 10;
   int iters = 100;
+  std::string device_lock;  // engine.device_lock's file for the device; empty: the caller holds the device
+  std::vector<int> timing_cores;
 };
 
 [[noreturn]] void fail(const std::string& message) { throw std::runtime_error(message); }
@@ -147,13 +160,66 @@ int parse_count(const std::string& flag, const std::string& value, int min) {
   }
 }
 
+std::vector<int> parse_cores(const std::string& value) {
+  std::vector<int> cores;
+  std::stringstream ss(value);
+  for (std::string item; std::getline(ss, item, ',');) cores.push_back(parse_count("--timing-cores", item, 0));
+  return cores;
+}
+
+// The device lock of a group (engine.device_lock.PhaseHold, the same flock file): shared from construction,
+// exclusive() for the timed part; the kernel drops it when the process ends, whatever the way.
+class DeviceHold {
+ public:
+  explicit DeviceHold(const std::string& path) {
+    if (path.empty()) return;
+    fd_ = ::open(path.c_str(), O_CREAT | O_RDWR, 0666);
+    if (fd_ < 0) fail("cannot open the device lock " + path);
+    take(LOCK_SH);
+  }
+  ~DeviceHold() {
+    if (fd_ < 0) return;
+    if (exclusive_ && ::ftruncate(fd_, 0) != 0) std::cerr << "aoti_runner: could not clear the lock's label" << std::endl;
+    ::close(fd_);  // and with it the lock
+  }
+  // Alone on the device, on the cores a timing holds (the caller synchronised the device first).
+  void exclusive(const std::vector<int>& cores) {
+    if (fd_ < 0) return;
+    ::flock(fd_, LOCK_UN);
+    take(LOCK_EX);
+    exclusive_ = true;
+    const std::string label = "pid " + std::to_string(::getpid()) + " (timing: aoti native runner)";
+    if (::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, label.data(), label.size(), 0) < 0) {
+      std::cerr << "aoti_runner: could not label the device lock" << std::endl;
+    }
+    if (!cores.empty()) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      for (int core : cores) CPU_SET(core, &set);
+      if (::sched_setaffinity(0, sizeof(set), &set) != 0) {
+        std::cerr << "aoti_runner: could not pin to the timing cores" << std::endl;
+      }
+    }
+  }
+
+ private:
+  void take(int kind) {
+    while (::flock(fd_, kind) != 0) {
+      if (errno != EINTR) fail("cannot take the device lock");
+    }
+  }
+  int fd_ = -1;
+  bool exclusive_ = false;
+};
+
 Args parse_args(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
       std::cerr << "usage: aoti_runner --package P.pt2 --device cpu|cuda[:N] --input FILE:DTYPE:D0,D1 [...]\n"
-                   "                   [--warmup N] [--iters N] [--output-dir DIR] [--model-name NAME]\n";
+                   "                   [--warmup N] [--iters N] [--output-dir DIR] [--model-name NAME]\n"
+                   "                   [--device-lock FILE --timing-cores 0,1]\n";
       std::exit(2);
     }
     if (i + 1 >= argc) fail("missing value after " + flag);
@@ -165,6 +231,8 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--input") a.inputs.push_back(parse_input(value));
     else if (flag == "--warmup") a.warmup = parse_count(flag, value, 0);
     else if (flag == "--iters") a.iters = parse_count(flag, value, 1);
+    else if (flag == "--device-lock") a.device_lock = value;
+    else if (flag == "--timing-cores") a.timing_cores = parse_cores(value);
     else fail("unknown argument " + flag);
   }
   if (a.package.empty()) fail("--package is required");
@@ -254,6 +322,7 @@ int64_t peak_device_bytes(const c10::Device& device) {
 
 int run(int argc, char** argv) {
   const Args args = parse_args(argc, argv);
+  DeviceHold hold(args.device_lock);  // shared from here: CUDA's start and the load happen beside other runs
   c10::Device device(args.device);
   if (device.is_cuda()) {
     if (!torch::cuda::is_available()) {
@@ -278,6 +347,7 @@ int run(int argc, char** argv) {
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - load_start).count();
 
   sync(device);
+  hold.exclusive(args.timing_cores);
   reset_peak(device);
   std::vector<at::Tensor> outputs;
   for (int i = 0; i < args.warmup; ++i) {

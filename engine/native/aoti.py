@@ -239,9 +239,16 @@ def run_native(runner: Path, pt2: Path, inputs: tuple[torch.Tensor, ...], device
                "--iters", str(iters), "--output-dir", str(folder)]
         for spec in specs:
             cmd += ["--input", spec]
+        hold = device_lock.current()
+        if hold is not None and hold.cores is not None:
+            # Beside a group the runner holds the device itself (shared while CUDA starts and the package loads,
+            # ~1 s; exclusive on the timing cores while it times), so others time while it loads.
+            cmd += ["--device-lock", str(device_lock.lock_path(hold.device)),
+                    "--timing-cores", ",".join(str(c) for c in sorted(hold.cores[0]))]
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                                  env=with_libstdcxx_preloaded(dict(os.environ)))
+            with device_lock.released():  # passes straight through exactly where the runner takes no hold
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                                      env=with_libstdcxx_preloaded(dict(os.environ)))
         except subprocess.TimeoutExpired as exc:
             raise NativeRunError(f"the native runner timed out after {timeout_s:.0f} s") from exc
         last = (done.stdout.strip().splitlines() or [""])[-1]

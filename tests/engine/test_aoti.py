@@ -180,3 +180,62 @@ def test_cuda_round_trip_and_native_runner(runner):
     assert result["peak_device_bytes"] is None or result["peak_device_bytes"] > 0
     # No in-process load here: on the GPU image that needs libstdc++ preloaded, which workers get and pytest does not
     # (engine/native/toolchain.py: with_libstdcxx_preloaded); the aoti mode's bench covers the Python path there.
+
+
+def _lock_waiters(pid: int) -> set[str]:
+    """The flocks `pid` waits for, 'READ' or 'WRITE', from the kernel's table: "1: -> FLOCK ADVISORY WRITE <pid> …"."""
+    kinds = set()
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "->" and fields[2] == "FLOCK" and fields[5] == str(pid):
+            kinds.add(fields[4])
+    return kinds
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="reads the kernel's lock table (/proc/locks)")
+def test_native_runner_holds_the_device_lock_itself(package, runner, tmp_path):
+    """Beside a group the runner takes engine.device_lock's file itself: shared to start and load (so it waits while
+    another run times), exclusive to time (so it waits while another run prepares), and lets go when it ends."""
+    import fcntl
+    import subprocess
+
+    inputs, expected = _expected(4)
+    lock = tmp_path / "modelab-device-cuda0.lock"
+    cmd = [str(runner), "--package", str(package.path), "--device", "cpu", "--warmup", "1", "--iters", "3",
+           "--output-dir", str(tmp_path), "--input", aoti.write_tensor(inputs[0], tmp_path / "x.bin"),
+           "--device-lock", str(lock), "--timing-cores", ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))]
+    other = os.open(lock, os.O_CREAT | os.O_RDWR)
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX)  # another run is timing: the runner may not even start
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _wait_for(lambda: _lock_waiters(proc.pid) == {"READ"}, 60, "the runner to wait for a shared hold")
+        fcntl.flock(other, fcntl.LOCK_UN)
+        fcntl.flock(other, fcntl.LOCK_SH)  # now another run prepares beside it: the runner loads, then waits to time
+        _wait_for(lambda: _lock_waiters(proc.pid) == {"WRITE"}, 120, "the runner to wait for the device alone")
+        assert proc.poll() is None
+        fcntl.flock(other, fcntl.LOCK_UN)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        os.close(other)
+    assert proc.returncode == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["ok"] and len(result["samples_us"]) == 3
+    torch.testing.assert_close(aoti.read_tensor(result["outputs"][0]["path"], "float32", [4, 1]), expected,
+                               rtol=1e-5, atol=1e-5)
+    probe = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go at exit
+    finally:
+        os.close(probe)
+    assert lock.read_text() == ""  # no stale "(timing)" label for whoever waits next
