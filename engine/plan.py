@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from engine.ceilings import ensure_ceilings
+from engine.device_lock import TIMING_CORES
 from engine.jobs import PHASED_KINDS, OnProgress, new_launcher, preload_for, run_jobs
 from engine.native import prebuild
 from engine.store import Store
@@ -61,16 +62,25 @@ def plan_group(store: Store, run_ids: Sequence[int], requested: int | str = "aut
     return GroupPlan(slots, order, why)
 
 
+# The most bench or levels runs that prepare at once on a GPU: measured on a 16-core H100 machine (2026-11-24,
+# `bench --mode all`, fresh caches / rerun): 4 at a time 144.9 s / 44.8 s, 6 at a time 139.0 s / 36.7 s.
+MAX_GPU_SLOTS = 6
+
+
 def _side_by_side(count: int, device: str, requested: int | str, serial: bool) -> tuple[int, str]:
-    """How many bench or levels runs prepare at once: their models are small, so the cores bound it — on a GPU a
-    quarter of them each (a compile uses several threads), on the CPU one per core (whoever times holds the
-    cores alone: preparing runs wait)."""
+    """How many bench or levels runs prepare at once: their models are small, so the cores bound it — on a GPU two
+    of the cores a timing leaves free each (a compile uses several threads; most of a warm run's preparation is its
+    worker's start, CUDA's included, beside the others), on the CPU one per core (whoever times holds the cores
+    alone: preparing runs wait)."""
     if serial:
         return 1, "one run at a time (--serial)"
     if requested != "auto":
         return min(int(requested), count), f"--prepare-parallel {requested}"
     cores = os.cpu_count() or 1
-    slots = max(1, min(count, cores // 4 if device.startswith("cuda") else cores, 4))
+    if device.startswith("cuda"):
+        slots = max(1, min(count, (cores - TIMING_CORES) // 2, MAX_GPU_SLOTS))
+    else:
+        slots = max(1, min(count, cores, 4))
     if slots == 1:
         return 1, f"one run at a time ({cores} cores)"
     return slots, f"{slots} at a time ({cores} cores)"

@@ -38,9 +38,11 @@ def test_a_bench_group_prepares_its_slow_modes_first_side_by_side(store, no_ceil
     monkeypatch.setattr(plan.os, "cpu_count", lambda: 16)
     ids = _bench(store, ["eager", "fx", "compile", "aoti", "compile-max-autotune", "custom_op"], device="cuda")
     p = plan.plan_group(store, ids)
-    assert p.slots == 4 and p.why == "4 at a time (16 cores)"
+    assert p.slots == 6 and p.why == "6 at a time (16 cores)"  # two of the 14 cores a timing leaves, each
     assert p.order == [ids[3], ids[4], ids[5], ids[2], ids[0], ids[1]]  # builds and autotuning, compiles, the rest
     assert no_ceilings == ["cuda"]  # measured once, first, for the whole group
+    monkeypatch.setattr(plan.os, "cpu_count", lambda: 8)
+    assert plan.plan_group(store, ids).slots == 3
 
 
 def test_a_levels_group_puts_the_cuda_build_first(store, no_ceilings, monkeypatch) -> None:
