@@ -10,8 +10,8 @@ it never goes stale).
 Code that times (engine.timing users, the GEMV's choice, Triton's autotuner) wraps the timed part in `exclusive()`: a
 no-op in an ordinary worker, whose supervisor already holds the device alone. Host-only work (native builds, C++ and
 Triton compiles) runs in `released()`: on a GPU machine with cores to spare it gives the device up, so other runs may
-time meanwhile, and moves to the cores a timing never uses — a timing holds the first two cores, a released block the
-rest — so a compile beside a timing neither launches work on its device nor takes its cores.
+time meanwhile, and moves to the cores a timing never uses — a timing holds two cores (`timing_cores`), a released
+block the rest — so a compile beside a timing neither launches work on its device nor takes its cores.
 """
 
 from __future__ import annotations
@@ -98,7 +98,41 @@ def split_cores(device: str) -> tuple[set[int], set[int]] | None:
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < MIN_CORES_TO_SPLIT:
         return None
-    return set(cores[:TIMING_CORES]), set(cores[TIMING_CORES:])
+    timing = timing_cores(cores)
+    return timing, set(cores) - timing
+
+
+def _physical_core(cpu: int) -> tuple[str, str] | None:
+    base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+    try:
+        return (base / "physical_package_id").read_text().strip(), (base / "core_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def timing_cores(cores: list[int]) -> set[int]:
+    """The TIMING_CORES cores a timing holds: MODELAB_TIMING_CORES (e.g. "6,7") if set; else the last ones, each on
+    its own physical core — hyperthread siblings would share one core's pipeline, and core 0 takes most of a
+    machine's interrupts."""
+    wanted = os.environ.get("MODELAB_TIMING_CORES", "").strip()
+    if wanted:
+        try:
+            chosen = {int(c) for c in wanted.split(",") if c.strip()}
+        except ValueError:
+            raise ValueError(f"MODELAB_TIMING_CORES={wanted!r}: give core numbers, e.g. 6,7") from None
+        if not chosen or not chosen < set(cores):
+            raise ValueError(f"MODELAB_TIMING_CORES={wanted!r}: not a proper subset of this process's cores {cores}")
+        return chosen
+    chosen, physical = set(), set()
+    for cpu in reversed(cores):
+        where = _physical_core(cpu)
+        if where is not None and where in physical:
+            continue
+        chosen.add(cpu)
+        physical.add(where or ("cpu", str(cpu)))
+        if len(chosen) == TIMING_CORES:
+            return chosen
+    return set(cores[-TIMING_CORES:])  # fewer physical cores than that: the last ones
 
 
 class PhaseHold:

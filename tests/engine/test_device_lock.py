@@ -222,3 +222,24 @@ def test_compile_off_device_wraps_host_only_functions_once(two_cores, monkeypatc
     dl.begin_phases("cuda:0", group_size=2)
     assert module.compile("k") == "K" and dl.current().state == "shared"
     assert seen == [None, None]  # the second call ran with the device given up
+
+
+def test_a_timing_holds_two_cores_of_two_physical_cores_away_from_core_0(monkeypatch):
+    """Hyperthread siblings share one core's pipeline: the timing cores are the last ones on distinct physical cores
+    (here 8 logical cores on 4 physical ones, siblings n and n+4, as Linux numbers them on x86)."""
+    monkeypatch.delenv("MODELAB_TIMING_CORES", raising=False)
+    monkeypatch.setattr(dl, "_physical_core", lambda cpu: ("0", str(cpu % 4)))
+    assert dl.timing_cores(list(range(8))) == {7, 6}
+    monkeypatch.setattr(dl, "_physical_core", lambda cpu: ("0", str(cpu // 2)))  # siblings 2k and 2k+1
+    assert dl.timing_cores(list(range(8))) == {7, 5}
+    monkeypatch.setattr(dl, "_physical_core", lambda cpu: None)  # no topology: the last two
+    assert dl.timing_cores(list(range(8))) == {6, 7}
+
+
+def test_the_timing_cores_can_be_chosen_and_a_bad_choice_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv("MODELAB_TIMING_CORES", "2,3")
+    assert dl.timing_cores(list(range(8))) == {2, 3}
+    for bad, says in (("a,b", "give core numbers"), ("7,99", "not a proper subset"), ("0,1,2,3", "not a proper")):
+        monkeypatch.setenv("MODELAB_TIMING_CORES", bad)
+        with pytest.raises(ValueError, match=says):
+            dl.timing_cores(list(range(4)) if bad == "0,1,2,3" else list(range(8)))
