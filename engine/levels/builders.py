@@ -73,7 +73,9 @@ def kernel_level(kernels: ModuleType, component: Component, shape: Shape, naive:
         def message_passing(x, src, dst, w, rowptr=None):
             return kernels.message_passing(x, src, dst, w, n, aggr=aggr, rowptr=rowptr)
 
-        notes = [] if shape.dims["sorted"] else ["unsorted edges: atomic adds into an fp32 buffer, then a cast"]
+        unsorted = (getattr(kernels, "unsorted_note", None)  # what the level's kernels do without a CSR
+                    or "unsorted edges: atomic adds into an fp32 buffer, then a cast")
+        notes = [] if shape.dims["sorted"] else [unsorted]
         return Built(fn=message_passing, notes=notes)
     raise ValueError(f"no hand-written kernels for component {component.name!r}")
 
@@ -121,7 +123,8 @@ def _kernels_namespace(package: str) -> _Namespace:
     patch_embed = importlib.import_module(f"{package}.patch_embed")
     message_passing = importlib.import_module(f"{package}.message_passing")
     return _Namespace(attention=attention.attention, patch_embed=patch_embed.patch_embed,
-                      message_passing=message_passing.message_passing)
+                      message_passing=message_passing.message_passing,
+                      unsorted_note=getattr(message_passing, "UNSORTED_NOTE", None))
 
 
 def _sources(*paths: str):

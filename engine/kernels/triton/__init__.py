@@ -5,7 +5,8 @@
 - `patch_embed.patch_embed`: ViT patch embedding as one GEMM with im2col inside the A-tile loads, bias + pos (+ the cls
   row) in the epilogue.
 - `message_passing.message_passing`: out[d] = sum/mean of w_e * x[src_e] over the edges into d; a segment reduce over
-  CSR (no atomics) or, for unsorted edges, an atomic scatter into an fp32 buffer; `csr_from_edges` builds the CSR.
+  CSR (no atomics); unsorted edges are first bucketed by destination on the device (`bucket_by_destination`, counted
+  in the call) or, with `unsorted="atomic"`, scattered with fp32 atomics; `csr_from_edges` builds the CSR.
 
 Import the functions from their modules (`from engine.kernels.triton.attention import attention`): this package does
 not re-export them, so that `engine.kernels.triton.attention` stays the module. The modules import `triton`

@@ -3,7 +3,7 @@
 out[d] = sum over edges e with dst[e] == d of w[e] * x[src[e]]      (aggr="sum")
 out[d] = that sum / in-degree(d), 0 for a node with no in-edges     (aggr="mean")
 
-Two kernels:
+Two formulations:
 - sorted edges (CSR, `rowptr` given; see `csr_from_edges`): a segment reduce with NO atomics. One program owns ROWS
   destination rows and one BLOCK_F slice of the features. It reads its rows' edge ranges [rowptr[d], rowptr[d+1])
   once, then walks them in lock-step: step j gathers, for every one of its rows at once, the j-th in-edge's source
@@ -11,9 +11,15 @@ Two kernels:
   that row's fp32 accumulator held in registers. Each output row is written once. Rows with fewer edges are masked
   out of the later steps (a block of ROWS rows runs max(in-degree) steps; skewed degrees waste lanes, not bytes).
   Summation order is fixed (edge order), so the result is deterministic.
-- unsorted edges (rowptr None): one program per block of edges gathers x[src] * w and scatters it with fp32 atomic
-  adds into a zeroed fp32 buffer (and counts in-degrees for "mean"); a second small kernel divides by the degree and
-  casts to x's dtype. Atomic order varies, so the fp32 rounding of the sums does too (not bit-reproducible).
+- unsorted edges (rowptr None), by default (`unsorted="bucket"`): the edges are bucketed by destination on the device
+  first — a count per destination (integer atomics), a scan into a row pointer, then each edge placed at its bucket's
+  next free slot (an atomic cursor per destination) — and the sorted kernel above runs on the result. Bucketing moves
+  ~E·(3·index + 2·weight) bytes, a fraction of the gather's E·F·itemsize, and turns F float atomics per edge into
+  two integer ones. Within a bucket the placement order varies from run to run, so the fp32 rounding of the sums
+  does too (not bit-reproducible). The timed call includes the bucketing.
+- unsorted edges, `unsorted="atomic"`: one program per block of edges gathers x[src] * w and scatters it with fp32
+  atomic adds into a zeroed fp32 buffer (and counts in-degrees for "mean"); a second small kernel divides by the
+  degree and casts to x's dtype. Atomic order varies here too.
 
 Indices are trusted, as in torch's index_add_ on CUDA: out-of-range src/dst or an inconsistent rowptr reads or
 writes out of bounds (`csr_from_edges` checks its inputs' ranges). Accumulation is fp32 for every dtype.
@@ -30,6 +36,9 @@ from engine.kernels.triton._common import check_device, is_interpreted
 X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 IDX_DTYPES = (torch.int32, torch.int64)
 AGGRS = ("sum", "mean")
+UNSORTED = ("bucket", "atomic")
+UNSORTED_NOTE = ("unsorted edges: bucketed by destination on the device (count, scan, place; in the timed call), then "
+                 "the sorted segment reduce")
 
 
 @triton.jit
@@ -110,6 +119,49 @@ def _finalize_kernel(buf, deg, out, N, F, MEAN: tl.constexpr, BLOCK_R: tl.conste
     tl.store(out + rows[:, None] * F + offs_f[None, :], v.to(out.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _count_kernel(dst, counts, E, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < E
+    d = tl.load(dst + offs, mask=ok, other=0)
+    tl.atomic_add(counts + d, tl.full([BLOCK], 1, counts.dtype.element_ty), mask=ok, sem="relaxed")
+
+
+@triton.jit
+def _place_kernel(src, dst, w, cursor, src_out, w_out, E, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < E
+    d = tl.load(dst + offs, mask=ok, other=0)
+    slot = tl.atomic_add(cursor + d, tl.full([BLOCK], 1, cursor.dtype.element_ty), mask=ok, sem="relaxed")
+    tl.store(src_out + slot, tl.load(src + offs, mask=ok, other=0).to(src_out.dtype.element_ty), mask=ok)
+    tl.store(w_out + slot, tl.load(w + offs, mask=ok, other=0.0), mask=ok)
+
+
+BUCKET_BLOCK = 1024
+
+
+def bucket_by_destination(src: torch.Tensor, dst: torch.Tensor, w: torch.Tensor,
+                          num_nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Edges grouped by destination on the device: (src_bucketed, w_bucketed, rowptr of length num_nodes + 1), as
+    `csr_from_edges` gives but in one counting pass and one placing pass (order within a bucket not kept). Indices are
+    trusted (dst in [0, num_nodes)); int32 indices where every count fits, int64 otherwise."""
+    E = src.shape[0]
+    index = torch.int32 if max(E, num_nodes) < 2**31 - 1 else torch.int64
+    counts = torch.zeros(num_nodes, dtype=index, device=dst.device)
+    block = 32 if is_interpreted(_count_kernel) else BUCKET_BLOCK
+    grid = (triton.cdiv(E, block),)
+    if E > 0:
+        _count_kernel[grid](dst, counts, E, BLOCK=block)
+    rowptr = torch.zeros(num_nodes + 1, dtype=index, device=dst.device)
+    torch.cumsum(counts, 0, dtype=index, out=rowptr[1:])
+    cursor = rowptr[:-1].clone()
+    src_out = torch.empty(E, dtype=index, device=src.device)
+    w_out = torch.empty_like(w)
+    if E > 0:
+        _place_kernel[grid](src, dst, w, cursor, src_out, w_out, E, BLOCK=block)
+    return src_out, w_out, rowptr
+
+
 _segment_reduce = triton.heuristics({"EVEN_F": lambda a: a["F"] % a["BLOCK_F"] == 0})(_segment_reduce_kernel)
 
 
@@ -154,9 +206,11 @@ def _check_inputs(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, w: torc
 
 def _message_passing_impl(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, w: torch.Tensor, num_nodes: int,
                           aggr: str = "sum", rowptr: torch.Tensor | None = None,
-                          config: dict | None = None) -> torch.Tensor:
+                          config: dict | None = None, unsorted: str = "bucket") -> torch.Tensor:
     """`message_passing` with an optional fixed config for the segment kernel (tests, benchmarks)."""
     _check_inputs(x, src, dst, w, num_nodes, aggr, rowptr)
+    if unsorted not in UNSORTED:
+        raise ValueError(f"message_passing: unsorted must be one of {UNSORTED}, got {unsorted!r}")
     extra = (rowptr,) if rowptr is not None else ()
     check_device(_segment_reduce_kernel, "message_passing", x, src, dst, w, *extra)
     x, src, dst, w = (t.contiguous() for t in (x, src, dst, w))
@@ -168,6 +222,8 @@ def _message_passing_impl(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
     mean = aggr == "mean"
     idx64 = max(x.numel(), out.numel(), E) >= 2**31
     interpreted = is_interpreted(_segment_reduce_kernel)
+    if rowptr is None and unsorted == "bucket":
+        src, w, rowptr = bucket_by_destination(src, dst, w, num_nodes)
     if rowptr is not None:
         rowptr = rowptr.contiguous()
         if interpreted and config is None:
@@ -209,14 +265,16 @@ def _message_passing_impl(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
 
 
 def message_passing(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, w: torch.Tensor, num_nodes: int,
-                    aggr: str = "sum", rowptr: torch.Tensor | None = None) -> torch.Tensor:
+                    aggr: str = "sum", rowptr: torch.Tensor | None = None, unsorted: str = "bucket") -> torch.Tensor:
     """out[d] = sum (or mean) over edges e into d of w[e] * x[src[e]]; returns (num_nodes, F) in x's dtype.
 
     x (N, F) float32/bfloat16/float16; src, dst (E,) int32/int64; w (E,) float. With `rowptr` (num_nodes + 1, CSR over
     edges sorted by dst, as from `csr_from_edges`; then dst is only shape-checked): segment reduce, no atomics,
-    deterministic. Without it: fp32 atomic adds into a buffer, then cast. fp32 accumulation either way.
+    deterministic. Without it: the edges bucketed by destination on the device, then the same segment reduce
+    (`unsorted="bucket"`), or fp32 atomic adds into a buffer, then a cast (`unsorted="atomic"`). fp32 accumulation
+    every way.
     """
-    return _message_passing_impl(x, src, dst, w, num_nodes, aggr, rowptr)
+    return _message_passing_impl(x, src, dst, w, num_nodes, aggr, rowptr, unsorted=unsorted)
 
 
 def csr_from_edges(src: torch.Tensor, dst: torch.Tensor, w: torch.Tensor,
