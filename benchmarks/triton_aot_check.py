@@ -1,6 +1,6 @@
 """Compile the LLM lab's Triton kernels for a GPU target offline, without a GPU (Triton's bundled ptxas).
 
-    python benchmarks/triton_aot_check.py [--arch 90] [--kernels bf16|quant|all]
+    python benchmarks/triton_aot_check.py [--arch 90] [--kernels bf16|quant|mp|all]
 
 A check, not a timing: tests/engine/kernels/test_decode_attention.py runs it on every `make test` (10-20 s on a
 2-core CPU), and `benchmarks/gpu_check.sh decode` on the GPU machine.
@@ -95,11 +95,38 @@ def jobs(arch: int):
                    {"BLOCK_N": n, "BLOCK_K": k, "NORM": norm, "ADD": add, "SWIGLU": swiglu, "PDL": pdl}, warps)
 
 
+def message_passing_jobs(arch: int):
+    """Kernel Levels' L4 message passing (engine/kernels/triton/message_passing.py): the unsorted path's bucketing
+    kernels (count, place) for both index widths and the weight dtypes, the segment reduce at its tuned tiles, the
+    atomic scatter."""
+    from engine.kernels.triton import message_passing as mp
+
+    for idx in ("i32", "i64"):
+        yield (f"mp count dst {idx}", mp._count_kernel, {"dst": f"*{idx}", "counts": "*i32", "E": "i32"},
+               {"BLOCK": mp.BUCKET_BLOCK}, 4)
+        for wt in ("fp32", "bf16"):
+            yield (f"mp place dst {idx} w {wt}", mp._place_kernel,
+                   {"src": f"*{idx}", "dst": f"*{idx}", "w": f"*{wt}", "cursor": "*i32", "src_out": "*i32",
+                    "w_out": f"*{wt}", "E": "i32"}, {"BLOCK": mp.BUCKET_BLOCK}, 4)
+    for xt in ("fp32", "bf16"):
+        for cfg in mp._gpu_configs():
+            yield (f"mp segment reduce {xt} rows {cfg.kwargs['ROWS']} w{cfg.num_warps}", mp._segment_reduce_kernel,
+                   {"x": f"*{xt}", "src": "*i32", "w": f"*{xt}", "rowptr": "*i32", "out": f"*{xt}", "N": "i32",
+                    "F": "i32"},
+                   {"MEAN": False, "ROWS": cfg.kwargs["ROWS"], "BLOCK_F": 128, "EVEN_F": True, "IDX64": False},
+                   cfg.num_warps)
+        yield (f"mp atomic scatter {xt}", mp._scatter_add_kernel,
+               {"x": f"*{xt}", "src": "*i64", "dst": "*i64", "w": f"*{xt}", "buf": "*fp32", "deg": "*i32", "E": "i32",
+                "F": "i32"}, {"MEAN": True, "BLOCK_E": 32, "BLOCK_F": 128, "IDX64": False}, 4)
+
+
 def selected_jobs(arch: int, kernels: str):
     if kernels in ("all", "bf16"):
         yield from jobs(arch)
     if kernels in ("all", "quant"):
         yield from quant_jobs(arch)
+    if kernels in ("all", "mp"):
+        yield from message_passing_jobs(arch)
 
 
 def main() -> int:
@@ -107,9 +134,10 @@ def main() -> int:
     parser.add_argument("--arch", type=int, default=90, help="compute capability × 10 (default 90: H100/H200)")
     # default bf16: the set tests/engine/kernels/test_decode_attention.py counts; the quantized GEMVs are checked by
     # tests/engine/kernels/test_quant_gemv.py (--kernels quant); `all` is both
-    parser.add_argument("--kernels", choices=("all", "bf16", "quant"), default="bf16",
+    parser.add_argument("--kernels", choices=("all", "bf16", "quant", "mp"), default="bf16",
                         help="bf16 (default): decode attention and the bf16 GEMVs; quant: the weight-only quantized "
-                             "GEMVs; all: both")
+                             "GEMVs; mp: Kernel Levels' L4 message passing (bucketing, segment reduce, scatter); "
+                             "all: every one")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("TRITON_INTERPRET is set: interpreted kernels cannot be compiled; unset it", file=sys.stderr)
