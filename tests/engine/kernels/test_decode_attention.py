@@ -83,25 +83,13 @@ def test_a_decoder_on_the_kernel_decodes_like_sdpa() -> None:
     assert max(rel_err(a, b.double()) for a, b in zip(got.logits, ref.logits)) < 1e-5
 
 
-def test_the_llm_kernels_compile_for_the_h100_without_one(tmp_path) -> None:
+def test_the_llm_kernels_compile_for_the_h100_without_one(aot_check_rows) -> None:
     """The interpreter never lowers to the GPU: compile every tile of the GEMV (plain, +norm, +residual,
     +swiglu +residual) and the decode-attention kernels (split, split with RoPE and the cache write, combine) for
     sm_90 with Triton's own ptxas (benchmarks/triton_aot_check.py), in a process without TRITON_INTERPRET, cache
     empty."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[3]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
-    env["PYTHONPATH"] = str(repo)
-    done = subprocess.run([sys.executable, "benchmarks/triton_aot_check.py", "--arch", "90"], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    rows = [line for line in done.stdout.splitlines()[1:] if line.strip()]
-    assert len(rows) == 6 + 4 * 12 and all(line.endswith("ok") for line in rows), done.stdout
+    rows = aot_check_rows()
+    assert len(rows) == 6 + 4 * 12 and all(line.endswith("ok") for line in rows), rows
 
 
 def _rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

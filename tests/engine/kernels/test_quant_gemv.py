@@ -102,26 +102,14 @@ def test_the_ops_dequantize_for_several_rows_and_compile_without_a_graph_break(s
     assert rel_err(compiled(x, qw.q, qw.scales), 2 * _reference(x, qw)) < 1e-6
 
 
-def test_the_quantized_kernels_compile_for_sm90_offline(tmp_path) -> None:
+def test_the_quantized_kernels_compile_for_sm90_offline(aot_check_rows) -> None:
     """Every tile of the quantized GEMVs (int8, fp8, int4) compiles for sm_90 with Triton's own ptxas
     (benchmarks/triton_aot_check.py --kernels quant), in a process without TRITON_INTERPRET, cache empty."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[3]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
-    env["PYTHONPATH"] = str(repo)
-    done = subprocess.run([sys.executable, "benchmarks/triton_aot_check.py", "--arch", "90", "--kernels", "quant"],
-                          cwd=repo, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    rows = [line for line in done.stdout.splitlines()[1:] if line.strip()]
+    rows = aot_check_rows("--kernels", "quant")
     # plain at every tile (int8, fp8, int4), and the three fusions at the launched tile of each code type
     want = 2 * len(qg.AOT_TILES_CHANNEL) + len(qg.AOT_TILES_INT4) + 3 * 3
     assert {qg.TILE_INT8, qg.TILE_FP8} <= set(qg.AOT_TILES_CHANNEL) and qg.TILE_INT4 in qg.AOT_TILES_INT4
-    assert len(rows) == want and all(line.endswith("ok") for line in rows), done.stdout
+    assert len(rows) == want and all(line.endswith("ok") for line in rows), rows
 
 
 def _reference_fused(x: torch.Tensor, qw: quant.QuantWeight, fusion: str, g: torch.Tensor, r: torch.Tensor

@@ -324,22 +324,9 @@ def test_message_passing_bad_inputs() -> None:
         mp_mod.message_passing(x, src, dst, w.long(), 20)
 
 
-def test_the_message_passing_kernels_compile_for_the_h100_without_one(tmp_path) -> None:
+def test_the_message_passing_kernels_compile_for_the_h100_without_one(aot_check_rows) -> None:
     """The interpreter never lowers to the GPU: the bucketing kernels (count, place), the segment reduce at every
     tuned tile and the atomic scatter compile for sm_90 with Triton's own ptxas (benchmarks/triton_aot_check.py
     --kernels mp), in a process without TRITON_INTERPRET, cache empty."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[3]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
-    env["PYTHONPATH"] = str(repo)
-    done = subprocess.run([sys.executable, "benchmarks/triton_aot_check.py", "--arch", "90", "--kernels", "mp"],
-                          cwd=repo, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    rows = [line for line in done.stdout.splitlines()[1:] if line.strip()]
-    assert len(rows) == 2 * 3 + 2 * (len(mp_mod._gpu_configs()) + 1) and all(r.endswith("ok") for r in rows), \
-        done.stdout
+    rows = aot_check_rows("--kernels", "mp")
+    assert len(rows) == 2 * 3 + 2 * (len(mp_mod._gpu_configs()) + 1) and all(r.endswith("ok") for r in rows), rows
