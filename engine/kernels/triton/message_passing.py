@@ -145,6 +145,7 @@ def bucket_by_destination(src: torch.Tensor, dst: torch.Tensor, w: torch.Tensor,
     """Edges grouped by destination on the device: (src_bucketed, w_bucketed, rowptr of length num_nodes + 1), as
     `csr_from_edges` gives but in one counting pass and one placing pass (order within a bucket not kept). Indices are
     trusted (dst in [0, num_nodes)); int32 indices where every count fits, int64 otherwise."""
+    _check_edges("bucket_by_destination", src, dst, w, num_nodes)
     E = src.shape[0]
     index = torch.int32 if max(E, num_nodes) < 2**31 - 1 else torch.int64
     counts = torch.zeros(num_nodes, dtype=index, device=dst.device)
@@ -277,18 +278,22 @@ def message_passing(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, w: to
     return _message_passing_impl(x, src, dst, w, num_nodes, aggr, rowptr, unsorted=unsorted)
 
 
+def _check_edges(caller: str, src: torch.Tensor, dst: torch.Tensor, w: torch.Tensor, num_nodes: int) -> None:
+    if not all(isinstance(t, torch.Tensor) for t in (src, dst, w)):
+        raise ValueError(f"{caller}: src, dst, w must be tensors")
+    if src.dim() != 1 or not (src.shape == dst.shape == w.shape):
+        raise ValueError(f"{caller}: src, dst, w must be 1-D of one length, got "
+                         f"{tuple(src.shape)}, {tuple(dst.shape)}, {tuple(w.shape)}")
+    if src.dtype not in IDX_DTYPES or dst.dtype not in IDX_DTYPES:
+        raise ValueError(f"{caller}: src and dst must be int32 or int64, got {src.dtype}, {dst.dtype}")
+    if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 0:
+        raise ValueError(f"{caller}: num_nodes must be an int >= 0, got {num_nodes!r}")
+
+
 def csr_from_edges(src: torch.Tensor, dst: torch.Tensor, w: torch.Tensor,
                    num_nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sort edges by destination (stable) into CSR: (src_sorted, w_sorted, rowptr int64 of length num_nodes + 1)."""
-    if not all(isinstance(t, torch.Tensor) for t in (src, dst, w)):
-        raise ValueError("csr_from_edges: src, dst, w must be tensors")
-    if src.dim() != 1 or not (src.shape == dst.shape == w.shape):
-        raise ValueError(f"csr_from_edges: src, dst, w must be 1-D of one length, got "
-                         f"{tuple(src.shape)}, {tuple(dst.shape)}, {tuple(w.shape)}")
-    if src.dtype not in IDX_DTYPES or dst.dtype not in IDX_DTYPES:
-        raise ValueError(f"csr_from_edges: src and dst must be int32 or int64, got {src.dtype}, {dst.dtype}")
-    if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 0:
-        raise ValueError(f"csr_from_edges: num_nodes must be an int >= 0, got {num_nodes!r}")
+    _check_edges("csr_from_edges", src, dst, w, num_nodes)
     if dst.numel() and (int(dst.min()) < 0 or int(dst.max()) >= num_nodes):
         raise ValueError(f"csr_from_edges: dst must lie in [0, {num_nodes})")
     if src.numel() and int(src.min()) < 0:

@@ -264,6 +264,8 @@ def test_bucketing_groups_every_edge_under_its_destination(idx: torch.dtype) -> 
         lo, hi = int(rowptr_s[d]), int(rowptr_s[d + 1])
         got = sorted(zip(src_b[lo:hi].long().tolist(), w_b[lo:hi].tolist()))
         assert got == sorted(zip(src_s[lo:hi].long().tolist(), w_s[lo:hi].tolist())), d
+    with pytest.raises(ValueError, match="bucket_by_destination: src and dst must be int32 or int64"):
+        mp_mod.bucket_by_destination(src.float(), dst, w, N)
 
 
 def test_message_passing_sorted_is_deterministic_and_public() -> None:
