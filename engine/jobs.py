@@ -224,11 +224,8 @@ def preload_for_kind(kind: str, device: str) -> tuple[str, ...]:
 
 def preload_for(store: Store, run_ids: Sequence[int]) -> tuple[str, ...]:
     """What a lane's fork server may import for these runs (the narrowest any of them needs)."""
-    for run_id in run_ids:
-        run = store.run(run_id)
-        if run is not None and preload_for_kind(str(run["kind"]), str(run["device"])) != default_preload():
-            return preload_for_kind(str(run["kind"]), str(run["device"]))
-    return default_preload()
+    runs = [run for run in (store.run(i) for i in run_ids) if run is not None]
+    return min((preload_for_kind(str(r["kind"]), str(r["device"])) for r in runs), key=len, default=default_preload())
 
 
 class Launcher:
