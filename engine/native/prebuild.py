@@ -60,8 +60,12 @@ def needed(modes: Iterable[str]) -> list[str]:
 
 
 def start(modes: Iterable[str], device: str) -> list[subprocess.Popen]:
-    """Start the builds `modes` need, one background process each, where the machine can spare the cores."""
-    split = split_cores(device)
+    """Start the builds `modes` need, one background process each, where the machine can spare the cores. None
+    where MODELAB_TIMING_CORES is bad: each run of the group then fails with that message, the supervisor goes on."""
+    try:
+        split = split_cores(device)
+    except ValueError:
+        return []
     builds = needed(modes)
     if split is None or not builds:
         return []

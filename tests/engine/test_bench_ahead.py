@@ -63,3 +63,13 @@ def test_native_builds_start_beside_a_gpu_group_only(monkeypatch):
     assert prebuild.start(["cuda", "aoti"], "cpu") == []  # beside CPU timings a build would take their cores
     monkeypatch.setattr(prebuild, "split_cores", lambda device: None)
     assert prebuild.start(["cuda"], "cuda:0") == []  # a GPU machine without cores to spare
+
+
+def test_a_bad_timing_cores_setting_starts_no_build_and_reaches_the_runs(monkeypatch):
+    """MODELAB_TIMING_CORES is read where a group starts: the supervisor starts no build and goes on; each run's
+    worker meets the same clear error (engine.device_lock.timing_cores)."""
+    monkeypatch.setattr(dl.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setenv("MODELAB_TIMING_CORES", "fast")
+    assert prebuild.start(["cuda"], "cuda:0") == []
+    with pytest.raises(ValueError, match="MODELAB_TIMING_CORES='fast': give core numbers"):
+        dl.split_cores("cuda:0")
