@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from engine import bench_ahead, device_lock, nvtx_ranges
 from engine.caches import cache_metrics, counter_snapshot
 from engine.checks import compare
-from engine.envinfo import capture_env
 from engine.modes import Mode, Prepared, get_mode
 from engine.modes.base import TRAIN_LR
+from engine.modes.inductor_timing import begin_run
 from engine.native.build import take_build_events
 from engine.store import Artifact, Metric, RunResult, Samples
 from engine.timing import Measurement, time_blocks, time_first_call, time_fn
@@ -330,12 +330,7 @@ def bench_mode(cfg: BenchConfig, progress: Progress = lambda f, msg: None) -> Ru
     ok, reason = mode.available(cfg.device)
     if not ok:
         raise RuntimeError(f"mode {mode.name} is not available on {cfg.device}: {reason}")
-    with device_lock.released():  # host-only (git, the device's properties, wrappers): others may time meanwhile
-        result = RunResult(env=capture_env(cfg.device))
-        if device_lock.current() is not None:  # beside a group: Triton and C++ compiles leave the device to timings
-            from engine.modes.inductor_timing import compile_off_device
-
-            compile_off_device()
+    result = RunResult(env=begin_run(cfg.device))
     # Ranges name every phase in Nsight timelines; on CPU nothing reads them, so they stay out of the timed loop.
     nvtx_ranges.enable(cfg.device.startswith("cuda"))
     base_model = workload.make_model().to(cfg.device)

@@ -204,11 +204,11 @@ class _Bars:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from engine.jobs import prestarted_launcher
+    from engine.jobs import lane_preload, prestarted_launcher
 
     # The fork server's imports (torch, Inductor) overlap this process's own — torch for the device check, then the
     # checks below (the store is opened only after them: a refused command leaves no results file behind).
-    with prestarted_launcher(Store(args.db), "bench", args.device) as launcher:
+    with prestarted_launcher(Store(args.db), lane_preload("bench", args.device)) as launcher:
         return _bench(args, expand_devices(args.device), launcher)
 
 

@@ -288,15 +288,23 @@ def new_launcher(store: Store, name: str = "lane", preload: Sequence[str] | None
     return Launcher(artifacts_root(store) / f"forkserver-{os.getpid()}-{name}.log", preload)
 
 
-@contextmanager
-def prestarted_launcher(store: Store, kind: str, device_spec: str) -> Iterator[Launcher | None]:
-    """A lane's launcher whose fork server starts now, before the caller imports torch and checks its arguments: the
-    server's imports (~10 s on the GPU machine) then overlap the caller's instead of following them. None for a
-    sweep over several devices (each device's lane starts its own). Closed when the block ends."""
+def lane_preload(kind: str, device_spec: str) -> tuple[str, ...] | None:
+    """What a command's one lane preloads (preload_for_kind); None for a sweep over several devices, whose lanes
+    each start their own server."""
     if "," in device_spec or device_spec.endswith(":all"):
+        return None
+    return preload_for_kind(kind, device_spec)
+
+
+@contextmanager
+def prestarted_launcher(store: Store, preload: Sequence[str] | None) -> Iterator[Launcher | None]:
+    """A lane's launcher whose fork server (importing `preload`) starts now, before the caller imports torch and
+    checks its arguments: the server's imports (~10 s on the GPU machine) then overlap the caller's instead of
+    following them. None where `preload` is None. Closed when the block ends."""
+    if preload is None:
         yield None
         return
-    launcher = new_launcher(store, preload=preload_for_kind(kind, device_spec))
+    launcher = new_launcher(store, preload=preload)
     launcher.prestart()
     try:
         yield launcher

@@ -21,7 +21,7 @@ from typing import TextIO
 
 from engine.ceilings import ensure_ceilings
 from engine.device_lock import TIMING_CORES
-from engine.jobs import PHASED_KINDS, OnProgress, new_launcher, preload_for, run_jobs
+from engine.jobs import PHASED_KINDS, OnProgress, preload_for, prestarted_launcher, run_jobs
 from engine.native import prebuild
 from engine.store import Store
 
@@ -120,14 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     store = Store(args.db)
     kinds = {run["kind"] for run in (store.run(i) for i in args.run_ids) if run}
     # The lane's fork server starts before planning, whose ceilings check imports torch: the imports overlap.
-    launcher = new_launcher(store, preload=preload_for(store, args.run_ids)) if len(args.run_ids) > 1 else None
-    if launcher:
-        launcher.prestart()
-    try:
+    preload = preload_for(store, args.run_ids) if len(args.run_ids) > 1 else None
+    with prestarted_launcher(store, preload) as launcher:
         statuses = supervise(store, args.run_ids, launcher=launcher, what="LLM runs" if kinds == {"llm"} else "runs")
-    finally:
-        if launcher:
-            launcher.close()
     print(json.dumps(statuses))
     return 0 if all(s == "ok" for s in statuses.values()) else 1
 

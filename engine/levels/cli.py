@@ -124,9 +124,10 @@ def cmd_levels(args: argparse.Namespace) -> int:
     if args.list:
         print_catalogue()
         return 0
-    from engine.jobs import prestarted_launcher
+    from engine.jobs import lane_preload, prestarted_launcher
 
-    with prestarted_launcher(Store(args.db), "levels", args.device) as launcher:  # its imports overlap ours
+    # the fork server starts first: its imports overlap ours
+    with prestarted_launcher(Store(args.db), lane_preload("levels", args.device)) as launcher:
         return _levels(args, launcher)
 
 

@@ -20,10 +20,9 @@ import torch
 
 from engine import device_lock
 from engine.ceilings import Ceilings, ceiling_metrics, ceilings_for, dtype_key
-from engine.envinfo import capture_env
 from engine.levels import get_component, get_level, guards, timers, yours
 from engine.levels.base import Built, Level
-from engine.modes.inductor_timing import compile_off_device
+from engine.modes.inductor_timing import begin_run
 from engine.store import Metric, RunResult, Samples
 from engine.timing import Measurement, time_first_call, time_fn, time_in_graph
 from engine.workloads.component import Component, Shape, rel_l2_error, tensor_bytes
@@ -117,10 +116,7 @@ class _Checked:
 def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunResult:
     component, shape, level = _resolve(cfg)
     device = cfg.device
-    with device_lock.released():  # host-only (git, the device's properties, wrappers): others may time meanwhile
-        result = RunResult(env=capture_env(device))
-        if device_lock.current() is not None:  # beside a group: Triton and C++ compiles leave the device to timings
-            compile_off_device()
+    result = RunResult(env=begin_run(device))
     progress(0.02, "ceilings")
     with device_lock.exclusive():  # measures them if this device has none: a timing like any other
         ceilings = ceilings_for(device, cfg.db, quick=cfg.quick_ceilings) if cfg.db else None

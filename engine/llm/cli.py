@@ -134,11 +134,12 @@ def _resolve_modes(text: str, device: str, dtype: torch.dtype, hf_folder: str | 
 def cmd_llm(args: argparse.Namespace) -> int:
     """`python -m engine llm`: one run per (sweep value, mode), queued as a group, prepared side by side where they
     fit and timed one at a time; then a table of their headline figures. Exit code 1 when a run failed."""
-    from engine.jobs import prestarted_launcher
+    from engine.jobs import lane_preload, prestarted_launcher
 
     if args.list:
         return _llm(args, None)
-    with prestarted_launcher(Store(args.db), "llm", args.device) as launcher:  # its imports overlap ours
+    # the fork server starts first: its imports overlap ours
+    with prestarted_launcher(Store(args.db), lane_preload("llm", args.device)) as launcher:
         return _llm(args, launcher)
 
 

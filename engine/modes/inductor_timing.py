@@ -129,3 +129,16 @@ def install() -> bool:
     """Both disciplines for a worker that compiles beside its group; True when every timing is singled out."""
     compile_off_device()
     return time_candidates_alone()
+
+
+def begin_run(device: str) -> dict[str, Any]:
+    """A bench or levels worker's start: its environment captured with the device given up (git, the device's
+    properties, CUDA's start: host work, others may time meanwhile) and, beside a group, Inductor's and Triton's
+    compiles moved off the device for the rest of the run. Returns the environment."""
+    from engine.envinfo import capture_env
+
+    with device_lock.released():
+        env = capture_env(device)
+        if device_lock.current() is not None:
+            compile_off_device()
+    return env
