@@ -122,9 +122,14 @@ def test_runs_preparing_side_by_side_split_inductors_compile_threads(monkeypatch
 
     monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
     monkeypatch.setattr(worker.os, "cpu_count", lambda: 16)
-    monkeypatch.setattr(inductor_config, "compile_threads", inductor_config.compile_threads)
-    worker.share_compile_threads(4)
-    assert worker.os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "4" and inductor_config.compile_threads == 4
-    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "3")  # the user's choice stands
-    worker.share_compile_threads(8)
-    assert worker.os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "3" and inductor_config.compile_threads == 4
+    # Put back by hand: monkeypatch's undo deletes an attribute not in the module's __dict__, and Inductor's config
+    # keeps its entries elsewhere — a later compile then failed on a missing compile_threads.
+    before = inductor_config.compile_threads
+    try:
+        worker.share_compile_threads(4)
+        assert worker.os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "4" and inductor_config.compile_threads == 4
+        monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "3")  # the user's choice stands
+        worker.share_compile_threads(8)
+        assert worker.os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "3" and inductor_config.compile_threads == 4
+    finally:
+        inductor_config.compile_threads = before
