@@ -96,25 +96,36 @@ def jobs(arch: int):
 
 
 def message_passing_jobs(arch: int):
-    """Kernel Levels' L4 message passing (engine/kernels/triton/message_passing.py): the unsorted path's bucketing
-    kernels (count, place) for both index widths and the weight dtypes, the segment reduce at its tuned tiles, the
-    atomic scatter."""
+    """Kernel Levels' L4 message passing (engine/kernels/triton/message_passing.py): the unsorted paths' device-side
+    grouping kernels (link; count+rank, place) for both index widths and the weight dtypes, the two reduces (linked
+    lists; segments, plain and over packed records) at their tuned tiles, the atomic scatter."""
     from engine.kernels.triton import message_passing as mp
 
     for idx in ("i32", "i64"):
-        yield (f"mp count dst {idx}", mp._count_kernel, {"dst": f"*{idx}", "counts": "*i32", "E": "i32"},
-               {"BLOCK": mp.BUCKET_BLOCK}, 4)
+        yield (f"mp count+rank dst {idx}", mp._count_rank_kernel,
+               {"dst": f"*{idx}", "counts": "*i32", "rank": "*i32", "E": "i32"}, {"BLOCK": mp.BUCKET_BLOCK}, 4)
         for wt in ("fp32", "bf16"):
-            yield (f"mp place dst {idx} w {wt}", mp._place_kernel,
-                   {"src": f"*{idx}", "dst": f"*{idx}", "w": f"*{wt}", "cursor": "*i32", "src_out": "*i32",
-                    "w_out": f"*{wt}", "E": "i32"}, {"BLOCK": mp.BUCKET_BLOCK}, 4)
+            yield (f"mp link {idx} w {wt}", mp._link_kernel,
+                   {"src": f"*{idx}", "dst": f"*{idx}", "w": f"*{wt}", "head": "*i32", "records": "*i64", "E": "i32"},
+                   {"BLOCK": mp.BUCKET_BLOCK}, 4)
+            yield (f"mp place {idx} w {wt}", mp._place_kernel,
+                   {"src": f"*{idx}", "dst": f"*{idx}", "w": f"*{wt}", "rank": "*i32", "rowptr": "*i32",
+                    "records": "*i64", "E": "i32"}, {"BLOCK": mp.BUCKET_BLOCK}, 4)
     for xt in ("fp32", "bf16"):
-        for cfg in mp._gpu_configs():
-            yield (f"mp segment reduce {xt} rows {cfg.kwargs['ROWS']} w{cfg.num_warps}", mp._segment_reduce_kernel,
-                   {"x": f"*{xt}", "src": "*i32", "w": f"*{xt}", "rowptr": "*i32", "out": f"*{xt}", "N": "i32",
-                    "F": "i32"},
-                   {"MEAN": False, "ROWS": cfg.kwargs["ROWS"], "BLOCK_F": 128, "EVEN_F": True, "IDX64": False},
-                   cfg.num_warps)
+        for cfg in mp._segment_reduce_tuned.configs:
+            rows, warps = cfg.kwargs["ROWS"], cfg.num_warps
+            for packed in (False, True):
+                yield (f"mp segment reduce {xt}{' packed' if packed else ''} rows {rows} w{warps}",
+                       mp._segment_reduce_kernel,
+                       {"x": f"*{xt}", "src": "*i64" if packed else "*i32", "w": "*i64" if packed else f"*{xt}",
+                        "rowptr": "*i32", "out": f"*{xt}", "N": "i32", "F": "i32"},
+                       {"MEAN": False, "ROWS": rows, "BLOCK_F": 128, "EVEN_F": True, "IDX64": False,
+                        "PACKED": packed}, warps)
+        for cfg in mp._linked_reduce_tuned.configs:
+            rows, warps = cfg.kwargs["ROWS"], cfg.num_warps
+            yield (f"mp linked reduce {xt} rows {rows} w{warps}", mp._linked_reduce_kernel,
+                   {"x": f"*{xt}", "records": "*i64", "head": "*i32", "out": f"*{xt}", "N": "i32", "F": "i32"},
+                   {"MEAN": True, "ROWS": rows, "BLOCK_F": 128, "EVEN_F": True, "IDX64": False}, warps)
         yield (f"mp atomic scatter {xt}", mp._scatter_add_kernel,
                {"x": f"*{xt}", "src": "*i64", "dst": "*i64", "w": f"*{xt}", "buf": "*fp32", "deg": "*i32", "E": "i32",
                 "F": "i32"}, {"MEAN": True, "BLOCK_E": 32, "BLOCK_F": 128, "IDX64": False}, 4)

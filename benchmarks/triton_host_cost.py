@@ -1,6 +1,6 @@
 """Where the host time of a Triton level's call goes: per-call host time, then a cProfile of the same calls.
 
-    python benchmarks/triton_host_cost.py [--calls 300]        (CUDA, under a minute)
+    python benchmarks/triton_host_cost.py [--calls 300] [--only mp]   (CUDA, under a minute)
     TRITON_INTERPRET=1 python benchmarks/triton_host_cost.py   (no GPU: interpreted, checks the script only)
 
 On the H100 the Triton levels' per-call medians sit far above their in-graph (device) times — attention S=1024
@@ -26,6 +26,7 @@ import torch  # noqa: E402
 
 def cases(device: str) -> dict:
     from engine.kernels.triton.attention import attention
+    from engine.kernels.triton.message_passing import csr_from_edges, message_passing
     from engine.kernels.triton.patch_embed import patch_embed
 
     gpu = device == "cuda"
@@ -37,13 +38,21 @@ def cases(device: str) -> dict:
     w = torch.randn(e, 3, 16, 16, device=device, dtype=dt) * 0.02
     bias, cls = torch.randn(e, device=device, dtype=dt), torch.randn(e, device=device, dtype=dt)
     pos = torch.randn(1 + (hw // 16) ** 2, e, device=device, dtype=dt)
+    n, ne, f = (100_000, 1_000_000, 128) if gpu else (50, 200, 16)  # Kernel Levels' message-passing shape
+    x = torch.randn(n, f, device=device, dtype=dt)
+    src, dst = torch.randint(0, n, (ne,), device=device), torch.randint(0, n, (ne,), device=device)
+    ew = torch.rand(ne, device=device, dtype=dt)
+    src_s, ew_s, rowptr = csr_from_edges(src, dst, ew, n)
     return {f"attention S={s}": lambda: attention(q, k, v, True),
-            f"patch_embed B={nb}": lambda: patch_embed(img, w, bias, cls, pos, 16)}
+            f"patch_embed B={nb}": lambda: patch_embed(img, w, bias, cls, pos, 16),
+            "mp sorted": lambda: message_passing(x, src_s, dst, ew_s, n, rowptr=rowptr),
+            "mp unsorted linked": lambda: message_passing(x, src, dst, ew, n)}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--only", default="", help="run the cases whose name contains this (e.g. mp)")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     calls = args.calls if device == "cuda" else 3
@@ -52,6 +61,8 @@ def main() -> int:
         print("no CUDA device: kernels run in Triton's interpreter; the figures below are not launch costs")
     rows = []
     for name, fn in cases(device).items():
+        if args.only not in name:
+            continue
         for _ in range(3):  # compile + autotune out of the way
             fn()
         sync()

@@ -213,7 +213,7 @@ MP_CASES = [  # N, E, F, dtype, index dtype, aggr, sorted, config
     (101, 500, 48, torch.float32, torch.int32, "mean", True, {"ROWS": 8, "BLOCK_F": 64}),
     (90, 400, 64, torch.bfloat16, torch.int64, "mean", True, None),
     (90, 400, 32, torch.float16, torch.int32, "sum", True, None),
-    (101, 500, 48, torch.float32, torch.int32, "sum", False, None),  # fp32 sum: atomics straight into the output
+    (101, 500, 48, torch.float32, torch.int32, "sum", False, None),  # unsorted: the default way (linked lists)
     (101, 500, 48, torch.float32, torch.int64, "mean", False, None),
     (90, 400, 64, torch.bfloat16, torch.int32, "sum", False, None),
     (90, 400, 64, torch.bfloat16, torch.int64, "mean", False, None),
@@ -239,9 +239,9 @@ def test_message_passing_matches_reference(N: int, E: int, F: int, dtype: torch.
 
 
 @pytest.mark.parametrize("N,E,F,dtype,idx,aggr", [c[:6] for c in MP_CASES if not c[6]])
-def test_unsorted_message_passing_both_ways_matches_reference(N: int, E: int, F: int, dtype: torch.dtype,
+def test_unsorted_message_passing_every_way_matches_reference(N: int, E: int, F: int, dtype: torch.dtype,
                                                               idx: torch.dtype, aggr: str, poison: None) -> None:
-    """Bucketing on the device then the segment reduce (the default), and fp32 atomics: one function."""
+    """Linked lists (the default), a CSR bucketed on the device, and fp32 atomics: one function."""
     gen = torch.Generator().manual_seed(N + E + F + 7)
     x, src, dst, w = make_graph(N, E, F, dtype, idx, gen)
     ref = mp_mod._reference(x, src, dst, w, N, aggr)
@@ -257,15 +257,33 @@ def test_bucketing_groups_every_edge_under_its_destination(idx: torch.dtype) -> 
     gen = torch.Generator().manual_seed(23)
     N, E = 57, 400
     x, src, dst, w = make_graph(N, E, 8, torch.float32, idx, gen)
-    src_b, w_b, rowptr = mp_mod.bucket_by_destination(src, dst, w, N)
+    records, rowptr = mp_mod.bucket_by_destination(src, dst, w, N)
+    src_b, w_b = mp_mod.unpack_records(records)
     src_s, w_s, rowptr_s = mp_mod.csr_from_edges(src, dst, w, N)
     assert torch.equal(rowptr.long().cpu(), rowptr_s.cpu())  # the same row pointer as a full sort
     for d in range(N):  # the same edges in every bucket, in some order
         lo, hi = int(rowptr_s[d]), int(rowptr_s[d + 1])
-        got = sorted(zip(src_b[lo:hi].long().tolist(), w_b[lo:hi].tolist()))
+        got = sorted(zip(src_b[lo:hi].tolist(), w_b[lo:hi].tolist()))
         assert got == sorted(zip(src_s[lo:hi].long().tolist(), w_s[lo:hi].tolist())), d
     with pytest.raises(ValueError, match="bucket_by_destination: src and dst must be int32 or int64"):
         mp_mod.bucket_by_destination(src.float(), dst, w, N)
+
+
+@pytest.mark.parametrize("idx", [torch.int32, torch.int64])
+def test_linking_puts_every_edge_once_on_its_destination_list(idx: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(29)
+    N, E = 61, 450  # some nodes with no in-edge: their list is empty (head -1)
+    x, src, dst, w = make_graph(N, E, 8, torch.float32, idx, gen)
+    head, records = mp_mod.link_by_destination(src, dst, w, N)
+    assert head.shape == (N,) and head.dtype == torch.int32 and records.shape == (E, 2)
+    lists = mp_mod.unlink(head, records)
+    for d in range(N):
+        mine = (dst == d).nonzero().flatten().tolist()
+        expected = sorted((int(src[e]), float(w[e])) for e in mine)
+        assert sorted(lists[d]) == expected, d  # each in-edge once, nothing else, the weight exact in fp32
+    assert sum(len(items) for items in lists) == E
+    with pytest.raises(ValueError, match="link_by_destination: src, dst, w must be 1-D of one length"):
+        mp_mod.link_by_destination(src, dst[:-1], w, N)
 
 
 def test_message_passing_sorted_is_deterministic_and_public() -> None:
@@ -327,8 +345,10 @@ def test_message_passing_bad_inputs() -> None:
 
 
 def test_the_message_passing_kernels_compile_for_the_h100_without_one(aot_check_rows) -> None:
-    """The interpreter never lowers to the GPU: the bucketing kernels (count, place), the segment reduce at every
-    tuned tile and the atomic scatter compile for sm_90 with Triton's own ptxas (benchmarks/triton_aot_check.py
-    --kernels mp), in a process without TRITON_INTERPRET, cache empty."""
+    """The interpreter never lowers to the GPU: the grouping kernels (link; count+rank, place), both reduces at every
+    tuned tile (the segment reduce plain and over packed records) and the atomic scatter compile for sm_90 with
+    Triton's own ptxas (benchmarks/triton_aot_check.py --kernels mp), in a process without TRITON_INTERPRET, cache
+    empty."""
     rows = aot_check_rows("--kernels", "mp")
-    assert len(rows) == 2 * 3 + 2 * (len(mp_mod._gpu_configs()) + 1) and all(r.endswith("ok") for r in rows), rows
+    per_dtype = 2 * len(mp_mod._segment_reduce_tuned.configs) + len(mp_mod._linked_reduce_tuned.configs) + 1
+    assert len(rows) == 2 * (1 + 2 * 2) + 2 * per_dtype and all(r.endswith("ok") for r in rows), rows
