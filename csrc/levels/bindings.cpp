@@ -14,6 +14,8 @@ at::Tensor message_passing_csr_cuda(const at::Tensor& x, const at::Tensor& src, 
                                     const at::Tensor& rowptr, int64_t num_nodes, bool mean);
 at::Tensor message_passing_coo_cuda(const at::Tensor& x, const at::Tensor& src, const at::Tensor& dst,
                                     const at::Tensor& w, int64_t num_nodes, bool mean);
+at::Tensor message_passing_linked_cuda(const at::Tensor& x, const at::Tensor& src, const at::Tensor& dst,
+                                       const at::Tensor& w, int64_t num_nodes, bool mean);
 
 }  // namespace modelab_levels
 
@@ -22,6 +24,7 @@ TORCH_LIBRARY(modelab_levels, m) {
   m.def("patch_embed(Tensor images, Tensor weight, Tensor bias, Tensor cls, Tensor pos, int patch) -> Tensor");
   m.def("message_passing_csr(Tensor x, Tensor src, Tensor w, Tensor rowptr, int num_nodes, bool mean) -> Tensor");
   m.def("message_passing_coo(Tensor x, Tensor src, Tensor dst, Tensor w, int num_nodes, bool mean) -> Tensor");
+  m.def("message_passing_linked(Tensor x, Tensor src, Tensor dst, Tensor w, int num_nodes, bool mean) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(modelab_levels, CUDA, m) {
@@ -29,4 +32,5 @@ TORCH_LIBRARY_IMPL(modelab_levels, CUDA, m) {
   m.impl("patch_embed", &modelab_levels::patch_embed_cuda);
   m.impl("message_passing_csr", &modelab_levels::message_passing_csr_cuda);
   m.impl("message_passing_coo", &modelab_levels::message_passing_coo_cuda);
+  m.impl("message_passing_linked", &modelab_levels::message_passing_linked_cuda);
 }

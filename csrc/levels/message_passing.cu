@@ -6,8 +6,13 @@
 // takes a different edge, and every lane keeps U edges in flight. The warp reads 32 (src, w) pairs at a time with one
 // coalesced load and hands them out by shuffles; the groups' partial sums are combined by shuffles at the end, in
 // fp32 registers, and written once.
-// Unsorted edges (COO): each group of lanes takes an edge and atomically adds w * x[src] into an fp32 buffer (16-byte
-// vector atomics on sm_90), then one pass divides by the degree ('mean') and casts to x's dtype.
+// Unsorted edges, linked (the default): one pass links every edge into a list of its destination's in-edges — kSub
+// lists per destination, an edge joining list (e mod kSub) by one atomicExch on that list's head — and writes its
+// 16-byte record (src, next, w). Then a group of G lanes per destination row and feature slice (32/G rows per warp)
+// walks the row's kSub lists together, loading each walk's next record before it uses the current one: no count, no
+// scan, no placement. Edge and node ids in 32 bits.
+// Unsorted edges, atomic: each group of lanes takes an edge and atomically adds w * x[src] into an fp32 buffer
+// (16-byte vector atomics on sm_90), then one pass divides by the degree ('mean') and casts to x's dtype.
 #include "common.cuh"
 
 #include <algorithm>
@@ -117,6 +122,84 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+constexpr int kSub = 4;  // lists per destination: walks a warp keeps in flight
+
+struct alignas(16) EdgeRecord {  // 16 bytes, aligned: one 16-byte load per step of a walk
+  int src;
+  int next;  // -1 ends the list
+  float w;
+  int pad;
+};
+
+template <typename W, typename I>
+__global__ void __launch_bounds__(kThreads)
+    mp_link_kernel(const I* __restrict__ src, const I* __restrict__ dst, const W* __restrict__ w,
+                   int* __restrict__ head, EdgeRecord* __restrict__ records, int64_t num_edges) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (e >= num_edges) return;
+  const int64_t d = static_cast<int64_t>(dst[e]);
+  const int old = atomicExch(head + d * kSub + (e % kSub), static_cast<int>(e));
+  records[e] = EdgeRecord{static_cast<int>(src[e]), old, Elem<W>::to_float(w[e]), 0};
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    mp_linked_kernel(const T* __restrict__ x, const EdgeRecord* __restrict__ records, const int* __restrict__ head,
+                     T* __restrict__ out, int64_t num_nodes, int F, int G, bool mean) {
+  const int lane = threadIdx.x & 31;
+  const int groups = 32 / G;  // rows per warp: each group of G lanes owns one row and walks all its lists
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5)) * groups + lane / G;
+  if (row >= num_nodes) return;  // group-uniform; no warp-wide step follows
+  const int f0 = blockIdx.y * G * VEC + (lane % G) * VEC;
+  const bool f_ok = f0 < F;
+  int e[kSub];
+  EdgeRecord rec[kSub];  // read only while its walk is on (e >= 0)
+#pragma unroll
+  for (int c = 0; c < kSub; ++c) {
+    e[c] = head[row * kSub + c];
+    if (e[c] >= 0) rec[c] = records[e[c]];
+  }
+  float acc[VEC];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) acc[v] = 0.f;
+  int deg = 0;
+  while (true) {
+    bool any = false;
+    float xv[kSub][VEC];
+    float wv[kSub];
+#pragma unroll
+    for (int c = 0; c < kSub; ++c) {  // this step's source rows, every walk at once
+      wv[c] = 0.f;
+      if (e[c] >= 0) {
+        any = true;
+        wv[c] = rec[c].w;
+        if (f_ok) load_vec<T, VEC>(x + static_cast<int64_t>(rec[c].src) * F + f0, xv[c]);
+      }
+      if (e[c] < 0 || !f_ok) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) xv[c][v] = 0.f;
+      }
+    }
+    if (!any) break;
+#pragma unroll
+    for (int c = 0; c < kSub; ++c) {  // the next records, before this step's sums need the rows
+      if (e[c] >= 0) {
+        ++deg;
+        e[c] = rec[c].next;
+        if (e[c] >= 0) rec[c] = records[e[c]];
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kSub; ++c)
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) acc[v] = fmaf(wv[c], xv[c][v], acc[v]);
+  }
+  if (f_ok) {
+    const float scale = (mean && deg > 0) ? 1.f / static_cast<float>(deg) : 1.f;
+    store_vec<T, VEC>(out + row * F + f0, acc, scale);
+  }
+}
+
 template <int VEC>
 __device__ __forceinline__ void scalar_atomics(float* target, float ww, const float (&xv)[VEC]) {
 #pragma unroll
@@ -217,6 +300,32 @@ void run_coo(const at::Tensor& x, const at::Tensor& src, const at::Tensor& dst, 
   CUDA_CHECK_LAUNCH();
 }
 
+template <typename T, typename W, typename I, int VEC>
+void run_linked(const at::Tensor& x, const at::Tensor& src, const at::Tensor& dst, const at::Tensor& w,
+                at::Tensor& out, bool mean, cudaStream_t stream) {
+  const int64_t N = out.size(0);
+  const int64_t E = src.numel();
+  const int F = static_cast<int>(x.size(1));
+  at::Tensor head = at::full({N * kSub}, -1, x.options().dtype(at::kInt));
+  at::Tensor records = at::empty({E * static_cast<int64_t>(sizeof(EdgeRecord) / sizeof(int))},
+                                 x.options().dtype(at::kInt));
+  auto* recs = reinterpret_cast<EdgeRecord*>(records.mutable_data_ptr<int>());
+  if (E > 0) {
+    mp_link_kernel<W, I><<<static_cast<unsigned>((E + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        src.const_data_ptr<I>(), dst.const_data_ptr<I>(), reinterpret_cast<const W*>(w.const_data_ptr()),
+        head.mutable_data_ptr<int>(), recs, E);
+    CUDA_CHECK_LAUNCH();
+  }
+  const int G = VEC == 1 ? 32 : lanes_for(F, VEC);
+  const int64_t rows_per_block = static_cast<int64_t>(kThreads / 32) * (32 / G);
+  const int64_t row_blocks = (N + rows_per_block - 1) / rows_per_block;
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>((F + G * VEC - 1) / (G * VEC)));
+  mp_linked_kernel<T, VEC><<<grid, kThreads, 0, stream>>>(
+      reinterpret_cast<const T*>(x.const_data_ptr()), recs, head.const_data_ptr<int>(),
+      reinterpret_cast<T*>(out.mutable_data_ptr()), N, F, G, mean);
+  CUDA_CHECK_LAUNCH();
+}
+
 // Calls fn.template call<T, W, I, VEC>() for the tensors' types (VEC: 16-byte vectors when F and the
 // pointers allow, else one element per lane).
 template <typename Fn>
@@ -254,6 +363,15 @@ struct CsrCall {
   cudaStream_t stream;
   template <typename T, typename W, typename I, int V>
   void call() const { run_csr<T, W, I, V>(x, src, w, rowptr, out, mean, stream); }
+};
+
+struct LinkedCall {
+  const at::Tensor &x, &src, &dst, &w;
+  at::Tensor& out;
+  bool mean;
+  cudaStream_t stream;
+  template <typename T, typename W, typename I, int V>
+  void call() const { run_linked<T, W, I, V>(x, src, dst, w, out, mean, stream); }
 };
 
 struct CooCall {
@@ -294,6 +412,23 @@ at::Tensor message_passing_csr_cuda(const at::Tensor& x, const at::Tensor& src, 
   if (out.numel() == 0) return out;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
   const CsrCall call{x, src, w, rowptr, out, mean, stream};
+  dispatch_types(x, w, src, vectorizable(x) && vectorizable(out), call);
+  return out;
+}
+
+at::Tensor message_passing_linked_cuda(const at::Tensor& x, const at::Tensor& src, const at::Tensor& dst,
+                                       const at::Tensor& w, int64_t num_nodes, bool mean) {
+  check_common(x, src, w);
+  TORCH_CHECK(dst.device() == x.device() && dst.is_contiguous() && dst.sizes() == src.sizes() &&
+                  dst.scalar_type() == src.scalar_type(),
+              "modelab_levels::message_passing: dst must match src (shape, dtype, device)");
+  TORCH_CHECK(src.numel() < (int64_t(1) << 31) && num_nodes < (int64_t(1) << 31) / kSub,
+              "modelab_levels::message_passing: linked lists need E < 2^31 and num_nodes < 2^29");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty({num_nodes, x.size(1)}, x.options());
+  if (out.numel() == 0) return out;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
+  const LinkedCall call{x, src, dst, w, out, mean, stream};
   dispatch_types(x, w, src, vectorizable(x) && vectorizable(out), call);
   return out;
 }

@@ -5,7 +5,8 @@
 - `patch_embed(images, weight, bias, cls, pos, patch)`: ViT patch embedding as one implicit GEMM (im2col in the tile
   loads), bias + position embedding (and the cls row) in the epilogue.
 - `message_passing(x, src, dst, w, num_nodes, aggr, rowptr)`: out[d] = sum/mean of w_e * x[src_e] over the edges into
-  d; one warp per destination row over CSR (no atomics), or fp32 atomics for unsorted edges.
+  d; one warp per destination row over CSR (no atomics); unsorted edges linked into per-destination lists on the
+  device, then a group of lanes per row walking them (or, `unsorted="atomic"`, fp32 atomics into a buffer).
 - `available()`: None when these can run here, else why not (never raises, never builds without a GPU).
 
 The build: torch.utils.cpp_extension (ninja) into `$MODELAB_BUILD_DIR/<torch tag>/cuda_levels-<key>/`, where the
@@ -70,6 +71,10 @@ MP_X_DTYPES = (torch.float32, torch.bfloat16)
 MP_W_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 IDX_DTYPES = (torch.int32, torch.int64)
 AGGRS = ("sum", "mean")
+UNSORTED = ("linked", "atomic")  # message passing without a CSR: the default first
+# what the level's kernels do with unsorted edges (Kernel Levels' note on the run; engine.levels.builders reads it)
+unsorted_note = ("unsorted edges: 4 linked lists of in-edges per destination built on the device (one atomicExch per "
+                 "edge, in the timed call), then a group of lanes per row walking its lists")
 
 _loaded: str | None = None  # path of the library loaded into this process
 _failed: str | None = None  # the reason a build failed in this process (not retried)
@@ -354,12 +359,14 @@ def patch_embed(images: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
 # ---- message passing ----------------------------------------------------------------------------------------------
 
 def message_passing(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, w: torch.Tensor, num_nodes: int,
-                    aggr: str = "sum", rowptr: torch.Tensor | None = None) -> torch.Tensor:
+                    aggr: str = "sum", rowptr: torch.Tensor | None = None, unsorted: str = "linked") -> torch.Tensor:
     """out[d] = sum (or mean) over the edges e into d of w[e] * x[src[e]]; (num_nodes, F) in x's dtype, isolated
     nodes 0. x (N, F) float32/bfloat16; src, dst (E,) int32/int64 of one dtype; w (E,) float32 or x's dtype (a
     float16 w, or bfloat16 w with float32 x, is converted to float32 first). With `rowptr` (num_nodes + 1, over edges
     sorted by dst; int64, an int32 one is widened): one warp per row, no atomics, deterministic; dst is then only
-    shape-checked. Without it: fp32 atomics into a buffer, then cast."""
+    shape-checked. Without it, `unsorted`: "linked" — each edge linked into one of 4 lists of its destination's
+    in-edges by an atomic exchange, then a group of lanes per row walks them (E < 2**31, num_nodes < 2**29, else
+    "atomic"); "atomic" — fp32 atomics into a buffer, then cast. Either way the order of a row's additions varies run to run."""
     _tensors("message_passing", x=x, src=src, dst=dst, w=w)
     if rowptr is not None:
         _tensors("message_passing", rowptr=rowptr)
@@ -379,6 +386,8 @@ def message_passing(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, w: to
         raise ValueError(f"message_passing: num_nodes must be an int >= 0, got {num_nodes!r}")
     if aggr not in AGGRS:
         raise ValueError(f"message_passing: aggr must be one of {AGGRS}, got {aggr!r}")
+    if unsorted not in UNSORTED:
+        raise ValueError(f"message_passing: unsorted must be one of {UNSORTED}, got {unsorted!r}")
     if rowptr is not None and (rowptr.dtype not in IDX_DTYPES or tuple(rowptr.shape) != (num_nodes + 1,)):
         raise ValueError(f"message_passing: rowptr must be int32/int64 of shape ({num_nodes + 1},), got "
                          f"{rowptr.dtype} {tuple(rowptr.shape)}")
@@ -397,6 +406,8 @@ def message_passing(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, w: to
         else:
             src, rowptr = src.long(), rowptr.long()
         return ops.message_passing_csr(x, src, w, rowptr, num_nodes, aggr == "mean")
+    if unsorted == "linked" and src.numel() < 2**31 and num_nodes < 2**29:
+        return ops.message_passing_linked(x, src, dst, w, num_nodes, aggr == "mean")
     return ops.message_passing_coo(x, src, dst, w, num_nodes, aggr == "mean")
 
 

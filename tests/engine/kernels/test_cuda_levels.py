@@ -188,6 +188,7 @@ def _mp_args(N=10, E=30, F=8, dtype=torch.float32, idx=torch.int64) -> dict:
     (dict(w=torch.rand(29)), "1-D of one length"),
     (dict(num_nodes=-1), "num_nodes"),
     (dict(aggr="max"), "aggr"),
+    (dict(unsorted="sort"), "unsorted must be one of"),
     (dict(rowptr=torch.zeros(10, dtype=torch.int64)), r"rowptr must be int32/int64 of shape \(11,\)"),
     ({}, "CUDA tensors"),
 ])
@@ -302,7 +303,7 @@ def _graph(N, E, F, dtype, idx, isolated_every=7):
 @pytest.mark.parametrize("idx", [torch.int32, torch.int64])
 @pytest.mark.parametrize("F", [128, 64, 37, 300])
 @pytest.mark.parametrize("aggr", ["sum", "mean"])
-@pytest.mark.parametrize("sorted_edges", [True, False])
+@pytest.mark.parametrize("sorted_edges", [True, "linked", "atomic"])
 def test_message_passing_matches_float64(dtype, idx, F, aggr, sorted_edges):
     N, E = 300, 2500
     x, src, dst, w = _graph(N, E, F, dtype, idx)
@@ -316,7 +317,7 @@ def test_message_passing_matches_float64(dtype, idx, F, aggr, sorted_edges):
         rowptr[1:] = torch.cumsum(torch.bincount(dst.long(), minlength=N), 0)
         out = cl.message_passing(x, src[order], dst[order], w[order], N, aggr, rowptr=rowptr.to(idx))
     else:
-        out = cl.message_passing(x, src, dst, w, N, aggr)
+        out = cl.message_passing(x, src, dst, w, N, aggr, unsorted=sorted_edges)
     torch.cuda.synchronize()
     assert out.shape == (N, F) and out.dtype == dtype
     err = cl._rel_l2(out, ref)
@@ -327,12 +328,34 @@ def test_message_passing_matches_float64(dtype, idx, F, aggr, sorted_edges):
 @needs_cuda
 def test_message_passing_float32_weights_with_bfloat16_features_and_no_edges():
     x, src, dst, w = _graph(50, 400, 128, torch.bfloat16, torch.int64)
-    out = cl.message_passing(x, src, dst, w, 50, "sum")  # w stays float32
-    assert cl._rel_l2(out, cl._ref_message_passing(x, src, dst, w, 50)) < MP_TOL[torch.bfloat16]
+    for way in cl.UNSORTED:
+        out = cl.message_passing(x, src, dst, w, 50, "sum", unsorted=way)  # w stays float32
+        assert cl._rel_l2(out, cl._ref_message_passing(x, src, dst, w, 50)) < MP_TOL[torch.bfloat16], way
     empty = torch.empty(0, dtype=torch.int64, device="cuda")
-    for rowptr in (None, torch.zeros(51, dtype=torch.int64, device="cuda")):
-        out = cl.message_passing(x, empty, empty, torch.empty(0, device="cuda"), 50, "mean", rowptr=rowptr)
+    for rowptr, way in ((None, "linked"), (None, "atomic"), (torch.zeros(51, dtype=torch.int64, device="cuda"), None)):
+        out = cl.message_passing(x, empty, empty, torch.empty(0, device="cuda"), 50, "mean", rowptr=rowptr,
+                                 unsorted=way or "linked")
         assert out.shape == (50, 128) and (out == 0).all()
+
+
+AGGRS_UNDER_TEST = ("sum", "mean")
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_message_passing_walks_long_lists_as_the_sorted_kernel_sums_them(dtype):
+    """A hub with 3000 in-edges (750 per list) beside nodes of degree 1: the walk covers every list to its end."""
+    N, F = 200, 128
+    hub_src = torch.randint(0, N, (3000,), device="cuda")
+    src = torch.cat([hub_src, torch.arange(1, N, device="cuda")])
+    dst = torch.cat([torch.zeros(3000, dtype=torch.int64, device="cuda"), torch.arange(1, N, device="cuda")])
+    w = torch.rand(src.numel(), device="cuda")
+    x = torch.randn(N, F, device="cuda").to(dtype)
+    for aggr in AGGRS_UNDER_TEST:
+        ref = cl._ref_message_passing(x, src, dst, w, N, aggr)
+        for way in cl.UNSORTED:
+            out = cl.message_passing(x, src, dst, w, N, aggr, unsorted=way)
+            assert cl._rel_l2(out, ref) < MP_TOL[dtype], (aggr, way)
 
 
 _DIRECT_CALL = """
