@@ -399,6 +399,12 @@ void check_common(const at::Tensor& x, const at::Tensor& src, const at::Tensor& 
   TORCH_CHECK(x.size(0) < (int64_t(1) << 31), "modelab_levels::message_passing: at most 2^31 - 1 source nodes");
 }
 
+void check_dst(const at::Tensor& x, const at::Tensor& src, const at::Tensor& dst) {
+  TORCH_CHECK(dst.device() == x.device() && dst.is_contiguous() && dst.sizes() == src.sizes() &&
+                  dst.scalar_type() == src.scalar_type(),
+              "modelab_levels::message_passing: dst must match src (shape, dtype, device)");
+}
+
 }  // namespace
 
 at::Tensor message_passing_csr_cuda(const at::Tensor& x, const at::Tensor& src, const at::Tensor& w,
@@ -419,9 +425,7 @@ at::Tensor message_passing_csr_cuda(const at::Tensor& x, const at::Tensor& src, 
 at::Tensor message_passing_linked_cuda(const at::Tensor& x, const at::Tensor& src, const at::Tensor& dst,
                                        const at::Tensor& w, int64_t num_nodes, bool mean) {
   check_common(x, src, w);
-  TORCH_CHECK(dst.device() == x.device() && dst.is_contiguous() && dst.sizes() == src.sizes() &&
-                  dst.scalar_type() == src.scalar_type(),
-              "modelab_levels::message_passing: dst must match src (shape, dtype, device)");
+  check_dst(x, src, dst);
   TORCH_CHECK(src.numel() < (int64_t(1) << 31) && num_nodes < (int64_t(1) << 31) / kSub,
               "modelab_levels::message_passing: linked lists need E < 2^31 and num_nodes < 2^29");
   const c10::cuda::CUDAGuard guard(x.device());
@@ -436,9 +440,7 @@ at::Tensor message_passing_linked_cuda(const at::Tensor& x, const at::Tensor& sr
 at::Tensor message_passing_coo_cuda(const at::Tensor& x, const at::Tensor& src, const at::Tensor& dst,
                                     const at::Tensor& w, int64_t num_nodes, bool mean) {
   check_common(x, src, w);
-  TORCH_CHECK(dst.device() == x.device() && dst.is_contiguous() && dst.sizes() == src.sizes() &&
-                  dst.scalar_type() == src.scalar_type(),
-              "modelab_levels::message_passing: dst must match src (shape, dtype, device)");
+  check_dst(x, src, dst);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t F = x.size(1);
   at::Tensor out = at::empty({num_nodes, F}, x.options());
