@@ -366,7 +366,8 @@ def message_passing(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, w: to
     sorted by dst; int64, an int32 one is widened): one warp per row, no atomics, deterministic; dst is then only
     shape-checked. Without it, `unsorted`: "linked" — each edge linked into one of 4 lists of its destination's
     in-edges by an atomic exchange, then a group of lanes per row walks them (E < 2**31, num_nodes < 2**29, else
-    "atomic"); "atomic" — fp32 atomics into a buffer, then cast. Either way the order of a row's additions varies run to run."""
+    "atomic"); "atomic" — fp32 atomics into a buffer, then cast. Either way the order of a row's additions varies
+    from run to run."""
     _tensors("message_passing", x=x, src=src, dst=dst, w=w)
     if rowptr is not None:
         _tensors("message_passing", rowptr=rowptr)
