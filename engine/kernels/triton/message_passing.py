@@ -236,7 +236,8 @@ def _link(src: torch.Tensor, dst: torch.Tensor, w: torch.Tensor, num_nodes: int)
     head = torch.full((num_nodes,), -1, dtype=torch.int32, device=dst.device)
     if E > 0:
         block = _edge_block(_link_kernel)
-        _launch(_LINK, (src.device.index, LaunchCache.aligned(src, dst, w, head, records), src.dtype, dst.dtype,
+        # E in the key: Triton specialises an int argument on divisibility by 16, so a kept launch must match it
+        _launch(_LINK, (E, src.device.index, LaunchCache.aligned(src, dst, w, head, records), src.dtype, dst.dtype,
                         w.dtype, block), (triton.cdiv(E, block),), _link_kernel, (src, dst, w, head, records, E),
                 {"BLOCK": block})
     return head, records
