@@ -114,6 +114,19 @@ def test_on_cuda_work_left_on_a_side_stream_is_flagged() -> None:
     assert any(n.startswith("guard other_stream: FLAG — device work ran ") for n in result.notes), result.notes
 
 
+@pytest.mark.skipif(not CUDA, reason="the CUDA guards (L2 flush, other stream) need a GPU")
+def test_on_cuda_work_on_a_stream_that_waits_for_nothing_fails_or_is_flagged() -> None:
+    # its inputs are ready long before (so its answers are right, unless a check reads an output before the side
+    # stream wrote it: then a correctness guard fails the run first); queued behind the lead, it starts during it
+    try:
+        result = _run_cuda("user_cheats:unordered_stream")
+    except GuardFailure as failure:
+        assert str(failure).startswith("guard "), failure
+        return
+    assert {m.name: m.value for m in result.metrics}["guard_other_stream"] == 0.0, result.notes
+    assert any(n.startswith("guard other_stream: FLAG — device work started ") for n in result.notes), result.notes
+
+
 @pytest.mark.parametrize("impl,error", [
     ("user_missing:attention", "cannot import 'user_missing'"),
     ("user_broken:attention", "cannot import 'user_broken': ImportError: libmykernel.so: cannot open shared"),

@@ -1,5 +1,5 @@
 """Planted cheats for causal_attention at its small CPU shape: each must fail its run or be flagged by the guards.
-side_stream only means something on CUDA (its test skips on the CPU, saying why)."""
+side_stream and unordered_stream only mean something on CUDA (their tests skip on the CPU, saying why)."""
 
 from __future__ import annotations
 
@@ -73,6 +73,13 @@ def side_stream(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # SDPA: accurate at bf16 (plain bf16 torch math fails the precision guard first)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def unordered_stream(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """CUDA only: the work on another stream that neither waits for the caller's stream nor is waited for — its
+    time lies outside the caller's events, and its inputs may not even be ready when it starts."""
+    with torch.cuda.stream(torch.cuda.Stream()):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
