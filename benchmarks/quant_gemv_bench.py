@@ -23,10 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-# (BLOCK_N, BLOCK_K, warps, stages, grouped): grouped is int4's GROUPED (1: per-group sums, 0: per-weight scales);
-# the channel kernels run grouped = 1 only
-TILES = [(bn, bk, w, st, g) for bn, bk, w, st, g in itertools.product((2, 4, 8, 16), (256, 512, 1024), (4, 8), (1,),
-                                                                      (1, 0)) if bn * bk <= 8192]
+# int8 / fp8: (BLOCK_N, BLOCK_K, warps, stages); int4: (BLOCK_N, GROUPS of 64 per tile, warps, stages)
+TILES = [(bn, bk, w, st) for bn, bk, w, st in itertools.product((2, 4, 8, 16), (256, 512, 1024, 2048), (4, 8), (1,))
+         if bn * bk <= 16384]
+INT4_TILES = [(bn, g, w, 1) for bn, g, w in ((8, 16, 4), (16, 8, 4), (16, 16, 4), (32, 8, 8), (16, 16, 8), (8, 8, 4),
+                                             (4, 16, 4), (32, 4, 4), (64, 4, 8), (8, 32, 4), (4, 32, 4), (2, 32, 4))]
 
 
 def shapes(name: str) -> list[tuple[str, int, int]]:
@@ -44,7 +45,7 @@ def launcher(scheme: str, tile: tuple[int, int, int, int]):
 
     from engine.kernels.triton import quant_gemv as qg
 
-    bn, bk, warps, stages, grouped = tile
+    bn, bk, warps, stages = tile
 
     def channel(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         qb = q.view(torch.uint8)
@@ -54,9 +55,10 @@ def launcher(scheme: str, tile: tuple[int, int, int, int]):
         return y
 
     def int4(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        words = q.view(torch.int32)  # bk is GROUPS here
         qg._wo_int4_kernel[(triton.cdiv(q.shape[0], bn),)](
-            x, q, s, y, x, x, q.shape[0], x.numel(), q.stride(0), s.stride(0), 0.0, BLOCK_N=bn, BLOCK_K=bk,
-            GROUP_K=qg.GROUP, GROUPED=bool(grouped), num_warps=warps, num_stages=stages)
+            x, words, s, y, x, x, q.shape[0], x.numel(), words.stride(0), s.stride(0), 0.0, BLOCK_N=bn, GROUPS=bk,
+            num_warps=warps, num_stages=stages)
         return y
 
     return int4 if scheme == "int4-wo" else channel
@@ -79,9 +81,7 @@ def bench_shape(scheme: str, n: int, k: int) -> dict:
     sets = [(q.clone(), s.clone()) for _ in range(copies)]
     y = torch.empty(n, device="cuda", dtype=torch.bfloat16)
     times = {}
-    for tile in TILES:
-        if (scheme == "int4-wo" and tile[1] % 64) or (scheme != "int4-wo" and not tile[4]):
-            continue
+    for tile in INT4_TILES if scheme == "int4-wo" else TILES:
         fn = launcher(scheme, tile)
         try:
             out = fn(x, q, s, y).double()
@@ -107,7 +107,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
-    from engine.kernels.triton.quant_gemv import GROUPED_INT4, TILE_FP8, TILE_INT4, TILE_INT8
+    from engine.kernels.triton.quant_gemv import TILE_FP8, TILE_INT4, TILE_INT8
 
     totals: dict[tuple[str, str], dict] = {}
     print(f"{'preset':<6}{'shape':<9}{'N':>7}{'K':>7}{'scheme':>9}{'MB':>8}{'best tile':>16}{'µs':>8}{'GB/s':>7}"
@@ -120,8 +120,7 @@ def main() -> int:
                 if not r["times"]:
                     continue
                 best = min(r["times"], key=r["times"].get)
-                default = (*{"int4-wo": TILE_INT4, "fp8-wo": TILE_FP8}.get(scheme, TILE_INT8), 1, int(GROUPED_INT4 or
-                                                                                           scheme != "int4-wo"))
+                default = (*{"int4-wo": TILE_INT4, "fp8-wo": TILE_FP8}.get(scheme, TILE_INT8), 1)
                 for tile, us in r["times"].items():
                     total[tile] = total.get(tile, 0.0) + us
                 t = r["times"][best]
@@ -129,13 +128,13 @@ def main() -> int:
                       f"{'x'.join(map(str, best)):>16}{t:>8.1f}{r['bytes'] / t / 1e3:>7.0f}"
                       f"{r['times'].get(default, float('nan')):>11.1f}{r['cublas_bf16_us']:>15.1f}"
                       f"{r['bf16_bytes'] / r['cublas_bf16_us'] / 1e3:>7.0f}")
-    print("\nper preset and scheme, summed over its shapes (tile = BLOCK_N x BLOCK_K x warps x stages x grouped):")
+    print("\nper preset and scheme, summed over its shapes (tile = BLOCK_N x BLOCK_K x warps x stages; int4: BLOCK_N x "
+          "groups of 64 x warps x stages):")
     print(f"{'preset':<6}{'scheme':>9}{'best tile':>16}{'µs':>9}{'default µs':>11}")
     for (name, scheme), total in totals.items():
         if total:
             ranked = sorted(total, key=total.get)
-            default = (*{"int4-wo": TILE_INT4, "fp8-wo": TILE_FP8}.get(scheme, TILE_INT8), 1, int(GROUPED_INT4 or
-                                                                                   scheme != "int4-wo"))
+            default = (*{"int4-wo": TILE_INT4, "fp8-wo": TILE_FP8}.get(scheme, TILE_INT8), 1)
             runners_up = "  ".join(f"{'x'.join(map(str, t))} {total[t]:.1f}" for t in ranked[1:5])
             print(f"{name:<6}{scheme:>9}{'x'.join(map(str, ranked[0])):>16}{total[ranked[0]]:>9.1f}"
                   f"{total.get(default, float('nan')):>11.1f}   next: {runners_up}")

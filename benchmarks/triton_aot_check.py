@@ -50,13 +50,12 @@ def quant_jobs(arch: int):
                        qg._wo_channel_kernel, {**sig, "eps": "fp32"},
                        {"BLOCK_N": n, "BLOCK_K": k, "FP8": fp8, "NORM": norm, "ADD": add, "SWIGLU": swiglu,
                         "PDL": pdl}, warps)
-    for n, k, warps in qg.AOT_TILES_INT4:
-        fusions = ((False, False, False),) + (FUSIONS if (n, k, warps) == qg.TILE_INT4 else ())
+    for n, groups, warps in qg.AOT_TILES_INT4:
+        fusions = ((False, False, False),) + (FUSIONS if (n, groups, warps) == qg.TILE_INT4 else ())
         for norm, add, swiglu in fusions:
-            yield (f"quant_gemv int4 {n}x{k} w{warps}{_fusion_tag(norm, add, swiglu)}", qg._wo_int4_kernel,
-                   {**sig, "stride_sn": "i32", "eps": "fp32"},
-                   {"BLOCK_N": n, "BLOCK_K": k, "GROUP_K": qg.GROUP, "NORM": norm, "ADD": add, "SWIGLU": swiglu,
-                    "PDL": pdl}, warps)
+            yield (f"quant_gemv int4 {n}x{groups}g w{warps}{_fusion_tag(norm, add, swiglu)}", qg._wo_int4_kernel,
+                   {**sig, "q_ptr": "*i32", "stride_sn": "i32", "eps": "fp32"},
+                   {"BLOCK_N": n, "GROUPS": groups, "NORM": norm, "ADD": add, "SWIGLU": swiglu, "PDL": pdl}, warps)
 
 
 def quant_job_count(arch: int = 90) -> int:

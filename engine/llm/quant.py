@@ -9,7 +9,8 @@ fp32):
 | fp8-wo  | float8_e4m3fn (max 448)                 | bf16, one per output channel (row)       | 1 + 2/K          |
 | int4-wo | 4-bit, SYMMETRIC (no zero points):      | bf16, one per group of INT4_GROUP = 64   | 0.5 + 2/64       |
 |         | code = round(w / s) + 8 in [1, 15],     | consecutive weights of a row (the last   |                  |
-|         | two per byte, low nibble = even k       | group of a row may be shorter)           |                  |
+|         | two per byte, interleaved per group     | group of a row may be shorter)           |                  |
+|         | (pack_int4: 32 bytes per 64 weights)    |                                          |                  |
 
 int4 is symmetric: s = max|w| / 7 over the group, value = (code − 8) · s. Zero points would add a level and
 handle groups whose weights are not centred on 0; the decoder's weights (random here, and trained Llama weights
@@ -87,9 +88,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.checks import ToleranceError
+from engine.kernels.int4_layout import INT4_LAYOUT, int4_row_bytes, pack_int4, unpack_int4  # noqa: F401 - re-exported
 from engine.workloads.llama import LlamaConfig
 
-INT4_GROUP = 64
+INT4_GROUP = 64  # engine.kernels.int4_layout.GROUP
 INT8_MAX = 127
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 INT4_MAX = 7  # symmetric: codes − 8 in [-7, 7] (the code 0, i.e. −8, is never produced)
@@ -123,7 +125,7 @@ def get_scheme(name: str) -> Scheme:
 
 @dataclass
 class QuantWeight:
-    """One quantized (N, K) weight: codes `q` (int8 (N, K), float8_e4m3fn (N, K) or packed uint8 (N, ceil(K/2)))
+    """One quantized (N, K) weight: codes `q` (int8 (N, K), float8_e4m3fn (N, K) or packed uint8 (N, ceil(K/64)·32))
     and bf16 `scales` ((N,) or (N, ceil(K/64)))."""
 
     scheme: str
@@ -156,20 +158,6 @@ def quantize_fp8(w: torch.Tensor) -> QuantWeight:
     s = _channel_scales(w32, FP8_MAX)
     q = (w32 / s.float()[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return QuantWeight("fp8-wo", q, s, tuple(w.shape))
-
-
-def pack_int4(codes: torch.Tensor) -> torch.Tensor:
-    """(N, K) codes in [0, 15] → (N, ceil(K/2)) uint8, low nibble = even k (an odd K is padded with code 8 = 0)."""
-    n, k = codes.shape
-    c = codes.to(torch.uint8)
-    if k % 2:
-        c = torch.cat([c, torch.full((n, 1), 8, dtype=torch.uint8, device=c.device)], dim=1)
-    return c[:, 0::2] | (c[:, 1::2] << 4)
-
-
-def unpack_int4(packed: torch.Tensor, k: int) -> torch.Tensor:
-    """(N, ceil(K/2)) uint8 → (N, K) codes in [0, 15] (uint8)."""
-    return torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1)[:, :k]
 
 
 def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP) -> QuantWeight:
@@ -210,9 +198,9 @@ _CACHE: dict[str, QuantWeight] = {}
 
 
 def weight_key(w: torch.Tensor, scheme: str) -> str:
-    """sha256 of the weight's bytes, shape, dtype and the scheme (and group size)."""
+    """sha256 of the weight's bytes, shape, dtype and the scheme (and int4's group size and layout)."""
     h = hashlib.sha256()
-    h.update(f"{scheme}|{INT4_GROUP}|{tuple(w.shape)}|{w.dtype}|".encode())
+    h.update(f"{scheme}|{INT4_GROUP}|{INT4_LAYOUT}|{tuple(w.shape)}|{w.dtype}|".encode())
     h.update(w.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:32]
 
@@ -419,7 +407,7 @@ def quantized_linear_bytes(n: int, k: int, scheme: str | None, elem_bytes: int =
         return n * k * elem_bytes
     get_scheme(scheme)
     if scheme == "int4-wo":
-        return n * ((k + 1) // 2) + 2 * n * math.ceil(k / INT4_GROUP)
+        return n * int4_row_bytes(k) + 2 * n * math.ceil(k / INT4_GROUP)
     return n * k + 2 * n
 
 

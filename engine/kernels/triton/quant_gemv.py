@@ -9,15 +9,19 @@ kernel before it drains. What changes is what a weight load brings in:
 - int8 / fp8 (`_wo_channel_kernel`): a (BLOCK_N, BLOCK_K) tile of 1-byte codes, converted to fp32 in registers.
   The per-output-channel scale is the same along the whole row, so it multiplies the row's sum once at the end
   (y[n] = s[n] · Σ_k q[n, k] x[k]): one scale load per row, no multiply per weight.
-- int4 (`_wo_int4_kernel`): a (BLOCK_N, BLOCK_K / 2) tile of bytes, two codes each (low nibble: even k, high nibble:
-  odd k; engine/llm/quant.py packs them so), split by a mask and a shift; x is loaded as its even and odd halves to
-  match. Symmetric codes (value = (nibble − 8) · scale). The group scale (one per 64 weights of a row) is loaded with
-  the tile (each of the tile's BLOCK_K / 64 groups) and applied to the group's partial products, so scales cross
-  memory once, next to the weights they belong to.
+- int4 (`_wo_int4_kernel`): a (BLOCK_N, GROUPS, 8) tile of 32-bit words, eight codes each, in the order
+  engine/kernels/int4_layout.py packs them (nibble j of word t of a group holds k = 64·g + 8·j + t). At batch 1 this
+  kernel is bound by the integer work of unpacking, not by memory, so the layout is chosen for the fewest
+  operations per weight: for each nibble position j, one masked OR into the mantissa of 2^23 gives the float
+  2^23 + code · 16^i exactly (i = j mod 4; the word is shifted by 16 once for j ≥ 4), one subtract leaves
+  (code − 8) · 16^i, and one FMA multiplies it by x · 16^-i (x loaded contiguously, 8 values per group and j, and
+  scaled by a power of two, exactly). The 8 nibble positions' products are summed in registers, then scaled by the
+  group's scale (one per 64 weights of a row, loaded with the tile) into the accumulator. Symmetric codes (value =
+  (code − 8) · scale). Measured on an H100 (benchmarks/quant_gemv_bench.py, 2026-11-24): 1.3–1.5× faster than the
+  earlier even/odd layout, which spent a shift, a byte extraction and an in-loop group reduction per weight.
 
 Tiles are fixed per code type, not autotuned (TILE_INT8 / TILE_FP8 / TILE_INT4, chosen from the tile sweep of
 benchmarks/quant_gemv_bench.py on an H100; INTERPRETER_CONFIG under the interpreter).
-BLOCK_K for int4 is a multiple of the group size (64), so a tile never splits a group.
 
 `channel_linear(x, q, scales)` and `int4_linear(x, q, scales, k)` are torch custom ops (`modelab::quant_gemv_channel`,
 `modelab::quant_gemv_int4`): opaque single kernels to torch.compile, captured by CUDA graphs. Several rows (prefill,
@@ -33,10 +37,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from engine.kernels import int4_layout
 from engine.kernels.triton._common import is_interpreted, load_fused_x, pdl_enabled
 from engine.workloads.llama import rms_norm  # the decoder's own RMSNorm: the unfused fallbacks compute exactly it
 
-GROUP = 64  # int4 group size along K (engine.llm.quant.INT4_GROUP is this value)
+GROUP = int4_layout.GROUP  # int4 group size along K (engine.llm.quant.INT4_GROUP is this value)
 
 # (BLOCK_N, BLOCK_K, num_warps) launched on the GPU (untimed stand-ins, see the module docstring), and every tile
 # the offline compile check (benchmarks/triton_aot_check.py) builds.
@@ -44,13 +49,15 @@ GROUP = 64  # int4 group size along K (engine.llm.quant.INT4_GROUP is this value
 # time summed over each preset's weight shapes (qkv, o, gate_up, down, lm_head), the same for both presets within 2 %.
 TILE_INT8 = (4, 1024, 4)  # 1B 58.7 µs, 7B 139.1 µs (the earlier (8, 512, 8): 64.8, 142.1)
 TILE_FP8 = (8, 512, 4)  # 1B 70.2, 7B 146.3 (the earlier (8, 512, 8): 71.7, 153.6)
-TILE_INT4 = (8, 512, 8)  # 1B 81.8, 7B 190.8 (best on both)
-GROUPED_INT4 = True  # _wo_int4_kernel's GROUPED (see there)
+# int4: (BLOCK_N, GROUPS of 64 weights per tile, num_warps): 1B 61.4 µs, 7B 134.8 (the best for 7B, 16 × 16 × 8:
+# 64.3, 130.4); the earlier even/odd layout's best tile 81.8, 191.3
+TILE_INT4 = (8, 32, 4)
 AOT_TILES_CHANNEL = ((4, 256, 4), (8, 512, 8), (16, 256, 8), (4, 1024, 8), (4, 1024, 4), (8, 512, 4))
-AOT_TILES_INT4 = ((4, 256, 4), (8, 512, 8), (16, 256, 8), (4, 1024, 8))
+AOT_TILES_INT4 = ((8, 32, 4), (16, 16, 8), (8, 16, 4), (16, 8, 4), (4, 32, 4))
 # One fixed config for the interpreter (CPU tests): few programs (each one runs in Python), K tiles small enough that
 # the test shapes have ragged tails along K and N.
 INTERPRETER_CONFIG = {"BLOCK_N": 32, "BLOCK_K": 128}
+INTERPRETER_CONFIG_INT4 = {"BLOCK_N": 32, "GROUPS": 2}
 
 
 @triton.jit
@@ -98,74 +105,52 @@ def _wo_channel_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn
 
 
 @triton.jit
-def _x_pair(x_ptr, g_ptr, even, K, sumsq, SWIGLU: tl.constexpr, NORM: tl.constexpr):
-    """x at the even and at the odd positions `even`, `even + 1` (fp32), with SWIGLU / NORM applied as the channel
-    kernel applies them; sumsq gathers both halves' squares."""
-    xe, sumsq = load_fused_x(x_ptr, g_ptr, even, even < K, K, sumsq, SWIGLU, NORM)
-    xo, sumsq = load_fused_x(x_ptr, g_ptr, even + 1, even + 1 < K, K, sumsq, SWIGLU, NORM)
-    return xe, xo, sumsq
-
-
-@triton.jit
 def _wo_int4_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, stride_sn, eps, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, GROUP_K: tl.constexpr, NORM: tl.constexpr = False,
-                    ADD: tl.constexpr = False, SWIGLU: tl.constexpr = False, GROUPED: tl.constexpr = True,
-                    PDL: tl.constexpr = False):
-    """y[n] = Σ_g s[n, g] · Σ_{k in g} (q[n, k] − 8) · x[k]; q two 4-bit codes per byte (low nibble: even k),
-    s one scale per GROUP_K weights of a row. BLOCK_K is a multiple of GROUP_K (and so even). NORM / ADD / SWIGLU
-    as in the channel kernel.
-
-    The unpack avoids integer-to-float conversions: a nibble c OR-ed into the mantissa of 2^23 is the float
-    2^23 + c exactly, and subtracting 2^23 + 8 leaves c − 8 — one logic op and one add per weight. Measured on an
-    H100 it changed nothing (7B qkv + o + gate_up + down: 119.6 µs vs 120.6 µs with conversions): the kernel
-    stays near 0.6-1.0 TB/s, and what holds it there is not yet profiled (docs/quantization.md).
-    GROUPED: the tile's products are summed per group and each group sum scaled once (a reduction inside the loop);
-    else each weight's scale is gathered per position and applied before the sum (no reduction, a load per weight).
-    benchmarks/quant_gemv_bench.py times both (GROUPED_INT4 is the faster one on an H100)."""
-    HALF: tl.constexpr = BLOCK_K // 2
-    GROUPS: tl.constexpr = BLOCK_K // GROUP_K
+                    GROUPS: tl.constexpr, NORM: tl.constexpr = False, ADD: tl.constexpr = False,
+                    SWIGLU: tl.constexpr = False, PDL: tl.constexpr = False):
+    """y[n] = Σ_g s[n, g] · Σ_{k in g} (code[n, k] − 8) · x[k]; q is int32 words, (N, ceil(K/64)·8), in
+    engine/kernels/int4_layout.py's order (stride_qn in words), s one scale per 64 weights of a row. Each iteration
+    takes GROUPS groups of BLOCK_N rows. NORM / ADD / SWIGLU as in the channel kernel."""
     pid_n = tl.program_id(0)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    kb = (K + 1) // 2  # bytes per row
-    acc = tl.zeros((BLOCK_N, HALF), dtype=tl.float32)
-    acc_g = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
-    sumsq = tl.zeros((HALF,), dtype=tl.float32)
-    rows = q_ptr + offs_n[:, None] * stride_qn
-    offs_b = tl.arange(0, HALF)
-    packed = tl.load(rows + offs_b[None, :], mask=n_mask[:, None] & (offs_b < kb)[None, :], other=0x88,
-                     eviction_policy="evict_first")
+    groups = (K + 63) // 64
+    offs_g = tl.arange(0, GROUPS)
+    offs_t = tl.arange(0, 8)
+    acc = tl.zeros((BLOCK_N, GROUPS, 8), dtype=tl.float32)
+    sumsq = tl.zeros((GROUPS, 8), dtype=tl.float32)
+    words = q_ptr + offs_n[:, None, None] * stride_qn + offs_t[None, None, :]
+    rows = n_mask[:, None, None]
+    # the word tiles are loaded one iteration ahead; they do not depend on the previous kernel (PDL)
+    w = tl.load(words + offs_g[None, :, None] * 8, mask=rows & (offs_g < groups)[None, :, None], other=0,
+                eviction_policy="evict_first")
     if PDL:
         tl.extra.cuda.gdc_wait()
-    for k0 in range(0, K, BLOCK_K):
-        offs_b = k0 // 2 + tl.arange(0, HALF)
-        offs_next = offs_b + HALF
-        packed_next = tl.load(rows + offs_next[None, :], mask=n_mask[:, None] & (offs_next < kb)[None, :],
-                              other=0x88, eviction_policy="evict_first")
-        xe, xo, sumsq = _x_pair(x_ptr, g_ptr, 2 * offs_b, K, sumsq, SWIGLU, NORM)
-        b = packed.to(tl.int32)
-        lo = ((b & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
-        hi = (((b >> 4) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
-        part = lo * xe[None, :] + hi * xo[None, :]  # (BLOCK_N, HALF)
-        if GROUPED:
-            part_g = tl.sum(tl.reshape(part, (BLOCK_N, GROUPS, GROUP_K // 2)), axis=2)
-            offs_g = k0 // GROUP_K + tl.arange(0, GROUPS)
-            s = tl.load(s_ptr + offs_n[:, None] * stride_sn + offs_g[None, :],
-                        mask=n_mask[:, None] & (offs_g * GROUP_K < K)[None, :], other=0.0).to(tl.float32)
-            acc_g += part_g * s
-        else:
-            s = tl.load(s_ptr + offs_n[:, None] * stride_sn + (offs_b // (GROUP_K // 2))[None, :],
-                        mask=n_mask[:, None] & (offs_b < kb)[None, :], other=0.0).to(tl.float32)
-            acc += part * s
-        packed = packed_next
-    if GROUPED:
-        y = tl.sum(acc_g, axis=1)
-    else:
-        y = tl.sum(acc, axis=1)
+    for g0 in range(0, groups, GROUPS):
+        gs = g0 + offs_g
+        g_mask = gs < groups
+        g_next = gs + GROUPS
+        w_next = tl.load(words + g_next[None, :, None] * 8, mask=rows & (g_next < groups)[None, :, None], other=0,
+                         eviction_policy="evict_first")
+        high = w >> 16  # nibbles 4–7 where 0–3 are (the sign bits it drags along are masked off below)
+        part = tl.zeros((BLOCK_N, GROUPS, 8), dtype=tl.float32)
+        for j in tl.static_range(8):
+            i = j % 4
+            # code · 16^i OR-ed into 2^23's mantissa is 2^23 + code · 16^i exactly; less 2^23 + 8 · 16^i
+            f = (((w if j < 4 else high) & (0xF << (4 * i))) | 0x4B000000).to(tl.float32, bitcast=True) \
+                - (8388608.0 + 8.0 * (1 << (4 * i)))
+            offs_k = gs[:, None] * 64 + 8 * j + offs_t[None, :]  # (GROUPS, 8): x's 8 consecutive inputs per group
+            x, sumsq = load_fused_x(x_ptr, g_ptr, offs_k, offs_k < K, K, sumsq, SWIGLU, NORM)
+            part += f * (x * (1.0 / (1 << (4 * i))))[None, :, :]  # 16^-i: a power of two, exact
+        s = tl.load(s_ptr + offs_n[:, None] * stride_sn + gs[None, :], mask=n_mask[:, None] & g_mask[None, :],
+                    other=0.0).to(tl.float32)
+        acc += part * s[:, :, None]
+        w = w_next
+    y = tl.sum(tl.sum(acc, axis=2), axis=1)
     if NORM:
-        y = y * tl.rsqrt(tl.sum(sumsq, axis=0) / K + eps)
+        y = y * tl.rsqrt(tl.sum(tl.sum(sumsq, axis=1), axis=0) / K + eps)
     if ADD:
         y += tl.load(r_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
@@ -228,31 +213,33 @@ def gemv_channel(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_we
 
 def gemv_int4(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_weight: torch.Tensor | None = None,
               eps: float = 0.0, residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
-    """x (K,) or (1, K) · dequant(q).T for q (N, ceil(K/2)) uint8 (two symmetric 4-bit codes a byte, low nibble
-    first) and scales (N, ceil(K/64)): (N,) or (1, N) in x's dtype, accumulated in fp32. norm_weight / residual /
-    swiglu fuse as in gemv_channel."""
+    """x (K,) or (1, K) · dequant(q).T for q (N, ceil(K/64)·32) uint8 (symmetric 4-bit codes packed as
+    engine/kernels/int4_layout.py says) and scales (N, ceil(K/64)): (N,) or (1, N) in x's dtype, accumulated in fp32.
+    norm_weight / residual / swiglu fuse as in gemv_channel."""
     x_row = _one_row(x)
     k = _features(x, swiglu)
     n = q.shape[0]
-    if q.dim() != 2 or q.dtype != torch.uint8 or q.shape[1] != (k + 1) // 2:
+    row_bytes = int4_layout.int4_row_bytes(k)
+    if q.dim() != 2 or q.dtype != torch.uint8 or q.shape[1] != row_bytes:
         raise ValueError(f"packed int4 weight {tuple(q.shape)} {q.dtype} does not match x's {k} features "
-                         f"(expected uint8 ({n}, {(k + 1) // 2}))")
+                         f"(expected uint8 ({n}, {row_bytes}))")
     if scales.shape != (n, triton.cdiv(k, GROUP)):
         raise ValueError(f"int4 scales {tuple(scales.shape)}: expected ({n}, {triton.cdiv(k, GROUP)})")
     g, r, flags = _fusion_args(x_row, n, k, norm_weight, residual, swiglu)
-    q = q if q.stride(1) == 1 else q.contiguous()
+    if q.stride(1) != 1 or q.stride(0) % 4 or q.data_ptr() % 16:
+        q = q.contiguous()
+    words = q.view(torch.int32)  # rows are whole groups: 32 bytes, 8 words
     scales = scales if scales.stride(1) == 1 else scales.contiguous()
     y = torch.empty(n, device=x.device, dtype=x.dtype)
-    args = (x_row, q, scales, y, g, r, n, k, q.stride(0), scales.stride(0), float(eps))
+    args = (x_row, words, scales, y, g, r, n, k, words.stride(0), scales.stride(0), float(eps))
     if is_interpreted(_wo_int4_kernel):
-        cfg = INTERPRETER_CONFIG
-        _wo_int4_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](*args, **cfg, GROUP_K=GROUP, **flags, GROUPED=GROUPED_INT4)
+        cfg = INTERPRETER_CONFIG_INT4
+        _wo_int4_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](*args, **cfg, **flags)
     else:
-        bn, bk, warps = TILE_INT4
+        bn, groups, warps = TILE_INT4
         pdl = pdl_enabled(x.device)
-        _wo_int4_kernel[(triton.cdiv(n, bn),)](*args, BLOCK_N=bn, BLOCK_K=bk, GROUP_K=GROUP, **flags,
-                                               GROUPED=GROUPED_INT4, PDL=pdl, num_warps=warps, num_stages=1,
-                                               launch_pdl=pdl)
+        _wo_int4_kernel[(triton.cdiv(n, bn),)](*args, BLOCK_N=bn, GROUPS=groups, **flags, PDL=pdl, num_warps=warps,
+                                               num_stages=1, launch_pdl=pdl)
     return y.reshape(*x.shape[:-1], n)
 
 
@@ -286,10 +273,8 @@ def dequantize_channel(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
 
 def dequantize_int4(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: torch.dtype = torch.float32
                      ) -> torch.Tensor:
-    """(N, ceil(K/2)) packed uint8 + (N, ceil(K/64)) scales → (N, K) weights in `dtype` (the plain way)."""
-    lo = (q & 0xF).to(torch.int16) - 8
-    hi = (q >> 4).to(torch.int16) - 8
-    codes = torch.stack([lo, hi], dim=-1).reshape(q.shape[0], -1)[:, :k]
+    """(N, ceil(K/64)·32) packed uint8 + (N, ceil(K/64)) scales → (N, K) weights in `dtype` (the plain way)."""
+    codes = int4_layout.unpack_int4(q, k).to(torch.int16) - 8
     s = scales.to(torch.float32).repeat_interleave(GROUP, dim=1)[:, :k]
     return (codes.to(torch.float32) * s).to(dtype)
 

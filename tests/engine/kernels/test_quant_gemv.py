@@ -133,7 +133,7 @@ def test_the_fused_products_match_the_decoders_ops_in_float64(fusion: str, schem
                                                               dtype: torch.dtype) -> None:
     """The triton-fused step's three products over quantized weights (norm inside, residual added, SwiGLU formed
     on load), through the custom ops the decoder calls, against float64 rms_norm / silu / add around the
-    dequantized product; ragged K and N (odd K: int4's last byte holds one code)."""
+    dequantized product; ragged K and N (int4: a last group shorter than 64)."""
     gen = torch.Generator().manual_seed(n + k)
     _, qw = _quantized(scheme, n, k)
     x = torch.randn(1, 2 * k if fusion == "swiglu" else k, generator=gen).to(DEVICE, dtype)
@@ -170,12 +170,14 @@ def test_a_wrong_fusion_input_is_refused() -> None:
         qg.gemv_int4(torch.randn(1, 127, device=DEVICE), q4.q, q4.scales, swiglu=True)
 
 
-@pytest.mark.parametrize("grouped", [True, False])
-def test_both_int4_scale_paths_match(grouped: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The int4 kernel's two ways of applying group scales (per-group sums, or a scale gathered per weight) give
-    the float64 result, fused residual included (the bench picks the faster one as GROUPED_INT4)."""
-    monkeypatch.setattr(qg, "GROUPED_INT4", grouped)
-    x, qw = _quantized("int4-wo", 37, 300)
-    r = torch.randn(1, 37, generator=torch.Generator().manual_seed(3))
-    y = qg.gemv_int4(x.to(DEVICE), qw.q, qw.scales, residual=r.to(DEVICE))
-    assert rel_err(y, r.double() + _reference(x, qw)) < 1e-6
+@pytest.mark.parametrize("k", [0, 7, 8, 57, 63, 64, 127, 128, 199])
+def test_the_int4_kernel_reads_each_code_where_the_layout_puts_it(k: int) -> None:
+    """Every code 8 (the value 0) but one, at input k: the kernel's output is that weight times x[k] alone, so it
+    matches each nibble to the input int4_layout assigns it (not merely a pack/unpack pair agreeing with itself)."""
+    n, features = 3, 200  # 4 groups, the last one ragged (8 weights)
+    codes = torch.full((n, features), 8, dtype=torch.uint8)
+    codes[1, k] = 13  # value 5 · scale
+    scales = torch.full((n, 4), 0.5)
+    x = torch.arange(1, features + 1, dtype=torch.float32)[None]
+    y = qg.gemv_int4(x.to(DEVICE), quant.pack_int4(codes).to(DEVICE), scales.to(DEVICE)).cpu()
+    assert y.tolist() == [[0.0, 5 * 0.5 * (k + 1), 0.0]]

@@ -45,12 +45,17 @@ def _weight(n: int = 12, k: int = 133, seed: int = 0) -> torch.Tensor:
     return torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
 
 
-def test_int4_pack_unpack_round_trip_odd_k() -> None:
+def test_int4_pack_unpack_round_trip_ragged_k() -> None:
     codes = torch.randint(0, 16, (5, 131), generator=torch.Generator().manual_seed(1)).to(torch.uint8)
     packed = quant.pack_int4(codes)
-    assert packed.shape == (5, 66) and packed.dtype == torch.uint8
+    assert packed.shape == (5, 96) and packed.dtype == torch.uint8  # 3 whole groups of 64, 32 bytes each
     assert torch.equal(quant.unpack_int4(packed, 131), codes)
-    assert int(packed[0, 0]) == int(codes[0, 0]) | (int(codes[0, 1]) << 4)  # low nibble: even k
+    # word t of a group holds k = 8·j + t in nibble j: byte 0 = k 0 (low) and k 8 (high); byte 5 = k 17 and k 25
+    assert int(packed[0, 0]) == int(codes[0, 0]) | (int(codes[0, 8]) << 4)
+    assert int(packed[2, 5]) == int(codes[2, 17]) | (int(codes[2, 25]) << 4)
+    assert int(packed[0, 32 + 3]) == int(codes[0, 64 + 48]) | (int(codes[0, 64 + 56]) << 4)
+    # the padding (k 131 … 191) is code 8: the value 0
+    assert quant.unpack_int4(packed, 192)[:, 131:].eq(8).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -62,7 +67,7 @@ def test_dequantize_is_within_half_a_step(scheme: str, dtype: torch.dtype) -> No
     back = quant.dequantize(qw, torch.float32)
     err = (back - w.float()).abs()
     if scheme == "int4-wo":
-        assert qw.q.shape == (12, 67) and qw.scales.shape == (12, 3)  # 133 = 64 + 64 + 5
+        assert qw.q.shape == (12, 96) and qw.scales.shape == (12, 3)  # 133 = 64 + 64 + 5: 3 groups, 32 bytes each
         step = qw.scales.float().repeat_interleave(64, dim=1)[:, :133]
         assert bool((err <= step / 2 + 1e-6).all())
         assert int(quant.unpack_int4(qw.q, 133).min()) >= 1  # symmetric: code 0 (−8) never produced
@@ -259,11 +264,12 @@ def test_decode_bytes_per_token_against_a_hand_count() -> None:
     head8 = 100 * 128 + 2 * 100  # int8: the LM head quantized too, codes + a bf16 scale per vocabulary row
     assert quant.decode_bytes_per_token(cfg, "int8-wo", 10, batch=3) == int8 + head8 + rest + kv
     assert quant.decode_bytes_per_token(cfg, "fp8-wo", 10, batch=3) == int8 + head8 + rest + kv
-    # int4: half a byte per weight, one bf16 scale per 64 weights of a row (K = 128 → 2 groups, K = 200 → 4)
+    # int4: half a byte per weight in whole groups of 64 (a K = 128 row: 2 groups, 64 bytes; K = 200: 4 groups, 128
+    # bytes, the last group padded), one bf16 scale per group
+    codes4 = (128 + 2 * 64 + 128 + 2 * 200) * 64 + 128 * 128
     groups = 128 * 2 + 2 * 64 * 2 + 128 * 2 + 2 * 200 * 2 + 128 * 4
     head4 = 100 * 64 + 2 * 100 * 2
-    assert quant.decode_bytes_per_token(cfg, "int4-wo", 10, batch=3) == 2 * (weights_per_layer // 2 + 2 * groups) \
-        + head4 + rest + kv
+    assert quant.decode_bytes_per_token(cfg, "int4-wo", 10, batch=3) == 2 * (codes4 + 2 * groups) + head4 + rest + kv
     assert quant.decode_bytes_per_token(cfg, None, 10, batch=3) == metrics.decode_bytes(cfg, 3, 10, 2)
     want = metrics.decode_counts(cfg, 3, 9, 2, 2)
     got = quant.decode_counts(cfg, None, 3, 9, 2)
