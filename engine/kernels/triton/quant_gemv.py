@@ -227,7 +227,7 @@ def gemv_int4(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_weigh
         raise ValueError(f"int4 scales {tuple(scales.shape)}: expected ({n}, {triton.cdiv(k, GROUP)})")
     g, r, flags = _fusion_args(x_row, n, k, norm_weight, residual, swiglu)
     if q.stride(1) != 1 or q.stride(0) % 4 or q.data_ptr() % 16:
-        q = q.contiguous()
+        q = q.clone(memory_format=torch.contiguous_format)  # a fresh allocation: contiguous and 16-byte aligned
     words = q.view(torch.int32)  # rows are whole groups: 32 bytes, 8 words
     scales = scales if scales.stride(1) == 1 else scales.contiguous()
     y = torch.empty(n, device=x.device, dtype=x.dtype)
