@@ -1,6 +1,6 @@
 """Compile the LLM lab's Triton kernels for a GPU target offline, without a GPU (Triton's bundled ptxas).
 
-    python benchmarks/triton_aot_check.py [--arch 90] [--kernels bf16|quant|mp|all]
+    python benchmarks/triton_aot_check.py [--arch 90] [--kernels bf16|quant|mp|attn|all]
 
 A check, not a timing: tests/engine/kernels/test_decode_attention.py runs it on every `make test` (10-20 s on a
 2-core CPU), and `benchmarks/gpu_check.sh decode` on the GPU machine.
@@ -130,6 +130,45 @@ def message_passing_jobs(arch: int):
                 "F": "i32"}, {"MEAN": True, "BLOCK_E": 32, "BLOCK_F": 128, "IDX64": False}, 4)
 
 
+def attention_jobs(arch: int):
+    """Kernel Levels' L4 attention (engine/kernels/triton/attention.py) at every autotune tile, bf16, through tensor
+    descriptors as Hopper runs it: D=128 causal with S a multiple of every tile (O stored through its descriptor),
+    D=64 non-causal with a ragged S (ViT's 197: O through pointers, the K/V tail masked)."""
+    from engine.kernels.triton import attention as at
+
+    for d, causal, even in ((128, True, True), (64, False, False)):
+        for cfg in at._gpu_configs():
+            bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
+            sig = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16",
+                   "q_desc": f"tensordesc<bf16[{bm}, {d}]>", "k_desc": f"tensordesc<bf16[{bn}, {d}]>",
+                   "v_desc": f"tensordesc<bf16[{bn}, {d}]>", "o_desc": f"tensordesc<bf16[{bm}, {d}]>",
+                   "S": "i32", "H": "i32", "qk_scale": "fp32"}
+            yield (f"attention D{d} {'causal' if causal else 'full'} {bm}x{bn} w{cfg.num_warps} s{cfg.num_stages}",
+                   at._attn_fwd_kernel, sig,
+                   {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn, "CAUSAL": causal, "EVEN_M": even, "EVEN_N": even,
+                    "USE_DESC": True, "DOT_PREC": None}, (cfg.num_warps, cfg.num_stages))
+
+
+def resource_usage(cubin: bytes) -> tuple[str, str]:
+    """(registers, stack bytes) per thread from the cubin (Triton's bundled cuobjdump), '?' where it cannot say. A
+    stack frame in a kernel without calls is spilled registers."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton.backends.nvidia as nvidia
+
+    tool = Path(nvidia.__file__).parent / "bin" / "cuobjdump"
+    if not tool.exists():
+        return "?", "?"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        out = subprocess.run([str(tool), "-res-usage", str(path)], capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", out)
+    return (found.group(1), found.group(2)) if found else ("?", "?")
+
+
 def selected_jobs(arch: int, kernels: str):
     if kernels in ("all", "bf16"):
         yield from jobs(arch)
@@ -137,6 +176,8 @@ def selected_jobs(arch: int, kernels: str):
         yield from quant_jobs(arch)
     if kernels in ("all", "mp"):
         yield from message_passing_jobs(arch)
+    if kernels in ("all", "attn"):
+        yield from attention_jobs(arch)
 
 
 def main() -> int:
@@ -144,10 +185,10 @@ def main() -> int:
     parser.add_argument("--arch", type=int, default=90, help="compute capability × 10 (default 90: H100/H200)")
     # default bf16: the set tests/engine/kernels/test_decode_attention.py counts; the quantized GEMVs are checked by
     # tests/engine/kernels/test_quant_gemv.py (--kernels quant); `all` is both
-    parser.add_argument("--kernels", choices=("all", "bf16", "quant", "mp"), default="bf16",
+    parser.add_argument("--kernels", choices=("all", "bf16", "quant", "mp", "attn"), default="bf16",
                         help="bf16 (default): decode attention and the bf16 GEMVs; quant: the weight-only quantized "
                              "GEMVs; mp: Kernel Levels' L4 message passing (bucketing, segment reduce, scatter); "
-                             "all: every one")
+                             "attn: Kernel Levels' L4 attention at every autotune tile; all: every one")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("TRITON_INTERPRET is set: interpreted kernels cannot be compiled; unset it", file=sys.stderr)
@@ -159,21 +200,25 @@ def main() -> int:
     target = GPUTarget("cuda", args.arch, 32)
     failed = 0
     rows = []
-    for name, fn, signature, constants, warps in selected_jobs(args.arch, args.kernels):
+    for name, fn, signature, constants, launch in selected_jobs(args.arch, args.kernels):
+        warps, stages = launch if isinstance(launch, tuple) else (launch, None)  # (num_warps, num_stages) or warps
+        options = {"num_warps": warps, "launch_pdl": bool(constants.get("PDL"))}
+        if stages is not None:
+            options["num_stages"] = stages
         start = time.perf_counter()
         try:
             src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constants}},
                             constexprs=constants)
-            kernel = triton.compile(src, target=target,
-                                    options={"num_warps": warps, "launch_pdl": bool(constants.get("PDL"))})
-            rows.append((name, "ok", kernel.metadata.shared, time.perf_counter() - start))
+            kernel = triton.compile(src, target=target, options=options)
+            regs, stack = resource_usage(kernel.asm["cubin"])
+            rows.append((name, "ok", kernel.metadata.shared, regs, stack, time.perf_counter() - start))
         except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
             failed += 1
-            rows.append((name, f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", 0,
+            rows.append((name, f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", 0, "-", "-",
                          time.perf_counter() - start))
-    print(f"{'kernel':44} {'sm':>3} {'shared B':>8} {'s':>5}  result")
-    for name, result, shared, seconds in rows:
-        print(f"{name:44} {args.arch:3d} {shared:8d} {seconds:5.1f}  {result}")
+    print(f"{'kernel':44} {'sm':>3} {'shared B':>8} {'regs':>4} {'stack':>5} {'s':>5}  result")
+    for name, result, shared, regs, stack, seconds in rows:
+        print(f"{name:44} {args.arch:3d} {shared:8d} {regs:>4} {stack:>5} {seconds:5.1f}  {result}")
     return 1 if failed else 0
 
 

@@ -33,6 +33,8 @@ class Built:
     # Sub-steps timed on their own (e.g. the ViT patch embedding), stage name -> callable on the same inputs.
     stages: dict[str, Callable[..., torch.Tensor]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # Notes only known once the level ran (e.g. the tile an autotuner chose), asked after timing.
+    late_notes: Callable[[], list[str]] | None = None
     interpreted: bool = False  # Triton under TRITON_INTERPRET=1: a correctness run, never a timing to compare
     # Its first calls time candidate kernels (Triton's autotuner): beside other runs they take the device alone.
     autotunes: bool = False

@@ -86,10 +86,24 @@ def _triton(component: Component, shape: Shape, naive: nn.Module, device: str) -
     built = kernel_level(kernels, component, shape, naive)
     built.interpreted = interpreted
     built.autotunes = not interpreted
+    if not interpreted and component.name in ("causal_attention", "vit_patch_attention"):
+        built.late_notes = _attention_tiles(component, shape)
     if interpreted:
         built.notes.append("TRITON_INTERPRET=1: the kernels run in Triton's CPU interpreter — a correctness check; "
                            "its times are not kernel times")
     return built
+
+
+def _attention_tiles(component: Component, shape: Shape):
+    """After the run: the tile Triton's autotuner chose for this shape's attention."""
+    from engine.kernels.triton import attention
+
+    d = shape.dims
+    if component.name == "causal_attention":
+        key = (d["S"], d["D"], True)
+    else:  # the ViT: one token per patch plus the class token
+        key = ((d["image"] // d["patch"]) ** 2 + 1, d["E"] // d["heads"], False)
+    return lambda: [t for t in [attention.tuned_tile(*key)] if t]
 
 
 def _cuda(component: Component, shape: Shape, naive: nn.Module, device: str) -> Built:

@@ -154,6 +154,8 @@ def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunR
     _record_stages(result, component, shape, checked.stage_errs, stage_measurements, ceilings)
     result.metrics += ceiling_metrics(ceilings, ("copy_bw", f"matmul_{dtype_key(shape.dtype)}", "launch_us"))
     result.notes += [n for n in checked.built.notes if n not in result.notes]
+    if checked.built.late_notes is not None:
+        result.notes += [n for n in checked.built.late_notes() if n not in result.notes]
     if len(sets) > 1:
         result.notes.append(f"timed over {len(sets)} rotating input sets so repeated calls do not run from L2")
     return result

@@ -10,9 +10,13 @@ How it works (Flash-Attention 2, after Triton's 06-fused-attention tutorial):
   below it run unmasked, and only the BLOCK_M/BLOCK_N diagonal blocks apply the mask;
 - ragged S (e.g. 197): full key blocks run unmasked; the one partial tail block is loaded with a bounds mask and its
   missing columns get -inf scores; query rows past S are never stored;
-- on Hopper (sm_90+) and in the interpreter, K/V blocks that lie inside S are read through tensor descriptors (TMA on
-  the GPU); elsewhere, and for blocks that may cross S (the tail; the diagonal when S % BLOCK_N != 0), through masked
-  pointer loads (a flat (B*H*S, D) descriptor would read the next head's rows there);
+- on Hopper (sm_90+) and in the interpreter, the Q block and the K/V blocks that lie inside S are read through tensor
+  descriptors (TMA on the GPU), and O is stored through one where S % BLOCK_M == 0; elsewhere, and for blocks that
+  may cross S (the K/V tail; the diagonal when S % BLOCK_N != 0; a ragged last O block), through masked pointer
+  accesses (a flat (B*H*S, D) descriptor would reach the next head's rows there). Q and O through descriptors is
+  what keeps a 128-row tile's registers: with pointers, the int64 offsets of every Q element stay live across the
+  loop until the store (sm_90, D=128, 128x128 tiles on 8 warps: 255 registers and 224 spill stores with pointers,
+  188 and none with descriptors; Triton's ptxas, offline);
 - causal programs are launched heaviest first (the last query block needs the most key blocks) so that the short
   ones fill the tail of the schedule; query blocks of one head are adjacent in the launch order so K/V stay in L2;
 - tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) are autotuned on the GPU, keyed on S, D, causal (and dtype); the
@@ -94,9 +98,15 @@ def _attn_inner(acc, l_i, m_i, q, K, V, k_desc, v_desc, kv_row0, lo, hi, offs_m,
 
 
 @triton.jit
-def _attn_fwd_kernel(Q, K, V, O, k_desc, v_desc, S, H, qk_scale,  # noqa: E741 - the paper's names
+def _row_offsets(row0, offs_m, HEAD_DIM: tl.constexpr):
+    """Element offsets of rows row0 + offs_m of a (rows, HEAD_DIM) view, in int64."""
+    return (row0 + offs_m).to(tl.int64)[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+
+
+@triton.jit
+def _attn_fwd_kernel(Q, K, V, O, q_desc, k_desc, v_desc, o_desc, S, H, qk_scale,  # noqa: E741 - the paper's names
                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, USE_DESC: tl.constexpr,
+                     CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, USE_DESC: tl.constexpr,
                      DOT_PREC: tl.constexpr):
     tl.static_assert(BLOCK_M % BLOCK_N == 0)  # the causal split needs the diagonal on a BLOCK_N boundary
     pid_m = tl.program_id(0)
@@ -107,10 +117,12 @@ def _attn_fwd_kernel(Q, K, V, O, k_desc, v_desc, S, H, qk_scale,  # noqa: E741 -
         start_m = pid_m
     kv_row0 = bh * S  # first row of this head in the (B*H*S, D) view
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = (offs_m < S)[:, None]
-    q_off = (kv_row0 + offs_m).to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
-    q = tl.load(Q + q_off, mask=row_ok, other=0.0)
+    if USE_DESC:
+        # Q through TMA straight into shared memory, where the wgmma reads it. Rows past S (a ragged last block)
+        # read the next head's rows or zeros; their outputs are never stored.
+        q = q_desc.load([kv_row0 + start_m * BLOCK_M, 0])
+    else:
+        q = tl.load(Q + _row_offsets(kv_row0, offs_m, HEAD_DIM), mask=(offs_m < S)[:, None], other=0.0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -133,18 +145,23 @@ def _attn_fwd_kernel(Q, K, V, O, k_desc, v_desc, S, H, qk_scale,  # noqa: E741 -
             acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, K, V, k_desc, v_desc, kv_row0, n_full, n_full + BLOCK_N,
                                         offs_m, S, qk_scale, HEAD_DIM, BLOCK_N, False, True, False, DOT_PREC)
     acc = acc / l_i[:, None]
-    tl.store(O + q_off, acc.to(O.dtype.element_ty), mask=row_ok)
+    if USE_DESC and EVEN_M:
+        o_desc.store([kv_row0 + start_m * BLOCK_M, 0], acc.to(O.dtype.element_ty))
+    else:  # a block that may cross S: a TMA store there would write the next head's rows
+        o_off = _row_offsets(kv_row0, offs_m, HEAD_DIM)
+        tl.store(O + o_off, acc.to(O.dtype.element_ty), mask=(offs_m < S)[:, None])
 
 
-_attn_fwd = triton.heuristics({"EVEN_N": lambda a: a["S"] % a["BLOCK_N"] == 0})(_attn_fwd_kernel)
+_attn_fwd = triton.heuristics({"EVEN_M": lambda a: a["S"] % a["BLOCK_M"] == 0,
+                               "EVEN_N": lambda a: a["S"] % a["BLOCK_N"] == 0})(_attn_fwd_kernel)
 
 
 def _set_desc_blocks(nargs: dict) -> None:
     """Autotune pre-hook: a descriptor's block shape follows the config being tried."""
-    for name in ("k_desc", "v_desc"):
+    for name, rows in (("q_desc", "BLOCK_M"), ("k_desc", "BLOCK_N"), ("v_desc", "BLOCK_N"), ("o_desc", "BLOCK_M")):
         desc = nargs.get(name)
         if desc is not None:
-            desc.block_shape = [nargs["BLOCK_N"], nargs["HEAD_DIM"]]
+            desc.block_shape = [nargs[rows], nargs["HEAD_DIM"]]
 
 
 def _gpu_configs() -> list[triton.Config]:
@@ -161,7 +178,9 @@ def _prune(configs: list[triton.Config], nargs: dict, **kwargs) -> list[triton.C
     kept = [c for c in configs
             if not (c.kwargs["BLOCK_M"] > 64 and s <= 64)
             and not (d == 128 and c.kwargs["BLOCK_N"] < 64)
-            # 128x64 tiles on 4 warps spill registers at D=128 (ptxas, sm_90)
+            # 128x64 tiles on 4 warps spill registers at D=128 (ptxas, sm_90; through descriptors too, less). At
+            # 2 stages it won do_bench's autotuning at S=4096 once on the H100, then ran 6 % slower than 64x64 in
+            # the level's own timing (rotating inputs): not a candidate
             and not (d == 128 and c.kwargs["BLOCK_M"] == 128 and c.num_warps == 4)]
     return kept or configs[-1:]
 
@@ -169,6 +188,21 @@ def _prune(configs: list[triton.Config], nargs: dict, **kwargs) -> list[triton.C
 _attn_fwd_tuned = triton.autotune(_gpu_configs(), key=["S", "HEAD_DIM", "CAUSAL", "USE_DESC"],
                                   prune_configs_by={"early_config_prune": _prune})(_attn_fwd)
 _LAUNCH = LaunchCache(_attn_fwd_kernel)  # tuned launches after the first per key, without Triton's per-call Python
+
+def tuned_tile(S: int, D: int, causal: bool) -> str | None:
+    """The tile the autotuner chose in this process for (S, D, causal), in words; None before any tuned launch."""
+    for key, cfg in list(_attn_fwd_tuned.cache.items()):
+        if tuple(key[:3]) == (S, D, causal):  # key: S, HEAD_DIM, CAUSAL, USE_DESC, then the tensors' dtypes
+            tried = len(_prune(_gpu_configs(), {"S": S}, HEAD_DIM=D, USE_DESC=key[3]))
+            bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
+            paths = ""
+            if key[3]:
+                paths = (", Q/K/V/O through TMA descriptors" if S % bm == 0 and S % bn == 0 else
+                         ", Q/K/V through TMA descriptors, the blocks crossing S and O through pointers")
+            return (f"autotuned tile for S={S}, D={D}{', causal' if causal else ''}: BLOCK_M={bm}, BLOCK_N={bn}, "
+                    f"{cfg.num_warps} warps, {cfg.num_stages} stages (fastest of {tried} candidates{paths})")
+    return None
+
 
 # One fixed config for the interpreter: autotuning there is slow and measures nothing.
 INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32}
@@ -215,22 +249,23 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
         use_desc = interpreted or is_hopper_or_newer(device)
     # TMA needs 16-byte aligned bases (a contiguous view at an odd storage offset is not): else plain loads.
     use_desc = bool(use_desc and TensorDescriptor is not None
-                    and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0)
+                    and all(t.data_ptr() % 16 == 0 for t in (q, k, v, out)))
     if interpreted and config is None:
         config = dict(INTERPRETER_CONFIG)
-    k_desc = v_desc = None
+    q_desc = k_desc = v_desc = o_desc = None
     key = (tuple(q.shape), q.dtype, q.device.index, causal, use_desc, LaunchCache.aligned(q, k, v, out))
     tuned = _LAUNCH.meta(key) if config is None and not interpreted else None
     if use_desc:
         # the autotune pre-hook resets the block shape per config tried; a kept launch uses its winner's
-        block_n = config["BLOCK_N"] if config else tuned["BLOCK_N"] if tuned else 64
-        k_desc = TensorDescriptor(k, shape=[B * H * S, D], strides=[D, 1], block_shape=[block_n, D])
-        v_desc = TensorDescriptor(v, shape=[B * H * S, D], strides=[D, 1], block_shape=[block_n, D])
+        tile = config or tuned or {"BLOCK_M": 64, "BLOCK_N": 64}
+        q_desc, k_desc, v_desc, o_desc = (
+            TensorDescriptor(t, shape=[B * H * S, D], strides=[D, 1], block_shape=[tile[rows], D])
+            for t, rows in ((q, "BLOCK_M"), (k, "BLOCK_N"), (v, "BLOCK_N"), (out, "BLOCK_M")))
 
     def grid(meta: dict) -> tuple[int, int, int]:
         return (triton.cdiv(S, meta["BLOCK_M"]), H, B)
 
-    args = (q, k, v, out, k_desc, v_desc, S, H, scale * LOG2E)
+    args = (q, k, v, out, q_desc, k_desc, v_desc, o_desc, S, H, scale * LOG2E)
     meta = dict(HEAD_DIM=D, CAUSAL=causal, USE_DESC=use_desc,
                 DOT_PREC=FP32_DOT if q.dtype == torch.float32 else None)
     if config is not None:

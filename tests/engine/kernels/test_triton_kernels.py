@@ -59,6 +59,10 @@ ATTN_CASES = [  # B, H, S, D, causal, dtype, use_desc, config
     (2, 1, 100, 64, True, torch.float16, False, {"BLOCK_M": 64, "BLOCK_N": 16}),  # several diagonal sub-blocks
     (1, 1, 96, 64, False, torch.float16, True, {"BLOCK_M": 64, "BLOCK_N": 32}),  # S % BLOCK_N == 0, S % BLOCK_M != 0
     (1, 1, 96, 64, True, torch.float16, True, {"BLOCK_M": 64, "BLOCK_N": 32}),  # diagonal through descriptors
+    # Q (and O where S % BLOCK_M == 0) go through descriptors over all heads' rows: a ragged last query block must
+    # not store into the next head's first rows
+    (2, 2, 96, 64, False, torch.float16, True, {"BLOCK_M": 64, "BLOCK_N": 32}),
+    (2, 2, 128, 64, True, torch.float16, True, {"BLOCK_M": 64, "BLOCK_N": 32}),  # O stored through its descriptor
     (1, 1, 64, 128, False, torch.float32, True, {"BLOCK_M": 32, "BLOCK_N": 32}),  # no tail at all
     (1, 1, 64, 128, True, torch.float32, False, {"BLOCK_M": 32, "BLOCK_N": 32}),
     (2, 2, 5, 32, True, torch.float32, False, None),  # S smaller than one block
@@ -106,6 +110,29 @@ def test_attention_unaligned_view_falls_back_to_pointer_loads() -> None:
     assert q.data_ptr() % 16 != 0
     out = attn_mod._attention(q, q, q, True, use_desc=True)
     assert rel_err(out, attn_mod._reference(q, q, q, True)) < 1e-5
+
+
+def test_tuned_tile_names_the_autotuners_choice_for_that_shape_only(monkeypatch) -> None:
+    """What the Kernel Levels run shows: the tile kept in the autotuner's cache under (S, D, causal, ...)."""
+    chosen = next(c for c in attn_mod._gpu_configs() if c.kwargs["BLOCK_M"] == 64 and c.kwargs["BLOCK_N"] == 64)
+    monkeypatch.setattr(attn_mod._attn_fwd_tuned, "cache", {(4096, 128, True, True, "torch.bfloat16"): chosen})
+    kept = len(attn_mod._prune(attn_mod._gpu_configs(), {"S": 4096}, HEAD_DIM=128, USE_DESC=True))
+    assert attn_mod.tuned_tile(4096, 128, True) == (
+        f"autotuned tile for S=4096, D=128, causal: BLOCK_M=64, BLOCK_N=64, {chosen.num_warps} warps, "
+        f"{chosen.num_stages} stages (fastest of {kept} candidates, Q/K/V/O through TMA descriptors)")
+    assert attn_mod.tuned_tile(1024, 128, True) is None and attn_mod.tuned_tile(4096, 128, False) is None
+    monkeypatch.setattr(attn_mod._attn_fwd_tuned, "cache", {(197, 64, False, True, "torch.bfloat16"): chosen})
+    assert attn_mod.tuned_tile(197, 64, False).endswith(
+        "(fastest of 6 candidates, Q/K/V through TMA descriptors, the blocks crossing S and O through pointers)")
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the autotuner runs on a GPU only")
+def test_on_cuda_tuned_tile_is_the_tile_the_launch_kept() -> None:
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = (randn(1, 2, 512, 64, dtype=torch.bfloat16, gen=gen) for _ in range(3))
+    attn_mod.attention(q, k, v, causal=True)
+    meta = next(m for key, m in attn_mod._LAUNCH.entries.items() if key[0] == (1, 2, 512, 64) and m)[1]
+    assert f"BLOCK_M={meta['BLOCK_M']}, BLOCK_N={meta['BLOCK_N']}," in attn_mod.tuned_tile(512, 64, True)
 
 
 def test_attention_bad_inputs() -> None:
@@ -352,3 +379,13 @@ def test_the_message_passing_kernels_compile_for_the_h100_without_one(aot_check_
     rows = aot_check_rows("--kernels", "mp")
     per_dtype = 2 * len(mp_mod._segment_reduce_tuned.configs) + len(mp_mod._linked_reduce_tuned.configs) + 1
     assert len(rows) == 2 * (1 + 2 * 2) + 2 * per_dtype and all(r.endswith("ok") for r in rows), rows
+
+
+def test_the_attention_compiles_for_the_h100_at_every_tile_without_spilling_its_wide_tiles(aot_check_rows) -> None:
+    """Every autotune tile of the L4 attention compiles for sm_90 through descriptors (benchmarks/triton_aot_check.py
+    --kernels attn); the 8-warp tiles at D=128 keep everything in registers (no stack frame) -- what loading Q and
+    storing O through descriptors bought (with pointers the 128x128 tile spilled)."""
+    rows = aot_check_rows("--kernels", "attn")
+    assert len(rows) == 2 * len(attn_mod._gpu_configs()) and all(r.endswith("ok") for r in rows), rows
+    wide = [r.split() for r in rows if r.startswith("attention D128") and " w8 " in r]
+    assert wide and all(cols[-3] == "0" for cols in wide), rows  # columns: ... regs stack seconds result
