@@ -1,14 +1,14 @@
 """Weight-only quantized GEMVs at B=1: the project's Triton kernels (engine/kernels/triton/quant_gemv.py) over a sweep
 of tiles, beside cuBLAS on the bf16 weight, per weight shape of a preset.
 
-    python benchmarks/quant_gemv_bench.py --preset 1B,7B [--schemes int8-wo,fp8-wo,int4-wo]     (CUDA only)
+    python benchmarks/quant_gemv_bench.py --preset 1B,7B [--schemes int8-wo,fp8-wo,int4-wo] [--top N]   (CUDA only)
 
 Each (shape, scheme): the weight quantized as the LLM modes do (engine.llm.quant.quantize), every tile's output
 checked against float64 dequantize-then-matmul first (relative L2 ≤ 8e-3, bf16 outputs), then timed as a decode
 step runs it: calls on rotating copies of the codes (3× the L2 in all, so they stream from HBM) captured back to
 back in one CUDA graph (engine.timing.time_in_graph). GB/s = the bytes the call must move (codes + scales + x + y)
 / median time. The last table gives, per scheme, the tile with the best total time over the preset's shapes and how
-far the current default (TILE_INT8 / TILE_FP8 / TILE_INT4) is from it.
+far the tiles the module launches (quant_gemv.channel_tile per shape for int8 and fp8, TILE_INT4) are from it.
 """
 
 from __future__ import annotations
@@ -103,13 +103,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="1B,7B")
     parser.add_argument("--schemes", default="int8-wo,fp8-wo,int4-wo")
+    parser.add_argument("--top", type=int, default=0, help="also list each shape's N fastest tiles with their µs")
     args = parser.parse_args()
+    if args.top < 0:
+        parser.error(f"--top must be >= 0, got {args.top}")
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
-    from engine.kernels.triton.quant_gemv import TILE_FP8, TILE_INT4, TILE_INT8
+    from engine.kernels.triton.quant_gemv import TILE_INT4, channel_tile
 
     totals: dict[tuple[str, str], dict] = {}
+    launched: dict[tuple[str, str], float] = {}  # the tiles the module launches (per shape for int8), summed
     print(f"{'preset':<6}{'shape':<9}{'N':>7}{'K':>7}{'scheme':>9}{'MB':>8}{'best tile':>16}{'µs':>8}{'GB/s':>7}"
           f"{'default µs':>11}{'bf16 cuBLAS µs':>15}{'GB/s':>7}")
     for name in args.preset.split(","):
@@ -120,7 +124,8 @@ def main() -> int:
                 if not r["times"]:
                     continue
                 best = min(r["times"], key=r["times"].get)
-                default = (*{"int4-wo": TILE_INT4, "fp8-wo": TILE_FP8}.get(scheme, TILE_INT8), 1)
+                default = (*(TILE_INT4 if scheme == "int4-wo" else channel_tile(n, k, scheme == "fp8-wo")), 1)
+                launched[(name, scheme)] = launched.get((name, scheme), 0.0) + r["times"].get(default, float("nan"))
                 for tile, us in r["times"].items():
                     total[tile] = total.get(tile, 0.0) + us
                 t = r["times"][best]
@@ -128,16 +133,18 @@ def main() -> int:
                       f"{'x'.join(map(str, best)):>16}{t:>8.1f}{r['bytes'] / t / 1e3:>7.0f}"
                       f"{r['times'].get(default, float('nan')):>11.1f}{r['cublas_bf16_us']:>15.1f}"
                       f"{r['bf16_bytes'] / r['cublas_bf16_us'] / 1e3:>7.0f}")
+                if args.top:
+                    fastest = sorted(r["times"], key=r["times"].get)[:args.top]
+                    print("      " + "  ".join(f"{'x'.join(map(str, t))} {r['times'][t]:.1f}" for t in fastest))
     print("\nper preset and scheme, summed over its shapes (tile = BLOCK_N x BLOCK_K x warps x stages; int4: BLOCK_N x "
           "groups of 64 x warps x stages):")
     print(f"{'preset':<6}{'scheme':>9}{'best tile':>16}{'µs':>9}{'default µs':>11}")
     for (name, scheme), total in totals.items():
         if total:
             ranked = sorted(total, key=total.get)
-            default = (*{"int4-wo": TILE_INT4, "fp8-wo": TILE_FP8}.get(scheme, TILE_INT8), 1)
             runners_up = "  ".join(f"{'x'.join(map(str, t))} {total[t]:.1f}" for t in ranked[1:5])
             print(f"{name:<6}{scheme:>9}{'x'.join(map(str, ranked[0])):>16}{total[ranked[0]]:>9.1f}"
-                  f"{total.get(default, float('nan')):>11.1f}   next: {runners_up}")
+                  f"{launched[(name, scheme)]:>11.1f}   next: {runners_up}")
     return 0
 
 

@@ -43,8 +43,8 @@ def quant_jobs(arch: int):
     codes = (False, True) if arch >= 89 else (False,)  # fp8 (e4m3) conversions need sm_89+
     for n, k, warps in qg.AOT_TILES_CHANNEL:
         for fp8 in codes:
-            launched = qg.TILE_FP8 if fp8 else qg.TILE_INT8
-            fusions = ((False, False, False),) + (FUSIONS if (n, k, warps) == launched else ())
+            launched = (qg.TILE_FP8,) if fp8 else qg.LAUNCHED_TILES_INT8
+            fusions = ((False, False, False),) + (FUSIONS if (n, k, warps) in launched else ())
             for norm, add, swiglu in fusions:
                 yield (f"quant_gemv {'fp8' if fp8 else 'int8'} {n}x{k} w{warps}{_fusion_tag(norm, add, swiglu)}",
                        qg._wo_channel_kernel, {**sig, "eps": "fp32"},

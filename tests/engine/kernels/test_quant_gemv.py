@@ -106,9 +106,9 @@ def test_the_quantized_kernels_compile_for_sm90_offline(aot_check_rows) -> None:
     """Every tile of the quantized GEMVs (int8, fp8, int4) compiles for sm_90 with Triton's own ptxas
     (benchmarks/triton_aot_check.py --kernels quant), in a process without TRITON_INTERPRET, cache empty."""
     rows = aot_check_rows("--kernels", "quant")
-    # plain at every tile (int8, fp8, int4), and the three fusions at the launched tile of each code type
-    want = 2 * len(qg.AOT_TILES_CHANNEL) + len(qg.AOT_TILES_INT4) + 3 * 3
-    assert {qg.TILE_INT8, qg.TILE_FP8} <= set(qg.AOT_TILES_CHANNEL) and qg.TILE_INT4 in qg.AOT_TILES_INT4
+    # plain at every tile (int8, fp8, int4), and the three fusions at every tile launched (int8's per shape)
+    want = 2 * len(qg.AOT_TILES_CHANNEL) + len(qg.AOT_TILES_INT4) + 3 * (len(qg.LAUNCHED_TILES_INT8) + 2)
+    assert {*qg.LAUNCHED_TILES_INT8, qg.TILE_FP8} <= set(qg.AOT_TILES_CHANNEL) and qg.TILE_INT4 in qg.AOT_TILES_INT4
     assert len(rows) == want and all(line.endswith("ok") for line in rows), rows
 
 
@@ -181,3 +181,13 @@ def test_the_int4_kernel_reads_each_code_where_the_layout_puts_it(k: int) -> Non
     x = torch.arange(1, features + 1, dtype=torch.float32)[None]
     y = qg.gemv_int4(x.to(DEVICE), quant.pack_int4(codes).to(DEVICE), scales.to(DEVICE)).cpu()
     assert y.tolist() == [[0.0, 5 * 0.5 * (k + 1), 0.0]]
+
+
+def test_channel_tile_picks_int8_tiles_by_shape_and_one_fp8_tile() -> None:
+    """The measured rule (quant_gemv.TILE_INT8_*): wide K with many rows, a middle band of rows, the rest."""
+    assert qg.channel_tile(22016, 4096, False) == qg.channel_tile(32000, 4096, False) == qg.TILE_INT8_WIDE_K
+    assert qg.channel_tile(4096, 11008, False) == qg.channel_tile(4096, 4096, False) == qg.TILE_INT8_MID_N
+    assert qg.channel_tile(16384, 2048, False) == qg.channel_tile(2048, 8192, False) == qg.TILE_INT8
+    assert {qg.channel_tile(n, k, True) for n, k in ((22016, 4096), (4096, 4096), (2048, 2048))} == {qg.TILE_FP8}
+    assert set(qg.LAUNCHED_TILES_INT8) == {qg.channel_tile(n, k, False) for n, k in ((22016, 4096), (4096, 4096),
+                                                                                     (2048, 2048))}
