@@ -1,14 +1,17 @@
 """Weight-only quantized GEMVs at B=1: the project's Triton kernels (engine/kernels/triton/quant_gemv.py) over a sweep
 of tiles, beside cuBLAS on the bf16 weight, per weight shape of a preset.
 
-    python benchmarks/quant_gemv_bench.py --preset 1B,7B [--schemes int8-wo,fp8-wo,int4-wo] [--top N]   (CUDA only)
+    python benchmarks/quant_gemv_bench.py --preset 1B,7B [--schemes int8-wo,fp8-wo,int4-wo] [--top N] [--fused]
+    (CUDA only)
 
 Each (shape, scheme): the weight quantized as the LLM modes do (engine.llm.quant.quantize), every tile's output
 checked against float64 dequantize-then-matmul first (relative L2 ≤ 8e-3, bf16 outputs), then timed as a decode
 step runs it: calls on rotating copies of the codes (3× the L2 in all, so they stream from HBM) captured back to
 back in one CUDA graph (engine.timing.time_in_graph). GB/s = the bytes the call must move (codes + scales + x + y)
-/ median time. The last table gives, per scheme, the tile with the best total time over the preset's shapes and how
-far the tiles the module launches (quant_gemv.channel_tile per shape for int8 and fp8, TILE_INT4) are from it.
+/ median time. --fused launches each GEMV with what the decode step fuses into it (DECODE_FUSION), its reference
+formed the same way in float64. The last table gives, per scheme, the tile with the best total time over the
+preset's shapes and the total of the tiles the module launches (quant_gemv.channel_tile for int8 and fp8, by fusion
+and size; TILE_INT4).
 """
 
 from __future__ import annotations
@@ -24,10 +27,17 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 # int8 / fp8: (BLOCK_N, BLOCK_K, warps, stages); int4: (BLOCK_N, GROUPS of 64 per tile, warps, stages)
-TILES = [(bn, bk, w, st) for bn, bk, w, st in itertools.product((2, 4, 8, 16), (256, 512, 1024, 2048), (4, 8), (1,))
+TILES = [(bn, bk, w, st) for bn, bk, w, st in itertools.product((2, 4, 8, 16, 32, 64), (256, 512, 1024, 2048), (4, 8),
+                                                                (1,))
          if bn * bk <= 16384]
 INT4_TILES = [(bn, g, w, 1) for bn, g, w in ((8, 16, 4), (16, 8, 4), (16, 16, 4), (32, 8, 8), (16, 16, 8), (8, 8, 4),
                                              (4, 16, 4), (32, 4, 4), (64, 4, 8), (8, 32, 4), (4, 32, 4), (2, 32, 4))]
+
+
+# What the triton-*-wo decode step fuses into each GEMV (engine.kernels.triton.gemv's norm_linear / linear_add /
+# swiglu_linear_add): the RMSNorm into qkv, gate_up and lm_head, the residual into o, SwiGLU and the residual into down.
+DECODE_FUSION = {"qkv": "norm", "o": "add", "gate_up": "norm", "down": "swiglu", "lm_head": "norm"}
+EPS = 1e-5
 
 
 def shapes(name: str) -> list[tuple[str, int, int]]:
@@ -39,50 +49,68 @@ def shapes(name: str) -> list[tuple[str, int, int]]:
             ("gate_up", 2 * c.ffn, c.dim), ("down", c.dim, c.ffn), ("lm_head", c.vocab, c.dim)]
 
 
-def launcher(scheme: str, tile: tuple[int, int, int, int]):
-    """A call of the scheme's kernel with this tile (the module's own launch, tile forced)."""
+def launcher(scheme: str, tile: tuple[int, int, int, int], fusion: str = "", g: torch.Tensor | None = None,
+             r: torch.Tensor | None = None):
+    """A call of the scheme's kernel with this tile (the module's own launch, tile forced), with `fusion` ("norm":
+    x RMS-normalised with weight g; "add": r added; "swiglu": x = [gate, up], r added) as the decode step fuses."""
     import triton
 
     from engine.kernels.triton import quant_gemv as qg
+    from engine.kernels.triton._common import pdl_enabled
 
     bn, bk, warps, stages = tile
+    flags = {"NORM": fusion == "norm", "ADD": fusion in ("add", "swiglu"), "SWIGLU": fusion == "swiglu"}
+    # as the decode step launches them: programmatic dependent launch on sm_90+ (the weight tile loaded before the
+    # wait overlaps the kernel before it; here, the previous call in the graph)
+    pdl = pdl_enabled(torch.device("cuda"))
+    flags.update(PDL=pdl, launch_pdl=pdl)
 
     def channel(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         qb = q.view(torch.uint8)
         qg._wo_channel_kernel[(triton.cdiv(q.shape[0], bn),)](
-            x, qb, s, y, x, x, q.shape[0], q.shape[1], qb.stride(0), 0.0, BLOCK_N=bn, BLOCK_K=bk,
-            FP8=scheme == "fp8-wo", num_warps=warps, num_stages=stages)
+            x, qb, s, y, x if g is None else g, x if r is None else r, q.shape[0], q.shape[1], qb.stride(0), EPS,
+            BLOCK_N=bn, BLOCK_K=bk, FP8=scheme == "fp8-wo", **flags, num_warps=warps, num_stages=stages)
         return y
 
     def int4(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         words = q.view(torch.int32)  # bk is GROUPS here
+        k = x.numel() // 2 if flags["SWIGLU"] else x.numel()
         qg._wo_int4_kernel[(triton.cdiv(q.shape[0], bn),)](
-            x, words, s, y, x, x, q.shape[0], x.numel(), words.stride(0), s.stride(0), 0.0, BLOCK_N=bn, GROUPS=bk,
-            num_warps=warps, num_stages=stages)
+            x, words, s, y, x if g is None else g, x if r is None else r, q.shape[0], k, words.stride(0),
+            s.stride(0), EPS, BLOCK_N=bn, GROUPS=bk, **flags, num_warps=warps, num_stages=stages)
         return y
 
     return int4 if scheme == "int4-wo" else channel
 
 
-def bench_shape(scheme: str, n: int, k: int) -> dict:
+def bench_shape(scheme: str, n: int, k: int, fusion: str = "") -> dict:
     from engine.kernels.triton.quant_gemv import _reference_channel, _reference_int4
     from engine.llm.quant import quantize
     from engine.timing import time_in_graph
 
     gen = torch.Generator(device="cuda").manual_seed(n + k)
-    x = torch.randn(k, device="cuda", generator=gen).bfloat16()
+    x = torch.randn(2 * k if fusion == "swiglu" else k, device="cuda", generator=gen).bfloat16()
     w = (torch.randn(n, k, device="cuda", generator=gen) / k ** 0.5).bfloat16()
+    g = (1 + 0.1 * torch.randn(k, device="cuda", generator=gen)).bfloat16() if fusion == "norm" else None
+    r = torch.randn(n, device="cuda", generator=gen).bfloat16() if fusion in ("add", "swiglu") else None
     qw = quantize(w, scheme)
     q, s = qw.q.contiguous(), qw.scales.contiguous()
-    ref = (_reference_int4 if scheme == "int4-wo" else _reference_channel)(x[None], q, s)[0]
-    nbytes = q.numel() * q.element_size() + s.numel() * s.element_size() + 2 * (k + n)
+    x_in = x.double()  # the GEMV's input as the decode step forms it, in float64
+    if fusion == "norm":
+        x_in = x_in * torch.rsqrt(x_in.pow(2).mean() + EPS) * g.double()
+    elif fusion == "swiglu":
+        x_in = F.silu(x_in[:k]) * x_in[k:]
+    ref = (_reference_int4 if scheme == "int4-wo" else _reference_channel)(x_in[None], q, s)[0]
+    if r is not None:
+        ref = ref + r.double()
+    nbytes = q.numel() * q.element_size() + s.numel() * s.element_size() + 2 * (x.numel() + n)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     copies = max(2, min(32, int(3 * l2 // (q.numel() * q.element_size())) + 1))
     sets = [(q.clone(), s.clone()) for _ in range(copies)]
     y = torch.empty(n, device="cuda", dtype=torch.bfloat16)
     times = {}
     for tile in INT4_TILES if scheme == "int4-wo" else TILES:
-        fn = launcher(scheme, tile)
+        fn = launcher(scheme, tile, fusion, g, r)
         try:
             out = fn(x, q, s, y).double()
         except Exception as err:  # noqa: BLE001 - a tile that does not compile here is skipped with its reason
@@ -95,7 +123,8 @@ def bench_shape(scheme: str, n: int, k: int) -> dict:
         calls = [lambda qq=qq, ss=ss, fn=fn: fn(x, qq, ss, y) for qq, ss in sets]
         times[tile] = time_in_graph(calls, replays=10).stats.median
     wb = [w.clone() for _ in range(max(2, min(32, int(3 * l2 // (w.numel() * 2)) + 1)))]
-    cublas = time_in_graph([lambda ww=ww: F.linear(x[None], ww) for ww in wb], replays=10).stats.median
+    x_bf16 = x_in.to(torch.bfloat16)[None]  # cuBLAS multiplies the GEMV's input (fusions formed beforehand, untimed)
+    cublas = time_in_graph([lambda ww=ww: F.linear(x_bf16, ww) for ww in wb], replays=10).stats.median
     return {"bytes": nbytes, "times": times, "cublas_bf16_us": cublas, "bf16_bytes": 2 * (n * k + k + n)}
 
 
@@ -104,6 +133,9 @@ def main() -> int:
     parser.add_argument("--preset", default="1B,7B")
     parser.add_argument("--schemes", default="int8-wo,fp8-wo,int4-wo")
     parser.add_argument("--top", type=int, default=0, help="also list each shape's N fastest tiles with their µs")
+    parser.add_argument("--fused", action="store_true",
+                        help="each GEMV with what the decode step fuses into it (RMSNorm into qkv, gate_up, lm_head; "
+                             "the residual into o; SwiGLU and the residual into down), as triton-*-wo runs it")
     args = parser.parse_args()
     if args.top < 0:
         parser.error(f"--top must be >= 0, got {args.top}")
@@ -113,18 +145,21 @@ def main() -> int:
     from engine.kernels.triton.quant_gemv import TILE_INT4, channel_tile
 
     totals: dict[tuple[str, str], dict] = {}
-    launched: dict[tuple[str, str], float] = {}  # the tiles the module launches (per shape for int8), summed
+    launched: dict[tuple[str, str], float] = {}  # the tiles the module launches, summed over the shapes
     print(f"{'preset':<6}{'shape':<9}{'N':>7}{'K':>7}{'scheme':>9}{'MB':>8}{'best tile':>16}{'µs':>8}{'GB/s':>7}"
           f"{'default µs':>11}{'bf16 cuBLAS µs':>15}{'GB/s':>7}")
     for name in args.preset.split(","):
         for scheme in args.schemes.split(","):
             total = totals.setdefault((name, scheme), {})
             for what, n, k in shapes(name):
-                r = bench_shape(scheme, n, k)
+                fusion = DECODE_FUSION[what] if args.fused else ""
+                r = bench_shape(scheme, n, k, fusion)
                 if not r["times"]:
                     continue
                 best = min(r["times"], key=r["times"].get)
-                default = (*(TILE_INT4 if scheme == "int4-wo" else channel_tile(n, k, scheme == "fp8-wo")), 1)
+                default = (*(TILE_INT4 if scheme == "int4-wo" else channel_tile(
+                    n, scheme == "fp8-wo", norm=fusion == "norm", add=fusion in ("add", "swiglu"),
+                    swiglu=fusion == "swiglu")), 1)
                 launched[(name, scheme)] = launched.get((name, scheme), 0.0) + r["times"].get(default, float("nan"))
                 for tile, us in r["times"].items():
                     total[tile] = total.get(tile, 0.0) + us

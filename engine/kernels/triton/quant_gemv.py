@@ -20,8 +20,9 @@ kernel before it drains. What changes is what a weight load brings in:
   (code − 8) · scale). Measured on an H100 (benchmarks/quant_gemv_bench.py, 2026-11-24): 1.3–1.5× faster than the
   earlier even/odd layout, which spent a shift, a byte extraction and an in-loop group reduction per weight.
 
-Tiles are fixed, not autotuned: per code type (TILE_FP8 / TILE_INT4) and for int8 per weight shape (`channel_tile`),
-chosen from the tile sweep of benchmarks/quant_gemv_bench.py on an H100; INTERPRETER_CONFIG under the interpreter.
+Tiles are fixed, not autotuned: per code type (TILE_FP8 / TILE_INT4) and for int8 per fusion and output size
+(`channel_tile`), chosen from the tile sweeps of benchmarks/quant_gemv_bench.py on an H100 (--fused: as the decode
+step launches them); INTERPRETER_CONFIG under the interpreter.
 
 `channel_linear(x, q, scales)` and `int4_linear(x, q, scales, k)` are torch custom ops (`modelab::quant_gemv_channel`,
 `modelab::quant_gemv_int4`): opaque single kernels to torch.compile, captured by CUDA graphs. Several rows (prefill,
@@ -48,20 +49,26 @@ GROUP = int4_layout.GROUP  # int4 group size along K (engine.llm.quant.INT4_GROU
 # Chosen from `python benchmarks/quant_gemv_bench.py --preset 1B,7B` on an H100 (2026-11-24): the tile with the least
 # time summed over each preset's weight shapes (qkv, o, gate_up, down, lm_head), the same for both presets within 2 %.
 TILE_INT8 = (4, 1024, 4)  # 1B 58.7 µs, 7B 139.1 µs (the earlier (8, 512, 8): 64.8, 142.1)
-# int8 per shape (`channel_tile`), from the same sweep with --top 8 over the 1B, 1.1B and 7B shapes (H100,
-# 2026-11-24): K >= 4096 with N >= 8192 (7B qkv, gate_up, lm_head) runs fastest as 2 rows x 2048 (20.2 / 33.0 /
-# 46.1 µs against TILE_INT8's 21.6 / 35.4 / 49.2), 4096 <= N < 8192 (7B o and down) as 4 x 512 (8.9 / 19.9 against
-# 9.8 / 22.8); every 1B and 1.1B shape (K = 2048 .. 8192 with N = 2048 .. 3072 or K = 2048) within 0.3 µs of its
-# best with TILE_INT8 itself. Summed over the 7B shapes 128.1 µs against 138.7.
-TILE_INT8_WIDE_K = (2, 2048, 4)
-TILE_INT8_MID_N = (4, 512, 4)
+# int8 as the decode step launches it -- with the RMSNorm, the residual or SwiGLU fused in, and PDL (`channel_tile`).
+# A fused GEMV forms its input in every program (the norm's sum of squares over all of K, SwiGLU's sigmoid), so that
+# work scales with the number of programs; under PDL a program's first weight tile, loaded before it waits, overlaps
+# the kernel before it. `python benchmarks/quant_gemv_bench.py --preset 1B,1.1B,7B --schemes int8-wo --fused --top 8`
+# (H100, 2026-11-24, PDL on as in the decode step) ranks TILE_INT8 poorly there: 1B 71.8 µs over the five fused GEMVs,
+# 1.1B 62.8. Per fusion and output size, the tile within ~10 % of each measured shape's best:
+TILE_INT8_NORM_WIDE = (16, 256, 4)  # +norm, N >= 8192 (gate_up, lm_head; 7B qkv): 1B 16.4 / 27.2, 7B 20.7 / 36.8 / 51.3
+TILE_INT8_NORM = (8, 1024, 4)  # +norm, N < 8192 (1B, 1.1B qkv): 4.3, 4.1 µs
+TILE_INT8_ADD = (4, 2048, 4)  # +residual alone (o): 1B 3.2, 1.1B 3.1, 7B 8.7 µs
+TILE_INT8_SWIGLU_WIDE = (8, 512, 8)  # +swiglu +residual, N >= 4096 (7B down): 22.2 µs
+TILE_INT8_SWIGLU = (4, 1024, 8)  # +swiglu +residual, N < 4096 (1B, 1.1B down): 10.4, 8.0 µs
 TILE_FP8 = (8, 512, 4)  # 1B 70.2, 7B 146.3 (the earlier (8, 512, 8): 71.7, 153.6)
 # int4: (BLOCK_N, GROUPS of 64 weights per tile, num_warps): 1B 61.4 µs, 7B 134.8 (the best for 7B, 16 × 16 × 8:
 # 64.3, 130.4); the earlier even/odd layout's best tile 81.8, 191.3
 TILE_INT4 = (8, 32, 4)
-AOT_TILES_CHANNEL = ((4, 256, 4), (8, 512, 8), (16, 256, 8), (4, 1024, 8), (4, 1024, 4), (8, 512, 4), (2, 2048, 4),
-                     (4, 512, 4))
-LAUNCHED_TILES_INT8 = (TILE_INT8, TILE_INT8_WIDE_K, TILE_INT8_MID_N)  # what channel_tile returns for int8
+AOT_TILES_CHANNEL = ((4, 256, 4), (8, 512, 8), (16, 256, 8), (4, 1024, 8), (4, 1024, 4), (8, 512, 4), (16, 256, 4),
+                     (8, 1024, 4), (4, 2048, 4))
+# what channel_tile returns for int8
+LAUNCHED_TILES_INT8 = (TILE_INT8, TILE_INT8_NORM_WIDE, TILE_INT8_NORM, TILE_INT8_ADD, TILE_INT8_SWIGLU_WIDE,
+                       TILE_INT8_SWIGLU)
 AOT_TILES_INT4 = ((8, 32, 4), (16, 16, 8), (8, 16, 4), (16, 8, 4), (4, 32, 4))
 # One fixed config for the interpreter (CPU tests): few programs (each one runs in Python), K tiles small enough that
 # the test shapes have ragged tails along K and N.
@@ -191,14 +198,17 @@ def _features(x: torch.Tensor, swiglu: bool) -> int:
     return x.shape[-1] // 2 if swiglu else x.shape[-1]
 
 
-def channel_tile(n: int, k: int, fp8: bool) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps) the GPU launches for an (n, k) weight; int8 by shape (see TILE_INT8_*)."""
+def channel_tile(n: int, fp8: bool, norm: bool = False, add: bool = False,
+                 swiglu: bool = False) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps) the GPU launches for n output rows with these fusions (see TILE_INT8_*)."""
     if fp8:
         return TILE_FP8
-    if k >= 4096 and n >= 8192:
-        return TILE_INT8_WIDE_K
-    if 4096 <= n < 8192:
-        return TILE_INT8_MID_N
+    if swiglu:
+        return TILE_INT8_SWIGLU_WIDE if n >= 4096 else TILE_INT8_SWIGLU
+    if norm:
+        return TILE_INT8_NORM_WIDE if n >= 8192 else TILE_INT8_NORM
+    if add:
+        return TILE_INT8_ADD
     return TILE_INT8
 
 
@@ -224,7 +234,7 @@ def gemv_channel(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_we
         cfg = INTERPRETER_CONFIG
         _wo_channel_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](*args, **cfg, FP8=fp8, **flags)
     else:
-        bn, bk, warps = channel_tile(n, k, fp8)
+        bn, bk, warps = channel_tile(n, fp8, flags["NORM"], flags["ADD"], flags["SWIGLU"])
         pdl = pdl_enabled(x.device)
         _wo_channel_kernel[(triton.cdiv(n, bn),)](*args, BLOCK_N=bn, BLOCK_K=bk, FP8=fp8, **flags, PDL=pdl,
                                                   num_warps=warps, num_stages=1, launch_pdl=pdl)

@@ -183,11 +183,17 @@ def test_the_int4_kernel_reads_each_code_where_the_layout_puts_it(k: int) -> Non
     assert y.tolist() == [[0.0, 5 * 0.5 * (k + 1), 0.0]]
 
 
-def test_channel_tile_picks_int8_tiles_by_shape_and_one_fp8_tile() -> None:
-    """The measured rule (quant_gemv.TILE_INT8_*): wide K with many rows, a middle band of rows, the rest."""
-    assert qg.channel_tile(22016, 4096, False) == qg.channel_tile(32000, 4096, False) == qg.TILE_INT8_WIDE_K
-    assert qg.channel_tile(4096, 11008, False) == qg.channel_tile(4096, 4096, False) == qg.TILE_INT8_MID_N
-    assert qg.channel_tile(16384, 2048, False) == qg.channel_tile(2048, 8192, False) == qg.TILE_INT8
-    assert {qg.channel_tile(n, k, True) for n, k in ((22016, 4096), (4096, 4096), (2048, 2048))} == {qg.TILE_FP8}
-    assert set(qg.LAUNCHED_TILES_INT8) == {qg.channel_tile(n, k, False) for n, k in ((22016, 4096), (4096, 4096),
-                                                                                     (2048, 2048))}
+def test_channel_tile_picks_int8_tiles_by_fusion_and_size_and_one_fp8_tile() -> None:
+    """The measured rule (quant_gemv.TILE_INT8_*): by what is fused, then by the number of outputs."""
+    assert qg.channel_tile(4096, False, add=True, swiglu=True) == qg.TILE_INT8_SWIGLU_WIDE
+    assert qg.channel_tile(2048, False, add=True, swiglu=True) == qg.TILE_INT8_SWIGLU
+    assert qg.channel_tile(22016, False, norm=True) == qg.channel_tile(8192, False, norm=True) == qg.TILE_INT8_NORM_WIDE
+    assert qg.channel_tile(3072, False, norm=True) == qg.TILE_INT8_NORM
+    assert qg.channel_tile(4096, False, add=True) == qg.channel_tile(2048, False, add=True) == qg.TILE_INT8_ADD
+    assert qg.channel_tile(4096, False) == qg.channel_tile(32000, False) == qg.TILE_INT8
+    fp8 = {qg.channel_tile(n, True, norm=True) for n in (2048, 22016)} | {qg.channel_tile(4096, True)}
+    assert fp8 == {qg.TILE_FP8}
+    assert set(qg.LAUNCHED_TILES_INT8) == {qg.channel_tile(n, False, **f) for n, f in (
+        (2048, {}), (22016, {"norm": True}), (2048, {"norm": True}), (2048, {"add": True}),
+        (4096, {"swiglu": True}), (2048, {"swiglu": True}))}
+    assert set(qg.LAUNCHED_TILES_INT8) <= set(qg.AOT_TILES_CHANNEL)
