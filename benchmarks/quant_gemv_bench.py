@@ -11,7 +11,7 @@ back in one CUDA graph (engine.timing.time_in_graph). GB/s = the bytes the call 
 / median time. --fused launches each GEMV with what the decode step fuses into it (DECODE_FUSION), its reference
 formed the same way in float64. The last table gives, per scheme, the tile with the best total time over the
 preset's shapes and the total of the tiles the module launches (quant_gemv.channel_tile for int8 and fp8, by fusion
-and size; TILE_INT4).
+and size; int4_tile).
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
-    from engine.kernels.triton.quant_gemv import TILE_INT4, channel_tile
+    from engine.kernels.triton.quant_gemv import channel_tile, int4_tile
 
     totals: dict[tuple[str, str], dict] = {}
     launched: dict[tuple[str, str], float] = {}  # the tiles the module launches, summed over the shapes
@@ -157,7 +157,7 @@ def main() -> int:
                 if not r["times"]:
                     continue
                 best = min(r["times"], key=r["times"].get)
-                default = (*(TILE_INT4 if scheme == "int4-wo" else channel_tile(
+                default = (*(int4_tile(n, norm=fusion == "norm") if scheme == "int4-wo" else channel_tile(
                     n, scheme == "fp8-wo", norm=fusion == "norm", add=fusion in ("add", "swiglu"),
                     swiglu=fusion == "swiglu")), 1)
                 launched[(name, scheme)] = launched.get((name, scheme), 0.0) + r["times"].get(default, float("nan"))

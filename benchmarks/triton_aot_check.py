@@ -43,7 +43,7 @@ def quant_jobs(arch: int):
     codes = (False, True) if arch >= 89 else (False,)  # fp8 (e4m3) conversions need sm_89+
     for n, k, warps in qg.AOT_TILES_CHANNEL:
         for fp8 in codes:
-            launched = (qg.TILE_FP8,) if fp8 else qg.LAUNCHED_TILES_INT8
+            launched = qg.LAUNCHED_TILES_FP8 if fp8 else qg.LAUNCHED_TILES_INT8
             fusions = ((False, False, False),) + (FUSIONS if (n, k, warps) in launched else ())
             for norm, add, swiglu in fusions:
                 yield (f"quant_gemv {'fp8' if fp8 else 'int8'} {n}x{k} w{warps}{_fusion_tag(norm, add, swiglu)}",
@@ -51,7 +51,7 @@ def quant_jobs(arch: int):
                        {"BLOCK_N": n, "BLOCK_K": k, "FP8": fp8, "NORM": norm, "ADD": add, "SWIGLU": swiglu,
                         "PDL": pdl}, warps)
     for n, groups, warps in qg.AOT_TILES_INT4:
-        fusions = ((False, False, False),) + (FUSIONS if (n, groups, warps) == qg.TILE_INT4 else ())
+        fusions = ((False, False, False),) + (FUSIONS if (n, groups, warps) in qg.LAUNCHED_TILES_INT4 else ())
         for norm, add, swiglu in fusions:
             yield (f"quant_gemv int4 {n}x{groups}g w{warps}{_fusion_tag(norm, add, swiglu)}", qg._wo_int4_kernel,
                    {**sig, "q_ptr": "*i32", "stride_sn": "i32", "eps": "fp32"},

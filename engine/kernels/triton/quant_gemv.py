@@ -20,9 +20,9 @@ kernel before it drains. What changes is what a weight load brings in:
   (code − 8) · scale). Measured on an H100 (benchmarks/quant_gemv_bench.py, 2026-11-24): 1.3–1.5× faster than the
   earlier even/odd layout, which spent a shift, a byte extraction and an in-loop group reduction per weight.
 
-Tiles are fixed, not autotuned: per code type (TILE_FP8 / TILE_INT4) and for int8 per fusion and output size
-(`channel_tile`), chosen from the tile sweeps of benchmarks/quant_gemv_bench.py on an H100 (--fused: as the decode
-step launches them); INTERPRETER_CONFIG under the interpreter.
+Tiles are fixed, not autotuned: per code, fusion and output size (`channel_tile`, `int4_tile`), chosen from the tile
+sweeps of benchmarks/quant_gemv_bench.py on an H100 (--fused: as the decode step launches them); INTERPRETER_CONFIG
+under the interpreter.
 
 `channel_linear(x, q, scales)` and `int4_linear(x, q, scales, k)` are torch custom ops (`modelab::quant_gemv_channel`,
 `modelab::quant_gemv_int4`): opaque single kernels to torch.compile, captured by CUDA graphs. Several rows (prefill,
@@ -61,15 +61,25 @@ TILE_INT8_ADD = (4, 2048, 4)  # +residual alone (o): 1B 3.2, 1.1B 3.1, 7B 8.7 µ
 TILE_INT8_SWIGLU_WIDE = (8, 512, 8)  # +swiglu +residual, N >= 4096 (7B down): 22.2 µs
 TILE_INT8_SWIGLU = (4, 1024, 8)  # +swiglu +residual, N < 4096 (1B, 1.1B down): 10.4, 8.0 µs
 TILE_FP8 = (8, 512, 4)  # 1B 70.2, 7B 146.3 (the earlier (8, 512, 8): 71.7, 153.6)
+# fp8 by fusion, from the same --fused sweep with --schemes fp8-wo (TILE_FP8 everywhere: 1B 71.6, 7B 151.0 µs):
+TILE_FP8_NORM_WIDE = (32, 256, 4)  # +norm, N >= 8192: 1B 16.0 / 29.4, 7B 21.2 / 38.7 / 55.0 µs
+TILE_FP8_ADD = (8, 512, 8)  # +residual alone (o): 1B 3.7, 7B 8.2 µs
+TILE_FP8_SWIGLU_WIDE = (8, 512, 8)  # +swiglu +residual, N >= 4096 (7B down): 21.6 µs (TILE_FP8: 23.8)
+TILE_FP8_SWIGLU = (8, 1024, 8)  # +swiglu +residual, N < 4096 (1B, 1.1B down): 10.1, 7.9 µs (TILE_FP8: 15.1, 11.0)
 # int4: (BLOCK_N, GROUPS of 64 weights per tile, num_warps): 1B 61.4 µs, 7B 134.8 (the best for 7B, 16 × 16 × 8:
-# 64.3, 130.4); the earlier even/odd layout's best tile 81.8, 191.3
+# 64.3, 130.4); the earlier even/odd layout's best tile 81.8, 191.3. With the decode step's fusions and PDL (--fused)
+# still the best single tile (1B 66.2, 7B 138.6 µs), except for the norm-fused GEMVs with many outputs:
 TILE_INT4 = (8, 32, 4)
+TILE_INT4_NORM_WIDE = (16, 16, 4)  # +norm, N >= 16384: 1B gate_up 13.9 / lm_head 24.5, 7B 32.3 / 45.0 (TILE_INT4:
+# 15.4 / 28.0, 35.8 / 49.9); at N = 11264 and 12288 (1.1B gate_up, 7B qkv) within 0.4 µs of TILE_INT4 either way
 AOT_TILES_CHANNEL = ((4, 256, 4), (8, 512, 8), (16, 256, 8), (4, 1024, 8), (4, 1024, 4), (8, 512, 4), (16, 256, 4),
-                     (8, 1024, 4), (4, 2048, 4))
-# what channel_tile returns for int8
+                     (8, 1024, 4), (4, 2048, 4), (32, 256, 4), (8, 1024, 8))
+# what channel_tile returns, per code
 LAUNCHED_TILES_INT8 = (TILE_INT8, TILE_INT8_NORM_WIDE, TILE_INT8_NORM, TILE_INT8_ADD, TILE_INT8_SWIGLU_WIDE,
                        TILE_INT8_SWIGLU)
-AOT_TILES_INT4 = ((8, 32, 4), (16, 16, 8), (8, 16, 4), (16, 8, 4), (4, 32, 4))
+LAUNCHED_TILES_FP8 = (TILE_FP8, TILE_FP8_NORM_WIDE, TILE_FP8_ADD, TILE_FP8_SWIGLU_WIDE, TILE_FP8_SWIGLU)
+AOT_TILES_INT4 = ((8, 32, 4), (16, 16, 8), (8, 16, 4), (16, 8, 4), (4, 32, 4), (16, 16, 4))
+LAUNCHED_TILES_INT4 = (TILE_INT4, TILE_INT4_NORM_WIDE)
 # One fixed config for the interpreter (CPU tests): few programs (each one runs in Python), K tiles small enough that
 # the test shapes have ragged tails along K and N.
 INTERPRETER_CONFIG = {"BLOCK_N": 32, "BLOCK_K": 128}
@@ -202,7 +212,11 @@ def channel_tile(n: int, fp8: bool, norm: bool = False, add: bool = False,
                  swiglu: bool = False) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps) the GPU launches for n output rows with these fusions (see TILE_INT8_*)."""
     if fp8:
-        return TILE_FP8
+        if swiglu:
+            return TILE_FP8_SWIGLU_WIDE if n >= 4096 else TILE_FP8_SWIGLU
+        if norm:
+            return TILE_FP8_NORM_WIDE if n >= 8192 else TILE_FP8
+        return TILE_FP8_ADD if add else TILE_FP8
     if swiglu:
         return TILE_INT8_SWIGLU_WIDE if n >= 4096 else TILE_INT8_SWIGLU
     if norm:
@@ -210,6 +224,11 @@ def channel_tile(n: int, fp8: bool, norm: bool = False, add: bool = False,
     if add:
         return TILE_INT8_ADD
     return TILE_INT8
+
+
+def int4_tile(n: int, norm: bool = False) -> tuple[int, int, int]:
+    """(BLOCK_N, GROUPS, num_warps) the GPU launches for n output rows (see TILE_INT4*)."""
+    return TILE_INT4_NORM_WIDE if norm and n >= 16384 else TILE_INT4
 
 
 def gemv_channel(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_weight: torch.Tensor | None = None,
@@ -266,7 +285,7 @@ def gemv_int4(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_weigh
         cfg = INTERPRETER_CONFIG_INT4
         _wo_int4_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](*args, **cfg, **flags)
     else:
-        bn, groups, warps = TILE_INT4
+        bn, groups, warps = int4_tile(n, flags["NORM"])
         pdl = pdl_enabled(x.device)
         _wo_int4_kernel[(triton.cdiv(n, bn),)](*args, BLOCK_N=bn, GROUPS=groups, **flags, PDL=pdl, num_warps=warps,
                                                num_stages=1, launch_pdl=pdl)

@@ -107,8 +107,10 @@ def test_the_quantized_kernels_compile_for_sm90_offline(aot_check_rows) -> None:
     (benchmarks/triton_aot_check.py --kernels quant), in a process without TRITON_INTERPRET, cache empty."""
     rows = aot_check_rows("--kernels", "quant")
     # plain at every tile (int8, fp8, int4), and the three fusions at every tile launched (int8's per shape)
-    want = 2 * len(qg.AOT_TILES_CHANNEL) + len(qg.AOT_TILES_INT4) + 3 * (len(qg.LAUNCHED_TILES_INT8) + 2)
-    assert {*qg.LAUNCHED_TILES_INT8, qg.TILE_FP8} <= set(qg.AOT_TILES_CHANNEL) and qg.TILE_INT4 in qg.AOT_TILES_INT4
+    want = (2 * len(qg.AOT_TILES_CHANNEL) + len(qg.AOT_TILES_INT4)
+            + 3 * (len({*qg.LAUNCHED_TILES_INT8}) + len({*qg.LAUNCHED_TILES_FP8}) + len({*qg.LAUNCHED_TILES_INT4})))
+    assert {*qg.LAUNCHED_TILES_INT8, *qg.LAUNCHED_TILES_FP8} <= set(qg.AOT_TILES_CHANNEL)
+    assert set(qg.LAUNCHED_TILES_INT4) <= set(qg.AOT_TILES_INT4)
     assert len(rows) == want and all(line.endswith("ok") for line in rows), rows
 
 
@@ -191,8 +193,13 @@ def test_channel_tile_picks_int8_tiles_by_fusion_and_size_and_one_fp8_tile() -> 
     assert qg.channel_tile(3072, False, norm=True) == qg.TILE_INT8_NORM
     assert qg.channel_tile(4096, False, add=True) == qg.channel_tile(2048, False, add=True) == qg.TILE_INT8_ADD
     assert qg.channel_tile(4096, False) == qg.channel_tile(32000, False) == qg.TILE_INT8
-    fp8 = {qg.channel_tile(n, True, norm=True) for n in (2048, 22016)} | {qg.channel_tile(4096, True)}
-    assert fp8 == {qg.TILE_FP8}
+    assert qg.channel_tile(22016, True, norm=True) == qg.TILE_FP8_NORM_WIDE
+    assert qg.channel_tile(2048, True, norm=True) == qg.channel_tile(4096, True) == qg.TILE_FP8
+    assert qg.channel_tile(2048, True, add=True) == qg.TILE_FP8_ADD
+    assert qg.channel_tile(2048, True, add=True, swiglu=True) == qg.TILE_FP8_SWIGLU
+    assert qg.channel_tile(4096, True, add=True, swiglu=True) == qg.TILE_FP8_SWIGLU_WIDE
+    assert qg.int4_tile(16384, norm=True) == qg.TILE_INT4_NORM_WIDE
+    assert qg.int4_tile(12288, norm=True) == qg.int4_tile(32000) == qg.TILE_INT4
     assert set(qg.LAUNCHED_TILES_INT8) == {qg.channel_tile(n, False, **f) for n, f in (
         (2048, {}), (22016, {"norm": True}), (2048, {"norm": True}), (2048, {"add": True}),
         (4096, {"swiglu": True}), (2048, {"swiglu": True}))}
