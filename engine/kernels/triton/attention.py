@@ -189,6 +189,7 @@ _attn_fwd_tuned = triton.autotune(_gpu_configs(), key=["S", "HEAD_DIM", "CAUSAL"
                                   prune_configs_by={"early_config_prune": _prune})(_attn_fwd)
 _LAUNCH = LaunchCache(_attn_fwd_kernel)  # tuned launches after the first per key, without Triton's per-call Python
 
+
 def tuned_tile(S: int, D: int, causal: bool) -> str | None:
     """The tile the autotuner chose in this process for (S, D, causal), in words; None before any tuned launch."""
     for key, cfg in list(_attn_fwd_tuned.cache.items()):

@@ -210,7 +210,7 @@ def _features(x: torch.Tensor, swiglu: bool) -> int:
 
 def channel_tile(n: int, fp8: bool, norm: bool = False, add: bool = False,
                  swiglu: bool = False) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps) the GPU launches for n output rows with these fusions (see TILE_INT8_*)."""
+    """(BLOCK_N, BLOCK_K, num_warps) the GPU launches for n output rows with these fusions (TILE_INT8_*, TILE_FP8_*)."""
     if fp8:
         if swiglu:
             return TILE_FP8_SWIGLU_WIDE if n >= 4096 else TILE_FP8_SWIGLU
