@@ -27,8 +27,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 # int8 / fp8: (BLOCK_N, BLOCK_K, warps, stages); int4: (BLOCK_N, GROUPS of 64 per tile, warps, stages)
-TILES = [(bn, bk, w, st) for bn, bk, w, st in itertools.product((2, 4, 8, 16, 32, 64), (256, 512, 1024, 2048), (4, 8),
-                                                                (1,))
+TILES = [(bn, bk, w, st) for bn, bk, w, st in itertools.product((2, 4, 8, 16, 32, 64), (256, 512, 1024, 2048, 4096),
+                                                                (4, 8), (1,))
          if bn * bk <= 16384]
 INT4_TILES = [(bn, g, w, 1) for bn, g, w in ((8, 16, 4), (16, 8, 4), (16, 16, 4), (32, 8, 8), (16, 16, 8), (8, 8, 4),
                                              (4, 16, 4), (32, 4, 4), (64, 4, 8), (8, 32, 4), (4, 32, 4), (2, 32, 4))]
@@ -69,7 +69,14 @@ def launcher(scheme: str, tile: tuple[int, int, int, int], fusion: str = "", g: 
         qb = q.view(torch.uint8)
         qg._wo_channel_kernel[(triton.cdiv(q.shape[0], bn),)](
             x, qb, s, y, x if g is None else g, x if r is None else r, q.shape[0], q.shape[1], qb.stride(0), EPS,
-            BLOCK_N=bn, BLOCK_K=bk, FP8=scheme == "fp8-wo", **flags, num_warps=warps, num_stages=stages)
+            BLOCK_N=bn, BLOCK_K=bk, FP8=True, **flags, num_warps=warps, num_stages=stages)
+        return y
+
+    def int8(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        words = q.view(torch.int32)  # the LLM shapes have K % 4 == 0
+        qg._wo_int8_kernel[(triton.cdiv(q.shape[0], bn),)](
+            x, words, s, y, x if g is None else g, x if r is None else r, q.shape[0], q.shape[1], words.stride(0),
+            EPS, BLOCK_N=bn, BLOCK_K=bk, **flags, ASM=True, num_warps=warps, num_stages=stages)
         return y
 
     def int4(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -80,7 +87,7 @@ def launcher(scheme: str, tile: tuple[int, int, int, int], fusion: str = "", g: 
             s.stride(0), EPS, BLOCK_N=bn, GROUPS=bk, **flags, num_warps=warps, num_stages=stages)
         return y
 
-    return int4 if scheme == "int4-wo" else channel
+    return {"int4-wo": int4, "int8-wo": int8}.get(scheme, channel)
 
 
 def bench_shape(scheme: str, n: int, k: int, fusion: str = "") -> dict:
@@ -159,7 +166,7 @@ def main() -> int:
                 best = min(r["times"], key=r["times"].get)
                 default = (*(int4_tile(n, norm=fusion == "norm") if scheme == "int4-wo" else channel_tile(
                     n, scheme == "fp8-wo", norm=fusion == "norm", add=fusion in ("add", "swiglu"),
-                    swiglu=fusion == "swiglu")), 1)
+                    swiglu=fusion == "swiglu", k=k)), 1)
                 launched[(name, scheme)] = launched.get((name, scheme), 0.0) + r["times"].get(default, float("nan"))
                 for tile, us in r["times"].items():
                     total[tile] = total.get(tile, 0.0) + us

@@ -48,18 +48,22 @@ GROUP = int4_layout.GROUP  # int4 group size along K (engine.llm.quant.INT4_GROU
 # the offline compile check (benchmarks/triton_aot_check.py) builds.
 # Chosen from `python benchmarks/quant_gemv_bench.py --preset 1B,7B` on an H100 (2026-11-24): the tile with the least
 # time summed over each preset's weight shapes (qkv, o, gate_up, down, lm_head), the same for both presets within 2 %.
-TILE_INT8 = (4, 1024, 4)  # 1B 58.7 µs, 7B 139.1 µs (the earlier (8, 512, 8): 64.8, 142.1)
-# int8 as the decode step launches it -- with the RMSNorm, the residual or SwiGLU fused in, and PDL (`channel_tile`).
-# A fused GEMV forms its input in every program (the norm's sum of squares over all of K, SwiGLU's sigmoid), so that
-# work scales with the number of programs; under PDL a program's first weight tile, loaded before it waits, overlaps
-# the kernel before it. `python benchmarks/quant_gemv_bench.py --preset 1B,1.1B,7B --schemes int8-wo --fused --top 8`
-# (H100, 2026-11-24, PDL on as in the decode step) ranks TILE_INT8 poorly there: 1B 71.8 µs over the five fused GEMVs,
-# 1.1B 62.8. Per fusion and output size, the tile within ~10 % of each measured shape's best:
-TILE_INT8_NORM_WIDE = (16, 256, 4)  # +norm, N >= 8192 (gate_up, lm_head; 7B qkv): 1B 16.4 / 27.2, 7B 20.7 / 36.8 / 51.3
-TILE_INT8_NORM = (8, 1024, 4)  # +norm, N < 8192 (1B, 1.1B qkv): 4.3, 4.1 µs
-TILE_INT8_ADD = (4, 2048, 4)  # +residual alone (o): 1B 3.2, 1.1B 3.1, 7B 8.7 µs
-TILE_INT8_SWIGLU_WIDE = (8, 512, 8)  # +swiglu +residual, N >= 4096 (7B down): 22.2 µs
-TILE_INT8_SWIGLU = (4, 1024, 8)  # +swiglu +residual, N < 4096 (1B, 1.1B down): 10.4, 8.0 µs
+# int8 (`_wo_int8_kernel`, codes read as words) as the decode step launches it -- with the RMSNorm, the residual or
+# SwiGLU fused in, and PDL (`channel_tile`). A fused GEMV forms its input in every program (the norm's sum of squares
+# over all of K, SwiGLU's sigmoid), so that work scales with the number of programs; under PDL a program's first
+# weight tile, loaded before it waits, overlaps the kernel before it. Per fusion and size, from
+# `python benchmarks/quant_gemv_bench.py --preset 1B,7B --schemes int8-wo --fused --top 6` (H100, 2026-11-25), µs:
+TILE_INT8 = (16, 1024, 4)  # no fusion (not in the decode step): the best single tile over the fused shapes
+TILE_INT8_NORM_LONG = (32, 512, 4)  # +norm, K >= 4096 (7B qkv, gate_up, lm_head): 18.7 / 33.8 / 48.0 (16x256x4:
+# 19.8 / 36.3 / 46.2; gate_up's best, 64x256x4, 32.8)
+TILE_INT8_NORM_WIDE = (16, 256, 4)  # +norm, K < 4096, N >= 8192 (1B gate_up, lm_head): 13.3 / 24.8
+TILE_INT8_NORM = (4, 1024, 4)  # +norm, K < 4096, N < 8192 (1B qkv): 4.0 (best 8x2048x4, 3.9)
+TILE_INT8_ADD = (4, 1024, 4)  # +residual alone (o), K > 2048: 7B 8.0
+TILE_INT8_ADD_SHORT = (4, 2048, 4)  # +residual alone, K <= 2048 (a whole row per tile): 1B 3.0
+TILE_INT8_SWIGLU_WIDE = (16, 1024, 8)  # +swiglu +residual, N >= 4096 (7B down): 19.0
+TILE_INT8_SWIGLU = (8, 2048, 8)  # +swiglu +residual, N < 4096 (1B down): 9.1
+# int8 codes with K % 4 != 0 (no LLM shape) take the byte kernel (`_wo_channel_kernel`) at one tile.
+TILE_INT8_BYTES = (4, 1024, 4)
 TILE_FP8 = (8, 512, 4)  # 1B 70.2, 7B 146.3 (the earlier (8, 512, 8): 71.7, 153.6)
 # fp8 by fusion, from the same --fused sweep with --schemes fp8-wo (TILE_FP8 everywhere: 1B 71.6, 7B 151.0 µs):
 TILE_FP8_NORM_WIDE = (32, 256, 4)  # +norm, N >= 8192: 1B 16.0 / 29.4, 7B 21.2 / 38.7 / 55.0 µs
@@ -75,8 +79,10 @@ TILE_INT4_NORM_WIDE = (16, 16, 4)  # +norm, N >= 16384: 1B gate_up 13.9 / lm_hea
 AOT_TILES_CHANNEL = ((4, 256, 4), (8, 512, 8), (16, 256, 8), (4, 1024, 8), (4, 1024, 4), (8, 512, 4), (16, 256, 4),
                      (8, 1024, 4), (4, 2048, 4), (32, 256, 4), (8, 1024, 8))
 # what channel_tile returns, per code
-LAUNCHED_TILES_INT8 = (TILE_INT8, TILE_INT8_NORM_WIDE, TILE_INT8_NORM, TILE_INT8_ADD, TILE_INT8_SWIGLU_WIDE,
-                       TILE_INT8_SWIGLU)
+LAUNCHED_TILES_INT8 = (TILE_INT8, TILE_INT8_NORM_LONG, TILE_INT8_NORM_WIDE, TILE_INT8_NORM, TILE_INT8_ADD,
+                       TILE_INT8_ADD_SHORT, TILE_INT8_SWIGLU_WIDE, TILE_INT8_SWIGLU)
+AOT_TILES_INT8 = ((4, 1024, 4), (16, 1024, 4), (32, 512, 4), (16, 256, 4), (4, 2048, 4), (16, 1024, 8), (8, 2048, 8),
+                  (8, 1024, 4), (64, 256, 4), (8, 2048, 4))
 LAUNCHED_TILES_FP8 = (TILE_FP8, TILE_FP8_NORM_WIDE, TILE_FP8_ADD, TILE_FP8_SWIGLU_WIDE, TILE_FP8_SWIGLU)
 AOT_TILES_INT4 = ((8, 32, 4), (16, 16, 8), (8, 16, 4), (16, 8, 4), (4, 32, 4), (16, 16, 4))
 LAUNCHED_TILES_INT4 = (TILE_INT4, TILE_INT4_NORM_WIDE)
@@ -120,6 +126,74 @@ def _wo_channel_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn
         else:
             wf = w.to(tl.int8, bitcast=True).to(tl.float32)
         acc += wf * x[None, :]
+        w = w_next
+    s = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    y = tl.sum(acc, axis=1) * s
+    if NORM:
+        y = y * tl.rsqrt(tl.sum(sumsq, axis=0) / K + eps)
+    if ADD:
+        y += tl.load(r_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
+def _int8_words_to_f32(w, ASM: tl.constexpr):
+    """The four int8 codes of each 32-bit word w as fp32 2^23 + 128 + code, exactly (byte j is code j, two's
+    complement). XOR 0x80 turns each code into code + 128 (0..255); that byte, placed in the low mantissa bits of
+    2^23 (0x4B000000), is the float 2^23 + code + 128. ASM (the GPU): one PRMT per code (byte select and exponent in
+    one instruction) after one XOR per word; otherwise (the interpreter) the same bits by shifts and masks."""
+    if ASM:
+        f0, f1, f2, f3 = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; xor.b32 t, $4, 0x80808080; prmt.b32 $0, t, 0x4B000000, 0x7540; "
+            "prmt.b32 $1, t, 0x4B000000, 0x7541; prmt.b32 $2, t, 0x4B000000, 0x7542; "
+            "prmt.b32 $3, t, 0x4B000000, 0x7543; }",
+            "=r,=r,=r,=r,r", [w], dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+    else:
+        wx = w ^ -2139062144  # 0x80808080 as an int32
+        f0 = ((wx & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True)
+        f1 = (((wx >> 8) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True)
+        f2 = (((wx >> 16) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True)
+        f3 = (((wx >> 24) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True)
+    return f0, f1, f2, f3
+
+
+@triton.jit
+def _wo_int8_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, eps, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, NORM: tl.constexpr = False, ADD: tl.constexpr = False,
+                    SWIGLU: tl.constexpr = False, PDL: tl.constexpr = False, ASM: tl.constexpr = False):
+    """y[n] = s[n] · Σ_k q[n, k] · x[k] for int8 codes read as 32-bit words (K % 4 == 0; q_ptr int32, stride_qn
+    in words): a (BLOCK_N, BLOCK_K / 4) tile of words, each word's four codes converted by `_int8_words_to_f32`
+    and multiplied by x[4t + j] (x's chunk split four ways in registers), one fp32 accumulator per word.
+    NORM / ADD / SWIGLU as in the channel kernel."""
+    pid_n = tl.program_id(0)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    acc = tl.zeros((BLOCK_N, BLOCK_K // 4), dtype=tl.float32)
+    sumsq = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    rows = q_ptr + offs_n[:, None] * stride_qn
+    words = K // 4
+    offs_w = tl.arange(0, BLOCK_K // 4)
+    # the weight tiles are loaded one iteration ahead; they do not depend on the previous kernel (PDL)
+    w = tl.load(rows + offs_w[None, :], mask=n_mask[:, None] & (offs_w < words)[None, :], other=0,
+                eviction_policy="evict_first")
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        offs_next = (k0 + BLOCK_K) // 4 + offs_w
+        w_next = tl.load(rows + offs_next[None, :], mask=n_mask[:, None] & (offs_next < words)[None, :], other=0,
+                         eviction_policy="evict_first")
+        x, sumsq = load_fused_x(x_ptr, g_ptr, offs_k, offs_k < K, K, sumsq, SWIGLU, NORM)
+        x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_K // 4, 2, 2)))  # [t, a] = x[4t + 2a], x[4t + 2a + 1]
+        x0, x2 = tl.split(x_even)
+        x1, x3 = tl.split(x_odd)
+        f0, f1, f2, f3 = _int8_words_to_f32(w, ASM)
+        acc += (f0 - 8388736.0) * x0[None, :]  # f − (2^23 + 128) is the code, exactly
+        acc += (f1 - 8388736.0) * x1[None, :]
+        acc += (f2 - 8388736.0) * x2[None, :]
+        acc += (f3 - 8388736.0) * x3[None, :]
         w = w_next
     s = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     y = tl.sum(acc, axis=1) * s
@@ -208,9 +282,10 @@ def _features(x: torch.Tensor, swiglu: bool) -> int:
     return x.shape[-1] // 2 if swiglu else x.shape[-1]
 
 
-def channel_tile(n: int, fp8: bool, norm: bool = False, add: bool = False,
-                 swiglu: bool = False) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps) the GPU launches for n output rows with these fusions (TILE_INT8_*, TILE_FP8_*)."""
+def channel_tile(n: int, fp8: bool, norm: bool = False, add: bool = False, swiglu: bool = False,
+                 k: int = 0) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps) the GPU launches for n output rows of k inputs with these fusions (TILE_INT8_*
+    for the int8 word kernel, TILE_FP8_*)."""
     if fp8:
         if swiglu:
             return TILE_FP8_SWIGLU_WIDE if n >= 4096 else TILE_FP8_SWIGLU
@@ -220,9 +295,9 @@ def channel_tile(n: int, fp8: bool, norm: bool = False, add: bool = False,
     if swiglu:
         return TILE_INT8_SWIGLU_WIDE if n >= 4096 else TILE_INT8_SWIGLU
     if norm:
-        return TILE_INT8_NORM_WIDE if n >= 8192 else TILE_INT8_NORM
+        return TILE_INT8_NORM_LONG if k >= 4096 else TILE_INT8_NORM_WIDE if n >= 8192 else TILE_INT8_NORM
     if add:
-        return TILE_INT8_ADD
+        return TILE_INT8_ADD_SHORT if k <= 2048 else TILE_INT8_ADD
     return TILE_INT8
 
 
@@ -246,17 +321,37 @@ def gemv_channel(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_we
     if not fp8 and q.dtype != torch.int8:
         raise ValueError(f"per-channel codes are int8 or float8_e4m3fn, got {q.dtype}")
     g, r, flags = _fusion_args(x_row, n, k, norm_weight, residual, swiglu)
-    q = (q if q.stride(1) == 1 else q.contiguous()).view(torch.uint8)
     y = torch.empty(n, device=x.device, dtype=x.dtype)
+    if not fp8 and k % 4 == 0:
+        return _gemv_int8_words(x, x_row, q, scales, y, g, r, n, k, float(eps), flags)
+    q = (q if q.stride(1) == 1 else q.contiguous()).view(torch.uint8)
     args = (x_row, q, scales.reshape(-1).contiguous(), y, g, r, n, k, q.stride(0), float(eps))
     if is_interpreted(_wo_channel_kernel):
         cfg = INTERPRETER_CONFIG
         _wo_channel_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](*args, **cfg, FP8=fp8, **flags)
     else:
-        bn, bk, warps = channel_tile(n, fp8, flags["NORM"], flags["ADD"], flags["SWIGLU"])
+        bn, bk, warps = channel_tile(n, True, flags["NORM"], flags["ADD"], flags["SWIGLU"]) if fp8 else TILE_INT8_BYTES
         pdl = pdl_enabled(x.device)
         _wo_channel_kernel[(triton.cdiv(n, bn),)](*args, BLOCK_N=bn, BLOCK_K=bk, FP8=fp8, **flags, PDL=pdl,
                                                   num_warps=warps, num_stages=1, launch_pdl=pdl)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def _gemv_int8_words(x: torch.Tensor, x_row: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, y: torch.Tensor,
+                     g: torch.Tensor, r: torch.Tensor, n: int, k: int, eps: float, flags: dict) -> torch.Tensor:
+    """gemv_channel's int8 launch when K % 4 == 0: the codes read as int32 words by _wo_int8_kernel."""
+    if q.stride(1) != 1 or q.stride(0) % 4 or q.data_ptr() % 16:
+        q = q.clone(memory_format=torch.contiguous_format)  # a fresh allocation: contiguous and 16-byte aligned
+    words = q.view(torch.int32)
+    args = (x_row, words, scales.reshape(-1).contiguous(), y, g, r, n, k, words.stride(0), eps)
+    if is_interpreted(_wo_int8_kernel):
+        cfg = INTERPRETER_CONFIG
+        _wo_int8_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](*args, **cfg, **flags)
+    else:
+        bn, bk, warps = channel_tile(n, False, flags["NORM"], flags["ADD"], flags["SWIGLU"], k)
+        pdl = pdl_enabled(x.device)
+        _wo_int8_kernel[(triton.cdiv(n, bn),)](*args, BLOCK_N=bn, BLOCK_K=bk, **flags, PDL=pdl, ASM=True,
+                                               num_warps=warps, num_stages=1, launch_pdl=pdl)
     return y.reshape(*x.shape[:-1], n)
 
 

@@ -107,9 +107,10 @@ def test_the_quantized_kernels_compile_for_sm90_offline(aot_check_rows) -> None:
     (benchmarks/triton_aot_check.py --kernels quant), in a process without TRITON_INTERPRET, cache empty."""
     rows = aot_check_rows("--kernels", "quant")
     # plain at every tile (int8, fp8, int4), and the three fusions at every tile launched (int8's per shape)
-    want = (2 * len(qg.AOT_TILES_CHANNEL) + len(qg.AOT_TILES_INT4)
+    want = (len(qg.AOT_TILES_INT8) + 1 + len(qg.AOT_TILES_CHANNEL) + len(qg.AOT_TILES_INT4)
             + 3 * (len({*qg.LAUNCHED_TILES_INT8}) + len({*qg.LAUNCHED_TILES_FP8}) + len({*qg.LAUNCHED_TILES_INT4})))
-    assert {*qg.LAUNCHED_TILES_INT8, *qg.LAUNCHED_TILES_FP8} <= set(qg.AOT_TILES_CHANNEL)
+    assert set(qg.LAUNCHED_TILES_FP8) | {qg.TILE_INT8_BYTES} <= set(qg.AOT_TILES_CHANNEL)
+    assert set(qg.LAUNCHED_TILES_INT8) <= set(qg.AOT_TILES_INT8)
     assert set(qg.LAUNCHED_TILES_INT4) <= set(qg.AOT_TILES_INT4)
     assert len(rows) == want and all(line.endswith("ok") for line in rows), rows
 
@@ -189,9 +190,13 @@ def test_channel_tile_picks_int8_tiles_by_fusion_and_size_and_one_fp8_tile() -> 
     """The measured rule (quant_gemv.TILE_INT8_*): by what is fused, then by the number of outputs."""
     assert qg.channel_tile(4096, False, add=True, swiglu=True) == qg.TILE_INT8_SWIGLU_WIDE
     assert qg.channel_tile(2048, False, add=True, swiglu=True) == qg.TILE_INT8_SWIGLU
-    assert qg.channel_tile(22016, False, norm=True) == qg.channel_tile(8192, False, norm=True) == qg.TILE_INT8_NORM_WIDE
-    assert qg.channel_tile(3072, False, norm=True) == qg.TILE_INT8_NORM
-    assert qg.channel_tile(4096, False, add=True) == qg.channel_tile(2048, False, add=True) == qg.TILE_INT8_ADD
+    assert qg.channel_tile(16384, False, norm=True, k=2048) == qg.channel_tile(8192, False, norm=True, k=2048) \
+        == qg.TILE_INT8_NORM_WIDE
+    assert qg.channel_tile(3072, False, norm=True, k=2048) == qg.TILE_INT8_NORM
+    assert qg.channel_tile(12288, False, norm=True, k=4096) == qg.channel_tile(32000, False, norm=True, k=4096) \
+        == qg.TILE_INT8_NORM_LONG
+    assert qg.channel_tile(4096, False, add=True, k=4096) == qg.TILE_INT8_ADD
+    assert qg.channel_tile(2048, False, add=True, k=2048) == qg.TILE_INT8_ADD_SHORT
     assert qg.channel_tile(4096, False) == qg.channel_tile(32000, False) == qg.TILE_INT8
     assert qg.channel_tile(22016, True, norm=True) == qg.TILE_FP8_NORM_WIDE
     assert qg.channel_tile(2048, True, norm=True) == qg.channel_tile(4096, True) == qg.TILE_FP8
@@ -201,6 +206,27 @@ def test_channel_tile_picks_int8_tiles_by_fusion_and_size_and_one_fp8_tile() -> 
     assert qg.int4_tile(16384, norm=True) == qg.TILE_INT4_NORM_WIDE
     assert qg.int4_tile(12288, norm=True) == qg.int4_tile(32000) == qg.TILE_INT4
     assert set(qg.LAUNCHED_TILES_INT8) == {qg.channel_tile(n, False, **f) for n, f in (
-        (2048, {}), (22016, {"norm": True}), (2048, {"norm": True}), (2048, {"add": True}),
-        (4096, {"swiglu": True}), (2048, {"swiglu": True}))}
-    assert set(qg.LAUNCHED_TILES_INT8) <= set(qg.AOT_TILES_CHANNEL)
+        (2048, {}), (22016, {"norm": True, "k": 4096}), (16384, {"norm": True, "k": 2048}), (2048, {"norm": True}),
+        (2048, {"add": True, "k": 2048}),
+        (4096, {"add": True, "k": 4096}), (4096, {"swiglu": True}), (2048, {"swiglu": True}))}
+    assert set(qg.LAUNCHED_TILES_INT8) <= set(qg.AOT_TILES_INT8)
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 4, 126, 127, 199])
+def test_the_int8_word_kernel_pairs_each_byte_with_its_input(k: int) -> None:
+    """Codes read four to a word: one nonzero code at input k (every byte position j = k mod 4 of a word) and x = 1,
+    2, 3, ...: the output is that code times x[k] times the scale, so byte j of word t meets x[4t + j]."""
+    n, features = 3, 200
+    codes = torch.zeros(n, features, dtype=torch.int8)
+    codes[1, k] = -77
+    y = qg.gemv_channel(torch.arange(1, features + 1, dtype=torch.float32)[None].to(DEVICE), codes.to(DEVICE),
+                        torch.full((n,), 0.5).to(DEVICE)).cpu()
+    assert y.tolist() == [[0.0, -77 * 0.5 * (k + 1), 0.0]]
+
+
+def test_every_int8_code_converts_exactly() -> None:
+    """All 256 codes (each row one code, every position), x = 1: y = code · K · scale exactly, through the word
+    kernel's conversion (2^23 + 128 + code, less 2^23 + 128) on the GPU's PRMT path and the interpreter's shifts."""
+    codes = torch.arange(-128, 128, dtype=torch.int16).to(torch.int8)[:, None].expand(256, 64).contiguous()
+    y = qg.gemv_channel(torch.ones(1, 64).to(DEVICE), codes.to(DEVICE), torch.ones(256).to(DEVICE)).cpu()
+    assert y[0].tolist() == [64.0 * c for c in range(-128, 128)]
