@@ -6,9 +6,17 @@ chunks of its rows (contiguous along K, so every load is coalesced), products ac
 at the end; PDL (programmatic dependent launch, sm_90+) lets the packed-weight stream of one GEMV start while the
 kernel before it drains. What changes is what a weight load brings in:
 
-- int8 / fp8 (`_wo_channel_kernel`): a (BLOCK_N, BLOCK_K) tile of 1-byte codes, converted to fp32 in registers.
-  The per-output-channel scale is the same along the whole row, so it multiplies the row's sum once at the end
-  (y[n] = s[n] · Σ_k q[n, k] x[k]): one scale load per row, no multiply per weight.
+- int8 (`_wo_int8_kernel`, K % 4 == 0): a (BLOCK_N, BLOCK_K / 4) tile of 32-bit words, four codes each. One XOR
+  per word makes each byte code + 128; one PRMT per code (inline PTX on the GPU; shifts and masks under the
+  interpreter) places that byte in the mantissa of 2^23, the float 2^23 + 128 + code exactly; one subtract and one
+  FMA with x[4t + j] follow, into one fp32 accumulator per word. The plain conversion (`.to(tl.float32)`) is an
+  I2F per code, and I2F runs on the SM's narrow conversion pipe: ncu on the 7B gate_up GEMV (H100, 2026-11-25) put
+  that pipe 61 % busy with DRAM at 66 %; the word kernel summed 1B 54.3 / 7B 129.2 µs over the fused GEMVs where
+  the byte kernel took 59.8 / 139.5.
+- fp8, and int8 with K % 4 != 0 (`_wo_channel_kernel`): a (BLOCK_N, BLOCK_K) tile of 1-byte codes, converted to
+  fp32 in registers.
+  For both, the per-output-channel scale is the same along the whole row, so it multiplies the row's sum once at
+  the end (y[n] = s[n] · Σ_k q[n, k] x[k]): one scale load per row, no multiply per weight.
 - int4 (`_wo_int4_kernel`): a (BLOCK_N, GROUPS, 8) tile of 32-bit words, eight codes each, in the order
   engine/kernels/int4_layout.py packs them (nibble j of word t of a group holds k = 64·g + 8·j + t). At batch 1 this
   kernel is bound by the integer work of unpacking, not by memory, so the layout is chosen for the fewest
