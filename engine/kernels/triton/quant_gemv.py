@@ -11,8 +11,8 @@ kernel before it drains. What changes is what a weight load brings in:
   interpreter) places that byte in the mantissa of 2^23, the float 2^23 + 128 + code exactly; one subtract and one
   FMA with x[4t + j] follow, into one fp32 accumulator per word. The plain conversion (`.to(tl.float32)`) is an
   I2F per code, and I2F runs on the SM's narrow conversion pipe: ncu on the 7B gate_up GEMV (H100, 2026-11-25) put
-  that pipe 61 % busy with DRAM at 66 %; the word kernel summed 1B 54.3 / 7B 129.2 µs over the fused GEMVs where
-  the byte kernel took 59.8 / 139.5.
+  that pipe 61 % busy with DRAM at 66 %. Over the five fused GEMVs, each at its best of 14 tiles, the word kernel
+  takes 1B 53.4 / 7B 128.5 µs where the byte kernel took 59.8 / 139.5.
 - fp8, and int8 with K % 4 != 0 (`_wo_channel_kernel`): a (BLOCK_N, BLOCK_K) tile of 1-byte codes, converted to
   fp32 in registers.
   For both, the per-output-channel scale is the same along the whole row, so it multiplies the row's sum once at
