@@ -30,8 +30,9 @@ import torch.nn.functional as F  # noqa: E402
 TILES = [(bn, bk, w, st) for bn, bk, w, st in itertools.product((2, 4, 8, 16, 32, 64), (256, 512, 1024, 2048, 4096),
                                                                 (4, 8), (1,))
          if bn * bk <= 16384]
-INT4_TILES = [(bn, g, w, 1) for bn, g, w in ((8, 16, 4), (16, 8, 4), (16, 16, 4), (32, 8, 8), (16, 16, 8), (8, 8, 4),
-                                             (4, 16, 4), (32, 4, 4), (64, 4, 8), (8, 32, 4), (4, 32, 4), (2, 32, 4))]
+INT4_TILES = [(bn, g, w, 1) for bn, g, w in ((16, 16, 4), (32, 8, 4), (32, 16, 4), (8, 32, 4), (16, 32, 4), (64, 8, 4),
+                                             (32, 8, 8), (16, 16, 8), (64, 4, 4), (16, 8, 4), (8, 16, 4), (32, 32, 8),
+                                             (64, 8, 8), (32, 4, 4), (64, 16, 8), (128, 4, 8))]
 
 
 # What the triton-*-wo decode step fuses into each GEMV (engine.kernels.triton.gemv's norm_linear / linear_add /
@@ -84,7 +85,7 @@ def launcher(scheme: str, tile: tuple[int, int, int, int], fusion: str = "", g: 
         k = x.numel() // 2 if flags["SWIGLU"] else x.numel()
         qg._wo_int4_kernel[(triton.cdiv(q.shape[0], bn),)](
             x, words, s, y, x if g is None else g, x if r is None else r, q.shape[0], k, words.stride(0),
-            s.stride(0), EPS, BLOCK_N=bn, GROUPS=bk, **flags, num_warps=warps, num_stages=stages)
+            s.stride(0), EPS, BLOCK_N=bn, GROUPS=bk, **flags, ASM=True, num_warps=warps, num_stages=stages)
         return y
 
     return {"int4-wo": int4, "int8-wo": int8}.get(scheme, channel)
@@ -164,9 +165,9 @@ def main() -> int:
                 if not r["times"]:
                     continue
                 best = min(r["times"], key=r["times"].get)
-                default = (*(int4_tile(n, norm=fusion == "norm") if scheme == "int4-wo" else channel_tile(
-                    n, scheme == "fp8-wo", norm=fusion == "norm", add=fusion in ("add", "swiglu"),
-                    swiglu=fusion == "swiglu", k=k)), 1)
+                norm, add, swiglu = fusion == "norm", fusion in ("add", "swiglu"), fusion == "swiglu"
+                default = (*(int4_tile(n, norm, add, swiglu, k) if scheme == "int4-wo"
+                             else channel_tile(n, scheme == "fp8-wo", norm, add, swiglu, k)), 1)
                 launched[(name, scheme)] = launched.get((name, scheme), 0.0) + r["times"].get(default, float("nan"))
                 for tile, us in r["times"].items():
                     total[tile] = total.get(tile, 0.0) + us

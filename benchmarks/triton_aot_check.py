@@ -63,7 +63,8 @@ def quant_jobs(arch: int):
         for norm, add, swiglu in fusions:
             yield (f"quant_gemv int4 {n}x{groups}g w{warps}{_fusion_tag(norm, add, swiglu)}", qg._wo_int4_kernel,
                    {**sig, "q_ptr": "*i32", "stride_sn": "i32", "eps": "fp32"},
-                   {"BLOCK_N": n, "GROUPS": groups, "NORM": norm, "ADD": add, "SWIGLU": swiglu, "PDL": pdl}, warps)
+                   {"BLOCK_N": n, "GROUPS": groups, "NORM": norm, "ADD": add, "SWIGLU": swiglu, "PDL": pdl,
+                    "ASM": True}, warps)
 
 
 def quant_job_count(arch: int = 90) -> int:

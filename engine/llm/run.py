@@ -153,6 +153,7 @@ class _Reference:
     generation: Generation
     calibration: Calibration
     check_tokens: int  # k: the decode steps compared with eager
+    gate_generation: Generation | None = None  # a quantized mode's: eager over the accuracy gate's steps
 
     @property
     def tolerance(self) -> float:
@@ -213,7 +214,14 @@ def _reference(run: _Run) -> _Reference:
     k = min(cfg.check_tokens, cfg.new_tokens)
     eager = step_fn(model)
     with nvtx_ranges.range("reference"):
-        ref = generate(eager, Decoder(eager), prompt, k)
+        gate_ref = None
+        if run.mode.quant:  # the gate's positions, as calibrated (greedy: its first k steps are the check's)
+            from engine.llm.quant import GATE_STEPS
+
+            gate_ref = generate(eager, Decoder(eager), prompt, max(k, min(GATE_STEPS, cfg.new_tokens)))
+            ref = Generation(gate_ref.tokens[:, :k + 1], gate_ref.logits[:k + 1])
+        else:
+            ref = generate(eager, Decoder(eager), prompt, k)
         calib = calibrate(cfg, model, prompt, ref)
         cache_err = check_cache_against_recompute(model, prompt, ref, calib.tolerance)
     result.metrics += [Metric("cache_vs_recompute_rel_err", cache_err, ""),
@@ -224,7 +232,7 @@ def _reference(run: _Run) -> _Reference:
         _checkpoint_reference(run, prompt, ref, calib)
     if device.startswith("cuda"):  # the float32 twin is gone: peak memory counts this run's own model from here
         torch.cuda.reset_peak_memory_stats(torch.device(device))
-    return _Reference(model, prompt, positions, eager, ref, calib, k)
+    return _Reference(model, prompt, positions, eager, ref, calib, k, gate_ref)
 
 
 def _checkpoint_reference(run: _Run, prompt: torch.Tensor, ref: Generation, calib: Calibration) -> None:
@@ -325,8 +333,8 @@ def _quant_gate(run: _Run, ref: _Reference) -> None:
     tokens, top-1 agreement and mean KL against eager's logits (engine.llm.quant; a miss fails the run with both)."""
     from engine.llm.quant import gate_model
 
-    gate = gate_model(ref.model, ref.prompt, ref.generation.tokens, ref.generation.logits, run.mode.quant,
-                      run.mode.name)
+    gate_ref = ref.gate_generation or ref.generation
+    gate = gate_model(ref.model, ref.prompt, gate_ref.tokens, gate_ref.logits, run.mode.quant, run.mode.name)
     run.result.notes.append(f"accuracy gate: {gate.describe()}")
     run.result.metrics += [Metric("quant_top1_agreement", gate.top1, ""), Metric("quant_mean_kl_nats", gate.kl, "")]
 

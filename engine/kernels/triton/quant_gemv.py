@@ -78,12 +78,15 @@ TILE_FP8_NORM_WIDE = (32, 256, 4)  # +norm, N >= 8192: 1B 16.0 / 29.4, 7B 21.2 /
 TILE_FP8_ADD = (8, 512, 8)  # +residual alone (o): 1B 3.7, 7B 8.2 µs
 TILE_FP8_SWIGLU_WIDE = (8, 512, 8)  # +swiglu +residual, N >= 4096 (7B down): 21.6 µs (TILE_FP8: 23.8)
 TILE_FP8_SWIGLU = (8, 1024, 8)  # +swiglu +residual, N < 4096 (1B, 1.1B down): 10.1, 7.9 µs (TILE_FP8: 15.1, 11.0)
-# int4: (BLOCK_N, GROUPS of 64 weights per tile, num_warps): 1B 61.4 µs, 7B 134.8 (the best for 7B, 16 × 16 × 8:
-# 64.3, 130.4); the earlier even/odd layout's best tile 81.8, 191.3. With the decode step's fusions and PDL (--fused)
-# still the best single tile (1B 66.2, 7B 138.6 µs), except for the norm-fused GEMVs with many outputs:
-TILE_INT4 = (8, 32, 4)
-TILE_INT4_NORM_WIDE = (16, 16, 4)  # +norm, N >= 16384: 1B gate_up 13.9 / lm_head 24.5, 7B 32.3 / 45.0 (TILE_INT4:
-# 15.4 / 28.0, 35.8 / 49.9); at N = 11264 and 12288 (1.1B gate_up, 7B qkv) within 0.4 µs of TILE_INT4 either way
+# int4: (BLOCK_N, GROUPS of 64 weights per tile, num_warps), by fusion and shape, from `python
+# benchmarks/quant_gemv_bench.py --preset 1B,7B --schemes int4-wo --fused --top 8` (H100, 2026-11-25), µs:
+TILE_INT4 = (16, 16, 4)  # no fusion (not in the decode step): the best single tile over the fused shapes
+TILE_INT4_NORM_VOCAB = (128, 4, 8)  # +norm, N >= 32000 (lm_head): 1B 15.1, 7B 29.0 (TILE_INT4_NORM_WIDE: 16.4, 29.7)
+TILE_INT4_NORM_WIDE = (64, 8, 4)  # +norm, N >= 16384 (gate_up): 1B 8.4, 7B 23.5 (best 32x8x4, 22.8)
+TILE_INT4_NORM_LONG = (32, 8, 4)  # +norm, K >= 4096, N < 16384 (7B qkv): 12.3
+TILE_INT4_NORM = (8, 32, 4)  # +norm, K < 4096, N < 16384 (1B qkv): 3.1
+TILE_INT4_ADD = (8, 32, 4)  # +residual (o): 1B 2.8, 7B 5.2
+TILE_INT4_SWIGLU = (16, 32, 4)  # +swiglu +residual (down): 1B 9.0, 7B 14.6
 AOT_TILES_CHANNEL = ((4, 256, 4), (8, 512, 8), (16, 256, 8), (4, 1024, 8), (4, 1024, 4), (8, 512, 4), (16, 256, 4),
                      (8, 1024, 4), (4, 2048, 4), (32, 256, 4), (8, 1024, 8))
 # what channel_tile returns, per code
@@ -92,8 +95,9 @@ LAUNCHED_TILES_INT8 = (TILE_INT8, TILE_INT8_NORM_LONG, TILE_INT8_NORM_WIDE, TILE
 AOT_TILES_INT8 = ((4, 1024, 4), (16, 1024, 4), (32, 512, 4), (16, 256, 4), (4, 2048, 4), (16, 1024, 8), (8, 2048, 8),
                   (8, 1024, 4), (64, 256, 4), (8, 2048, 4))
 LAUNCHED_TILES_FP8 = (TILE_FP8, TILE_FP8_NORM_WIDE, TILE_FP8_ADD, TILE_FP8_SWIGLU_WIDE, TILE_FP8_SWIGLU)
-AOT_TILES_INT4 = ((8, 32, 4), (16, 16, 8), (8, 16, 4), (16, 8, 4), (4, 32, 4), (16, 16, 4))
-LAUNCHED_TILES_INT4 = (TILE_INT4, TILE_INT4_NORM_WIDE)
+AOT_TILES_INT4 = ((16, 16, 4), (128, 4, 8), (64, 8, 4), (32, 8, 4), (8, 32, 4), (16, 32, 4), (32, 8, 8))
+LAUNCHED_TILES_INT4 = (TILE_INT4, TILE_INT4_NORM_VOCAB, TILE_INT4_NORM_WIDE, TILE_INT4_NORM_LONG, TILE_INT4_NORM, TILE_INT4_ADD,
+                       TILE_INT4_SWIGLU)
 # One fixed config for the interpreter (CPU tests): few programs (each one runs in Python), K tiles small enough that
 # the test shapes have ragged tails along K and N.
 INTERPRETER_CONFIG = {"BLOCK_N": 32, "BLOCK_K": 128}
@@ -213,12 +217,43 @@ def _wo_int8_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, e
 
 
 @triton.jit
+def _int4_words_to_f32(w, ASM: tl.constexpr):
+    """The eight nibbles of each 32-bit word w as fp32: nibble j (bits 4j..4j+3; i = j mod 4 within its 16-bit
+    half) masked in place and OR-ed into the mantissa of 2^23 gives 2^23 + code_j · 16^i exactly. ASM (the GPU):
+    one LOP3 per nibble ((w & mask) | 0x4B000000 in one instruction) after one shift of the word by 16 for j ≥ 4;
+    otherwise (the interpreter) the same bits by shifts and masks."""
+    if ASM:
+        f0, f1, f2, f3, f4, f5, f6, f7 = tl.inline_asm_elementwise(
+            "{ .reg .b32 h; shr.u32 h, $8, 16; "
+            "lop3.b32 $0, $8, 0xF, 0x4B000000, 0xEA; lop3.b32 $1, $8, 0xF0, 0x4B000000, 0xEA; "
+            "lop3.b32 $2, $8, 0xF00, 0x4B000000, 0xEA; lop3.b32 $3, $8, 0xF000, 0x4B000000, 0xEA; "
+            "lop3.b32 $4, h, 0xF, 0x4B000000, 0xEA; lop3.b32 $5, h, 0xF0, 0x4B000000, 0xEA; "
+            "lop3.b32 $6, h, 0xF00, 0x4B000000, 0xEA; lop3.b32 $7, h, 0xF000, 0x4B000000, 0xEA; }",
+            "=r,=r,=r,=r,=r,=r,=r,=r,r", [w], dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+    else:
+        h = w >> 16  # the sign bits an arithmetic shift drags in are masked off below
+        f0 = ((w & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
+        f1 = ((w & 0xF0) | 0x4B000000).to(tl.float32, bitcast=True)
+        f2 = ((w & 0xF00) | 0x4B000000).to(tl.float32, bitcast=True)
+        f3 = ((w & 0xF000) | 0x4B000000).to(tl.float32, bitcast=True)
+        f4 = ((h & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
+        f5 = ((h & 0xF0) | 0x4B000000).to(tl.float32, bitcast=True)
+        f6 = ((h & 0xF00) | 0x4B000000).to(tl.float32, bitcast=True)
+        f7 = ((h & 0xF000) | 0x4B000000).to(tl.float32, bitcast=True)
+    return f0, f1, f2, f3, f4, f5, f6, f7
+
+
+@triton.jit
 def _wo_int4_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, stride_sn, eps, BLOCK_N: tl.constexpr,
                     GROUPS: tl.constexpr, NORM: tl.constexpr = False, ADD: tl.constexpr = False,
-                    SWIGLU: tl.constexpr = False, PDL: tl.constexpr = False):
+                    SWIGLU: tl.constexpr = False, PDL: tl.constexpr = False, ASM: tl.constexpr = False):
     """y[n] = Σ_g s[n, g] · Σ_{k in g} (code[n, k] − 8) · x[k]; q is int32 words, (N, ceil(K/64)·8), in
     engine/kernels/int4_layout.py's order (stride_qn in words), s one scale per 64 weights of a row. Each iteration
     takes GROUPS groups of BLOCK_N rows. NORM / ADD / SWIGLU as in the channel kernel."""
+    # Tiles are [group, row, word]: Triton lays the lanes along the first dimension it finds no contiguity in, so
+    # with groups first the lanes run along each row's contiguous words and a thread keeps several rows in
+    # registers, reusing its x values across them (rows first, each thread held one row and converted an x value
+    # for every 8 codes it read).
     pid_n = tl.program_id(0)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -227,12 +262,12 @@ def _wo_int4_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, s
     groups = (K + 63) // 64
     offs_g = tl.arange(0, GROUPS)
     offs_t = tl.arange(0, 8)
-    acc = tl.zeros((BLOCK_N, GROUPS, 8), dtype=tl.float32)
-    sumsq = tl.zeros((GROUPS, 8), dtype=tl.float32)
-    words = q_ptr + offs_n[:, None, None] * stride_qn + offs_t[None, None, :]
-    rows = n_mask[:, None, None]
+    acc = tl.zeros((GROUPS, BLOCK_N, 8), dtype=tl.float32)
+    sumsq = tl.zeros((GROUPS * 64,), dtype=tl.float32)
+    words = q_ptr + offs_n[None, :, None] * stride_qn + offs_t[None, None, :]
+    rows = n_mask[None, :, None]
     # the word tiles are loaded one iteration ahead; they do not depend on the previous kernel (PDL)
-    w = tl.load(words + offs_g[None, :, None] * 8, mask=rows & (offs_g < groups)[None, :, None], other=0,
+    w = tl.load(words + offs_g[:, None, None] * 8, mask=rows & (offs_g < groups)[:, None, None], other=0,
                 eviction_policy="evict_first")
     if PDL:
         tl.extra.cuda.gdc_wait()
@@ -240,25 +275,36 @@ def _wo_int4_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, s
         gs = g0 + offs_g
         g_mask = gs < groups
         g_next = gs + GROUPS
-        w_next = tl.load(words + g_next[None, :, None] * 8, mask=rows & (g_next < groups)[None, :, None], other=0,
+        w_next = tl.load(words + g_next[:, None, None] * 8, mask=rows & (g_next < groups)[:, None, None], other=0,
                          eviction_policy="evict_first")
-        high = w >> 16  # nibbles 4–7 where 0–3 are (the sign bits it drags along are masked off below)
-        part = tl.zeros((BLOCK_N, GROUPS, 8), dtype=tl.float32)
-        for j in tl.static_range(8):
-            i = j % 4
-            # code · 16^i OR-ed into 2^23's mantissa is 2^23 + code · 16^i exactly; less 2^23 + 8 · 16^i
-            f = (((w if j < 4 else high) & (0xF << (4 * i))) | 0x4B000000).to(tl.float32, bitcast=True) \
-                - (8388608.0 + 8.0 * (1 << (4 * i)))
-            offs_k = gs[:, None] * 64 + 8 * j + offs_t[None, :]  # (GROUPS, 8): x's 8 consecutive inputs per group
-            x, sumsq = load_fused_x(x_ptr, g_ptr, offs_k, offs_k < K, K, sumsq, SWIGLU, NORM)
-            part += f * (x * (1.0 / (1 << (4 * i))))[None, :, :]  # 16^-i: a power of two, exact
-        s = tl.load(s_ptr + offs_n[:, None] * stride_sn + gs[None, :], mask=n_mask[:, None] & g_mask[None, :],
+        offs_k = g0 * 64 + tl.arange(0, GROUPS * 64)
+        x, sumsq = load_fused_x(x_ptr, g_ptr, offs_k, offs_k < K, K, sumsq, SWIGLU, NORM)
+        # x[64 g + 8 j + t] for each nibble position j, as (GROUPS, 8 t): split out of [g, t, j] in registers
+        x = tl.reshape(tl.permute(tl.reshape(x, (GROUPS, 8, 8)), (0, 2, 1)), (GROUPS, 8, 2, 2, 2))
+        xa, xb = tl.split(x)  # j % 2 = 0, 1
+        xa0, xa1 = tl.split(xa)
+        xb0, xb1 = tl.split(xb)
+        x0, x4 = tl.split(xa0)
+        x2, x6 = tl.split(xa1)
+        x1, x5 = tl.split(xb0)
+        x3, x7 = tl.split(xb1)
+        f0, f1, f2, f3, f4, f5, f6, f7 = _int4_words_to_f32(w, ASM)
+        # f_j · 16^-i − (2^23 + 8 · 16^i) · 16^-i is code_j − 8 exactly, in one FMA (for i = 0 a subtract)
+        part = (f0 - 8388616.0) * x0[:, None, :]
+        part += (f1 * 0.0625 - 524296.0) * x1[:, None, :]
+        part += (f2 * 0.00390625 - 32776.0) * x2[:, None, :]
+        part += (f3 * 0.000244140625 - 2056.0) * x3[:, None, :]
+        part += (f4 - 8388616.0) * x4[:, None, :]
+        part += (f5 * 0.0625 - 524296.0) * x5[:, None, :]
+        part += (f6 * 0.00390625 - 32776.0) * x6[:, None, :]
+        part += (f7 * 0.000244140625 - 2056.0) * x7[:, None, :]
+        s = tl.load(s_ptr + offs_n[None, :] * stride_sn + gs[:, None], mask=n_mask[None, :] & g_mask[:, None],
                     other=0.0).to(tl.float32)
         acc += part * s[:, :, None]
         w = w_next
-    y = tl.sum(tl.sum(acc, axis=2), axis=1)
+    y = tl.sum(tl.sum(acc, axis=2), axis=0)
     if NORM:
-        y = y * tl.rsqrt(tl.sum(tl.sum(sumsq, axis=1), axis=0) / K + eps)
+        y = y * tl.rsqrt(tl.sum(sumsq, axis=0) / K + eps)
     if ADD:
         y += tl.load(r_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
@@ -309,9 +355,16 @@ def channel_tile(n: int, fp8: bool, norm: bool = False, add: bool = False, swigl
     return TILE_INT8
 
 
-def int4_tile(n: int, norm: bool = False) -> tuple[int, int, int]:
-    """(BLOCK_N, GROUPS, num_warps) the GPU launches for n output rows (see TILE_INT4*)."""
-    return TILE_INT4_NORM_WIDE if norm and n >= 16384 else TILE_INT4
+def int4_tile(n: int, norm: bool = False, add: bool = False, swiglu: bool = False, k: int = 0
+              ) -> tuple[int, int, int]:
+    """(BLOCK_N, GROUPS, num_warps) the GPU launches for n output rows of k inputs with these fusions (TILE_INT4*)."""
+    if swiglu:
+        return TILE_INT4_SWIGLU
+    if norm:
+        if n >= 16384:
+            return TILE_INT4_NORM_VOCAB if n >= 32000 else TILE_INT4_NORM_WIDE
+        return TILE_INT4_NORM_LONG if k >= 4096 else TILE_INT4_NORM
+    return TILE_INT4_ADD if add else TILE_INT4
 
 
 def gemv_channel(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_weight: torch.Tensor | None = None,
@@ -388,9 +441,10 @@ def gemv_int4(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_weigh
         cfg = INTERPRETER_CONFIG_INT4
         _wo_int4_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](*args, **cfg, **flags)
     else:
-        bn, groups, warps = int4_tile(n, flags["NORM"])
+        bn, groups, warps = int4_tile(n, flags["NORM"], flags["ADD"], flags["SWIGLU"], k)
         pdl = pdl_enabled(x.device)
-        _wo_int4_kernel[(triton.cdiv(n, bn),)](*args, BLOCK_N=bn, GROUPS=groups, **flags, PDL=pdl, num_warps=warps,
+        _wo_int4_kernel[(triton.cdiv(n, bn),)](*args, BLOCK_N=bn, GROUPS=groups, **flags, PDL=pdl, ASM=True,
+                                               num_warps=warps,
                                                num_stages=1, launch_pdl=pdl)
     return y.reshape(*x.shape[:-1], n)
 

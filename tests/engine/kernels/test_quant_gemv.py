@@ -173,7 +173,7 @@ def test_a_wrong_fusion_input_is_refused() -> None:
         qg.gemv_int4(torch.randn(1, 127, device=DEVICE), q4.q, q4.scales, swiglu=True)
 
 
-@pytest.mark.parametrize("k", [0, 7, 8, 57, 63, 64, 127, 128, 199])
+@pytest.mark.parametrize("k", [0, 7, 8, 16, 24, 32, 40, 48, 57, 63, 64, 127, 128, 199])  # every nibble position
 def test_the_int4_kernel_reads_each_code_where_the_layout_puts_it(k: int) -> None:
     """Every code 8 (the value 0) but one, at input k: the kernel's output is that weight times x[k] alone, so it
     matches each nibble to the input int4_layout assigns it (not merely a pack/unpack pair agreeing with itself)."""
@@ -203,8 +203,15 @@ def test_channel_tile_picks_int8_tiles_by_fusion_and_size_and_one_fp8_tile() -> 
     assert qg.channel_tile(2048, True, add=True) == qg.TILE_FP8_ADD
     assert qg.channel_tile(2048, True, add=True, swiglu=True) == qg.TILE_FP8_SWIGLU
     assert qg.channel_tile(4096, True, add=True, swiglu=True) == qg.TILE_FP8_SWIGLU_WIDE
-    assert qg.int4_tile(16384, norm=True) == qg.TILE_INT4_NORM_WIDE
-    assert qg.int4_tile(12288, norm=True) == qg.int4_tile(32000) == qg.TILE_INT4
+    assert qg.int4_tile(16384, norm=True, k=2048) == qg.int4_tile(22016, norm=True, k=4096) == qg.TILE_INT4_NORM_WIDE
+    assert qg.int4_tile(32000, norm=True, k=2048) == qg.TILE_INT4_NORM_VOCAB
+    assert qg.int4_tile(12288, norm=True, k=4096) == qg.TILE_INT4_NORM_LONG
+    assert qg.int4_tile(3072, norm=True, k=2048) == qg.TILE_INT4_NORM
+    assert qg.int4_tile(2048, add=True, k=2048) == qg.int4_tile(4096, add=True, k=4096) == qg.TILE_INT4_ADD
+    assert qg.int4_tile(2048, add=True, swiglu=True) == qg.int4_tile(4096, add=True, swiglu=True) \
+        == qg.TILE_INT4_SWIGLU
+    assert qg.int4_tile(32000) == qg.TILE_INT4
+    assert set(qg.LAUNCHED_TILES_INT4) <= set(qg.AOT_TILES_INT4)
     assert set(qg.LAUNCHED_TILES_INT8) == {qg.channel_tile(n, False, **f) for n, f in (
         (2048, {}), (22016, {"norm": True, "k": 4096}), (16384, {"norm": True, "k": 2048}), (2048, {"norm": True}),
         (2048, {"add": True, "k": 2048}),
@@ -222,6 +229,16 @@ def test_the_int8_word_kernel_pairs_each_byte_with_its_input(k: int) -> None:
     y = qg.gemv_channel(torch.arange(1, features + 1, dtype=torch.float32)[None].to(DEVICE), codes.to(DEVICE),
                         torch.full((n,), 0.5).to(DEVICE)).cpu()
     assert y.tolist() == [[0.0, -77 * 0.5 * (k + 1), 0.0]]
+
+
+def test_every_int4_code_converts_exactly_at_every_nibble() -> None:
+    """All 16 codes (row c holds code c at all 64 inputs, so at every nibble of every word), x = 1, scale 0.5:
+    y = (c − 8) · 64 · 0.5 exactly, through the kernel's conversion (2^23 + code · 16^i, then one FMA back to
+    code − 8) on the GPU's LOP3 path and the interpreter's masks."""
+    codes = torch.arange(16, dtype=torch.uint8)[:, None].expand(16, 64).contiguous()
+    y = qg.gemv_int4(torch.ones(1, 64).to(DEVICE), quant.pack_int4(codes).to(DEVICE),
+                     torch.full((16, 1), 0.5).to(DEVICE)).cpu()
+    assert y.tolist() == [[(c - 8) * 64 * 0.5 for c in range(16)]]
 
 
 def test_every_int8_code_converts_exactly() -> None:

@@ -169,6 +169,23 @@ def test_the_gate_passes_int8_and_fails_on_an_injected_wrong_scale() -> None:
             quant.gate_model(model, prompt, ref.tokens, ref.logits, scheme)
 
 
+def test_the_gate_follows_the_models_depth() -> None:
+    """Quantization error compounds with depth on random weights, so the gates are calibrated per depth: a KL that
+    fails a 2-layer model's int4 gate passes a 16-layer one's; depths between calibrated presets take the deeper."""
+    ref = [torch.tensor([[2.0, 1.0, 0.5, 0.0, -0.5, -1.0]])] * 4
+    got = [r + torch.tensor([[0.0, 0.2, -0.2, 0.2, -0.2, 0.0]]) for r in ref]
+    top1, kl, _ = quant.gate_metrics(ref, got)
+    assert top1 == 1.0 and quant.GATES["int4-wo"].max_kl < kl < quant.DEEP_GATES[16]["int4-wo"].max_kl
+    with pytest.raises(ToleranceError, match="int4-wo"):
+        quant.check_gate("int4-wo", ref, got, layers=2)
+    assert quant.check_gate("int4-wo", ref, got, layers=16).passed
+    assert quant.gate_for("fp8-wo", 4) is quant.GATES["fp8-wo"]
+    assert quant.gate_for("fp8-wo", 5) is quant.gate_for("fp8-wo", 16) is quant.DEEP_GATES[16]["fp8-wo"]
+    assert quant.gate_for("fp8-wo", 22) is quant.gate_for("fp8-wo", 80) is quant.DEEP_GATES[32]["fp8-wo"]
+    with pytest.raises(ValueError, match="unknown quantization scheme"):
+        quant.gate_for("int3-wo", 16)
+
+
 def test_the_gate_takes_a_batch_through_the_models_own_cache() -> None:
     cfg = preset("tiny")
     model = build_model(cfg, "cpu", torch.float32, 4)
@@ -279,18 +296,20 @@ def test_decode_bytes_per_token_against_a_hand_count() -> None:
 
 @pytest.mark.parametrize("scheme", ["int8-wo", "int4-wo"])
 def test_a_quantized_llm_run_passes_its_gate_and_counts_the_bytes_it_moves(scheme: str) -> None:
-    """The whole LLM run (engine.llm.run) of a quantized mode on CPU: gated by top-1 and KL, not the logits
-    tolerance; its decode bytes are the packed weights' (fewer than the unquantized step's)."""
+    """The whole LLM run (engine.llm.run) of a quantized mode on CPU: gated by top-1 and KL over the gate's own
+    GATE_STEPS decode steps (more than the 8 tokens unquantized modes compare), not the logits tolerance; its
+    decode bytes are the packed weights' (fewer than the unquantized step's)."""
     from engine.llm.config import LLMConfig
     from engine.llm.run import llm_run
 
-    cfg = LLMConfig(preset="tiny", prompt_len=8, new_tokens=4, mode=scheme, prefill_iters=2, decode_passes=1,
-                    profile=False, ceilings="none")
+    cfg = LLMConfig(preset="tiny", prompt_len=8, new_tokens=quant.GATE_STEPS + 2, mode=scheme, prefill_iters=2,
+                    decode_passes=1, profile=False, ceilings="none")
     result = llm_run(cfg)
     got = {(m.name, m.phase): m.value for m in result.metrics}
     assert got[("quant_top1_agreement", None)] >= quant.GATES[scheme].min_top1
     assert got[("quant_mean_kl_nats", None)] <= quant.GATES[scheme].max_kl
-    assert any(n.startswith("accuracy gate: ") for n in result.notes)
+    assert any(n.startswith("accuracy gate: ") and n.endswith(f"over {quant.GATE_STEPS + 1} positions")
+               for n in result.notes)
     plain = llm_run(dataclasses.replace(cfg, mode="eager"))
     plain_bytes = {(m.name, m.phase): m.value for m in plain.metrics}[("bytes", "decode")]
     assert got[("bytes", "decode")] < plain_bytes
