@@ -96,8 +96,8 @@ AOT_TILES_INT8 = ((4, 1024, 4), (16, 1024, 4), (32, 512, 4), (16, 256, 4), (4, 2
                   (8, 1024, 4), (64, 256, 4), (8, 2048, 4))
 LAUNCHED_TILES_FP8 = (TILE_FP8, TILE_FP8_NORM_WIDE, TILE_FP8_ADD, TILE_FP8_SWIGLU_WIDE, TILE_FP8_SWIGLU)
 AOT_TILES_INT4 = ((16, 16, 4), (128, 4, 8), (64, 8, 4), (32, 8, 4), (8, 32, 4), (16, 32, 4), (32, 8, 8))
-LAUNCHED_TILES_INT4 = (TILE_INT4, TILE_INT4_NORM_VOCAB, TILE_INT4_NORM_WIDE, TILE_INT4_NORM_LONG, TILE_INT4_NORM, TILE_INT4_ADD,
-                       TILE_INT4_SWIGLU)
+LAUNCHED_TILES_INT4 = (TILE_INT4, TILE_INT4_NORM_VOCAB, TILE_INT4_NORM_WIDE, TILE_INT4_NORM_LONG, TILE_INT4_NORM,
+                       TILE_INT4_ADD, TILE_INT4_SWIGLU)
 # One fixed config for the interpreter (CPU tests): few programs (each one runs in Python), K tiles small enough that
 # the test shapes have ragged tails along K and N.
 INTERPRETER_CONFIG = {"BLOCK_N": 32, "BLOCK_K": 128}
