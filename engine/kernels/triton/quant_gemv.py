@@ -17,16 +17,20 @@ kernel before it drains. What changes is what a weight load brings in:
   fp32 in registers.
   For both, the per-output-channel scale is the same along the whole row, so it multiplies the row's sum once at
   the end (y[n] = s[n] · Σ_k q[n, k] x[k]): one scale load per row, no multiply per weight.
-- int4 (`_wo_int4_kernel`): a (BLOCK_N, GROUPS, 8) tile of 32-bit words, eight codes each, in the order
-  engine/kernels/int4_layout.py packs them (nibble j of word t of a group holds k = 64·g + 8·j + t). At batch 1 this
-  kernel is bound by the integer work of unpacking, not by memory, so the layout is chosen for the fewest
-  operations per weight: for each nibble position j, one masked OR into the mantissa of 2^23 gives the float
-  2^23 + code · 16^i exactly (i = j mod 4; the word is shifted by 16 once for j ≥ 4), one subtract leaves
-  (code − 8) · 16^i, and one FMA multiplies it by x · 16^-i (x loaded contiguously, 8 values per group and j, and
-  scaled by a power of two, exactly). The 8 nibble positions' products are summed in registers, then scaled by the
-  group's scale (one per 64 weights of a row, loaded with the tile) into the accumulator. Symmetric codes (value =
-  (code − 8) · scale). Measured on an H100 (benchmarks/quant_gemv_bench.py, 2026-11-24): 1.3–1.5× faster than the
-  earlier even/odd layout, which spent a shift, a byte extraction and an in-loop group reduction per weight.
+- int4 (`_wo_int4_kernel`): a (GROUPS, BLOCK_N, 8) tile of 32-bit words, eight codes each, in the order
+  engine/kernels/int4_layout.py packs them (nibble j of word t of a group holds k = 64·g + 8·j + t). At batch 1
+  this kernel is bound by the work of unpacking, not by memory, so everything is chosen for the fewest
+  instructions per weight: one LOP3 per nibble (inline PTX: the nibble masked in place and OR-ed into the mantissa
+  of 2^23 is the float 2^23 + code · 16^i exactly, i = j mod 4; one shift per word for j ≥ 4), then one FMA
+  f · 16^-i − (2^23 · 16^-i + 8) gives code − 8 exactly (a subtract for i = 0; x is not rescaled), and one FMA
+  multiplies it by x[64 g + 8 j + t]; each group's
+  8 products per word are summed, then scaled by the group's scale (one per 64 weights of a row, loaded with the
+  tile). The tile is [group, row, word] so that Triton lays the lanes along each row's contiguous words and a
+  thread holds several rows, reusing its x values (and the SwiGLU / norm work on them) across those rows: with
+  rows first each thread held one row and converted an x value for every 8 codes. Offline SASS (sm_90, the fused
+  tiles): 4.3–5.3 instructions per weight in the loop, from 6.4–8.2. Symmetric codes (value = (code − 8) · scale).
+  Measured on an H100 (benchmarks/quant_gemv_bench.py --fused, 2026-11-25): the five fused GEMVs 1B 38.4 µs,
+  7B 84.6 µs at the launched tiles (the kernel before: 61.4, 130.8).
 
 Tiles are fixed, not autotuned: per code, fusion and output size (`channel_tile`, `int4_tile`), chosen from the tile
 sweeps of benchmarks/quant_gemv_bench.py on an H100 (--fused: as the decode step launches them); INTERPRETER_CONFIG
