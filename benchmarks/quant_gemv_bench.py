@@ -66,18 +66,12 @@ def launcher(scheme: str, tile: tuple[int, int, int, int], fusion: str = "", g: 
     pdl = pdl_enabled(torch.device("cuda"))
     flags.update(PDL=pdl, launch_pdl=pdl)
 
-    def channel(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        qb = q.view(torch.uint8)
-        qg._wo_channel_kernel[(triton.cdiv(q.shape[0], bn),)](
-            x, qb, s, y, x if g is None else g, x if r is None else r, q.shape[0], q.shape[1], qb.stride(0), EPS,
-            BLOCK_N=bn, BLOCK_K=bk, FP8=True, **flags, num_warps=warps, num_stages=stages)
-        return y
-
-    def int8(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        words = q.view(torch.int32)  # the LLM shapes have K % 4 == 0
-        qg._wo_int8_kernel[(triton.cdiv(q.shape[0], bn),)](
-            x, words, s, y, x if g is None else g, x if r is None else r, q.shape[0], q.shape[1], words.stride(0),
-            EPS, BLOCK_N=bn, BLOCK_K=bk, **flags, ASM=True, num_warps=warps, num_stages=stages)
+    def words(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        w = q.view(torch.uint8).view(torch.int32)  # int8 or fp8 codes; the LLM shapes have K % 4 == 0
+        qg._wo_word_kernel[(triton.cdiv(q.shape[0], bn),)](
+            x, w, s, y, x if g is None else g, x if r is None else r, q.shape[0], q.shape[1], w.stride(0),
+            EPS, BLOCK_N=bn, BLOCK_K=bk, **flags, ASM=True, FP8=scheme == "fp8-wo", num_warps=warps,
+            num_stages=stages)
         return y
 
     def int4(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -88,7 +82,7 @@ def launcher(scheme: str, tile: tuple[int, int, int, int], fusion: str = "", g: 
             s.stride(0), EPS, BLOCK_N=bn, GROUPS=bk, **flags, ASM=True, num_warps=warps, num_stages=stages)
         return y
 
-    return {"int4-wo": int4, "int8-wo": int8}.get(scheme, channel)
+    return int4 if scheme == "int4-wo" else words
 
 
 def bench_shape(scheme: str, n: int, k: int, fusion: str = "") -> dict:
@@ -167,7 +161,7 @@ def main() -> int:
                 best = min(r["times"], key=r["times"].get)
                 norm, add, swiglu = fusion == "norm", fusion in ("add", "swiglu"), fusion == "swiglu"
                 default = (*(int4_tile(n, norm, add, swiglu, k) if scheme == "int4-wo"
-                             else channel_tile(n, scheme == "fp8-wo", norm, add, swiglu, k)), 1)
+                             else channel_tile(n, norm, add, swiglu, k)), 1)
                 launched[(name, scheme)] = launched.get((name, scheme), 0.0) + r["times"].get(default, float("nan"))
                 for tile, us in r["times"].items():
                     total[tile] = total.get(tile, 0.0) + us

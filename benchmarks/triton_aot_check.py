@@ -40,24 +40,20 @@ def quant_jobs(arch: int):
     pdl = arch >= 90
     sig = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*bf16", "y_ptr": "*bf16", "g_ptr": "*bf16", "r_ptr": "*bf16",
            "N": "i32", "K": "i32", "stride_qn": "i32"}
-    for n, k, warps in qg.AOT_TILES_INT8:  # int8 codes read as words (K % 4 == 0: every LLM shape)
-        fusions = ((False, False, False),) + (FUSIONS if (n, k, warps) in qg.LAUNCHED_TILES_INT8 else ())
-        for norm, add, swiglu in fusions:
-            yield (f"quant_gemv int8 words {n}x{k} w{warps}{_fusion_tag(norm, add, swiglu)}", qg._wo_int8_kernel,
-                   {**sig, "q_ptr": "*i32", "eps": "fp32"},
-                   {"BLOCK_N": n, "BLOCK_K": k, "NORM": norm, "ADD": add, "SWIGLU": swiglu, "PDL": pdl, "ASM": True},
-                   warps)
-    n, k, warps = qg.TILE_INT8_BYTES  # int8 codes byte by byte (K % 4 != 0)
-    yield (f"quant_gemv int8 bytes {n}x{k} w{warps}", qg._wo_channel_kernel, {**sig, "eps": "fp32"},
-           {"BLOCK_N": n, "BLOCK_K": k, "FP8": False, "NORM": False, "ADD": False, "SWIGLU": False, "PDL": pdl}, warps)
-    if arch >= 89:  # fp8 (e4m3) conversions need sm_89+
-        for n, k, warps in qg.AOT_TILES_CHANNEL:
-            fusions = ((False, False, False),) + (FUSIONS if (n, k, warps) in qg.LAUNCHED_TILES_FP8 else ())
+    codes = (("int8", False),) + ((("fp8", True),) if arch >= 89 else ())  # e4m3 conversions need sm_89+
+    for code, fp8 in codes:  # read as words (K % 4 == 0: every LLM shape)
+        for n, k, warps in qg.AOT_TILES_WORDS:
+            fusions = ((False, False, False),) + (FUSIONS if (n, k, warps) in qg.LAUNCHED_TILES_WORDS else ())
             for norm, add, swiglu in fusions:
-                yield (f"quant_gemv fp8 {n}x{k} w{warps}{_fusion_tag(norm, add, swiglu)}", qg._wo_channel_kernel,
-                       {**sig, "eps": "fp32"},
-                       {"BLOCK_N": n, "BLOCK_K": k, "FP8": True, "NORM": norm, "ADD": add, "SWIGLU": swiglu,
-                        "PDL": pdl}, warps)
+                yield (f"quant_gemv {code} words {n}x{k} w{warps}{_fusion_tag(norm, add, swiglu)}",
+                       qg._wo_word_kernel, {**sig, "q_ptr": "*i32", "eps": "fp32"},
+                       {"BLOCK_N": n, "BLOCK_K": k, "NORM": norm, "ADD": add, "SWIGLU": swiglu, "PDL": pdl,
+                        "ASM": True, "FP8": fp8}, warps)
+    for code, fp8 in codes:  # byte by byte (K % 4 != 0)
+        n, k, warps = qg.TILE_BYTES
+        yield (f"quant_gemv {code} bytes {n}x{k} w{warps}", qg._wo_channel_kernel, {**sig, "eps": "fp32"},
+               {"BLOCK_N": n, "BLOCK_K": k, "FP8": fp8, "NORM": False, "ADD": False, "SWIGLU": False, "PDL": pdl},
+               warps)
     for n, groups, warps in qg.AOT_TILES_INT4:
         fusions = ((False, False, False),) + (FUSIONS if (n, groups, warps) in qg.LAUNCHED_TILES_INT4 else ())
         for norm, add, swiglu in fusions:

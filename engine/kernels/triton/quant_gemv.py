@@ -6,16 +6,20 @@ chunks of its rows (contiguous along K, so every load is coalesced), products ac
 at the end; PDL (programmatic dependent launch, sm_90+) lets the packed-weight stream of one GEMV start while the
 kernel before it drains. What changes is what a weight load brings in:
 
-- int8 (`_wo_int8_kernel`, K % 4 == 0): a (BLOCK_N, BLOCK_K / 4) tile of 32-bit words, four codes each. One XOR
+- int8 (`_wo_word_kernel`, K % 4 == 0): a (BLOCK_N, BLOCK_K / 4) tile of 32-bit words, four codes each. One XOR
   per word makes each byte code + 128; one PRMT per code (inline PTX on the GPU; shifts and masks under the
   interpreter) places that byte in the mantissa of 2^23, the float 2^23 + 128 + code exactly; one subtract and one
   FMA with x[4t + j] follow, into one fp32 accumulator per word. The plain conversion (`.to(tl.float32)`) is an
   I2F per code, and I2F runs on the SM's narrow conversion pipe: ncu on the 7B gate_up GEMV (H100, 2026-11-25) put
   that pipe 61 % busy with DRAM at 66 %. Over the five fused GEMVs, each at its best of 14 tiles, the word kernel
   takes 1B 53.4 / 7B 128.5 µs where the byte kernel took 59.8 / 139.5.
-- fp8, and int8 with K % 4 != 0 (`_wo_channel_kernel`): a (BLOCK_N, BLOCK_K) tile of 1-byte codes, converted to
+- fp8 (the same kernel, FP8, K % 4 == 0): the same word tiles; each word's two 16-bit halves go through
+  cvt.rn.f16x2.e4m3x2 (two codes per instruction, subnormals exact), then f16 → f32 per code, then the FMA. The
+  byte tile paid byte extraction and packing (PRMT) per code around the same conversion: 1B 70.5 / 7B 161.5 µs
+  over the five fused GEMVs where the word kernel takes 52.9 / 129.1 (H100, 2026-11-25).
+- int8 or fp8 with K % 4 != 0 (`_wo_channel_kernel`): a (BLOCK_N, BLOCK_K) tile of 1-byte codes, converted to
   fp32 in registers.
-  For both, the per-output-channel scale is the same along the whole row, so it multiplies the row's sum once at
+  For all three, the per-output-channel scale is the same along the whole row, so it multiplies the row's sum once at
   the end (y[n] = s[n] · Σ_k q[n, k] x[k]): one scale load per row, no multiply per weight.
 - int4 (`_wo_int4_kernel`): a (GROUPS, BLOCK_N, 8) tile of 32-bit words, eight codes each, in the order
   engine/kernels/int4_layout.py packs them (nibble j of word t of a group holds k = 64·g + 8·j + t). At batch 1
@@ -60,28 +64,24 @@ GROUP = int4_layout.GROUP  # int4 group size along K (engine.llm.quant.INT4_GROU
 # the offline compile check (benchmarks/triton_aot_check.py) builds.
 # Chosen from `python benchmarks/quant_gemv_bench.py --preset 1B,7B` on an H100 (2026-11-24): the tile with the least
 # time summed over each preset's weight shapes (qkv, o, gate_up, down, lm_head), the same for both presets within 2 %.
-# int8 (`_wo_int8_kernel`, codes read as words) as the decode step launches it -- with the RMSNorm, the residual or
-# SwiGLU fused in, and PDL (`channel_tile`). A fused GEMV forms its input in every program (the norm's sum of squares
-# over all of K, SwiGLU's sigmoid), so that work scales with the number of programs; under PDL a program's first
-# weight tile, loaded before it waits, overlaps the kernel before it. Per fusion and size, from
+# int8 and fp8 (`_wo_word_kernel`, codes read as words) as the decode step launches it -- with the RMSNorm, the
+# residual or SwiGLU fused in, and PDL (`channel_tile`). A fused GEMV forms its input in every program (the norm's
+# sum of squares over all of K, SwiGLU's sigmoid), so that work scales with the number of programs; under PDL a
+# program's first weight tile, loaded before it waits, overlaps the kernel before it. Per fusion and size, from
 # `python benchmarks/quant_gemv_bench.py --preset 1B,7B --schemes int8-wo --fused --top 6` (H100, 2026-11-25), µs:
-TILE_INT8 = (16, 1024, 4)  # no fusion (not in the decode step): the best single tile over the fused shapes
-TILE_INT8_NORM_LONG = (32, 512, 4)  # +norm, K >= 4096 (7B qkv, gate_up, lm_head): 18.7 / 33.8 / 48.0 (16x256x4:
+TILE_WORDS = (16, 1024, 4)  # no fusion (not in the decode step): the best single tile over the fused shapes
+TILE_WORDS_NORM_LONG = (32, 512, 4)  # +norm, K >= 4096 (7B qkv, gate_up, lm_head): 18.7 / 33.8 / 48.0 (16x256x4:
 # 19.8 / 36.3 / 46.2; gate_up's best, 64x256x4, 32.8)
-TILE_INT8_NORM_WIDE = (16, 256, 4)  # +norm, K < 4096, N >= 8192 (1B gate_up, lm_head): 13.3 / 24.8
-TILE_INT8_NORM = (4, 1024, 4)  # +norm, K < 4096, N < 8192 (1B qkv): 4.0 (best 8x2048x4, 3.9)
-TILE_INT8_ADD = (4, 1024, 4)  # +residual alone (o), K > 2048: 7B 8.0
-TILE_INT8_ADD_SHORT = (4, 2048, 4)  # +residual alone, K <= 2048 (a whole row per tile): 1B 3.0
-TILE_INT8_SWIGLU_WIDE = (16, 1024, 8)  # +swiglu +residual, N >= 4096 (7B down): 19.0
-TILE_INT8_SWIGLU = (8, 2048, 8)  # +swiglu +residual, N < 4096 (1B down): 9.1
-# int8 codes with K % 4 != 0 (no LLM shape) take the byte kernel (`_wo_channel_kernel`) at one tile.
-TILE_INT8_BYTES = (4, 1024, 4)
-TILE_FP8 = (8, 512, 4)  # 1B 70.2, 7B 146.3 (the earlier (8, 512, 8): 71.7, 153.6)
-# fp8 by fusion, from the same --fused sweep with --schemes fp8-wo (TILE_FP8 everywhere: 1B 71.6, 7B 151.0 µs):
-TILE_FP8_NORM_WIDE = (32, 256, 4)  # +norm, N >= 8192: 1B 16.0 / 29.4, 7B 21.2 / 38.7 / 55.0 µs
-TILE_FP8_ADD = (8, 512, 8)  # +residual alone (o): 1B 3.7, 7B 8.2 µs
-TILE_FP8_SWIGLU_WIDE = (8, 512, 8)  # +swiglu +residual, N >= 4096 (7B down): 21.6 µs (TILE_FP8: 23.8)
-TILE_FP8_SWIGLU = (8, 1024, 8)  # +swiglu +residual, N < 4096 (1B, 1.1B down): 10.1, 7.9 µs (TILE_FP8: 15.1, 11.0)
+TILE_WORDS_NORM_WIDE = (16, 256, 4)  # +norm, K < 4096, N >= 8192 (1B gate_up, lm_head): 13.3 / 24.8
+TILE_WORDS_NORM = (4, 1024, 4)  # +norm, K < 4096, N < 8192 (1B qkv): 4.0 (best 8x2048x4, 3.9)
+TILE_WORDS_ADD = (4, 1024, 4)  # +residual alone (o), K > 2048: 7B 8.0
+TILE_WORDS_ADD_SHORT = (4, 2048, 4)  # +residual alone, K <= 2048 (a whole row per tile): 1B 3.0
+TILE_WORDS_SWIGLU_WIDE = (16, 1024, 8)  # +swiglu +residual, N >= 4096 (7B down): 19.0
+TILE_WORDS_SWIGLU = (8, 2048, 8)  # +swiglu +residual, N < 4096 (1B down): 9.1
+# fp8 codes, read as words too, take the same tiles: swept over them (fp8, --fused, H100, 2026-11-25), the five GEMVs
+# at these tiles 1B 52.9 / 7B 129.1 µs, each shape at its best tile 52.2 / 124.7 (the byte kernel: 70.5 / 161.5).
+# Codes with K % 4 != 0 (no LLM shape) take the byte kernel (`_wo_channel_kernel`) at one tile.
+TILE_BYTES = (4, 1024, 4)
 # int4: (BLOCK_N, GROUPS of 64 weights per tile, num_warps), by fusion and shape, from `python
 # benchmarks/quant_gemv_bench.py --preset 1B,7B --schemes int4-wo --fused --top 8` (H100, 2026-11-25), µs:
 TILE_INT4 = (16, 16, 4)  # no fusion (not in the decode step): the best single tile over the fused shapes
@@ -91,14 +91,12 @@ TILE_INT4_NORM_LONG = (32, 8, 4)  # +norm, K >= 4096, N < 16384 (7B qkv): 12.3
 TILE_INT4_NORM = (8, 32, 4)  # +norm, K < 4096, N < 16384 (1B qkv): 3.1
 TILE_INT4_ADD = (8, 32, 4)  # +residual (o): 1B 2.8, 7B 5.2
 TILE_INT4_SWIGLU = (16, 32, 4)  # +swiglu +residual (down): 1B 9.0, 7B 14.6
-AOT_TILES_CHANNEL = ((4, 256, 4), (8, 512, 8), (16, 256, 8), (4, 1024, 8), (4, 1024, 4), (8, 512, 4), (16, 256, 4),
-                     (8, 1024, 4), (4, 2048, 4), (32, 256, 4), (8, 1024, 8))
+AOT_TILES_BYTES = (TILE_BYTES,)  # the byte kernel, int8 and fp8
 # what channel_tile returns, per code
-LAUNCHED_TILES_INT8 = (TILE_INT8, TILE_INT8_NORM_LONG, TILE_INT8_NORM_WIDE, TILE_INT8_NORM, TILE_INT8_ADD,
-                       TILE_INT8_ADD_SHORT, TILE_INT8_SWIGLU_WIDE, TILE_INT8_SWIGLU)
-AOT_TILES_INT8 = ((4, 1024, 4), (16, 1024, 4), (32, 512, 4), (16, 256, 4), (4, 2048, 4), (16, 1024, 8), (8, 2048, 8),
-                  (8, 1024, 4), (64, 256, 4), (8, 2048, 4))
-LAUNCHED_TILES_FP8 = (TILE_FP8, TILE_FP8_NORM_WIDE, TILE_FP8_ADD, TILE_FP8_SWIGLU_WIDE, TILE_FP8_SWIGLU)
+LAUNCHED_TILES_WORDS = (TILE_WORDS, TILE_WORDS_NORM_LONG, TILE_WORDS_NORM_WIDE, TILE_WORDS_NORM, TILE_WORDS_ADD,
+                        TILE_WORDS_ADD_SHORT, TILE_WORDS_SWIGLU_WIDE, TILE_WORDS_SWIGLU)
+AOT_TILES_WORDS = ((4, 1024, 4), (16, 1024, 4), (32, 512, 4), (16, 256, 4), (4, 2048, 4), (16, 1024, 8), (8, 2048, 8),
+                   (8, 1024, 4), (64, 256, 4), (8, 2048, 4))
 AOT_TILES_INT4 = ((16, 16, 4), (128, 4, 8), (64, 8, 4), (32, 8, 4), (8, 32, 4), (16, 32, 4), (32, 8, 8))
 LAUNCHED_TILES_INT4 = (TILE_INT4, TILE_INT4_NORM_VOCAB, TILE_INT4_NORM_WIDE, TILE_INT4_NORM_LONG, TILE_INT4_NORM,
                        TILE_INT4_ADD, TILE_INT4_SWIGLU)
@@ -174,13 +172,33 @@ def _int8_words_to_f32(w, ASM: tl.constexpr):
 
 
 @triton.jit
-def _wo_int8_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, eps, BLOCK_N: tl.constexpr,
+def _fp8_words_to_f32(w, ASM: tl.constexpr):
+    """The four e4m3 codes of each 32-bit word w as fp32, exactly (subnormals included; byte j is code j). ASM (the
+    GPU): the word's two halves through cvt.rn.f16x2.e4m3x2 (one instruction per two codes), then f16 → f32 per
+    code; otherwise (the interpreter) each byte bitcast to float8e4nv and converted."""
+    if ASM:
+        f0, f1, f2, f3 = tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi, a0, a1, a2, a3; .reg .b32 p, q; mov.b32 {lo, hi}, $4; "
+            "cvt.rn.f16x2.e4m3x2 p, lo; cvt.rn.f16x2.e4m3x2 q, hi; mov.b32 {a0, a1}, p; mov.b32 {a2, a3}, q; "
+            "cvt.f32.f16 $0, a0; cvt.f32.f16 $1, a1; cvt.f32.f16 $2, a2; cvt.f32.f16 $3, a3; }",
+            "=r,=r,=r,=r,r", [w], dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+    else:
+        f0 = (w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        f1 = ((w >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        f2 = ((w >> 16) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        f3 = ((w >> 24) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    return f0, f1, f2, f3
+
+
+@triton.jit
+def _wo_word_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, eps, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, NORM: tl.constexpr = False, ADD: tl.constexpr = False,
-                    SWIGLU: tl.constexpr = False, PDL: tl.constexpr = False, ASM: tl.constexpr = False):
-    """y[n] = s[n] · Σ_k q[n, k] · x[k] for int8 codes read as 32-bit words (K % 4 == 0; q_ptr int32, stride_qn
-    in words): a (BLOCK_N, BLOCK_K / 4) tile of words, each word's four codes converted by `_int8_words_to_f32`
-    and multiplied by x[4t + j] (x's chunk split four ways in registers), one fp32 accumulator per word.
-    NORM / ADD / SWIGLU as in the channel kernel."""
+                    SWIGLU: tl.constexpr = False, PDL: tl.constexpr = False, ASM: tl.constexpr = False,
+                    FP8: tl.constexpr = False):
+    """y[n] = s[n] · Σ_k q[n, k] · x[k] for int8 (or, FP8, e4m3) codes read as 32-bit words (K % 4 == 0; q_ptr
+    int32, stride_qn in words): a (BLOCK_N, BLOCK_K / 4) tile of words, each word's four codes converted by
+    `_int8_words_to_f32` (`_fp8_words_to_f32`) and multiplied by x[4t + j] (x's chunk split four ways in
+    registers), one fp32 accumulator per word. NORM / ADD / SWIGLU as in the channel kernel."""
     pid_n = tl.program_id(0)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -205,11 +223,18 @@ def _wo_int8_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, e
         x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_K // 4, 2, 2)))  # [t, a] = x[4t + 2a], x[4t + 2a + 1]
         x0, x2 = tl.split(x_even)
         x1, x3 = tl.split(x_odd)
-        f0, f1, f2, f3 = _int8_words_to_f32(w, ASM)
-        acc += (f0 - 8388736.0) * x0[None, :]  # f − (2^23 + 128) is the code, exactly
-        acc += (f1 - 8388736.0) * x1[None, :]
-        acc += (f2 - 8388736.0) * x2[None, :]
-        acc += (f3 - 8388736.0) * x3[None, :]
+        if FP8:
+            f0, f1, f2, f3 = _fp8_words_to_f32(w, ASM)
+            acc += f0 * x0[None, :]
+            acc += f1 * x1[None, :]
+            acc += f2 * x2[None, :]
+            acc += f3 * x3[None, :]
+        else:
+            f0, f1, f2, f3 = _int8_words_to_f32(w, ASM)
+            acc += (f0 - 8388736.0) * x0[None, :]  # f − (2^23 + 128) is the code, exactly
+            acc += (f1 - 8388736.0) * x1[None, :]
+            acc += (f2 - 8388736.0) * x2[None, :]
+            acc += (f3 - 8388736.0) * x3[None, :]
         w = w_next
     s = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     y = tl.sum(acc, axis=1) * s
@@ -340,23 +365,17 @@ def _features(x: torch.Tensor, swiglu: bool) -> int:
     return x.shape[-1] // 2 if swiglu else x.shape[-1]
 
 
-def channel_tile(n: int, fp8: bool, norm: bool = False, add: bool = False, swiglu: bool = False,
-                 k: int = 0) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps) the GPU launches for n output rows of k inputs with these fusions (TILE_INT8_*
-    for the int8 word kernel, TILE_FP8_*)."""
-    if fp8:
-        if swiglu:
-            return TILE_FP8_SWIGLU_WIDE if n >= 4096 else TILE_FP8_SWIGLU
-        if norm:
-            return TILE_FP8_NORM_WIDE if n >= 8192 else TILE_FP8
-        return TILE_FP8_ADD if add else TILE_FP8
+def channel_tile(n: int, norm: bool = False, add: bool = False, swiglu: bool = False, k: int = 0
+                 ) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps) the GPU launches the word kernel with (int8 and fp8 codes) for n output rows of
+    k inputs with these fusions (TILE_WORDS_*)."""
     if swiglu:
-        return TILE_INT8_SWIGLU_WIDE if n >= 4096 else TILE_INT8_SWIGLU
+        return TILE_WORDS_SWIGLU_WIDE if n >= 4096 else TILE_WORDS_SWIGLU
     if norm:
-        return TILE_INT8_NORM_LONG if k >= 4096 else TILE_INT8_NORM_WIDE if n >= 8192 else TILE_INT8_NORM
+        return TILE_WORDS_NORM_LONG if k >= 4096 else TILE_WORDS_NORM_WIDE if n >= 8192 else TILE_WORDS_NORM
     if add:
-        return TILE_INT8_ADD_SHORT if k <= 2048 else TILE_INT8_ADD
-    return TILE_INT8
+        return TILE_WORDS_ADD_SHORT if k <= 2048 else TILE_WORDS_ADD
+    return TILE_WORDS
 
 
 def int4_tile(n: int, norm: bool = False, add: bool = False, swiglu: bool = False, k: int = 0
@@ -387,35 +406,35 @@ def gemv_channel(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_we
         raise ValueError(f"per-channel codes are int8 or float8_e4m3fn, got {q.dtype}")
     g, r, flags = _fusion_args(x_row, n, k, norm_weight, residual, swiglu)
     y = torch.empty(n, device=x.device, dtype=x.dtype)
-    if not fp8 and k % 4 == 0:
-        return _gemv_int8_words(x, x_row, q, scales, y, g, r, n, k, float(eps), flags)
+    if k % 4 == 0:
+        return _gemv_words(x, x_row, q, scales, y, g, r, n, k, float(eps), dict(flags, FP8=fp8))
     q = (q if q.stride(1) == 1 else q.contiguous()).view(torch.uint8)
     args = (x_row, q, scales.reshape(-1).contiguous(), y, g, r, n, k, q.stride(0), float(eps))
     if is_interpreted(_wo_channel_kernel):
         cfg = INTERPRETER_CONFIG
         _wo_channel_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](*args, **cfg, FP8=fp8, **flags)
     else:
-        bn, bk, warps = channel_tile(n, True, flags["NORM"], flags["ADD"], flags["SWIGLU"]) if fp8 else TILE_INT8_BYTES
+        bn, bk, warps = TILE_BYTES
         pdl = pdl_enabled(x.device)
         _wo_channel_kernel[(triton.cdiv(n, bn),)](*args, BLOCK_N=bn, BLOCK_K=bk, FP8=fp8, **flags, PDL=pdl,
                                                   num_warps=warps, num_stages=1, launch_pdl=pdl)
     return y.reshape(*x.shape[:-1], n)
 
 
-def _gemv_int8_words(x: torch.Tensor, x_row: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, y: torch.Tensor,
+def _gemv_words(x: torch.Tensor, x_row: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, y: torch.Tensor,
                      g: torch.Tensor, r: torch.Tensor, n: int, k: int, eps: float, flags: dict) -> torch.Tensor:
-    """gemv_channel's int8 launch when K % 4 == 0: the codes read as int32 words by _wo_int8_kernel."""
+    """gemv_channel's launch when K % 4 == 0: the int8 or fp8 codes read as int32 words by _wo_word_kernel."""
     if q.stride(1) != 1 or q.stride(0) % 4 or q.data_ptr() % 16:
         q = q.clone(memory_format=torch.contiguous_format)  # a fresh allocation: contiguous and 16-byte aligned
-    words = q.view(torch.int32)
+    words = q.view(torch.uint8).view(torch.int32)  # fp8 tensors do not view as int32 directly
     args = (x_row, words, scales.reshape(-1).contiguous(), y, g, r, n, k, words.stride(0), eps)
-    if is_interpreted(_wo_int8_kernel):
+    if is_interpreted(_wo_word_kernel):
         cfg = INTERPRETER_CONFIG
-        _wo_int8_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](*args, **cfg, **flags)
+        _wo_word_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](*args, **cfg, **flags)
     else:
-        bn, bk, warps = channel_tile(n, False, flags["NORM"], flags["ADD"], flags["SWIGLU"], k)
+        bn, bk, warps = channel_tile(n, flags["NORM"], flags["ADD"], flags["SWIGLU"], k)
         pdl = pdl_enabled(x.device)
-        _wo_int8_kernel[(triton.cdiv(n, bn),)](*args, BLOCK_N=bn, BLOCK_K=bk, **flags, PDL=pdl, ASM=True,
+        _wo_word_kernel[(triton.cdiv(n, bn),)](*args, BLOCK_N=bn, BLOCK_K=bk, **flags, PDL=pdl, ASM=True,
                                                num_warps=warps, num_stages=1, launch_pdl=pdl)
     return y.reshape(*x.shape[:-1], n)
 

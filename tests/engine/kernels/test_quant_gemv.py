@@ -107,10 +107,11 @@ def test_the_quantized_kernels_compile_for_sm90_offline(aot_check_rows) -> None:
     (benchmarks/triton_aot_check.py --kernels quant), in a process without TRITON_INTERPRET, cache empty."""
     rows = aot_check_rows("--kernels", "quant")
     # plain at every tile (int8, fp8, int4), and the three fusions at every tile launched (int8's per shape)
-    want = (len(qg.AOT_TILES_INT8) + 1 + len(qg.AOT_TILES_CHANNEL) + len(qg.AOT_TILES_INT4)
-            + 3 * (len({*qg.LAUNCHED_TILES_INT8}) + len({*qg.LAUNCHED_TILES_FP8}) + len({*qg.LAUNCHED_TILES_INT4})))
-    assert set(qg.LAUNCHED_TILES_FP8) | {qg.TILE_INT8_BYTES} <= set(qg.AOT_TILES_CHANNEL)
-    assert set(qg.LAUNCHED_TILES_INT8) <= set(qg.AOT_TILES_INT8)
+    # int8 and fp8 through the word kernel (plain at every tile, fused at every launched one), each through the
+    # byte kernel at its one tile; int4
+    want = (2 * (len(qg.AOT_TILES_WORDS) + 3 * len({*qg.LAUNCHED_TILES_WORDS}) + 1) + len(qg.AOT_TILES_INT4)
+            + 3 * len({*qg.LAUNCHED_TILES_INT4}))
+    assert set(qg.LAUNCHED_TILES_WORDS) <= set(qg.AOT_TILES_WORDS)
     assert set(qg.LAUNCHED_TILES_INT4) <= set(qg.AOT_TILES_INT4)
     assert len(rows) == want and all(line.endswith("ok") for line in rows), rows
 
@@ -186,23 +187,19 @@ def test_the_int4_kernel_reads_each_code_where_the_layout_puts_it(k: int) -> Non
     assert y.tolist() == [[0.0, 5 * 0.5 * (k + 1), 0.0]]
 
 
-def test_channel_tile_picks_int8_tiles_by_fusion_and_size_and_one_fp8_tile() -> None:
-    """The measured rule (quant_gemv.TILE_INT8_*): by what is fused, then by the number of outputs."""
-    assert qg.channel_tile(4096, False, add=True, swiglu=True) == qg.TILE_INT8_SWIGLU_WIDE
-    assert qg.channel_tile(2048, False, add=True, swiglu=True) == qg.TILE_INT8_SWIGLU
-    assert qg.channel_tile(16384, False, norm=True, k=2048) == qg.channel_tile(8192, False, norm=True, k=2048) \
-        == qg.TILE_INT8_NORM_WIDE
-    assert qg.channel_tile(3072, False, norm=True, k=2048) == qg.TILE_INT8_NORM
-    assert qg.channel_tile(12288, False, norm=True, k=4096) == qg.channel_tile(32000, False, norm=True, k=4096) \
-        == qg.TILE_INT8_NORM_LONG
-    assert qg.channel_tile(4096, False, add=True, k=4096) == qg.TILE_INT8_ADD
-    assert qg.channel_tile(2048, False, add=True, k=2048) == qg.TILE_INT8_ADD_SHORT
-    assert qg.channel_tile(4096, False) == qg.channel_tile(32000, False) == qg.TILE_INT8
-    assert qg.channel_tile(22016, True, norm=True) == qg.TILE_FP8_NORM_WIDE
-    assert qg.channel_tile(2048, True, norm=True) == qg.channel_tile(4096, True) == qg.TILE_FP8
-    assert qg.channel_tile(2048, True, add=True) == qg.TILE_FP8_ADD
-    assert qg.channel_tile(2048, True, add=True, swiglu=True) == qg.TILE_FP8_SWIGLU
-    assert qg.channel_tile(4096, True, add=True, swiglu=True) == qg.TILE_FP8_SWIGLU_WIDE
+def test_the_tile_rules_pick_by_fusion_and_shape() -> None:
+    """The measured rules (quant_gemv.TILE_WORDS_* for int8 and fp8, TILE_INT4_*): by what is fused, then by the
+    number of outputs and inputs."""
+    assert qg.channel_tile(4096, add=True, swiglu=True) == qg.TILE_WORDS_SWIGLU_WIDE
+    assert qg.channel_tile(2048, add=True, swiglu=True) == qg.TILE_WORDS_SWIGLU
+    assert qg.channel_tile(16384, norm=True, k=2048) == qg.channel_tile(8192, norm=True, k=2048) \
+        == qg.TILE_WORDS_NORM_WIDE
+    assert qg.channel_tile(3072, norm=True, k=2048) == qg.TILE_WORDS_NORM
+    assert qg.channel_tile(12288, norm=True, k=4096) == qg.channel_tile(32000, norm=True, k=4096) \
+        == qg.TILE_WORDS_NORM_LONG
+    assert qg.channel_tile(4096, add=True, k=4096) == qg.TILE_WORDS_ADD
+    assert qg.channel_tile(2048, add=True, k=2048) == qg.TILE_WORDS_ADD_SHORT
+    assert qg.channel_tile(4096) == qg.channel_tile(32000) == qg.TILE_WORDS
     assert qg.int4_tile(16384, norm=True, k=2048) == qg.int4_tile(22016, norm=True, k=4096) == qg.TILE_INT4_NORM_WIDE
     assert qg.int4_tile(32000, norm=True, k=2048) == qg.TILE_INT4_NORM_VOCAB
     assert qg.int4_tile(12288, norm=True, k=4096) == qg.TILE_INT4_NORM_LONG
@@ -212,11 +209,11 @@ def test_channel_tile_picks_int8_tiles_by_fusion_and_size_and_one_fp8_tile() -> 
         == qg.TILE_INT4_SWIGLU
     assert qg.int4_tile(32000) == qg.TILE_INT4
     assert set(qg.LAUNCHED_TILES_INT4) <= set(qg.AOT_TILES_INT4)
-    assert set(qg.LAUNCHED_TILES_INT8) == {qg.channel_tile(n, False, **f) for n, f in (
+    assert set(qg.LAUNCHED_TILES_WORDS) == {qg.channel_tile(n, **f) for n, f in (
         (2048, {}), (22016, {"norm": True, "k": 4096}), (16384, {"norm": True, "k": 2048}), (2048, {"norm": True}),
         (2048, {"add": True, "k": 2048}),
         (4096, {"add": True, "k": 4096}), (4096, {"swiglu": True}), (2048, {"swiglu": True}))}
-    assert set(qg.LAUNCHED_TILES_INT8) <= set(qg.AOT_TILES_INT8)
+    assert set(qg.LAUNCHED_TILES_WORDS) <= set(qg.AOT_TILES_WORDS)
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 3, 4, 126, 127, 199])
@@ -229,6 +226,28 @@ def test_the_int8_word_kernel_pairs_each_byte_with_its_input(k: int) -> None:
     y = qg.gemv_channel(torch.arange(1, features + 1, dtype=torch.float32)[None].to(DEVICE), codes.to(DEVICE),
                         torch.full((n,), 0.5).to(DEVICE)).cpu()
     assert y.tolist() == [[0.0, -77 * 0.5 * (k + 1), 0.0]]
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 126, 199])
+def test_the_fp8_word_kernel_pairs_each_byte_with_its_input(k: int) -> None:
+    """fp8 through the word kernel: one nonzero code (-1.75) at input k, x = 1, 2, 3, ...: byte j of word t meets
+    x[4t + j] (the halves of a word go through cvt.rn.f16x2.e4m3x2 on the GPU: their byte order is checked here)."""
+    n, features = 3, 200
+    codes = torch.zeros(n, features, dtype=torch.float8_e4m3fn)
+    codes[1, k] = -1.75
+    y = qg.gemv_channel(torch.arange(1, features + 1, dtype=torch.float32)[None].to(DEVICE), codes.to(DEVICE),
+                        torch.full((n,), 0.5).to(DEVICE)).cpu()
+    assert y.tolist() == [[0.0, -1.75 * 0.5 * (k + 1), 0.0]]
+
+
+def test_every_fp8_code_converts_exactly() -> None:
+    """All 254 finite e4m3 codes (subnormals, ±0, the largest), each row one code at all 64 inputs, x = 1: the word
+    kernel's y is exactly 64 · value · scale."""
+    codes = torch.arange(256, dtype=torch.int16).to(torch.uint8).view(torch.float8_e4m3fn)
+    codes = codes[~torch.isnan(codes.float())]
+    q = codes[:, None].expand(len(codes), 64).contiguous()
+    y = qg.gemv_channel(torch.ones(1, 64).to(DEVICE), q.to(DEVICE), torch.full((len(codes),), 0.25).to(DEVICE)).cpu()
+    assert len(codes) == 254 and y.tolist() == [(codes.double() * 64 * 0.25).tolist()]
 
 
 def test_every_int4_code_converts_exactly_at_every_nibble() -> None:
