@@ -216,28 +216,18 @@ def test_the_tile_rules_pick_by_fusion_and_shape() -> None:
     assert set(qg.LAUNCHED_TILES_WORDS) <= set(qg.AOT_TILES_WORDS)
 
 
+@pytest.mark.parametrize("dtype, code", [(torch.int8, -77), (torch.float8_e4m3fn, -1.75)])
 @pytest.mark.parametrize("k", [0, 1, 2, 3, 4, 126, 127, 199])
-def test_the_int8_word_kernel_pairs_each_byte_with_its_input(k: int) -> None:
+def test_the_word_kernel_pairs_each_byte_with_its_input(k: int, dtype: torch.dtype, code: float) -> None:
     """Codes read four to a word: one nonzero code at input k (every byte position j = k mod 4 of a word) and x = 1,
-    2, 3, ...: the output is that code times x[k] times the scale, so byte j of word t meets x[4t + j]."""
+    2, 3, ...: the output is that code times x[k] times the scale, so byte j of word t meets x[4t + j] (for fp8 also
+    the order in which cvt.rn.f16x2.e4m3x2 takes a half's two bytes on the GPU)."""
     n, features = 3, 200
-    codes = torch.zeros(n, features, dtype=torch.int8)
-    codes[1, k] = -77
+    codes = torch.zeros(n, features, dtype=dtype)
+    codes[1, k] = code
     y = qg.gemv_channel(torch.arange(1, features + 1, dtype=torch.float32)[None].to(DEVICE), codes.to(DEVICE),
                         torch.full((n,), 0.5).to(DEVICE)).cpu()
-    assert y.tolist() == [[0.0, -77 * 0.5 * (k + 1), 0.0]]
-
-
-@pytest.mark.parametrize("k", [0, 1, 2, 3, 126, 199])
-def test_the_fp8_word_kernel_pairs_each_byte_with_its_input(k: int) -> None:
-    """fp8 through the word kernel: one nonzero code (-1.75) at input k, x = 1, 2, 3, ...: byte j of word t meets
-    x[4t + j] (the halves of a word go through cvt.rn.f16x2.e4m3x2 on the GPU: their byte order is checked here)."""
-    n, features = 3, 200
-    codes = torch.zeros(n, features, dtype=torch.float8_e4m3fn)
-    codes[1, k] = -1.75
-    y = qg.gemv_channel(torch.arange(1, features + 1, dtype=torch.float32)[None].to(DEVICE), codes.to(DEVICE),
-                        torch.full((n,), 0.5).to(DEVICE)).cpu()
-    assert y.tolist() == [[0.0, -1.75 * 0.5 * (k + 1), 0.0]]
+    assert y.tolist() == [[0.0, code * 0.5 * (k + 1), 0.0]]
 
 
 def test_every_fp8_code_converts_exactly() -> None:
