@@ -84,7 +84,10 @@ def _medians(store: Store, ids: list[int]) -> dict[tuple[str, str, int], float]:
 @pytest.mark.slow
 def test_a_side_by_side_bench_group_times_alone_and_matches_serial_groups(store) -> None:
     """Tolerance: a side-by-side median may differ from the mean of two serial groups' medians by at most
-    max(3 × the two serial groups' own difference, 25 %) in log terms, per (mode, phase, batch)."""
+    max(3 × the two serial groups' own difference, 25 %) in log terms, per (mode, phase, batch). Where one misses,
+    a second side-by-side group runs and each key's lower median counts: on the 2-core CI machine a neighbour once
+    slowed one group's eager by 1.43× (a full suite run, 2026-11-25; alone it passed every time), while a timing that
+    ran beside another run's compile would be slow in both groups."""
     params = {"phases": ["infer"], "batch_sizes": [64], "warmup": 5, "iters": 60, "loop": False}
     modes = ["eager", "fx", "torchscript"]
     serial = []
@@ -100,10 +103,23 @@ def test_a_side_by_side_bench_group_times_alone_and_matches_serial_groups(store)
     assert {"shared", "exclusive"} <= set(timeline["hold"])  # they did prepare side by side and time alone
     assert hold_overlaps(timeline).empty, hold_overlaps(timeline)
 
-    for key, median in _medians(store, side).items():
-        a, b = serial[0][key], serial[1][key]
-        allowed = max(3 * abs(math.log(a / b)), math.log(1.25))
-        assert abs(math.log(median / math.sqrt(a * b))) <= allowed, (key, median, a, b)
+    def misses(medians: dict[tuple[str, str, int], float]) -> list[tuple]:
+        out = []
+        for key, median in medians.items():
+            a, b = serial[0][key], serial[1][key]
+            allowed = max(3 * abs(math.log(a / b)), math.log(1.25))
+            if abs(math.log(median / math.sqrt(a * b))) > allowed:
+                out.append((key, median, a, b))
+        return out
+
+    medians = _medians(store, side)
+    if misses(medians):
+        again = _bench(store, modes, **params)
+        assert set(plan.supervise(store, again, requested=3).values()) == {"ok"}
+        assert hold_overlaps(group_timeline(store, again)).empty
+        second = _medians(store, again)
+        medians = {key: min(m, second[key]) for key, m in medians.items()}
+    assert not misses(medians), misses(medians)
 
 
 def test_hold_overlaps_finds_a_timing_beside_another_runs_preparation() -> None:
