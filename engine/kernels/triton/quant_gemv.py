@@ -107,6 +107,20 @@ INTERPRETER_CONFIG_INT4 = {"BLOCK_N": 32, "GROUPS": 2}
 
 
 @triton.jit
+def _channel_epilogue(row_sums, sumsq, s_ptr, y_ptr, r_ptr, offs_n, n_mask, K, eps, NORM: tl.constexpr,
+                      ADD: tl.constexpr):
+    """What the per-channel kernels (bytes and words) do after K: each row's sum times its scale, the RMSNorm's
+    1/rms (NORM), the residual (ADD), stored in y's dtype."""
+    s = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    y = row_sums * s
+    if NORM:
+        y = y * tl.rsqrt(tl.sum(sumsq, axis=0) / K + eps)
+    if ADD:
+        y += tl.load(r_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
 def _wo_channel_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, eps, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, FP8: tl.constexpr = False, NORM: tl.constexpr = False,
                        ADD: tl.constexpr = False, SWIGLU: tl.constexpr = False, PDL: tl.constexpr = False):
@@ -141,13 +155,7 @@ def _wo_channel_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn
             wf = w.to(tl.int8, bitcast=True).to(tl.float32)
         acc += wf * x[None, :]
         w = w_next
-    s = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    y = tl.sum(acc, axis=1) * s
-    if NORM:
-        y = y * tl.rsqrt(tl.sum(sumsq, axis=0) / K + eps)
-    if ADD:
-        y += tl.load(r_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+    _channel_epilogue(tl.sum(acc, axis=1), sumsq, s_ptr, y_ptr, r_ptr, offs_n, n_mask, K, eps, NORM, ADD)
 
 
 @triton.jit
@@ -236,13 +244,7 @@ def _wo_word_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, e
             acc += (f2 - 8388736.0) * x2[None, :]
             acc += (f3 - 8388736.0) * x3[None, :]
         w = w_next
-    s = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    y = tl.sum(acc, axis=1) * s
-    if NORM:
-        y = y * tl.rsqrt(tl.sum(sumsq, axis=0) / K + eps)
-    if ADD:
-        y += tl.load(r_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+    _channel_epilogue(tl.sum(acc, axis=1), sumsq, s_ptr, y_ptr, r_ptr, offs_n, n_mask, K, eps, NORM, ADD)
 
 
 @triton.jit
