@@ -2,6 +2,7 @@
 of tiles, beside cuBLAS on the bf16 weight, per weight shape of a preset.
 
     python benchmarks/quant_gemv_bench.py --preset 1B,7B [--schemes int8-wo,fp8-wo,int4-wo] [--top N] [--fused]
+        [--shapes qkv,o,gate_up,down,lm_head]
     (CUDA only)
 
 Each (shape, scheme): the weight quantized as the LLM modes do (engine.llm.quant.quantize), every tile's output
@@ -35,9 +36,10 @@ INT4_TILES = [(bn, g, w, 1) for bn, g, w in ((16, 16, 4), (32, 8, 4), (32, 16, 4
                                              (64, 8, 8), (32, 4, 4), (64, 16, 8), (128, 4, 8))]
 
 
-# What the triton-*-wo decode step fuses into each GEMV (engine.kernels.triton.gemv's norm_linear / linear_add /
-# swiglu_linear_add): the RMSNorm into qkv, gate_up and lm_head, the residual into o, SwiGLU and the residual into down.
-DECODE_FUSION = {"qkv": "norm", "o": "add", "gate_up": "norm", "down": "swiglu", "lm_head": "norm"}
+# What the triton-*-wo decode step fuses into each GEMV (engine.kernels.triton.gemv.FusedDecodeOps: norm_linear,
+# norm_swiglu, linear_add): the RMSNorm into qkv, gate_up and lm_head, SwiGLU into gate_up's epilogue ("glu": its
+# rows paired gate j, up j, half as many outputs), the residual into o and down.
+DECODE_FUSION = {"qkv": "norm", "o": "add", "gate_up": "glu", "down": "add", "lm_head": "norm"}
 EPS = 1e-5
 
 
@@ -53,14 +55,15 @@ def shapes(name: str) -> list[tuple[str, int, int]]:
 def launcher(scheme: str, tile: tuple[int, int, int, int], fusion: str = "", g: torch.Tensor | None = None,
              r: torch.Tensor | None = None):
     """A call of the scheme's kernel with this tile (the module's own launch, tile forced), with `fusion` ("norm":
-    x RMS-normalised with weight g; "add": r added; "swiglu": x = [gate, up], r added) as the decode step fuses."""
+    x RMS-normalised with weight g; "glu": the same, and silu(gate) · up of the row pairs stored; "add": r added)
+    as the decode step fuses."""
     import triton
 
     from engine.kernels.triton import quant_gemv as qg
     from engine.kernels.triton._common import pdl_enabled
 
     bn, bk, warps, stages = tile
-    flags = {"NORM": fusion == "norm", "ADD": fusion in ("add", "swiglu"), "SWIGLU": fusion == "swiglu"}
+    flags = {"NORM": fusion in ("norm", "glu"), "ADD": fusion == "add", "GLU": fusion == "glu"}
     # as the decode step launches them: programmatic dependent launch on sm_90+ (the weight tile loaded before the
     # wait overlaps the kernel before it; here, the previous call in the graph)
     pdl = pdl_enabled(torch.device("cuda"))
@@ -76,9 +79,8 @@ def launcher(scheme: str, tile: tuple[int, int, int, int], fusion: str = "", g: 
 
     def int4(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         words = q.view(torch.int32)  # bk is GROUPS here
-        k = x.numel() // 2 if flags["SWIGLU"] else x.numel()
         qg._wo_int4_kernel[(triton.cdiv(q.shape[0], bn),)](
-            x, words, s, y, x if g is None else g, x if r is None else r, q.shape[0], k, words.stride(0),
+            x, words, s, y, x if g is None else g, x if r is None else r, q.shape[0], x.numel(), words.stride(0),
             s.stride(0), EPS, BLOCK_N=bn, GROUPS=bk, **flags, ASM=True, num_warps=warps, num_stages=stages)
         return y
 
@@ -91,25 +93,26 @@ def bench_shape(scheme: str, n: int, k: int, fusion: str = "") -> dict:
     from engine.timing import time_in_graph
 
     gen = torch.Generator(device="cuda").manual_seed(n + k)
-    x = torch.randn(2 * k if fusion == "swiglu" else k, device="cuda", generator=gen).bfloat16()
+    x = torch.randn(k, device="cuda", generator=gen).bfloat16()
     w = (torch.randn(n, k, device="cuda", generator=gen) / k ** 0.5).bfloat16()
-    g = (1 + 0.1 * torch.randn(k, device="cuda", generator=gen)).bfloat16() if fusion == "norm" else None
-    r = torch.randn(n, device="cuda", generator=gen).bfloat16() if fusion in ("add", "swiglu") else None
+    g = (1 + 0.1 * torch.randn(k, device="cuda", generator=gen)).bfloat16() if fusion in ("norm", "glu") else None
+    r = torch.randn(n, device="cuda", generator=gen).bfloat16() if fusion == "add" else None
+    n_out = n // 2 if fusion == "glu" else n
     qw = quantize(w, scheme)
     q, s = qw.q.contiguous(), qw.scales.contiguous()
     x_in = x.double()  # the GEMV's input as the decode step forms it, in float64
-    if fusion == "norm":
+    if fusion in ("norm", "glu"):
         x_in = x_in * torch.rsqrt(x_in.pow(2).mean() + EPS) * g.double()
-    elif fusion == "swiglu":
-        x_in = F.silu(x_in[:k]) * x_in[k:]
     ref = (_reference_int4 if scheme == "int4-wo" else _reference_channel)(x_in[None], q, s)[0]
     if r is not None:
         ref = ref + r.double()
-    nbytes = q.numel() * q.element_size() + s.numel() * s.element_size() + 2 * (x.numel() + n)
+    if fusion == "glu":
+        ref = F.silu(ref[:n_out]) * ref[n_out:]
+    nbytes = q.numel() * q.element_size() + s.numel() * s.element_size() + 2 * (x.numel() + n_out)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     copies = max(2, min(32, int(3 * l2 // (q.numel() * q.element_size())) + 1))
     sets = [(q.clone(), s.clone()) for _ in range(copies)]
-    y = torch.empty(n, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty(n_out, device="cuda", dtype=torch.bfloat16)
     times = {}
     for tile in INT4_TILES if scheme == "int4-wo" else TILES:
         fn = launcher(scheme, tile, fusion, g, r)
@@ -134,13 +137,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="1B,7B")
     parser.add_argument("--schemes", default="int8-wo,fp8-wo,int4-wo")
+    parser.add_argument("--shapes", default=",".join(DECODE_FUSION),
+                        help=f"which of each preset's weights to time (default all: {','.join(DECODE_FUSION)})")
     parser.add_argument("--top", type=int, default=0, help="also list each shape's N fastest tiles with their µs")
     parser.add_argument("--fused", action="store_true",
                         help="each GEMV with what the decode step fuses into it (RMSNorm into qkv, gate_up, lm_head; "
-                             "the residual into o; SwiGLU and the residual into down), as triton-*-wo runs it")
+                             "SwiGLU into gate_up's epilogue; the residual into o and down), as triton-*-wo runs it")
     args = parser.parse_args()
     if args.top < 0:
         parser.error(f"--top must be >= 0, got {args.top}")
+    wanted = args.shapes.split(",")
+    if unknown := [w for w in wanted if w not in DECODE_FUSION]:
+        parser.error(f"unknown --shapes {unknown}: choose from {','.join(DECODE_FUSION)}")
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
@@ -154,14 +162,16 @@ def main() -> int:
         for scheme in args.schemes.split(","):
             total = totals.setdefault((name, scheme), {})
             for what, n, k in shapes(name):
+                if what not in wanted:
+                    continue
                 fusion = DECODE_FUSION[what] if args.fused else ""
                 r = bench_shape(scheme, n, k, fusion)
                 if not r["times"]:
                     continue
                 best = min(r["times"], key=r["times"].get)
-                norm, add, swiglu = fusion == "norm", fusion in ("add", "swiglu"), fusion == "swiglu"
-                default = (*(int4_tile(n, norm, add, swiglu, k) if scheme == "int4-wo"
-                             else channel_tile(n, norm, add, swiglu, k)), 1)
+                norm, add = fusion in ("norm", "glu"), fusion == "add"  # glu launches at the norm's tile
+                default = (*(int4_tile(n, norm, add, k=k) if scheme == "int4-wo" else channel_tile(n, norm, add, k=k)),
+                           1)
                 launched[(name, scheme)] = launched.get((name, scheme), 0.0) + r["times"].get(default, float("nan"))
                 for tile, us in r["times"].items():
                     total[tile] = total.get(tile, 0.0) + us

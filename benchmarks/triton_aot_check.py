@@ -25,16 +25,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-FUSIONS = ((True, False, False), (False, True, False), (False, True, True))  # norm_linear; linear_add; swiglu
+FUSIONS = ((True, False, False), (False, True, False), (True, False, True))  # norm_linear; linear_add; norm_swiglu
 
 
-def _fusion_tag(norm: bool, add: bool, swiglu: bool) -> str:
-    return " +norm" if norm else " +swiglu +residual" if swiglu else " +residual" if add else ""
+def _fusion_tag(norm: bool, add: bool, glu: bool) -> str:
+    return " +norm +swiglu" if glu else " +norm" if norm else " +residual" if add else ""
 
 
 def quant_jobs(arch: int):
     """The weight-only quantized GEMVs (the triton-*-wo LLM modes): every tile they may use, each code type, plain;
-    the fused variants of the triton-fused step (norm, residual, SwiGLU + residual) at the tile the modes launch."""
+    the fused variants of the triton-fused step (norm, residual, norm + SwiGLU) at the tiles the modes launch."""
     from engine.kernels.triton import quant_gemv as qg
 
     pdl = arch >= 90
@@ -44,22 +44,22 @@ def quant_jobs(arch: int):
     for code, fp8 in codes:  # read as words (K % 4 == 0: every LLM shape)
         for n, k, warps in qg.AOT_TILES_WORDS:
             fusions = ((False, False, False),) + (FUSIONS if (n, k, warps) in qg.LAUNCHED_TILES_WORDS else ())
-            for norm, add, swiglu in fusions:
-                yield (f"quant_gemv {code} words {n}x{k} w{warps}{_fusion_tag(norm, add, swiglu)}",
+            for norm, add, glu in fusions:
+                yield (f"quant_gemv {code} words {n}x{k} w{warps}{_fusion_tag(norm, add, glu)}",
                        qg._wo_word_kernel, {**sig, "q_ptr": "*i32", "eps": "fp32"},
-                       {"BLOCK_N": n, "BLOCK_K": k, "NORM": norm, "ADD": add, "SWIGLU": swiglu, "PDL": pdl,
+                       {"BLOCK_N": n, "BLOCK_K": k, "NORM": norm, "ADD": add, "GLU": glu, "PDL": pdl,
                         "ASM": True, "FP8": fp8}, warps)
     for code, fp8 in codes:  # byte by byte (K % 4 != 0)
         n, k, warps = qg.TILE_BYTES
         yield (f"quant_gemv {code} bytes {n}x{k} w{warps}", qg._wo_channel_kernel, {**sig, "eps": "fp32"},
-               {"BLOCK_N": n, "BLOCK_K": k, "FP8": fp8, "NORM": False, "ADD": False, "SWIGLU": False, "PDL": pdl},
+               {"BLOCK_N": n, "BLOCK_K": k, "FP8": fp8, "NORM": False, "ADD": False, "PDL": pdl},
                warps)
     for n, groups, warps in qg.AOT_TILES_INT4:
         fusions = ((False, False, False),) + (FUSIONS if (n, groups, warps) in qg.LAUNCHED_TILES_INT4 else ())
-        for norm, add, swiglu in fusions:
-            yield (f"quant_gemv int4 {n}x{groups}g w{warps}{_fusion_tag(norm, add, swiglu)}", qg._wo_int4_kernel,
+        for norm, add, glu in fusions:
+            yield (f"quant_gemv int4 {n}x{groups}g w{warps}{_fusion_tag(norm, add, glu)}", qg._wo_int4_kernel,
                    {**sig, "q_ptr": "*i32", "stride_sn": "i32", "eps": "fp32"},
-                   {"BLOCK_N": n, "GROUPS": groups, "NORM": norm, "ADD": add, "SWIGLU": swiglu, "PDL": pdl,
+                   {"BLOCK_N": n, "GROUPS": groups, "NORM": norm, "ADD": add, "GLU": glu, "PDL": pdl,
                     "ASM": True}, warps)
 
 
@@ -92,11 +92,10 @@ def jobs(arch: int):
     gemv_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "g_ptr": "*bf16", "r_ptr": "*bf16", "N": "i32",
                 "K": "i32", "stride_wn": "i32", "eps": "fp32"}
     for n, k, warps in gm.TILES:
-        # plain; norm_linear; linear_add; swiglu_linear_add
-        for norm, add, swiglu in ((False, False, False), (True, False, False), (False, True, False),
-                                  (False, True, True)):
-            yield (f"gemv {n}x{k} w{warps}{_fusion_tag(norm, add, swiglu)}", gm._gemv_kernel, gemv_sig,
-                   {"BLOCK_N": n, "BLOCK_K": k, "NORM": norm, "ADD": add, "SWIGLU": swiglu, "PDL": pdl}, warps)
+        # plain; norm_linear; linear_add; norm_swiglu
+        for norm, add, glu in ((False, False, False), *FUSIONS):
+            yield (f"gemv {n}x{k} w{warps}{_fusion_tag(norm, add, glu)}", gm._gemv_kernel, gemv_sig,
+                   {"BLOCK_N": n, "BLOCK_K": k, "NORM": norm, "ADD": add, "GLU": glu, "PDL": pdl}, warps)
 
 
 def message_passing_jobs(arch: int):

@@ -15,7 +15,7 @@
 | triton-decode           | torch.compile | triton-gemv, and the step's attention a Triton flash-decoding kernel    |
 |                         |               | (engine/kernels/triton/decode_attention.py) instead of SDPA             |
 | triton-fused            | torch.compile | triton-decode, and the RMSNorms, residual adds and SwiGLU inside the    |
-|                         |               | GEMVs next to them (norm_linear / linear_add / swiglu_linear_add in     |
+|                         |               | GEMVs next to them (norm_linear / norm_swiglu / linear_add in           |
 |                         |               | engine/kernels/triton/gemv.py), RoPE and the cache write inside the     |
 |                         |               | decode attention (decode_attention_qkv)                                 |
 | int8-wo, fp8-wo,        | torch.compile | compile-cudagraph over weight-only quantized decoder layers and LM head |
@@ -354,9 +354,9 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
 
         for layer in model.layers:
             layer.self_attn.decode_attn_qkv = decode_attention_qkv
-        notes.append("decode step: RMSNorm inside the qkv, gate_up and lm_head GEMVs, residual adds inside the o and "
-                     "down GEMVs, SwiGLU in the down GEMV's load (engine.kernels.triton.gemv.norm_linear / "
-                     "linear_add / swiglu_linear_add); RoPE and the KV-cache write inside the decode attention "
+        notes.append("decode step: RMSNorm inside the qkv, gate_up and lm_head GEMVs, SwiGLU in the gate_up GEMV's "
+                     "epilogue, residual adds inside the o and down GEMVs (engine.kernels.triton.gemv.norm_linear / "
+                     "norm_swiglu / linear_add); RoPE and the KV-cache write inside the decode attention "
                      "kernel (decode_attention_qkv)")
     plain = step_fn(model)
     compile_mode = "max-autotune-no-cudagraphs" if autotune else None

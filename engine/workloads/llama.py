@@ -166,10 +166,10 @@ class Attention(nn.Module):
         # The triton-fused mode sets engine.kernels.triton.decode_attention.decode_attention_qkv here.
         self.decode_attn_qkv: Callable[..., torch.Tensor] | None = None
         # The decode step's one-row products with the norm before them / the residual after them inside the product
-        # (norm_linear(x, norm_w, eps, proj), linear_add(x, proj, residual), swiglu_linear_add(gate_up, proj, residual),
-        # each given the projection module, so a quantized one brings its codes and scales);
-        # None: the plain modules. Set through
-        # LlamaDecoder.set_fused_ops (the LLM lab's triton-fused mode: engine.kernels.triton.gemv.FusedDecodeOps).
+        # (norm_linear(x, norm_w, eps, proj), norm_swiglu(x, norm_w, eps, gate_up_proj) = silu(gate) · up,
+        # linear_add(x, proj, residual), each given the projection module, so a quantized one brings its codes and
+        # scales); None: the plain modules. Set through LlamaDecoder.set_fused_ops (the LLM lab's triton-fused mode:
+        # engine.kernels.triton.gemv.FusedDecodeOps).
         self.fused_ops: Any = None
 
     def fuse(self) -> None:
@@ -285,8 +285,8 @@ class MLP(nn.Module):
         """SwiGLU of x (normalised by `norm` first when given), plus `residual` when given."""
         if self.fused_ops is not None and norm is not None and residual is not None and self.gate_up_proj is not None \
                 and x.shape[-2] == 1:
-            gate_up = self.fused_ops.norm_linear(x, norm.weight, norm.eps, self.gate_up_proj)
-            return self.fused_ops.swiglu_linear_add(gate_up, self.down_proj, residual)
+            hidden = self.fused_ops.norm_swiglu(x, norm.weight, norm.eps, self.gate_up_proj)
+            return self.fused_ops.linear_add(hidden, self.down_proj, residual)
         if norm is not None:
             x = norm(x)
         if self.gate_up_proj is not None:
@@ -351,8 +351,8 @@ class LlamaDecoder(nn.Module):
                 layer.mlp.fuse()
 
     def set_fused_ops(self, ops: Any) -> None:
-        """Route the decode step's one-row products through `ops` (norm_linear, linear_add, swiglu_linear_add: the
-        norms, residual adds and the SwiGLU inside the products), or back to the plain modules with None. Needs
+        """Route the decode step's one-row products through `ops` (norm_linear, norm_swiglu, linear_add: the norms,
+        the SwiGLU and the residual adds inside the products), or back to the plain modules with None. Needs
         fuse_projections first."""
         if ops is not None:
             if any(layer.self_attn.qkv_proj is None or layer.mlp.gate_up_proj is None for layer in self.layers):

@@ -164,16 +164,44 @@ def _major(index: int) -> int:
 
 
 @triton.jit
-def load_fused_x(x_ptr, g_ptr, offs_k, k_mask, K, sumsq, SWIGLU: tl.constexpr, NORM: tl.constexpr):
-    """A one-row GEMV's input at offs_k in fp32, as the fused decode products form it: SWIGLU: x_ptr holds
-    [gate, up] (2K values) and x = silu(gate) · up; NORM: x's squares added to sumsq (the RMSNorm's sum, taken in
-    the GEMV's own pass) and x scaled by the norm weight g. Returns (x, sumsq). Shared by engine.kernels.triton.gemv
-    and quant_gemv."""
+def load_fused_x(x_ptr, g_ptr, offs_k, k_mask, sumsq, NORM: tl.constexpr):
+    """A one-row GEMV's input at offs_k in fp32, as the fused decode products form it: NORM: x's squares added to
+    sumsq (the RMSNorm's sum, taken in the GEMV's own pass) and x scaled by the norm weight g. Returns (x, sumsq).
+    Shared by engine.kernels.triton.gemv and quant_gemv."""
     x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-    if SWIGLU:
-        up = tl.load(x_ptr + K + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-        x = x * tl.sigmoid(x) * up
     if NORM:
         sumsq += x * x
         x = x * tl.load(g_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
     return x, sumsq
+
+
+@triton.jit
+def output_rows(pid_n, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
+    """(offs_n, n_mask): the weight rows a one-row GEMV's program reduces, and which of them exist. GLU: W is
+    [gate; up] (N = 2F rows) and the program takes BLOCK_N / 2 rows of each half, interleaved (gate j, up j,
+    gate j + 1, ...), so that its epilogue holds both products of each of its F outputs (`store_output`)."""
+    if GLU:
+        i = tl.arange(0, BLOCK_N)
+        j = pid_n * (BLOCK_N // 2) + i // 2
+        offs_n = j + (i % 2) * (N // 2)
+        n_mask = j < N // 2
+    else:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < N
+    return offs_n, n_mask
+
+
+@triton.jit
+def store_output(y, y_ptr, r_ptr, offs_n, n_mask, pid_n, N, BLOCK_N: tl.constexpr, ADD: tl.constexpr,
+                 GLU: tl.constexpr):
+    """A one-row GEMV's epilogue store of y (fp32, one value per row of offs_n), in y's dtype. ADD: the residual r
+    added. GLU (rows as `output_rows` pairs them): silu(gate) · up of each pair, F = N / 2 outputs — the MLP's
+    SwiGLU formed where both products already sit in registers, so the down projection reads F values, not 2F."""
+    if GLU:
+        gate, up = tl.split(tl.reshape(y, (BLOCK_N // 2, 2)))
+        offs = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        tl.store(y_ptr + offs, (gate * tl.sigmoid(gate) * up).to(y_ptr.dtype.element_ty), mask=offs < N // 2)
+    else:
+        if ADD:
+            y += tl.load(r_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)

@@ -12,11 +12,13 @@ break), CUDA graphs capture it. Rows other than one (B > 1, prefill) take F.line
 would lose to a GEMM. For one row it picks, per weight shape and once per process, whichever of this kernel and
 cuBLAS (F.linear) is faster here, both timed the way the decode step runs them (`time_choice`): like Inductor's
 max-autotune, which keeps cuBLAS among its candidates. `choices()` lists what was picked, with both times.
-`norm_linear`, `linear_add` and `swiglu_linear_add` (custom ops `modelab::gemv_norm_linear` / `gemv_linear_add` /
-`gemv_swiglu_linear_add`, the `triton-fused` mode) run the same kernel with an RMSNorm in its prologue, a residual in
-its epilogue, or silu(gate) · up formed as it loads [gate, up]: at B=1 the norm, the add and the SwiGLU are kernels of
-their own that read a few KB each, so moving them into the GEMVs saves three launches and their ramps per layer, at
-no extra traffic (the norm's sum of squares is taken in the GEMV's pass over x).
+`norm_linear`, `norm_swiglu` and `linear_add` (custom ops `modelab::gemv_norm_linear` / `gemv_norm_swiglu` /
+`gemv_linear_add`, the `triton-fused` mode) run the same kernel with an RMSNorm in its prologue, SwiGLU in the gate_up
+product's epilogue, or a residual in its epilogue: at B=1 the norms, the adds and the SwiGLU are kernels of their own
+that read a few KB each, so moving them into the GEMVs saves four launches and their ramps per layer, at no extra
+traffic (the norm's sum of squares is taken in the GEMV's pass over x). SwiGLU sits in gate_up's epilogue rather than
+in down's prologue because there it costs one sigmoid per output, once; formed as down loads its input, every one of
+down's programs read [gate, up] (twice down's input) and took the sigmoid of all of it.
 `_reference` is F.linear in float64; the checks sit in tests/engine/kernels/test_gemv.py, the table of both
 implementations per preset shape in benchmarks/gemv_bench.py, the offline sm_90 compile in
 benchmarks/triton_aot_check.py.
@@ -31,7 +33,7 @@ import triton.language as tl
 import triton.testing
 
 from engine.device_lock import exclusive
-from engine.kernels.triton._common import is_interpreted, load_fused_x, pdl_enabled
+from engine.kernels.triton._common import is_interpreted, load_fused_x, output_rows, pdl_enabled, store_output
 from engine.workloads.llama import rms_norm  # the decoder's own RMSNorm: the unfused fallbacks compute exactly it
 
 # (BLOCK_N, BLOCK_K, num_warps): few enough that the first decode step's autotuning stays short (every config is a
@@ -48,19 +50,18 @@ def _configs() -> list[triton.Config]:
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_wn, eps, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr, SWIGLU: tl.constexpr = False,
-                 PDL: tl.constexpr = False):
+                 BLOCK_K: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr = False,
+                 GLU: tl.constexpr = False):
     """y = x @ W.T; NORM: x is first RMS-normalised and scaled by g (y = rstd · (x∘g) @ W.T, the sum of squares
-    taken in the same pass over x, so the norm costs no extra traffic); ADD: y += r (a residual); SWIGLU: x_ptr
-    holds [gate, up] (2K values) and x = silu(gate) · up is formed as it is loaded (in fp32, never stored).
+    taken in the same pass over x, so the norm costs no extra traffic); ADD: y += r (a residual); GLU: W is
+    [gate; up] and y = silu(x @ gate.T) · (x @ up.T), N / 2 values formed in fp32 (`output_rows`, `store_output`).
     PDL (programmatic dependent launch, sm_90+): the next kernel may start once every program here has; this one
     loads its first W tile before waiting for the previous kernel (W does not depend on it), so the weight stream
     of one GEMV starts while the one before drains."""
     pid_n = tl.program_id(0)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
+    offs_n, n_mask = output_rows(pid_n, N, BLOCK_N, GLU)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     sumsq = tl.zeros((BLOCK_K,), dtype=tl.float32)
     w_rows = w_ptr + offs_n[:, None] * stride_wn
@@ -76,15 +77,13 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_wn, eps, BLOCK_
         offs_next = offs_k + BLOCK_K
         w_next = tl.load(w_rows + offs_next[None, :], mask=n_mask[:, None] & (offs_next < K)[None, :], other=0.0,
                          eviction_policy="evict_first")
-        x, sumsq = load_fused_x(x_ptr, g_ptr, offs_k, k_mask, K, sumsq, SWIGLU, NORM)
+        x, sumsq = load_fused_x(x_ptr, g_ptr, offs_k, k_mask, sumsq, NORM)
         acc += w.to(tl.float32) * x[None, :]
         w = w_next
     y = tl.sum(acc, axis=1)
     if NORM:
         y = y * tl.rsqrt(tl.sum(sumsq, axis=0) / K + eps)
-    if ADD:
-        y += tl.load(r_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+    store_output(y, y_ptr, r_ptr, offs_n, n_mask, pid_n, N, BLOCK_N, ADD, GLU)
 
 
 def _quick_bench(fn, quantiles):  # type: ignore[no-untyped-def]
@@ -96,7 +95,7 @@ def _quick_bench(fn, quantiles):  # type: ignore[no-untyped-def]
 
 # cache_results: the winning tile per key is kept on disk (Triton's cache dir), so the next process — the next LLM
 # mode of `llm --mode all`, each in its own worker — reuses it instead of timing ten configs again.
-_gemv_tuned = triton.autotune(_configs(), key=["N", "K", "NORM", "ADD", "SWIGLU"], do_bench=_quick_bench,
+_gemv_tuned = triton.autotune(_configs(), key=["N", "K", "NORM", "ADD", "GLU"], do_bench=_quick_bench,
                               cache_results=True)(_gemv_kernel)
 # One fixed config for the interpreter (CPU tests): autotuning there would time Python.
 INTERPRETER_CONFIG = {"BLOCK_N": 8, "BLOCK_K": 128}
@@ -112,7 +111,7 @@ _PENDING_CHOICES: dict[tuple, tuple[torch.Size, torch.dtype]] = {}  # choice key
 
 
 def _kernel_args(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None, residual: torch.Tensor | None,
-                 swiglu: bool, eps: float) -> tuple[tuple, dict]:
+                 eps: float, glu: bool = False) -> tuple[tuple, dict]:
     """The kernel's arguments (y allocated) and its fusion flags, exactly as every launch passes them."""
     n, k = w.shape
     if w.stride(1) != 1:
@@ -120,25 +119,22 @@ def _kernel_args(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | N
     x_row = x.reshape(-1).contiguous()
     g = norm_weight.reshape(-1).contiguous() if norm_weight is not None else x_row  # unread unless NORM
     r = residual.reshape(-1).contiguous() if residual is not None else x_row  # unread unless ADD
-    y = torch.empty(n, device=x.device, dtype=x.dtype)
-    flags = dict(NORM=norm_weight is not None, ADD=residual is not None, SWIGLU=swiglu)
+    y = torch.empty(n // 2 if glu else n, device=x.device, dtype=x.dtype)
+    flags = dict(NORM=norm_weight is not None, ADD=residual is not None, GLU=glu)
     return (x_row, w, y, g, r, n, k, w.stride(0), float(eps)), flags
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-         residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
+         residual: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
     """x (K,) or (1, K) · W (N, K) → (N,) or (1, N), in x's dtype, accumulated in fp32.
 
     With `norm_weight` (K,): x is replaced by RMSNorm(x) = x · rsqrt(mean(x²) + eps) · norm_weight first (in fp32,
     never rounded to x's dtype in between). With `residual` (N elements): it is added to the product. With
-    `swiglu`: x is [gate, up] (2K features) and the product is silu(gate) · up @ W.T (formed in fp32 on load)."""
+    `glu`: W is [gate; up] (N = 2F rows) and the result is silu(x @ gate.T) · (x @ up.T), F values (formed in fp32
+    in the epilogue)."""
     if x.numel() != x.shape[-1]:
         raise ValueError(f"gemv takes one row; x has shape {tuple(x.shape)}")
-    features = x.shape[-1] // 2 if swiglu else x.shape[-1]
-    if swiglu and x.shape[-1] % 2:
-        raise ValueError(f"swiglu needs [gate, up]: an even number of features, got {x.shape[-1]}")
-    if swiglu and norm_weight is not None:
-        raise ValueError("gemv: swiglu and norm_weight do not combine")
+    features = x.shape[-1]
     if w.dim() != 2 or w.shape[1] != features:
         raise ValueError(f"weight {tuple(w.shape)} does not match x's {features} features")
     n, k = w.shape
@@ -146,12 +142,14 @@ def gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = No
         raise ValueError(f"norm weight has {norm_weight.numel()} elements for {k} features")
     if residual is not None and residual.numel() != n:
         raise ValueError(f"residual has {residual.numel()} elements for {n} outputs")
-    args, flags = _kernel_args(x, w, norm_weight, residual, swiglu, eps)
+    if glu and (n % 2 or residual is not None):
+        raise ValueError(f"gemv: glu needs an even number of rows ([gate; up], got {n}) and no residual")
+    args, flags = _kernel_args(x, w, norm_weight, residual, eps, glu)
     y = args[2]
     if is_interpreted(_gemv_kernel):
         cfg = INTERPRETER_CONFIG
         _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](*args, **cfg, **flags)
-        return y.reshape(*x.shape[:-1], n)
+        return y.reshape(*x.shape[:-1], y.numel())
     pdl = pdl_enabled(x.device)
     spec = (n, k, x.dtype, str(x.device), tuple(flags.values()))
     if _DEFERRED and spec not in _TUNED:  # untimed stand-in until tune_pending() (see defer_tuning)
@@ -163,7 +161,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = No
     else:
         _gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, PDL=pdl, launch_pdl=pdl)
         _TUNED.add(spec)
-    return y.reshape(*x.shape[:-1], n)
+    return y.reshape(*x.shape[:-1], y.numel())
 
 
 # (N, K, dtype, device) → {"impl": "triton" | "cublas", "triton_us": …, "cublas_us": …}
@@ -199,8 +197,8 @@ def defer_tuning(on: bool = True) -> None:
 def _example(spec: tuple, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
                                                           torch.Tensor | None]:
     """Random x, W, norm weight and residual shaped like a pending (N, K, dtype, device, flags) call."""
-    n, k, dtype, device, (norm, add, swiglu) = spec
-    x = torch.randn(1, 2 * k if swiglu else k, generator=gen).to(device=device, dtype=dtype)
+    n, k, dtype, device, (norm, add, _) = spec
+    x = torch.randn(1, k, generator=gen).to(device=device, dtype=dtype)
     w = torch.randn(n, k, generator=gen).to(device=device, dtype=dtype)
     return (x, w, torch.ones(k, device=device, dtype=dtype) if norm else None,
             torch.zeros(1, n, device=device, dtype=dtype) if add else None)
@@ -214,7 +212,7 @@ def compile_pending() -> int:
     count = 0
     for spec in sorted(_PENDING_TILES, key=str):
         x, w, norm_weight, residual = _example(spec, gen)
-        args, flags = _kernel_args(x, w, norm_weight, residual, spec[4][2], 1e-5)
+        args, flags = _kernel_args(x, w, norm_weight, residual, 1e-5, spec[4][2])
         pdl = pdl_enabled(x.device)
         for config in _configs():
             _gemv_kernel.warmup(*args, **config.kwargs, **flags, PDL=pdl, num_warps=config.num_warps,
@@ -234,10 +232,10 @@ def tune_pending() -> list[str]:
     try:
         with exclusive():
             for spec in sorted(_PENDING_TILES, key=str):
-                n, k, _, _, (norm, add, swiglu) = spec
+                n, k, _, _, (norm, add, glu) = spec
                 x, w, norm_weight, residual = _example(spec, gen)
-                gemv(x, w, norm_weight=norm_weight, eps=1e-5, residual=residual, swiglu=swiglu)  # autotunes
-                done.append(f"tiles {n}×{k}" + (" +norm" if norm else "") + (" +swiglu" if swiglu else "")
+                gemv(x, w, norm_weight=norm_weight, eps=1e-5, residual=residual, glu=glu)  # autotunes
+                done.append(f"tiles {n}×{k}" + (" +norm" if norm else "") + (" +glu" if glu else "")
                             + (" +residual" if add else ""))
             _PENDING_TILES.clear()
             for key, (shape, dtype) in sorted(_PENDING_CHOICES.items(), key=str):
@@ -306,6 +304,22 @@ def _(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tens
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+@torch.library.custom_op("modelab::gemv_norm_swiglu", mutates_args=())
+def norm_swiglu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
+    """silu(gate) · up for [gate, up] = F.linear(rms_norm(x, norm_weight, eps), weight): for one row, the norm in
+    the gate_up GEMV's prologue and the SwiGLU in its epilogue (half as many outputs as rows) where the GEMV is the
+    faster choice for this shape; else the ops one by one."""
+    if _gemv_takes(x, weight) and weight.shape[0] % 2 == 0:
+        return gemv(x, weight, norm_weight=norm_weight, eps=eps, glu=True)
+    gate, up = F.linear(rms_norm(x, norm_weight, eps), weight).chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@norm_swiglu.register_fake
+def _(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0] // 2))
+
+
 @torch.library.custom_op("modelab::gemv_linear_add", mutates_args=())
 def linear_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """residual + F.linear(x, weight): for one row, the residual added in the GEMV's epilogue."""
@@ -319,22 +333,6 @@ def _(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Te
     return torch.empty_like(residual)
 
 
-@torch.library.custom_op("modelab::gemv_swiglu_linear_add", mutates_args=())
-def swiglu_linear_add(gate_up: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """residual + F.linear(silu(gate) * up, weight) for gate_up = [gate, up]: for one row, the SwiGLU formed as
-    the GEMV loads its input and the residual added in its epilogue (the MLP's down projection in one kernel)."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    if _gemv_takes(gate, weight) and residual.shape == (*gate_up.shape[:-1], weight.shape[0]) \
-            and gate_up.shape[-1] == 2 * weight.shape[1]:
-        return gemv(gate_up, weight, residual=residual, swiglu=True)
-    return residual + F.linear(F.silu(gate) * up, weight)
-
-
-@swiglu_linear_add.register_fake
-def _(gate_up: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(residual)
-
-
 def _quantized(proj: torch.nn.Module) -> bool:
     """A weight-only quantized projection (engine.llm.quant.QuantLinear: codes `q` and `scales`, no .weight)."""
     return hasattr(proj, "q") and hasattr(proj, "scales")
@@ -342,8 +340,8 @@ def _quantized(proj: torch.nn.Module) -> bool:
 
 class FusedDecodeOps:
     """What the decoder calls for its one-row products when the LLM lab's triton-fused mode sets it
-    (LlamaDecoder.set_fused_ops): the RMSNorm in front of qkv, gate_up and lm_head, the residual add after o, and
-    SwiGLU + residual around down, inside the GEMVs — three kernels fewer per layer than norm + GEMV + add. Each is
+    (LlamaDecoder.set_fused_ops): the RMSNorm in front of qkv, gate_up and lm_head, SwiGLU after gate_up, the
+    residual adds after o and down, inside the GEMVs — four kernels fewer per layer than the ops one by one. Each is
     given the projection module: a bf16 nn.Linear takes this module's GEMV; a weight-only quantized one (the
     triton-int8-wo / -fp8-wo / -int4-wo modes) the same fusions in engine.kernels.triton.quant_gemv, dequantizing
     inside the weight loads."""
@@ -357,20 +355,20 @@ class FusedDecodeOps:
         return norm_linear(x, norm_weight, eps, proj.weight)
 
     @staticmethod
+    def norm_swiglu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, proj: torch.nn.Module) -> torch.Tensor:
+        if _quantized(proj):
+            from engine.kernels.triton import quant_gemv
+
+            return quant_gemv.norm_swiglu(x, norm_weight, eps, proj.q, proj.scales)
+        return norm_swiglu(x, norm_weight, eps, proj.weight)
+
+    @staticmethod
     def linear_add(x: torch.Tensor, proj: torch.nn.Module, residual: torch.Tensor) -> torch.Tensor:
         if _quantized(proj):
             from engine.kernels.triton import quant_gemv
 
             return quant_gemv.linear_add(x, proj.q, proj.scales, residual)
         return linear_add(x, proj.weight, residual)
-
-    @staticmethod
-    def swiglu_linear_add(gate_up: torch.Tensor, proj: torch.nn.Module, residual: torch.Tensor) -> torch.Tensor:
-        if _quantized(proj):
-            from engine.kernels.triton import quant_gemv
-
-            return quant_gemv.swiglu_linear_add(gate_up, proj.q, proj.scales, residual)
-        return swiglu_linear_add(gate_up, proj.weight, residual)
 
 
 def _reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

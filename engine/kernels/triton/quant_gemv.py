@@ -30,7 +30,7 @@ kernel before it drains. What changes is what a weight load brings in:
   multiplies it by x[64 g + 8 j + t]; each group's
   8 products per word are summed, then scaled by the group's scale (one per 64 weights of a row, loaded with the
   tile). The tile is [group, row, word] so that Triton lays the lanes along each row's contiguous words and a
-  thread holds several rows, reusing its x values (and the SwiGLU / norm work on them) across those rows: with
+  thread holds several rows, reusing its x values (and the norm work on them) across those rows: with
   rows first each thread held one row and converted an x value for every 8 codes. Offline SASS (sm_90, the fused
   tiles): 4.3–5.3 instructions per weight in the loop, from 6.4–8.2. Symmetric codes (value = (code − 8) · scale).
   Measured on an H100 (benchmarks/quant_gemv_bench.py --fused, 2026-11-25): the five fused GEMVs 1B 38.4 µs,
@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels import int4_layout
-from engine.kernels.triton._common import is_interpreted, load_fused_x, pdl_enabled
+from engine.kernels.triton._common import is_interpreted, load_fused_x, output_rows, pdl_enabled, store_output
 from engine.workloads.llama import rms_norm  # the decoder's own RMSNorm: the unfused fallbacks compute exactly it
 
 GROUP = int4_layout.GROUP  # int4 group size along K (engine.llm.quant.INT4_GROUP is this value)
@@ -74,10 +74,12 @@ TILE_WORDS_NORM_LONG = (32, 512, 4)  # +norm, K >= 4096 (7B qkv, gate_up, lm_hea
 # 19.8 / 36.3 / 46.2; gate_up's best, 64x256x4, 32.8)
 TILE_WORDS_NORM_WIDE = (16, 256, 4)  # +norm, K < 4096, N >= 8192 (1B gate_up, lm_head): 13.3 / 24.8
 TILE_WORDS_NORM = (4, 1024, 4)  # +norm, K < 4096, N < 8192 (1B qkv): 4.0 (best 8x2048x4, 3.9)
-TILE_WORDS_ADD = (4, 1024, 4)  # +residual alone (o), K > 2048: 7B 8.0
-TILE_WORDS_ADD_SHORT = (4, 2048, 4)  # +residual alone, K <= 2048 (a whole row per tile): 1B 3.0
-TILE_WORDS_SWIGLU_WIDE = (16, 1024, 8)  # +swiglu +residual, N >= 4096 (7B down): 19.0
-TILE_WORDS_SWIGLU = (8, 2048, 8)  # +swiglu +residual, N < 4096 (1B down): 9.1
+TILE_WORDS_ADD = (4, 1024, 4)  # +residual (o), 2048 < K < 8192: 7B 8.0
+TILE_WORDS_ADD_SHORT = (4, 2048, 4)  # +residual, K <= 2048 (a whole row per tile; 1B o): 3.0
+# down, its input SwiGLU'd by gate_up's epilogue (`python benchmarks/quant_gemv_bench.py --preset 1B,7B --schemes
+# int8-wo --fused --shapes gate_up,down --top 5`, H100, 2026-11-25; as SwiGLU formed in down's own loads: 9.1 / 19.0):
+TILE_WORDS_ADD_LONG = (8, 2048, 8)  # +residual, K >= 8192, N < 4096 (1B down): 7.6
+TILE_WORDS_ADD_LONG_WIDE = (8, 1024, 4)  # +residual, K >= 8192, N >= 4096 (7B down): 17.9
 # fp8 codes, read as words too, take the same tiles: swept over them (fp8, --fused, H100, 2026-11-25), the five GEMVs
 # at these tiles 1B 52.9 / 7B 129.1 µs, each shape at its best tile 52.2 / 124.7 (the byte kernel: 70.5 / 161.5).
 # Codes with K % 4 != 0 (no LLM shape) take the byte kernel (`_wo_channel_kernel`) at one tile.
@@ -89,17 +91,16 @@ TILE_INT4_NORM_VOCAB = (128, 4, 8)  # +norm, N >= 32000 (lm_head): 1B 15.1, 7B 2
 TILE_INT4_NORM_WIDE = (64, 8, 4)  # +norm, N >= 16384 (gate_up): 1B 8.4, 7B 23.5 (best 32x8x4, 22.8)
 TILE_INT4_NORM_LONG = (32, 8, 4)  # +norm, K >= 4096, N < 16384 (7B qkv): 12.3
 TILE_INT4_NORM = (8, 32, 4)  # +norm, K < 4096, N < 16384 (1B qkv): 3.1
-TILE_INT4_ADD = (8, 32, 4)  # +residual (o): 1B 2.8, 7B 5.2
-TILE_INT4_SWIGLU = (16, 32, 4)  # +swiglu +residual (down): 1B 9.0, 7B 14.6
+TILE_INT4_ADD = (8, 32, 4)  # +residual (o, down): 1B 2.8 / 7.0, 7B 5.2 / 12.7 (down forming SwiGLU: 9.0 / 14.6)
 AOT_TILES_BYTES = (TILE_BYTES,)  # the byte kernel, int8 and fp8
 # what channel_tile returns, per code
 LAUNCHED_TILES_WORDS = (TILE_WORDS, TILE_WORDS_NORM_LONG, TILE_WORDS_NORM_WIDE, TILE_WORDS_NORM, TILE_WORDS_ADD,
-                        TILE_WORDS_ADD_SHORT, TILE_WORDS_SWIGLU_WIDE, TILE_WORDS_SWIGLU)
+                        TILE_WORDS_ADD_SHORT, TILE_WORDS_ADD_LONG, TILE_WORDS_ADD_LONG_WIDE)
 AOT_TILES_WORDS = ((4, 1024, 4), (16, 1024, 4), (32, 512, 4), (16, 256, 4), (4, 2048, 4), (16, 1024, 8), (8, 2048, 8),
                    (8, 1024, 4), (64, 256, 4), (8, 2048, 4))
 AOT_TILES_INT4 = ((16, 16, 4), (128, 4, 8), (64, 8, 4), (32, 8, 4), (8, 32, 4), (16, 32, 4), (32, 8, 8))
 LAUNCHED_TILES_INT4 = (TILE_INT4, TILE_INT4_NORM_VOCAB, TILE_INT4_NORM_WIDE, TILE_INT4_NORM_LONG, TILE_INT4_NORM,
-                       TILE_INT4_ADD, TILE_INT4_SWIGLU)
+                       TILE_INT4_ADD)
 # One fixed config for the interpreter (CPU tests): few programs (each one runs in Python), K tiles small enough that
 # the test shapes have ragged tails along K and N.
 INTERPRETER_CONFIG = {"BLOCK_N": 32, "BLOCK_K": 128}
@@ -107,32 +108,29 @@ INTERPRETER_CONFIG_INT4 = {"BLOCK_N": 32, "GROUPS": 2}
 
 
 @triton.jit
-def _channel_epilogue(row_sums, sumsq, s_ptr, y_ptr, r_ptr, offs_n, n_mask, K, eps, NORM: tl.constexpr,
-                      ADD: tl.constexpr):
+def _channel_epilogue(row_sums, sumsq, s_ptr, y_ptr, r_ptr, offs_n, n_mask, pid_n, N, K, eps,
+                      BLOCK_N: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr, GLU: tl.constexpr):
     """What the per-channel kernels (bytes and words) do after K: each row's sum times its scale, the RMSNorm's
-    1/rms (NORM), the residual (ADD), stored in y's dtype."""
+    1/rms (NORM), then the residual (ADD) or SwiGLU of row pairs (GLU) as the store (`store_output`)."""
     s = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     y = row_sums * s
     if NORM:
         y = y * tl.rsqrt(tl.sum(sumsq, axis=0) / K + eps)
-    if ADD:
-        y += tl.load(r_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+    store_output(y, y_ptr, r_ptr, offs_n, n_mask, pid_n, N, BLOCK_N, ADD, GLU)
 
 
 @triton.jit
 def _wo_channel_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, eps, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, FP8: tl.constexpr = False, NORM: tl.constexpr = False,
-                       ADD: tl.constexpr = False, SWIGLU: tl.constexpr = False, PDL: tl.constexpr = False):
+                       ADD: tl.constexpr = False, PDL: tl.constexpr = False, GLU: tl.constexpr = False):
     """y[n] = s[n] · Σ_k q[n, k] · x[k]; q 1 byte per weight, passed as uint8 and bitcast in registers to int8 or
     (FP8) float8e4nv (so a masked-off lane's 0 byte is a 0 weight either way), s one scale per output row.
-    NORM / ADD / SWIGLU as in gemv._gemv_kernel: x RMS-normalised and scaled by g (the sum of squares taken in the
-    same pass over x), r added to y, or x = silu(gate) · up formed from [gate, up] as it is loaded."""
+    NORM / ADD / GLU as in gemv._gemv_kernel: x RMS-normalised and scaled by g (the sum of squares taken in the
+    same pass over x), r added to y, or silu(gate) · up of the row pairs [gate; up] stored (N / 2 values)."""
     pid_n = tl.program_id(0)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
+    offs_n, n_mask = output_rows(pid_n, N, BLOCK_N, GLU)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     sumsq = tl.zeros((BLOCK_K,), dtype=tl.float32)
     rows = q_ptr + offs_n[:, None] * stride_qn
@@ -148,14 +146,15 @@ def _wo_channel_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn
         offs_next = offs_k + BLOCK_K
         w_next = tl.load(rows + offs_next[None, :], mask=n_mask[:, None] & (offs_next < K)[None, :], other=0,
                          eviction_policy="evict_first")
-        x, sumsq = load_fused_x(x_ptr, g_ptr, offs_k, k_mask, K, sumsq, SWIGLU, NORM)
+        x, sumsq = load_fused_x(x_ptr, g_ptr, offs_k, k_mask, sumsq, NORM)
         if FP8:
             wf = w.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         else:
             wf = w.to(tl.int8, bitcast=True).to(tl.float32)
         acc += wf * x[None, :]
         w = w_next
-    _channel_epilogue(tl.sum(acc, axis=1), sumsq, s_ptr, y_ptr, r_ptr, offs_n, n_mask, K, eps, NORM, ADD)
+    _channel_epilogue(tl.sum(acc, axis=1), sumsq, s_ptr, y_ptr, r_ptr, offs_n, n_mask, pid_n, N, K, eps,
+                      BLOCK_N, NORM, ADD, GLU)
 
 
 @triton.jit
@@ -201,17 +200,16 @@ def _fp8_words_to_f32(w, ASM: tl.constexpr):
 @triton.jit
 def _wo_word_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, eps, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, NORM: tl.constexpr = False, ADD: tl.constexpr = False,
-                    SWIGLU: tl.constexpr = False, PDL: tl.constexpr = False, ASM: tl.constexpr = False,
-                    FP8: tl.constexpr = False):
+                    PDL: tl.constexpr = False, ASM: tl.constexpr = False, FP8: tl.constexpr = False,
+                    GLU: tl.constexpr = False):
     """y[n] = s[n] · Σ_k q[n, k] · x[k] for int8 (or, FP8, e4m3) codes read as 32-bit words (K % 4 == 0; q_ptr
     int32, stride_qn in words): a (BLOCK_N, BLOCK_K / 4) tile of words, each word's four codes converted by
     `_int8_words_to_f32` (`_fp8_words_to_f32`) and multiplied by x[4t + j] (x's chunk split four ways in
-    registers), one fp32 accumulator per word. NORM / ADD / SWIGLU as in the channel kernel."""
+    registers), one fp32 accumulator per word. NORM / ADD / GLU as in the channel kernel."""
     pid_n = tl.program_id(0)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
+    offs_n, n_mask = output_rows(pid_n, N, BLOCK_N, GLU)
     acc = tl.zeros((BLOCK_N, BLOCK_K // 4), dtype=tl.float32)
     sumsq = tl.zeros((BLOCK_K,), dtype=tl.float32)
     rows = q_ptr + offs_n[:, None] * stride_qn
@@ -227,7 +225,7 @@ def _wo_word_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, e
         offs_next = (k0 + BLOCK_K) // 4 + offs_w
         w_next = tl.load(rows + offs_next[None, :], mask=n_mask[:, None] & (offs_next < words)[None, :], other=0,
                          eviction_policy="evict_first")
-        x, sumsq = load_fused_x(x_ptr, g_ptr, offs_k, offs_k < K, K, sumsq, SWIGLU, NORM)
+        x, sumsq = load_fused_x(x_ptr, g_ptr, offs_k, offs_k < K, sumsq, NORM)
         x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_K // 4, 2, 2)))  # [t, a] = x[4t + 2a], x[4t + 2a + 1]
         x0, x2 = tl.split(x_even)
         x1, x3 = tl.split(x_odd)
@@ -244,7 +242,8 @@ def _wo_word_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, e
             acc += (f2 - 8388736.0) * x2[None, :]
             acc += (f3 - 8388736.0) * x3[None, :]
         w = w_next
-    _channel_epilogue(tl.sum(acc, axis=1), sumsq, s_ptr, y_ptr, r_ptr, offs_n, n_mask, K, eps, NORM, ADD)
+    _channel_epilogue(tl.sum(acc, axis=1), sumsq, s_ptr, y_ptr, r_ptr, offs_n, n_mask, pid_n, N, K, eps,
+                      BLOCK_N, NORM, ADD, GLU)
 
 
 @triton.jit
@@ -277,10 +276,10 @@ def _int4_words_to_f32(w, ASM: tl.constexpr):
 @triton.jit
 def _wo_int4_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, stride_sn, eps, BLOCK_N: tl.constexpr,
                     GROUPS: tl.constexpr, NORM: tl.constexpr = False, ADD: tl.constexpr = False,
-                    SWIGLU: tl.constexpr = False, PDL: tl.constexpr = False, ASM: tl.constexpr = False):
+                    PDL: tl.constexpr = False, ASM: tl.constexpr = False, GLU: tl.constexpr = False):
     """y[n] = Σ_g s[n, g] · Σ_{k in g} (code[n, k] − 8) · x[k]; q is int32 words, (N, ceil(K/64)·8), in
     engine/kernels/int4_layout.py's order (stride_qn in words), s one scale per 64 weights of a row. Each iteration
-    takes GROUPS groups of BLOCK_N rows. NORM / ADD / SWIGLU as in the channel kernel."""
+    takes GROUPS groups of BLOCK_N rows. NORM / ADD / GLU as in the channel kernel."""
     # Tiles are [group, row, word]: Triton lays the lanes along the first dimension it finds no contiguity in, so
     # with groups first the lanes run along each row's contiguous words and a thread keeps several rows in
     # registers, reusing its x values across them (rows first, each thread held one row and converted an x value
@@ -288,8 +287,7 @@ def _wo_int4_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, s
     pid_n = tl.program_id(0)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
+    offs_n, n_mask = output_rows(pid_n, N, BLOCK_N, GLU)
     groups = (K + 63) // 64
     offs_g = tl.arange(0, GROUPS)
     offs_t = tl.arange(0, 8)
@@ -309,7 +307,7 @@ def _wo_int4_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, s
         w_next = tl.load(words + g_next[:, None, None] * 8, mask=rows & (g_next < groups)[:, None, None], other=0,
                          eviction_policy="evict_first")
         offs_k = g0 * 64 + tl.arange(0, GROUPS * 64)
-        x, sumsq = load_fused_x(x_ptr, g_ptr, offs_k, offs_k < K, K, sumsq, SWIGLU, NORM)
+        x, sumsq = load_fused_x(x_ptr, g_ptr, offs_k, offs_k < K, sumsq, NORM)
         # x[64 g + 8 j + t] for each nibble position j, as (GROUPS, 8 t): split out of [g, t, j] in registers
         x = tl.reshape(tl.permute(tl.reshape(x, (GROUPS, 8, 8)), (0, 2, 1)), (GROUPS, 8, 2, 2, 2))
         xa, xb = tl.split(x)  # j % 2 = 0, 1
@@ -336,9 +334,7 @@ def _wo_int4_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, s
     y = tl.sum(tl.sum(acc, axis=2), axis=0)
     if NORM:
         y = y * tl.rsqrt(tl.sum(sumsq, axis=0) / K + eps)
-    if ADD:
-        y += tl.load(r_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+    store_output(y, y_ptr, r_ptr, offs_n, n_mask, pid_n, N, BLOCK_N, ADD, GLU)
 
 
 def _one_row(x: torch.Tensor) -> torch.Tensor:
@@ -348,43 +344,34 @@ def _one_row(x: torch.Tensor) -> torch.Tensor:
 
 
 def _fusion_args(x_row: torch.Tensor, n: int, k: int, norm_weight: torch.Tensor | None,
-                 residual: torch.Tensor | None, swiglu: bool) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """(g, r, flags) for the kernels' NORM / ADD / SWIGLU, checked against the weight's (n, k)."""
-    if swiglu and norm_weight is not None:
-        raise ValueError("the quantized GEMV: swiglu and norm_weight do not combine")
+                 residual: torch.Tensor | None, glu: bool) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(g, r, flags) for the kernels' NORM / ADD / GLU, checked against the weight's (n, k)."""
+    if glu and (n % 2 or residual is not None):
+        raise ValueError(f"the quantized GEMV: glu needs an even number of rows ([gate; up], got {n}) and no "
+                         "residual")
     if norm_weight is not None and norm_weight.numel() != k:
         raise ValueError(f"norm weight has {norm_weight.numel()} elements for {k} features")
     if residual is not None and residual.numel() != n:
         raise ValueError(f"residual has {residual.numel()} elements for {n} outputs")
     g = norm_weight.reshape(-1).contiguous() if norm_weight is not None else x_row  # unread unless NORM
     r = residual.reshape(-1).contiguous() if residual is not None else x_row  # unread unless ADD
-    return g, r, dict(NORM=norm_weight is not None, ADD=residual is not None, SWIGLU=swiglu)
+    return g, r, dict(NORM=norm_weight is not None, ADD=residual is not None, GLU=glu)
 
 
-def _features(x: torch.Tensor, swiglu: bool) -> int:
-    if swiglu and x.shape[-1] % 2:
-        raise ValueError(f"swiglu needs [gate, up]: an even number of features, got {x.shape[-1]}")
-    return x.shape[-1] // 2 if swiglu else x.shape[-1]
-
-
-def channel_tile(n: int, norm: bool = False, add: bool = False, swiglu: bool = False, k: int = 0
-                 ) -> tuple[int, int, int]:
+def channel_tile(n: int, norm: bool = False, add: bool = False, k: int = 0) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps) the GPU launches the word kernel with (int8 and fp8 codes) for n output rows of
     k inputs with these fusions (TILE_WORDS_*)."""
-    if swiglu:
-        return TILE_WORDS_SWIGLU_WIDE if n >= 4096 else TILE_WORDS_SWIGLU
     if norm:
         return TILE_WORDS_NORM_LONG if k >= 4096 else TILE_WORDS_NORM_WIDE if n >= 8192 else TILE_WORDS_NORM
     if add:
+        if k >= 8192:
+            return TILE_WORDS_ADD_LONG_WIDE if n >= 4096 else TILE_WORDS_ADD_LONG
         return TILE_WORDS_ADD_SHORT if k <= 2048 else TILE_WORDS_ADD
     return TILE_WORDS
 
 
-def int4_tile(n: int, norm: bool = False, add: bool = False, swiglu: bool = False, k: int = 0
-              ) -> tuple[int, int, int]:
+def int4_tile(n: int, norm: bool = False, add: bool = False, k: int = 0) -> tuple[int, int, int]:
     """(BLOCK_N, GROUPS, num_warps) the GPU launches for n output rows of k inputs with these fusions (TILE_INT4*)."""
-    if swiglu:
-        return TILE_INT4_SWIGLU
     if norm:
         if n >= 16384:
             return TILE_INT4_NORM_VOCAB if n >= 32000 else TILE_INT4_NORM_WIDE
@@ -393,11 +380,12 @@ def int4_tile(n: int, norm: bool = False, add: bool = False, swiglu: bool = Fals
 
 
 def gemv_channel(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_weight: torch.Tensor | None = None,
-                 eps: float = 0.0, residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
+                 eps: float = 0.0, residual: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
     """x (K,) or (1, K) · dequant(q).T for q (N, K) int8 or float8_e4m3fn and scales (N,): (N,) or (1, N) in x's
-    dtype, accumulated in fp32. norm_weight / residual / swiglu fuse as engine.kernels.triton.gemv.gemv's do."""
+    dtype, accumulated in fp32. norm_weight / residual / glu fuse as engine.kernels.triton.gemv.gemv's do
+    (glu: N / 2 outputs, silu(gate) · up of q = [gate; up])."""
     x_row = _one_row(x)
-    k = _features(x, swiglu)
+    k = x.shape[-1]
     if q.dim() != 2 or q.shape[1] != k:
         raise ValueError(f"quantized weight {tuple(q.shape)} does not match x's {k} features")
     n = q.shape[0]
@@ -406,8 +394,8 @@ def gemv_channel(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_we
     fp8 = q.dtype == torch.float8_e4m3fn
     if not fp8 and q.dtype != torch.int8:
         raise ValueError(f"per-channel codes are int8 or float8_e4m3fn, got {q.dtype}")
-    g, r, flags = _fusion_args(x_row, n, k, norm_weight, residual, swiglu)
-    y = torch.empty(n, device=x.device, dtype=x.dtype)
+    g, r, flags = _fusion_args(x_row, n, k, norm_weight, residual, glu)
+    y = torch.empty(n // 2 if glu else n, device=x.device, dtype=x.dtype)
     if k % 4 == 0:
         return _gemv_words(x, x_row, q, scales, y, g, r, n, k, float(eps), dict(flags, FP8=fp8))
     q = (q if q.stride(1) == 1 else q.contiguous()).view(torch.uint8)
@@ -420,7 +408,7 @@ def gemv_channel(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_we
         pdl = pdl_enabled(x.device)
         _wo_channel_kernel[(triton.cdiv(n, bn),)](*args, BLOCK_N=bn, BLOCK_K=bk, FP8=fp8, **flags, PDL=pdl,
                                                   num_warps=warps, num_stages=1, launch_pdl=pdl)
-    return y.reshape(*x.shape[:-1], n)
+    return y.reshape(*x.shape[:-1], y.numel())
 
 
 def _gemv_words(x: torch.Tensor, x_row: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, y: torch.Tensor,
@@ -434,20 +422,20 @@ def _gemv_words(x: torch.Tensor, x_row: torch.Tensor, q: torch.Tensor, scales: t
         cfg = INTERPRETER_CONFIG
         _wo_word_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](*args, **cfg, **flags)
     else:
-        bn, bk, warps = channel_tile(n, flags["NORM"], flags["ADD"], flags["SWIGLU"], k)
+        bn, bk, warps = channel_tile(n, flags["NORM"], flags["ADD"], k)
         pdl = pdl_enabled(x.device)
         _wo_word_kernel[(triton.cdiv(n, bn),)](*args, BLOCK_N=bn, BLOCK_K=bk, **flags, PDL=pdl, ASM=True,
                                                num_warps=warps, num_stages=1, launch_pdl=pdl)
-    return y.reshape(*x.shape[:-1], n)
+    return y.reshape(*x.shape[:-1], y.numel())
 
 
 def gemv_int4(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_weight: torch.Tensor | None = None,
-              eps: float = 0.0, residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
+              eps: float = 0.0, residual: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
     """x (K,) or (1, K) · dequant(q).T for q (N, ceil(K/64)·32) uint8 (symmetric 4-bit codes packed as
     engine/kernels/int4_layout.py says) and scales (N, ceil(K/64)): (N,) or (1, N) in x's dtype, accumulated in fp32.
-    norm_weight / residual / swiglu fuse as in gemv_channel."""
+    norm_weight / residual / glu fuse as in gemv_channel."""
     x_row = _one_row(x)
-    k = _features(x, swiglu)
+    k = x.shape[-1]
     n = q.shape[0]
     row_bytes = int4_layout.int4_row_bytes(k)
     if q.dim() != 2 or q.dtype != torch.uint8 or q.shape[1] != row_bytes:
@@ -455,23 +443,22 @@ def gemv_int4(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_weigh
                          f"(expected uint8 ({n}, {row_bytes}))")
     if scales.shape != (n, triton.cdiv(k, GROUP)):
         raise ValueError(f"int4 scales {tuple(scales.shape)}: expected ({n}, {triton.cdiv(k, GROUP)})")
-    g, r, flags = _fusion_args(x_row, n, k, norm_weight, residual, swiglu)
+    g, r, flags = _fusion_args(x_row, n, k, norm_weight, residual, glu)
     if q.stride(1) != 1 or q.stride(0) % 4 or q.data_ptr() % 16:
         q = q.clone(memory_format=torch.contiguous_format)  # a fresh allocation: contiguous and 16-byte aligned
     words = q.view(torch.int32)  # rows are whole groups: 32 bytes, 8 words
     scales = scales if scales.stride(1) == 1 else scales.contiguous()
-    y = torch.empty(n, device=x.device, dtype=x.dtype)
+    y = torch.empty(n // 2 if glu else n, device=x.device, dtype=x.dtype)
     args = (x_row, words, scales, y, g, r, n, k, words.stride(0), scales.stride(0), float(eps))
     if is_interpreted(_wo_int4_kernel):
         cfg = INTERPRETER_CONFIG_INT4
         _wo_int4_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](*args, **cfg, **flags)
     else:
-        bn, groups, warps = int4_tile(n, flags["NORM"], flags["ADD"], flags["SWIGLU"], k)
+        bn, groups, warps = int4_tile(n, flags["NORM"], flags["ADD"], k)
         pdl = pdl_enabled(x.device)
         _wo_int4_kernel[(triton.cdiv(n, bn),)](*args, BLOCK_N=bn, GROUPS=groups, **flags, PDL=pdl, ASM=True,
-                                               num_warps=warps,
-                                               num_stages=1, launch_pdl=pdl)
-    return y.reshape(*x.shape[:-1], n)
+                                               num_warps=warps, num_stages=1, launch_pdl=pdl)
+    return y.reshape(*x.shape[:-1], y.numel())
 
 
 def gemv_quant(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, **fusions: object) -> torch.Tensor:
@@ -527,7 +514,7 @@ def _(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], q.shape[0]))
 
 
-# -- the triton-fused step's three products over quantized weights (engine.kernels.triton.gemv.FusedDecodeOps) --
+# -- the triton-fused step's fused products over quantized weights (engine.kernels.triton.gemv.FusedDecodeOps) --
 # The unfused fallbacks (several rows, a device Triton cannot run on) compute exactly what the decoder's own modules
 # do: rms_norm in the decoder's way, then the dequantized product.
 
@@ -545,6 +532,22 @@ def _(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, q: torch.Tensor, s
     return x.new_empty((*x.shape[:-1], q.shape[0]))
 
 
+@torch.library.custom_op("modelab::quant_norm_swiglu", mutates_args=())
+def norm_swiglu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, q: torch.Tensor,
+                scales: torch.Tensor) -> torch.Tensor:
+    """silu(gate) · up for [gate, up] = F.linear(rms_norm(x, norm_weight, eps), dequant(q)): for one row, the norm
+    and the SwiGLU inside the quantized gate_up GEMV (its rows paired gate j, up j; half as many outputs)."""
+    if _takes(x, _wo_channel_kernel):
+        return gemv_quant(x, q, scales, norm_weight=norm_weight, eps=eps, glu=True)
+    gate, up = F.linear(rms_norm(x, norm_weight, eps), _dequantized(q, scales, x.shape[-1], x.dtype)).chunk(2, -1)
+    return F.silu(gate) * up
+
+
+@norm_swiglu.register_fake
+def _(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], q.shape[0] // 2))
+
+
 @torch.library.custom_op("modelab::quant_linear_add", mutates_args=())
 def linear_add(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """residual + F.linear(x, dequant(q)): for one row, the residual added in the quantized GEMV's epilogue."""
@@ -555,22 +558,6 @@ def linear_add(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, residual:
 
 @linear_add.register_fake
 def _(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(residual)
-
-
-@torch.library.custom_op("modelab::quant_swiglu_linear_add", mutates_args=())
-def swiglu_linear_add(gate_up: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
-                      residual: torch.Tensor) -> torch.Tensor:
-    """residual + F.linear(silu(gate) · up, dequant(q)) for gate_up = [gate, up]: for one row, the SwiGLU formed
-    as the quantized GEMV loads its input and the residual added in its epilogue."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    if _takes(gate_up, _wo_channel_kernel) and residual.shape == (*gate_up.shape[:-1], q.shape[0]):
-        return gemv_quant(gate_up, q, scales, residual=residual, swiglu=True)
-    return residual + F.linear(F.silu(gate) * up, _dequantized(q, scales, gate.shape[-1], gate.dtype))
-
-
-@swiglu_linear_add.register_fake
-def _(gate_up: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(residual)
 
 

@@ -85,7 +85,7 @@ def test_a_decoder_on_the_kernel_decodes_like_sdpa() -> None:
 
 def test_the_llm_kernels_compile_for_the_h100_without_one(aot_check_rows) -> None:
     """The interpreter never lowers to the GPU: compile every tile of the GEMV (plain, +norm, +residual,
-    +swiglu +residual) and the decode-attention kernels (split, split with RoPE and the cache write, combine) for
+    +norm +swiglu) and the decode-attention kernels (split, split with RoPE and the cache write, combine) for
     sm_90 with Triton's own ptxas (benchmarks/triton_aot_check.py), in a process without TRITON_INTERPRET, cache
     empty."""
     rows = aot_check_rows()

@@ -116,25 +116,29 @@ def test_a_swapped_linear_sends_only_one_row_through_the_custom_op(monkeypatch) 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n,k", [(64, 256), (37, 300)])
-def test_swiglu_inside_the_gemv(n: int, k: int, dtype: torch.dtype) -> None:
-    """silu(gate) · up formed as the GEMV loads [gate, up], the residual in the epilogue, against float64."""
+@pytest.mark.parametrize("n,k", [(64, 256), (38, 300)])
+def test_norm_and_swiglu_inside_the_gemv(n: int, k: int, dtype: torch.dtype) -> None:
+    """The gate_up product of W = [gate; up] with the RMSNorm in its prologue and silu(gate) · up of each row pair
+    in its epilogue (half as many outputs), against float64; 19 outputs: the last program's pairs partly masked."""
     gen = torch.Generator().manual_seed(11 * n + k)
-    gate_up = (2 * torch.randn(1, 2 * k, generator=gen)).to(DEVICE, dtype)
+    x = (2 * torch.randn(1, k, generator=gen)).to(DEVICE, dtype)
+    g = (1 + 0.5 * torch.randn(k, generator=gen)).to(DEVICE, dtype)
     w = torch.randn(n, k, generator=gen).to(DEVICE, dtype)
-    r = torch.randn(1, n, generator=gen).to(DEVICE, dtype)
-    gate, up = gate_up.double().chunk(2, dim=-1)
-    want = r.double() + F.linear(F.silu(gate) * up, w.double())
-    assert rel_err(gemv_mod.gemv(gate_up, w, residual=r, swiglu=True), want) < TOL[dtype]
-    assert rel_err(gemv_mod.swiglu_linear_add(gate_up, w, r), want) < TOL[dtype]
+    xd = x.double()
+    gate, up = F.linear(xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5) * g.double(),
+                        w.double()).chunk(2, dim=-1)
+    want = F.silu(gate) * up
+    got = gemv_mod.gemv(x, w, norm_weight=g, eps=1e-5, glu=True)
+    assert got.shape == (1, n // 2) and rel_err(got, want) < TOL[dtype] * 4
+    assert rel_err(gemv_mod.norm_swiglu(x, g, 1e-5, w), want) < TOL[dtype] * 4
     # several rows: the unfused ops, the same values
-    rows = gate_up.expand(3, 2 * k).contiguous()
-    g3, u3 = rows.chunk(2, dim=-1)
-    assert torch.equal(gemv_mod.swiglu_linear_add(rows, w, r.expand(3, n)), r + F.linear(F.silu(g3) * u3, w))
-    with pytest.raises(ValueError, match="even number"):
-        gemv_mod.gemv(gate_up[:, :-1], w, swiglu=True)
-    with pytest.raises(ValueError, match="does not match"):
-        gemv_mod.gemv(gate_up, w[:, :-1], swiglu=True)
+    rows = x.expand(3, k).contiguous()
+    g3, u3 = F.linear(gemv_mod.rms_norm(rows, g, 1e-5), w).chunk(2, dim=-1)
+    assert torch.equal(gemv_mod.norm_swiglu(rows, g, 1e-5, w), F.silu(g3) * u3)
+    with pytest.raises(ValueError, match="even number of rows"):
+        gemv_mod.gemv(x, w[:-1], glu=True)
+    with pytest.raises(ValueError, match="no residual"):
+        gemv_mod.gemv(x, w, residual=torch.zeros(1, n, device=DEVICE, dtype=dtype), glu=True)
 
 
 def test_a_decoder_with_fused_ops_decodes_like_the_original() -> None:
@@ -164,9 +168,9 @@ def test_a_decoder_with_fused_ops_decodes_like_the_original() -> None:
         graphed = generate(step_fn(model), Decoder(compiled), prompt, 5)
         model.set_fused_ops(None)
         back = generate(step_fn(model), Decoder(step_fn(model)), prompt, 5)
-    # per decode step: qkv with its norm and o with its residual per layer, gate_up with its norm, down with the
-    # SwiGLU and the residual, and lm_head with the norm
-    per_step = [["eps", "norm_weight"], ["residual"], ["eps", "norm_weight"], ["residual", "swiglu"]] * cfg.layers
+    # per decode step: qkv with its norm and o with its residual per layer, gate_up with its norm and the SwiGLU,
+    # down with the residual, and lm_head with the norm
+    per_step = [["eps", "norm_weight"], ["residual"], ["eps", "glu", "norm_weight"], ["residual"]] * cfg.layers
     assert calls[:len(per_step) + 1] == per_step + [["eps", "norm_weight"]]
     for out in (got, graphed, back):
         assert torch.equal(out.tokens, ref.tokens)

@@ -121,45 +121,45 @@ def _reference_fused(x: torch.Tensor, qw: quant.QuantWeight, fusion: str, g: tor
     """float64: the decoder's own ops around the dequantized product."""
     x, g, r = x.double().cpu(), g.double().cpu(), r.double().cpu()
     w = quant.dequantize(qw.to("cpu"), torch.float64)
+    if fusion == "add":
+        return r + torch.nn.functional.linear(x, w)
+    y = torch.nn.functional.linear(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * g, w)
+    if fusion == "glu":
+        gate, up = y.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+    return y
+
+
+def _fused(fusion: str, x: torch.Tensor, qw: quant.QuantWeight, g: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """The custom op the decoder calls for this fusion."""
     if fusion == "norm":
-        return torch.nn.functional.linear(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * g, w)
-    if fusion == "swiglu":
-        gate, up = x.chunk(2, dim=-1)
-        return r + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w)
-    return r + torch.nn.functional.linear(x, w)
+        return qg.norm_linear(x, g, 1e-5, qw.q, qw.scales)
+    if fusion == "glu":
+        return qg.norm_swiglu(x, g, 1e-5, qw.q, qw.scales)
+    return qg.linear_add(x, qw.q, qw.scales, r.expand(x.shape[0], -1).contiguous())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("scheme", ["int8-wo", "fp8-wo", "int4-wo"])
-@pytest.mark.parametrize("fusion", ["norm", "add", "swiglu"])
-@pytest.mark.parametrize("n,k", [(37, 300), (130, 129)])
+@pytest.mark.parametrize("fusion", ["norm", "glu", "add"])
+@pytest.mark.parametrize("n,k", [(38, 300), (130, 129)])
 def test_the_fused_products_match_the_decoders_ops_in_float64(fusion: str, scheme: str, n: int, k: int,
                                                               dtype: torch.dtype) -> None:
-    """The triton-fused step's three products over quantized weights (norm inside, residual added, SwiGLU formed
-    on load), through the custom ops the decoder calls, against float64 rms_norm / silu / add around the
-    dequantized product; ragged K and N (int4: a last group shorter than 64)."""
+    """The triton-fused step's products over quantized weights (norm inside; norm inside and SwiGLU of the
+    [gate; up] rows in the epilogue; residual added), through the custom ops the decoder calls, against float64
+    rms_norm / silu / add around the dequantized product; ragged K and N (int4: a last group shorter than 64;
+    glu: 19 and 65 outputs, not a multiple of a tile's 16)."""
     gen = torch.Generator().manual_seed(n + k)
     _, qw = _quantized(scheme, n, k)
-    x = torch.randn(1, 2 * k if fusion == "swiglu" else k, generator=gen).to(DEVICE, dtype)
+    x = torch.randn(1, k, generator=gen).to(DEVICE, dtype)
     g = (1 + 0.5 * torch.randn(k, generator=gen)).to(DEVICE, dtype)
     r = torch.randn(1, n, generator=gen).to(DEVICE, dtype)
-    if fusion == "norm":
-        y = qg.norm_linear(x, g, 1e-5, qw.q, qw.scales)
-    elif fusion == "add":
-        y = qg.linear_add(x, qw.q, qw.scales, r)
-    else:
-        y = qg.swiglu_linear_add(x, qw.q, qw.scales, r)
-    assert y.shape == (1, n) and y.dtype == dtype
+    y = _fused(fusion, x, qw, g, r)
+    assert y.shape == (1, n // 2 if fusion == "glu" else n) and y.dtype == dtype
     ref = _reference_fused(x, qw, fusion, g, r)
-    assert rel_err(y, ref) < TOL[dtype] * (4 if fusion == "swiglu" and dtype == torch.float32 else 1)
+    assert rel_err(y, ref) < TOL[dtype] * (4 if fusion == "glu" and dtype == torch.float32 else 1)
     # several rows take the unfused fallback: the same function
-    rows = x.expand(3, -1).contiguous()
-    if fusion == "norm":
-        many = qg.norm_linear(rows, g, 1e-5, qw.q, qw.scales)
-    elif fusion == "add":
-        many = qg.linear_add(rows, qw.q, qw.scales, r.expand(3, -1).contiguous())
-    else:
-        many = qg.swiglu_linear_add(rows, qw.q, qw.scales, r.expand(3, -1).contiguous())
+    many = _fused(fusion, x.expand(3, -1).contiguous(), qw, g, r)
     assert rel_err(many[1:2], ref) < TOL[dtype] * 4
 
 
@@ -169,9 +169,11 @@ def test_a_wrong_fusion_input_is_refused() -> None:
         qg.gemv_channel(x.to(DEVICE), qw.q, qw.scales, norm_weight=torch.ones(63, device=DEVICE))
     with pytest.raises(ValueError, match="residual"):
         qg.gemv_channel(x.to(DEVICE), qw.q, qw.scales, residual=torch.ones(15, device=DEVICE))
-    _, q4 = _quantized("int4-wo", 16, 64)
-    with pytest.raises(ValueError, match="even number"):
-        qg.gemv_int4(torch.randn(1, 127, device=DEVICE), q4.q, q4.scales, swiglu=True)
+    _, q4 = _quantized("int4-wo", 15, 64)
+    with pytest.raises(ValueError, match="even number of rows"):
+        qg.gemv_int4(x.to(DEVICE), q4.q, q4.scales, glu=True)
+    with pytest.raises(ValueError, match="no residual"):
+        qg.gemv_channel(x.to(DEVICE), qw.q, qw.scales, residual=torch.ones(16, device=DEVICE), glu=True)
 
 
 @pytest.mark.parametrize("k", [0, 7, 8, 16, 24, 32, 40, 48, 57, 63, 64, 127, 128, 199])  # every nibble position
@@ -190,8 +192,8 @@ def test_the_int4_kernel_reads_each_code_where_the_layout_puts_it(k: int) -> Non
 def test_the_tile_rules_pick_by_fusion_and_shape() -> None:
     """The measured rules (quant_gemv.TILE_WORDS_* for int8 and fp8, TILE_INT4_*): by what is fused, then by the
     number of outputs and inputs."""
-    assert qg.channel_tile(4096, add=True, swiglu=True) == qg.TILE_WORDS_SWIGLU_WIDE
-    assert qg.channel_tile(2048, add=True, swiglu=True) == qg.TILE_WORDS_SWIGLU
+    assert qg.channel_tile(4096, add=True, k=11008) == qg.TILE_WORDS_ADD_LONG_WIDE
+    assert qg.channel_tile(2048, add=True, k=8192) == qg.TILE_WORDS_ADD_LONG
     assert qg.channel_tile(16384, norm=True, k=2048) == qg.channel_tile(8192, norm=True, k=2048) \
         == qg.TILE_WORDS_NORM_WIDE
     assert qg.channel_tile(3072, norm=True, k=2048) == qg.TILE_WORDS_NORM
@@ -204,15 +206,13 @@ def test_the_tile_rules_pick_by_fusion_and_shape() -> None:
     assert qg.int4_tile(32000, norm=True, k=2048) == qg.TILE_INT4_NORM_VOCAB
     assert qg.int4_tile(12288, norm=True, k=4096) == qg.TILE_INT4_NORM_LONG
     assert qg.int4_tile(3072, norm=True, k=2048) == qg.TILE_INT4_NORM
-    assert qg.int4_tile(2048, add=True, k=2048) == qg.int4_tile(4096, add=True, k=4096) == qg.TILE_INT4_ADD
-    assert qg.int4_tile(2048, add=True, swiglu=True) == qg.int4_tile(4096, add=True, swiglu=True) \
-        == qg.TILE_INT4_SWIGLU
+    assert qg.int4_tile(2048, add=True, k=2048) == qg.int4_tile(4096, add=True, k=11008) == qg.TILE_INT4_ADD
     assert qg.int4_tile(32000) == qg.TILE_INT4
     assert set(qg.LAUNCHED_TILES_INT4) <= set(qg.AOT_TILES_INT4)
     assert set(qg.LAUNCHED_TILES_WORDS) == {qg.channel_tile(n, **f) for n, f in (
         (2048, {}), (22016, {"norm": True, "k": 4096}), (16384, {"norm": True, "k": 2048}), (2048, {"norm": True}),
         (2048, {"add": True, "k": 2048}),
-        (4096, {"add": True, "k": 4096}), (4096, {"swiglu": True}), (2048, {"swiglu": True}))}
+        (4096, {"add": True, "k": 4096}), (4096, {"add": True, "k": 11008}), (2048, {"add": True, "k": 8192}))}
     assert set(qg.LAUNCHED_TILES_WORDS) <= set(qg.AOT_TILES_WORDS)
 
 
