@@ -65,8 +65,8 @@ GROUP = int4_layout.GROUP  # int4 group size along K (engine.llm.quant.INT4_GROU
 # Chosen from `python benchmarks/quant_gemv_bench.py --preset 1B,7B` on an H100 (2026-11-24): the tile with the least
 # time summed over each preset's weight shapes (qkv, o, gate_up, down, lm_head), the same for both presets within 2 %.
 # int8 and fp8 (`_wo_word_kernel`, codes read as words) as the decode step launches it -- with the RMSNorm, the
-# residual or SwiGLU fused in, and PDL (`channel_tile`). A fused GEMV forms its input in every program (the norm's
-# sum of squares over all of K, SwiGLU's sigmoid), so that work scales with the number of programs; under PDL a
+# residual or SwiGLU fused in, and PDL (`channel_tile`). A norm-fused GEMV forms its input in every program (the
+# norm's sum of squares over all of K), so that work scales with the number of programs; under PDL a
 # program's first weight tile, loaded before it waits, overlaps the kernel before it. Per fusion and size, from
 # `python benchmarks/quant_gemv_bench.py --preset 1B,7B --schemes int8-wo --fused --top 6` (H100, 2026-11-25), µs:
 TILE_WORDS = (16, 1024, 4)  # no fusion (not in the decode step): the best single tile over the fused shapes
