@@ -349,7 +349,9 @@ DEEP_GATES: dict[int, dict[str, Gate]] = {
     },
     32: {  # 7B-shaped (H100, bf16, prompt 512): worst top-1 0.92 / 0.84 / 0.48, KL 1.7e-4 / 9.7e-4 / 8.8e-3
         "int8-wo": Gate(min_top1=0.80, max_kl=5e-4),
-        "fp8-wo": Gate(min_top1=0.75, max_kl=3e-3),
+        # top-1 0.76 on the LLM run's own prompt (2026-11-25, same KL as calibrated): 0.65 keeps three positions of
+        # room over 25 and stays above the injected error's 0.56 (its KL, 1.8e-2, is what the KL gate catches)
+        "fp8-wo": Gate(min_top1=0.65, max_kl=3e-3),
         # below the 2.5e-2 of int4 with the middle layer's down_proj scales × 4 (the error it must catch)
         "int4-wo": Gate(min_top1=0.30, max_kl=1.5e-2),
     },
