@@ -79,16 +79,17 @@ def jobs(arch: int):
     for preset, rep, d in (("1B", 4, 64), ("7B", 1, 128)):
         dot = rep >= 2  # the GPU's bf16 path for GQA groups: tl.dot on rows padded to 16 (_attend's use_dot)
         rep_pad = max(16, 1 << (rep - 1).bit_length()) if dot else 1 << (rep - 1).bit_length()
-        block_s = da.BLOCK_S_DOT if dot else da.BLOCK_S
+        split, block_s, split_warps = da.TILE_DOT if dot else da.TILE_ROWS
         yield (f"decode_attention split {preset}", da._split_kernel, split_sig,
-               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": da.SPLIT, "BLOCK_S": block_s, "PDL": pdl,
-                "USE_DOT": dot}, 4)
+               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split, "BLOCK_S": block_s, "PDL": pdl,
+                "USE_DOT": dot}, split_warps)
         yield (f"decode_attention split+rope {preset}", da._split_kernel,
                {**split_sig, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32"},
-               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": da.SPLIT, "BLOCK_S": block_s, "PDL": pdl,
-                "FROM_QKV": True, "USE_DOT": dot}, 4)
+               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split, "BLOCK_S": block_s, "PDL": pdl,
+                "FROM_QKV": True, "USE_DOT": dot}, split_warps)
         yield (f"decode_attention combine {preset}", da._combine_kernel, combine_sig,
-               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLITS_PAD": 16, "PDL": pdl}, 4)
+               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLITS_PAD": 1 << (640 // split - 1).bit_length(),
+                "PDL": pdl}, 4)  # the splits of the lab's P + N = 640 cached positions
     gemv_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "g_ptr": "*bf16", "r_ptr": "*bf16", "N": "i32",
                 "K": "i32", "stride_wn": "i32", "eps": "fp32"}
     for n, k, warps in gm.TILES:

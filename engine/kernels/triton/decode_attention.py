@@ -156,12 +156,17 @@ def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, NUM_SPLITS,
     tl.store(out_ptr + bh * D + dims, out.to(out_ptr.dtype.element_ty))
 
 
-# Positions per split and per inner block: 64 / 32 keeps ~10–20 splits per kv head at the lab's P + N = 640 cached
-# positions (80–640 programs at B=1 for the 1B and 7B presets) while each split still streams 8–16 KB per tensor.
-SPLIT, BLOCK_S = 64, 32
+# The split kernel's tile: (SPLIT positions per program, BLOCK_S positions per inner step, num_warps).
 # With tl.dot (GQA groups, 16-bit cache) one 64-position tile per split: on the H100, 1B decode step 889.7 / 889.9 µs
-# against 901.1 with 32-position tiles (SPLIT, BLOCK_S = 128, 64: 909.3; 128, 32: 935.2), one machine, one session.
-BLOCK_S_DOT = 64
+# against 901.1 with 32-position tiles (SPLIT, BLOCK_S = 128, 64: 909.3; 128, 32: 935.2), one machine, one session;
+# `python benchmarks/decode_attention_bench.py --preset 1B` (H100, 2026-11-25, position 575 of 640): 3.98 µs, the best
+# of 39 tiles 3.85 (32 × 32 × 4).
+TILE_DOT = (64, 64, 4)
+# One query row per kv head (the 7B) or a float32 cache: the broadcast products. The same bench, 7B: 64 × 32 × 4 (the
+# tile before) 10.89 µs for 9.4 MB of cache (866 GB/s), 32 × 32 × 2 7.55 µs (1251 GB/s), the best of 39: a program's
+# fixed work (RoPE of its rows, the new position's write, m / l / o out) is what the short splits pay, and more of
+# them in flight at 2 warps each hide it better.
+TILE_ROWS = (32, 32, 2)
 INTERPRETER = {"SPLIT": 16, "BLOCK_S": 8}  # small tiles under the interpreter: CPU tests use short caches
 
 
@@ -180,8 +185,9 @@ def decode_attention_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 
 def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: torch.Tensor, b: int, h: int, d: int,
-            rope: dict | None = None) -> torch.Tensor:
-    """Both kernels over q (B, H·D: q rows, or with `rope` the qkv rows) and the cache → (B, H, 1, D)."""
+            rope: dict | None = None, tile: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """Both kernels over q (B, H·D: q rows, or with `rope` the qkv rows) and the cache → (B, H, 1, D). `tile`
+    (SPLIT, BLOCK_S, num_warps of the split kernel) forces one (benchmarks/decode_attention_bench.py's sweep)."""
     _, kvh, s_max, _ = k_c.shape
     rep = h // kvh
     interpreted = is_interpreted(_split_kernel)
@@ -191,7 +197,8 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     # dot would round them to tf32) and one query row per kv head (the 7B: 15 of 16 padded rows would be waste).
     use_dot = not interpreted and k_c.dtype in (torch.bfloat16, torch.float16) and rep >= 2
     rep_pad = max(16, triton.next_power_of_2(rep)) if use_dot else triton.next_power_of_2(rep)
-    tiles = INTERPRETER if interpreted else {"SPLIT": SPLIT, "BLOCK_S": BLOCK_S_DOT if use_dot else BLOCK_S}
+    split, block_s, warps = tile or (TILE_DOT if use_dot else TILE_ROWS)
+    tiles = INTERPRETER if interpreted and tile is None else {"SPLIT": split, "BLOCK_S": block_s}
     num_splits = triton.cdiv(s_max, tiles["SPLIT"])
     pos = input_pos.reshape(-1)[-1:]  # read as it is (int64) by the kernel: no cast kernel per layer
     m = torch.empty(b * kvh * num_splits * rep_pad, device=q.device, dtype=torch.float32)
@@ -199,7 +206,7 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     o = torch.empty(b * kvh * num_splits * rep_pad, d, device=q.device, dtype=torch.float32)
     pdl = {} if interpreted or not pdl_enabled(q.device) else {"PDL": True, "launch_pdl": True}
     _split_kernel[(b * kvh, num_splits)](q, k_c, v_c, pos, m, l, o, 1.0 / math.sqrt(d), kvh, s_max, num_splits,
-                                         REP=rep, REP_PAD=rep_pad, D=d, **tiles, num_warps=4, **pdl, **(rope or {}),
+                                         REP=rep, REP_PAD=rep_pad, D=d, **tiles, num_warps=warps, **pdl, **(rope or {}),
                                          USE_DOT=use_dot)
     out = torch.empty(b, h, 1, d, device=q.device, dtype=q.dtype)
     _combine_kernel[(b * h,)](m, l, o, out, num_splits, REP=rep, REP_PAD=rep_pad, D=d,
@@ -208,7 +215,8 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
 
 
 def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                             v_cache: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+                             v_cache: torch.Tensor, input_pos: torch.Tensor, tile: tuple[int, int, int] | None = None
+                             ) -> torch.Tensor:
     """The decode step's attention from the qkv projection's output (B, 1, (H + 2·KVH)·D), before RoPE: RoPE on q
     and the new k (cos, sin: the rotary tables, (positions ≥ S_max, D), read at input_pos[-1] on the device, so no
     indexing kernel runs per step), k and v written into the cache at input_pos[-1], then
@@ -232,7 +240,7 @@ def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Te
         raise ValueError("the cache must be contiguous: it is written in place")
     rope = {"FROM_QKV": True, "cos_ptr": cos.contiguous(), "sin_ptr": sin.contiguous(),
             "QKV_ROW": qkv.shape[-1]}
-    return _attend(qkv.reshape(b, -1).contiguous(), k_cache, v_cache, input_pos, b, h, d, rope)
+    return _attend(qkv.reshape(b, -1).contiguous(), k_cache, v_cache, input_pos, b, h, d, rope, tile)
 
 
 @torch.library.custom_op("modelab::decode_attention_qkv", mutates_args=("k_cache", "v_cache"))

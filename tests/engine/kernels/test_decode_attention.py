@@ -37,8 +37,8 @@ def test_matches_masked_sdpa_math_at_every_kind_of_position(b, h, kvh, d, s, dty
     v = torch.randn(b, kvh, s, d, generator=gen).to(DEVICE, dtype)
     # Position 0 (one key: the splits past it must add nothing), inside the first split, exactly at a split boundary,
     # and the last slot of the cache.
-    split = da.INTERPRETER["SPLIT"] if DEVICE == "cpu" else da.SPLIT
-    for pos in sorted({0, 5, min(split, s - 1), s - 1}):
+    splits = (da.INTERPRETER["SPLIT"],) if DEVICE == "cpu" else (da.TILE_ROWS[0], da.TILE_DOT[0])
+    for pos in sorted({0, 5, s - 1, *(min(split, s - 1) for split in splits)}):
         p = torch.tensor([pos], device=DEVICE)
         out = da.decode_attention(q, k, v, p)
         assert out.shape == q.shape and out.dtype == dtype
