@@ -162,11 +162,14 @@ def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, NUM_SPLITS,
 # `python benchmarks/decode_attention_bench.py --preset 1B` (H100, 2026-11-25, position 575 of 640): 3.98 µs, the best
 # of 39 tiles 3.85 (32 × 32 × 4).
 TILE_DOT = (64, 64, 4)
-# One query row per kv head (the 7B) or a float32 cache: the broadcast products. The same bench, 7B: 64 × 32 × 4 (the
+# One query row per kv head (the 7B): the broadcast products. The same bench, 7B: 64 × 32 × 4 (the
 # tile before) 10.89 µs for 9.4 MB of cache (866 GB/s), 32 × 32 × 2 7.55 µs (1251 GB/s), the best of 39: a program's
 # fixed work (RoPE of its rows, the new position's write, m / l / o out) is what the short splits pay, and more of
 # them in flight at 2 warps each hide it better.
 TILE_ROWS = (32, 32, 2)
+# GQA groups on the broadcast path (a float32 cache): REP rows × BLOCK_S × D products per step, so registers bound the
+# tile; the one used before the sweep, not re-measured.
+TILE_GROUPS = (64, 32, 4)
 INTERPRETER = {"SPLIT": 16, "BLOCK_S": 8}  # small tiles under the interpreter: CPU tests use short caches
 
 
@@ -197,7 +200,7 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     # dot would round them to tf32) and one query row per kv head (the 7B: 15 of 16 padded rows would be waste).
     use_dot = not interpreted and k_c.dtype in (torch.bfloat16, torch.float16) and rep >= 2
     rep_pad = max(16, triton.next_power_of_2(rep)) if use_dot else triton.next_power_of_2(rep)
-    split, block_s, warps = tile or (TILE_DOT if use_dot else TILE_ROWS)
+    split, block_s, warps = tile or (TILE_DOT if use_dot else TILE_ROWS if rep == 1 else TILE_GROUPS)
     tiles = INTERPRETER if interpreted and tile is None else {"SPLIT": split, "BLOCK_S": block_s}
     num_splits = triton.cdiv(s_max, tiles["SPLIT"])
     pos = input_pos.reshape(-1)[-1:]  # read as it is (int64) by the kernel: no cast kernel per layer
