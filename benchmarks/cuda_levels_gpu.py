@@ -5,6 +5,8 @@
 
 1. Builds the extension (cached by source hash under $MODELAB_BUILD_DIR), capturing ninja's output, and prints ptxas's
    registers / stack / spills for every kernel (the full log: DIR/build.log).
+   Attention variants not yet run on a GPU (cl.UNVERIFIED_VARIANTS) are checked first, each in a child process with
+   a timeout; one that hangs, faults or is wrong is left out of the rest of the run.
 2. Checks every kernel on fresh random inputs against a float64 reference at small shapes (ragged S, causal and not,
    sum/mean, sorted/unsorted, isolated nodes), then at the real shapes against torch in fp32/fp64.
 3. Times each kernel and its torch baseline with CUDA events (warm-up, then the median of --iters calls; message
@@ -40,6 +42,26 @@ from engine.kernels import cuda_levels as cl  # noqa: E402
 
 ROWS: list[dict] = []
 FAILURES: list[str] = []
+SKIPPED: set[int] = set()  # attention variants that failed their check in a child process: never run in this one
+
+
+def variants_for(dtype: torch.dtype, D: int) -> tuple[int, ...]:
+    return tuple(v for v in cl.attention_variants(dtype, D) if v not in SKIPPED)
+
+
+def check_unverified() -> None:
+    """Variants not yet run on a GPU (cl.UNVERIFIED_VARIANTS) run first in a child process with a timeout: one that
+    hangs, faults or is wrong is reported and left out of the rest of this run."""
+    for var in cl.UNVERIFIED_VARIANTS:
+        if var not in cl.attention_variants(torch.bfloat16, 128):
+            continue
+        start = time.perf_counter()
+        passed, report = cl.check_variant_in_child(var)
+        print(f"variant {var} (not yet run on a GPU), in a child process, {time.perf_counter() - start:.0f} s: "
+              f"{'ok' if passed else 'FAILED'}\n" + "\n".join("  " + line for line in report.splitlines()))
+        if not passed:
+            SKIPPED.add(var)
+            FAILURES.append(f"variant {var} failed its check in a child process (left out of this run)")
 
 
 def note_check(name: str, err: float, tol: float) -> None:
@@ -159,6 +181,10 @@ def compile_only(out_dir: Path, arch: str) -> int:
         (out_dir / f"{name}.log").write_text(text)
         errors = [line for line in text.splitlines() if re.search(r"\berror\b", line)]
         print(f"{name}: {'ok' if proc.returncode == 0 else 'FAILED'}" + "".join(f"\n  {e}" for e in errors[:10]))
+        # ptxas's wgmma advisories (C75xx: products serialised, an arrive injected) cost overlap without failing
+        for line in text.splitlines():
+            if m := re.search(r"\((C75\d\d)\) (.*?) in (?:the )?function '(\S+)'", line):
+                print(f"  ptxas {m.group(1)}: {m.group(2)} ({demangle([m.group(3)])[0][:90]})")
         failed += proc.returncode != 0
         if name.endswith(".cu"):
             print_ptxas_table(text)
@@ -201,7 +227,7 @@ def small_checks() -> None:
     torch.manual_seed(1)
     for dtype in (torch.bfloat16, torch.float16):
         for D in (64, 128):
-            variants = cl.attention_variants(dtype, D)
+            variants = variants_for(dtype, D)
             for S in (1, 33, 197, 300):
                 for causal in (False, True):
                     q, k, v = attn_inputs(2, 2, S, D, dtype)
@@ -244,15 +270,19 @@ def attention_real(iters: int) -> None:
         sdpa = time_us(lambda i: F.scaled_dot_product_attention(q, k, v, is_causal=causal), iters)
         sdpa_tf = flops / sdpa[0] / 1e6
         add_row(f"attn SDPA S={S} causal={causal}", sdpa, f"{sdpa_tf:.0f} TFLOP/s")
-        variants = cl.attention_variants(torch.bfloat16, D) if S == 4096 else (cl.default_variant(torch.bfloat16, D),)
+        # every variant at S=4096; at S=1024 the default and the FlashAttention-3-style one (7) where it runs
+        variants = variants_for(torch.bfloat16, D)
+        if S != 4096:
+            variants = tuple(v for v in variants if v in (cl.default_variant(torch.bfloat16, D), 7))
         for var in variants:
             out = cl._attention_variant(q, k, v, causal, None, var)
             note_check(f"attn real S={S} causal={causal} v{var} vs SDPA fp32", cl._rel_l2(out, ref), 1.5e-2)
             t = time_us(lambda i: cl._attention_variant(q, k, v, causal, None, var), iters)
             tf = flops / t[0] / 1e6
-            target = S == 4096 and causal
+            # the issue's targets (causal): S=4096 at least SDPA's speed, S=1024 at least 0.9x
+            ratio = 1.0 if S == 4096 else 0.9
             add_row(f"attn L5 v{var} S={S} causal={causal}", t, f"{tf:.0f} TFLOP/s", "SDPA", sdpa[0],
-                    ">=0.5x SDPA" if target else "", (tf >= 0.5 * sdpa_tf) if target else None)
+                    f">={ratio}x SDPA" if causal else "", (tf >= ratio * sdpa_tf) if causal else None)
         del q, k, v, ref
     print("ViT attention, B=64 H=12 S=197 D=64 bf16 (non-causal):")
     q, k, v = attn_inputs(64, 12, 197, 64, torch.bfloat16)
@@ -345,6 +375,7 @@ def main() -> int:
         print(f"cannot run: {reason}")
         return 2
     build(out_dir)
+    check_unverified()
     sections = {"small": small_checks, "attn": lambda: attention_real(args.iters),
                 "patch": lambda: patch_real(args.iters), "mp": lambda: mp_real(args.iters)}
     for name in args.only.split(","):

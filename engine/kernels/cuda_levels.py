@@ -32,17 +32,27 @@ from engine import device_lock
 from engine.native import build as native
 
 SOURCE_DIR = native.CSRC / "levels"
-SOURCES = ("attention.cu", "attention_sm90.cu", "patch_embed.cu", "message_passing.cu", "bindings.cpp")
-HEADERS = ("common.cuh",)
+SOURCES = ("attention.cu", "attention_sm90.cu", "attention_ws.cu", "patch_embed.cu", "message_passing.cu",
+           "bindings.cpp")
+HEADERS = ("common.cuh", "wgmma.cuh")
 OPS = "modelab_levels"  # the TORCH_LIBRARY namespace (bindings.cpp)
 
 # Attention variants (the table in csrc/levels/attention.cu). 0..3 are mma.sync (sm_80+); 2 and 3 exist for bf16 with
 # D=128 only. 4..6 are wgmma (csrc/levels/attention_sm90.cu), built for sm_90a on compute capability 9.0 with D=128:
-# 4 for bf16 and fp16, 5 and 6 for bf16. H100, 2026-11-23, causal S=4096 B=4 H=16 (benchmarks/cuda_levels_gpu.py):
-# v0 1104 µs, v1 1017, v2 989, v3 1015 (SDPA 468).
+# 4 for bf16 and fp16, 5 and 6 for bf16. 7 is FlashAttention-3's design (csrc/levels/attention_ws.cu: TMA producer
+# warpgroup, two consumer warpgroups taking turns), sm_90a, D=128, bf16 and fp16; written 2026-11-26 without a GPU,
+# compiled offline for sm_90a only, so it is not the default until a GPU run has checked and timed it.
+# H100, 2026-11-23, causal S=4096 B=4 H=16 (benchmarks/cuda_levels_gpu.py): v0 1104 µs, v1 1017, v2 989, v3 1015
+# (SDPA 468).
 ATTENTION_VARIANTS = (0, 1)
 ATTENTION_VARIANTS_BF16_D128 = (0, 1, 2, 3)
-WGMMA_VARIANTS = {torch.bfloat16: (4, 5, 6), torch.float16: (4,)}
+WGMMA_VARIANTS = {torch.bfloat16: (4, 5, 6, 7), torch.float16: (4, 7)}
+# Variants not yet run on a GPU. benchmarks/cuda_levels_gpu.py and the GPU tests check them in a child process with a
+# timeout before anything else (`check_variant_in_child`): a hang or a fault there fails that check, not the whole
+# run. A variant leaves this tuple once a GPU run has passed it.
+UNVERIFIED_VARIANTS = (7,)
+# The error bound of an attention variant against float64 (the GPU tests' ATTN_TOL), per dtype.
+ATTN_TOL = {torch.bfloat16: 1.5e-2, torch.float16: 4e-3}
 
 
 def attention_variants(dtype: torch.dtype, head_dim: int, device: int | None = None) -> tuple[int, ...]:
@@ -55,6 +65,9 @@ def attention_variants(dtype: torch.dtype, head_dim: int, device: int | None = N
 
 def describe_variant(variant: int) -> str:
     """One line naming the attention kernel a variant runs (for a run's notes)."""
+    if variant == 7:
+        return ("attention: TMA + warp-specialised wgmma kernel, variant 7 (csrc/levels/attention_ws.cu, built for "
+                "sm_90a: a producer warpgroup loading by TMA, two consumer warpgroups taking turns)")
     if variant >= 4:
         return (f"attention: wgmma kernel, variant {variant} (csrc/levels/attention_sm90.cu, built for sm_90a: "
                 "warpgroup MMAs from swizzled shared-memory tiles)")
@@ -410,6 +423,51 @@ def message_passing(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, w: to
     if unsorted == "linked" and src.numel() < 2**31 and num_nodes < 2**29:
         return ops.message_passing_linked(x, src, dst, w, num_nodes, aggr == "mean")
     return ops.message_passing_coo(x, src, dst, w, num_nodes, aggr == "mean")
+
+
+# ---- a variant checked in a child process ----------------------------------------------------------------------
+
+_CHILD_CHECK = """
+import sys, torch
+from engine.kernels import cuda_levels as cl
+variant, failed, checked = int(sys.argv[1]), 0, 0
+for dtype in (torch.bfloat16, torch.float16):
+    if variant not in cl.attention_variants(dtype, 128):
+        continue
+    for S in (1, 17, 128, 200, 300, 1024):
+        for causal in (False, True):
+            q, k, v = (torch.randn(2, 3, S, 128, device="cuda").to(dtype) for _ in range(3))
+            err = cl._rel_l2(cl._attention_variant(q, k, v, causal, None, variant), cl._ref_attention(q, k, v, causal))
+            ok = err < cl.ATTN_TOL[dtype]
+            failed, checked = failed + (not ok), checked + 1
+            print(f"{str(dtype)[6:]:>8} S={S:<5} causal={causal!s:<5} rel L2 {err:.2e} {'ok' if ok else 'FAIL'}",
+                  flush=True)
+if not checked:
+    print(f"variant {variant} is not built here (it needs a compute capability 9.0 GPU and D = 128)")
+sys.exit(1 if failed or not checked else 0)
+"""
+
+
+def check_variant_in_child(variant: int, timeout_s: float = 300.0) -> tuple[bool, str]:
+    """Run attention `variant` at D=128 on small ragged shapes (S 1 … 1024, causal or not, bf16 and fp16) in a child
+    process and compare it with float64. Returns (passed, report): a wrong result, a fault or no answer within
+    timeout_s (a deadlocked kernel) fails with the child's output and why, and this process stays usable."""
+    import os
+    import sys
+
+    from engine.native.toolchain import with_libstdcxx_preloaded
+
+    env = with_libstdcxx_preloaded(dict(os.environ))
+    try:
+        done = subprocess.run([sys.executable, "-c", _CHILD_CHECK, str(variant)], env=env, capture_output=True,
+                              text=True, timeout=timeout_s, cwd=str(native.REPO_ROOT))
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return False, out + f"variant {variant}: no answer within {timeout_s:g} s (a hang: the child was killed)"
+    report = done.stdout + (done.stderr[-2000:] if done.returncode else "")
+    if done.returncode < 0:
+        report += f"variant {variant}: the child died on signal {-done.returncode}"
+    return done.returncode == 0, report
 
 
 # ---- float64 references and the error measure (tests, benchmarks/cuda_levels_gpu.py) --------------------------------

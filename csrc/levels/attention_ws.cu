@@ -1,0 +1,313 @@
+// L5 attention on Hopper in the FlashAttention-3 manner (variant 7): q, k, v (B, H, S, D), bf16 or fp16, D = 128,
+// causal or not, any S. Built only for sm_90a, like attention_sm90.cu, whose tile layout and wgmma pieces it shares
+// (wgmma.cuh).
+//
+// A block of 384 threads owns 128 query rows of one (batch, head), as three warpgroups with separate jobs:
+// - the producer (warpgroup 0) gives its registers back (setmaxnreg.dec to 24) and one of its threads issues every
+//   load as a TMA copy: q once, then key and value tiles of 128 rows into a ring of 2 stages each. A stage's "full"
+//   mbarrier completes when the copy's bytes have landed; its "empty" mbarrier when both consumers are done with it.
+//   The tensor map's 128-byte swizzle writes the layout wgmma reads, and rows past S arrive as zeros.
+// - two consumers (warpgroups 1 and 2, 64 query rows each, setmaxnreg.inc to 240) run the math. Within one consumer
+//   the next tile's S = q k^T is issued together with this tile's O += P v, and the softmax of the next scores runs
+//   while that P v is still on the tensor cores; O is rescaled to the new row maxima while the following q k^T runs,
+//   just before its P v is issued (FlashAttention-3's order: after the wait for P v only P's conversion is left).
+//   Between the consumers, two named barriers hand the tensor cores back and forth: one warpgroup issues its pair of
+//   products, then lets the other issue, so one's softmax overlaps the other's matrix products (the ping-pong).
+// Causal: key tiles past the block's last row are never loaded; the diagonal tile and a ragged tail are masked.
+//
+// What FlashAttention-3 also does and this kernel does not: a persistent tile scheduler, an output written back
+// through shared memory and TMA, 176-key tiles for the non-causal case, fp8. D = 64 is served by variants 0 and 1.
+#include "wgmma.cuh"
+
+#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (the driver API, reached through the runtime)
+
+namespace modelab_levels {
+
+namespace {
+
+constexpr int kWsThreads = 384;   // a producer warpgroup and two consumer warpgroups
+constexpr int kStages = 2;        // key tiles and value tiles in flight
+constexpr int kConsumerWarps = 8; // one arrive per consumer warp releases a stage
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;  // 128 x 24 + 256 x 240 = 384 x 168, the launch's own count
+// tiles, alignment slack, mbarriers (128 bytes), 8 bytes per consumer thread for keep_before_wait
+constexpr int kWsSmemBytes = (1 + 2 * kStages) * kTileBytes + 1024 + 128 + 256 * 8;
+constexpr int kTurnBarrier = 1;   // named barriers 1 and 2: the consumers' turns (0 is __syncthreads)
+
+// ---- mbarriers, TMA, named barriers, register reallocation ------------------------------------------------------
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// The barriers' initialisation is visible to the async proxy (TMA's completions) before anyone uses them.
+__device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Returns once the barrier's phase of this parity has completed. A barrier starts in phase 0, so waiting for parity 1
+// returns at once: that is how the producer's first pass over the ring finds every stage empty.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  } while (!done);
+}
+// Box (c0.., c1.., c2) of a 3-d tensor map into shared memory; the barrier counts its bytes.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void regs_dealloc() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void regs_alloc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+
+// The softmax of S(n) is meant to run while P(n-1) V(n-1) is on the tensor cores, but nothing ties it to the wait
+// for that product, and ptxas scheduled the wait (WARPGROUP.DEPBAR.LE 0) before the whole softmax (seen in the SASS,
+// CUDA 13.0; an empty asm fence on the scores did not help). A shared-memory store of the row sums — which depend
+// on every probability of the tile — stays in order with the wait, so the softmax must finish first.
+__device__ __forceinline__ void keep_before_wait(uint32_t sink, const float (&row_sum)[2]) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sink), "f"(row_sum[0]), "f"(row_sum[1]) : "memory");
+}
+
+// The block's mbarriers, 8 bytes each after the tiles: q, then per stage k full / k empty / v full / v empty.
+struct Barriers {
+  uint32_t base;
+  __device__ uint32_t q_full() const { return base; }
+  __device__ uint32_t k_full(int st) const { return base + 8u * (1 + st); }
+  __device__ uint32_t k_empty(int st) const { return base + 8u * (1 + kStages + st); }
+  __device__ uint32_t v_full(int st) const { return base + 8u * (1 + 2 * kStages + st); }
+  __device__ uint32_t v_empty(int st) const { return base + 8u * (1 + 3 * kStages + st); }
+};
+
+// Rows row0.. row0+127 of one (batch, head) into a tile: two 64-column boxes, one per half.
+__device__ __forceinline__ void tma_tile(uint32_t tile, const CUtensorMap* map, uint32_t bar, int row0, int bh) {
+  tma_load_3d(tile, map, bar, 0, row0, bh);
+  tma_load_3d(tile + kHalfBytes, map, bar, 64, row0, bh);
+}
+
+// The producer's step for tile n of K or V: wait until its stage is empty, then load it there.
+__device__ __forceinline__ void produce(const CUtensorMap* map, uint32_t ring, uint32_t full, uint32_t empty, int n,
+                                        int bh) {
+  mbar_wait(empty, ((n / kStages) & 1) ^ 1);
+  mbar_expect_tx(full, kTileBytes);
+  tma_tile(ring + (n % kStages) * kTileBytes, map, full, n * kRows, bh);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    attention_ws_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                        const __grid_constant__ CUtensorMap tm_v, T* __restrict__ o, int S, float scale_log2,
+                        bool causal) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // the 128B swizzle repeats every 1024 bytes
+  const uint32_t sQ = base;
+  const uint32_t sK = base + kTileBytes;                   // K tile n in sK + (n % kStages) * kTileBytes
+  const uint32_t sV = base + (1 + kStages) * kTileBytes;   // V likewise
+  const Barriers bar{base + (1 + 2 * kStages) * kTileBytes};
+
+  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
+  const int bh = blockIdx.x;
+  const int m_block = gridDim.y - 1 - blockIdx.y;  // causal: the longest rows are dispatched first
+  const int m0 = m_block * kRows;
+  const int n_end = causal ? min(S, m0 + kRows) : S;
+  const int num_n = (n_end + kRows - 1) / kRows;
+
+  if (tid == 0) {
+    mbar_init(bar.q_full(), 1);
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(bar.k_full(st), 1);
+      mbar_init(bar.v_full(st), 1);
+      mbar_init(bar.k_empty(st), kConsumerWarps);
+      mbar_init(bar.v_empty(st), kConsumerWarps);
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ---- the producer ----
+    regs_dealloc<kProducerRegs>();
+    if (tid == 0) {
+      mbar_expect_tx(bar.q_full(), kTileBytes);
+      tma_tile(sQ, &tm_q, bar.q_full(), m0, bh);
+      // K runs one tile ahead of V: the consumers need K(n) and V(n-1) together.
+      produce(&tm_k, sK, bar.k_full(0), bar.k_empty(0), 0, bh);
+      for (int n = 1; n <= num_n; ++n) {
+        if (n < num_n) produce(&tm_k, sK, bar.k_full(n % kStages), bar.k_empty(n % kStages), n, bh);
+        produce(&tm_v, sV, bar.v_full((n - 1) % kStages), bar.v_empty((n - 1) % kStages), n - 1, bh);
+      }
+    }
+    return;
+  }
+
+  // ---- the consumers ----
+  regs_alloc<kConsumerRegs>();
+  const int c = wg - 1;  // 0 or 1
+  const int wg_row0 = m0 + c * 64;
+  const int r_lo = wg_row0 + ((tid >> 5) & 3) * 16 + (lane >> 2);
+  const uint32_t q_rows = sQ + c * 64 * 128;  // this warpgroup's 64 rows of each half of q
+  const bool releaser = lane == 0;            // one arrive per warp on an "empty" barrier
+  const int my_turn = kTurnBarrier + c, their_turn = kTurnBarrier + (c ^ 1);
+  const uint32_t sink = bar.base + 128 + (tid - 128) * 8;  // this thread's 8 bytes for keep_before_wait
+
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}, alpha[2];
+  float s[64];
+  uint32_t p[8][4];
+  auto need_mask = [&](int n) { return (n + 1) * kRows > S || (causal && (n + 1) * kRows - 1 > wg_row0); };
+
+  // Turns: consumer 0 goes first. Each takes num_n turns and hands over after each but its last; consumer 1's
+  // opening hand-over stands in for its last, so every bar.sync meets exactly one bar.arrive.
+  if (c == 1) named_arrive(their_turn, 256);
+  mbar_wait(bar.q_full(), 0);
+
+  // tile 0: scores only
+  mbar_wait(bar.k_full(0), 0);
+  named_sync(my_turn, 256);
+  wgmma_fence();
+  issue_qk<T>(s, q_rows, sK);
+  wgmma_commit();
+  if (!(c == 1 && num_n == 1)) named_arrive(their_turn, 256);
+  wgmma_wait<0>();
+  fence_regs(s);
+  if (releaser) mbar_arrive(bar.k_empty(0));
+  softmax_scores(s, alpha, row_max, row_sum, r_lo, 0, S, causal, need_mask(0), scale_log2, lane);
+  pack_p<T>(s, p);
+
+  for (int n = 1; n < num_n; ++n) {
+    const int st = n % kStages, prev = (n - 1) % kStages;
+    mbar_wait(bar.k_full(st), (n / kStages) & 1);
+    mbar_wait(bar.v_full(prev), ((n - 1) / kStages) & 1);
+    named_sync(my_turn, 256);
+    wgmma_fence();
+    issue_qk<T>(s, q_rows, sK + st * kTileBytes);  // S(n) = q K(n)^T
+    wgmma_commit();
+    rescale_o(acc, alpha);  // O to tile n-1's row max, while q K(n)^T runs (P(n-2) V(n-2) has landed)
+    wgmma_fence();
+    issue_pv<T, false>(acc, p, sV + prev * kTileBytes);  // O += P(n-1) V(n-1)
+    wgmma_commit();
+    if (!(c == 1 && n == num_n - 1)) named_arrive(their_turn, 256);
+    wgmma_wait<1>();  // S(n) has landed; P V may still run
+    fence_regs(s);
+    if (releaser) mbar_arrive(bar.k_empty(st));
+    softmax_scores(s, alpha, row_max, row_sum, r_lo, n * kRows, S, causal, need_mask(n), scale_log2, lane);
+    keep_before_wait(sink, row_sum);
+    wgmma_wait<0>();  // P(n-1) V(n-1) has landed: P's registers may be rewritten
+    fence_regs(acc);
+    if (releaser) mbar_arrive(bar.v_empty(prev));
+    pack_p<T>(s, p);
+  }
+
+  const int last = (num_n - 1) % kStages;
+  mbar_wait(bar.v_full(last), ((num_n - 1) / kStages) & 1);
+  rescale_o(acc, alpha);
+  wgmma_fence();
+  issue_pv<T, false>(acc, p, sV + last * kTileBytes);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(acc);
+
+  store_o<T>(o + static_cast<int64_t>(bh) * S * kHead, acc, row_sum, r_lo, S, lane);
+#else
+  __trap();  // not reached: the host side launches this only from an sm_90a build
+#endif
+}
+
+#if defined(MODELAB_SM90A)
+using EncodeTiled = PFN_cuTensorMapEncodeTiled_v12000;
+
+// cuTensorMapEncodeTiled from the driver, found through the runtime (the extension does not link libcuda).
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &found));
+#else
+    CUDA_CHECK(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &ptr, cudaEnableDefault, &found));
+#endif
+    TORCH_CHECK(found == cudaDriverEntryPointSuccess && ptr != nullptr,
+                "modelab_levels::attention: variant 7 needs cuTensorMapEncodeTiled, which this driver lacks");
+    return reinterpret_cast<EncodeTiled>(ptr);
+  }();
+  return fn;
+}
+
+// t (B, H, S, 128) as a 3-d tensor (D, S, B * H) read in 64 x 128 x 1 boxes with the 128-byte swizzle; rows past S
+// (of each head) read as zeros.
+CUtensorMap tile_map(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0, "modelab_levels::attention: variant 7 ",
+              "needs ", name, " 16-byte aligned (a TMA requirement)");
+  const int64_t S = t.size(2), BH = t.size(0) * t.size(1);
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kHead), static_cast<cuuint64_t>(S),
+                              static_cast<cuuint64_t>(BH)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kHead) * 2, static_cast<cuuint64_t>(S) * kHead * 2};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(kRows), 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUtensorMapDataType dtype = t.scalar_type() == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  CUtensorMap map;
+  const CUresult r = encode_tiled()(&map, dtype, 3, const_cast<void*>(t.const_data_ptr()), dims, strides, box,
+                                    elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TORCH_CHECK(r == CUDA_SUCCESS, "modelab_levels::attention: cuTensorMapEncodeTiled failed for ", name,
+              " (CUresult ", static_cast<int>(r), ")");
+  return map;
+}
+
+template <typename T>
+void launch_ws(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, bool causal,
+               double scale, cudaStream_t stream) {
+  const int64_t S = q.size(2);
+  const int64_t BH = q.size(0) * q.size(1);
+  const int64_t num_m = (S + kRows - 1) / kRows;
+  TORCH_CHECK(num_m <= 65535, "modelab_levels::attention: S = ", S, " is too long for the grid");
+  TORCH_CHECK(BH <= 2147483647, "modelab_levels::attention: B * H too large for the grid");
+  const CUtensorMap tm_q = tile_map(q, "q"), tm_k = tile_map(k, "k"), tm_v = tile_map(v, "v");
+  auto kernel = attention_ws_kernel<T>;
+  allow_dynamic_smem(kernel, kWsSmemBytes);
+  const dim3 grid(static_cast<unsigned>(BH), static_cast<unsigned>(num_m));
+  kernel<<<grid, kWsThreads, kWsSmemBytes, stream>>>(tm_q, tm_k, tm_v, reinterpret_cast<T*>(o.mutable_data_ptr()),
+                                                     static_cast<int>(S),
+                                                     static_cast<float>(scale * 1.4426950408889634), causal);
+  CUDA_CHECK_LAUNCH();
+}
+#endif
+
+}  // namespace
+
+// Variant 7 (the variant table in attention.cu): bf16 or fp16, D = 128, compute capability 9.0 only.
+void attention_ws(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, bool causal,
+                  double scale, cudaStream_t stream) {
+#if defined(MODELAB_SM90A)
+  int major = 0, minor = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.get_device()));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q.get_device()));
+  TORCH_CHECK(major == 9 && minor == 0, "modelab_levels::attention: variant 7 (TMA, warp-specialised) needs a ",
+              "compute capability 9.0 GPU; this one is ", major, ".", minor);
+  TORCH_CHECK(q.size(3) == kHead, "modelab_levels::attention: variant 7 needs D = 128");
+  if (q.scalar_type() == at::kBFloat16) return launch_ws<__nv_bfloat16>(q, k, v, o, causal, scale, stream);
+  TORCH_CHECK(q.scalar_type() == at::kHalf, "modelab_levels::attention: variant 7 is built for bfloat16 and float16");
+  return launch_ws<__half>(q, k, v, o, causal, scale, stream);
+#else
+  (void)q, (void)k, (void)v, (void)o, (void)causal, (void)scale, (void)stream;
+  TORCH_CHECK(false, "modelab_levels::attention: variant 7 (TMA, warp-specialised) needs an sm_90a build: this ",
+              "library was built for another GPU architecture");
+#endif
+}
+
+}  // namespace modelab_levels
