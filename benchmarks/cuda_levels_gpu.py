@@ -148,32 +148,22 @@ def print_ptxas_table(text: str) -> None:
 
 def compile_only(out_dir: Path, arch: str) -> int:
     """No GPU needed: compile every csrc/levels source for sm_<arch> with nvcc ($CUDA_HOME, e.g. pip's
-    nvidia-cuda-nvcc) against this torch's headers, print ptxas's registers/spills. A CPU-only torch lacks one
-    generated header (c10/cuda/impl/cuda_cmake_macros.h); an empty stand-in is supplied for it."""
-    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS, CUDA_HOME, include_paths
-
-    home = os.environ.get("CUDA_HOME") or CUDA_HOME
-    nvcc = Path(home or "/nonexistent") / "bin" / "nvcc"
-    if not nvcc.exists():
-        print(f"nvcc not found (CUDA_HOME={home!r}); e.g. pip install --target DIR nvidia-cuda-nvcc==13.0.* "
-              "nvidia-cuda-runtime==13.0.* nvidia-cuda-cccl==13.0.* nvidia-nvvm==13.0.* nvidia-cuda-crt==13.0.* "
-              "and CUDA_HOME=DIR/nvidia/cu13")
-        return 2
-    incs = [*include_paths(), str(Path(home) / "include"), str(cl.SOURCE_DIR)]
-    if not any((Path(p) / "c10/cuda/impl/cuda_cmake_macros.h").exists() for p in incs):
-        stub = out_dir / "stub_include"
-        (stub / "c10/cuda/impl").mkdir(parents=True, exist_ok=True)
-        (stub / "c10/cuda/impl/cuda_cmake_macros.h").write_text("#pragma once\n")
-        incs.insert(0, str(stub))
-    inc_flags = [f"-I{p}" for p in incs]
+    nvidia-cuda-nvcc; `cl.offline_nvcc`) against this torch's headers, print ptxas's registers/spills."""
     jobs = {}
     for name in cl.SOURCES:
         if name.endswith(".cu"):
-            cmd = [str(nvcc), "-c", "-std=c++17", *COMMON_NVCC_FLAGS, "-O3",
-                   *cl.arch_flags(int(arch[:-1]), int(arch[-1])), "--resource-usage", "-Xcompiler", "-fPIC",
-                   *inc_flags, str(cl.SOURCE_DIR / name), "-o", str(out_dir / f"{name}.o")]
+            cmd = cl.offline_nvcc(name, out_dir / f"{name}.o", (int(arch[:-1]), int(arch[-1])))
+            if isinstance(cmd, str):
+                print(f"{cmd}; e.g. pip install --target DIR nvidia-cuda-nvcc==13.0.* nvidia-cuda-runtime==13.0.* "
+                      "nvidia-cuda-cccl==13.0.* nvidia-nvvm==13.0.* nvidia-cuda-crt==13.0.* "
+                      "and CUDA_HOME=DIR/nvidia/cu13")
+                return 2
         else:
-            cmd = [os.environ.get("CXX", "c++"), "-std=c++17", "-fsyntax-only", *inc_flags, str(cl.SOURCE_DIR / name)]
+            from torch.utils.cpp_extension import include_paths
+
+            cmd = [os.environ.get("CXX", "c++"), "-std=c++17", "-fsyntax-only",
+                   *(f"-I{p}" for p in (out_dir / "stub_include", *include_paths(), cl.SOURCE_DIR)),
+                   str(cl.SOURCE_DIR / name)]
         jobs[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     failed = 0
     for name, proc in jobs.items():

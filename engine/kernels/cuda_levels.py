@@ -156,6 +156,33 @@ def _first_error_line(text: str) -> str:
     return (compiler or mentions or lines or ["no output"])[0][:300]
 
 
+def offline_nvcc(name: str, out: Path, arch: tuple[int, int] = (9, 0), cubin: bool = False) -> list[str] | str:
+    """The nvcc command that compiles csrc/levels/`name` for sm_`arch` without a GPU, against this torch's headers
+    with $CUDA_HOME's nvcc (or /usr/local/cuda's), writing `out`: an object file, or with `cubin` the device code
+    alone (for nvdisasm); ptxas reports registers and spills. A CPU-only torch lacks one generated header
+    (c10/cuda/impl/cuda_cmake_macros.h): an empty stand-in is written beside `out`. Returns the reason instead when
+    nvcc is not found."""
+    import os
+
+    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS, CUDA_HOME, include_paths
+
+    # a CPU-only torch leaves its CUDA_HOME unset: $CUDA_HOME, then the usual install place
+    homes = [h for h in (os.environ.get("CUDA_HOME"), CUDA_HOME, "/usr/local/cuda") if h]
+    home = next((Path(h) for h in homes if (Path(h) / "bin" / "nvcc").exists()), None)
+    if home is None:
+        return f"nvcc not found (looked in {', '.join(homes)})"
+    nvcc = home / "bin" / "nvcc"
+    incs = [*include_paths(), str(home / "include"), str(SOURCE_DIR)]
+    if not any((Path(p) / "c10/cuda/impl/cuda_cmake_macros.h").exists() for p in incs):
+        stub = out.parent / "stub_include"
+        (stub / "c10/cuda/impl").mkdir(parents=True, exist_ok=True)
+        (stub / "c10/cuda/impl/cuda_cmake_macros.h").write_text("#pragma once\n")
+        incs.insert(0, str(stub))
+    return [str(nvcc), "-cubin" if cubin else "-c", "-std=c++17", *COMMON_NVCC_FLAGS, "-O3", *arch_flags(*arch),
+            "--resource-usage", "-Xcompiler", "-fPIC", *(f"-I{p}" for p in incs), str(SOURCE_DIR / name),
+            "-o", str(out)]
+
+
 def _missing_tools() -> str | None:
     """Why nothing can be built or run here (None: try building). Looks only; builds nothing."""
     if not torch.cuda.is_available():

@@ -8,6 +8,9 @@ input validation and the build key are tested here without a GPU.
 from __future__ import annotations
 
 import math
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -223,6 +226,61 @@ def test_references_agree_with_plain_torch():
     isolated[mp["dst"]] = False
     assert (ref[isolated] == 0).all()
     assert cl._rel_l2(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 2.0])) == math.inf
+
+
+# ---- without a GPU: the sm_90a build of variant 7, read back as SASS ------------------------------------------------
+
+def _nvdisasm() -> str | None:
+    """nvdisasm from PATH, /usr/local/cuda, or the nvidia-cuda-nvdisasm wheel (requirements-dev.txt)."""
+    import importlib.util
+    import shutil
+
+    found = shutil.which("nvdisasm")
+    places = [Path("/usr/local/cuda/bin")]
+    spec = importlib.util.find_spec("nvidia")
+    if spec and spec.submodule_search_locations:
+        places += [Path(p) / cu / "bin" for p in spec.submodule_search_locations for cu in ("cu13", "cu12")]
+    return found or next((str(p / "nvdisasm") for p in places if (p / "nvdisasm").exists()), None)
+
+
+def _kernel_sass(sass: str, name: str) -> list[str]:
+    """The instructions of the one function whose mangled name contains `name`, in order."""
+    body = sass.split("//--------------------- .text.")[1:]
+    code = [part for part in body if name in part.splitlines()[0]]
+    assert len(code) == 1, f"{len(code)} functions named like {name}"
+    return [line.split("*/", 1)[1].split(";")[0].strip() for line in code[0].splitlines()
+            if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+
+
+def test_variant_7_builds_for_sm90a_and_its_softmax_runs_while_p_v_is_on_the_tensor_cores(tmp_path):
+    """No GPU needed: csrc/levels/attention_ws.cu through nvcc and ptxas for sm_90a, then its SASS. ptxas's report:
+    no spills, no wgmma serialisation advisory (C7513-C7515). The SASS, per element type: in the main loop the
+    softmax's exponentials (64 per tile) sit between the wait for the scores (DEPBAR.LE 1) and the wait for P V
+    (DEPBAR.LE 0), the overlap the kernel exists for — ptxas had hoisted the second wait above them until the row
+    sums were stored before it (keep_before_wait)."""
+    cmd = cl.offline_nvcc("attention_ws.cu", tmp_path / "ws.cubin", cubin=True)
+    if isinstance(cmd, str):
+        pytest.skip(cmd)
+    nvdisasm = _nvdisasm()
+    if nvdisasm is None:
+        pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm, in requirements-dev.txt)")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    report = done.stdout + done.stderr
+    assert done.returncode == 0, report[-4000:]
+    kernels = re.findall(r"Compiling entry function '(\S*attention_ws_kernel\S*)'.*?(\d+) bytes spill stores", report,
+                         re.S)
+    assert len(kernels) == 2 and all(spills == "0" for _, spills in kernels), report[-4000:]
+    assert not re.search(r"C751[3-5]", report), report[-4000:]
+    sass = subprocess.run([nvdisasm, str(tmp_path / "ws.cubin")], capture_output=True, text=True,
+                          timeout=300, check=True).stdout
+    for dtype in ("I13__nv_bfloat16", "I6__half"):
+        code = _kernel_sass(sass, "attention_ws_kernel" + dtype)
+        assert sum(op.startswith("HGMMA") for op in code) == 32  # 8 k-steps: first q k^T, loop q k^T and P V, last P V
+        assert sum("UTMALDG" in op for op in code) == 8  # q, the first K, the loop's K and V: two boxes each
+        first = next(i for i, op in enumerate(code) if "DEPBAR.LE gsb0, 0x1" in op)
+        second = next(i for i in range(first, len(code)) if "DEPBAR.LE gsb0, 0x0" in code[i])
+        between = sum("MUFU.EX2" in op for op in code[first:second])
+        assert between >= 64, f"{dtype}: {between} exponentials between the two waits (the softmax runs after P V)"
 
 
 # ---- with a GPU ---------------------------------------------------------------------------------------------------
