@@ -204,7 +204,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     wgmma_wait<1>();  // S(n) has landed; P V may still run
     fence_regs(s);
     if (releaser) mbar_arrive(bar.k_empty(st));
-    softmax_scores(s, alpha, row_max, row_sum, r_lo, n * kRows, S, causal, need_mask(n), scale_log2, lane);
+    // only the diagonal tile (causal) and a ragged tail need the mask: the other tiles skip its compares and selects
+    if (need_mask(n))
+      softmax_scores<kMask>(s, alpha, row_max, row_sum, r_lo, n * kRows, S, causal, true, scale_log2, lane);
+    else
+      softmax_scores<kNoMask>(s, alpha, row_max, row_sum, r_lo, n * kRows, S, causal, false, scale_log2, lane);
     keep_before_wait(sink, row_sum);
     wgmma_wait<0>();  // P(n-1) V(n-1) has landed: P's registers may be rewritten
     fence_regs(acc);

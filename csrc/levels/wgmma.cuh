@@ -148,6 +148,10 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[8][
 // factor O's row h must be multiplied by before this tile's P V is added (exp2 of the old max minus the new).
 // A thread holds rows r_lo (h = 0) and r_lo + 8 (h = 1); s[4j + 2h + e] is column col0 + 8j + 2(lane & 3) + e:
 // the accumulator layout of wgmma m64nN, the same per warp as mma.sync's, so a quad of lanes shares each row.
+// MASK: kMaskIf masks when need_mask says so (one code path, the mask computed and selected for every tile);
+// kMask always masks, kNoMask never: a caller that branches on need_mask keeps the mask out of most tiles.
+enum MaskMode { kMaskIf, kMask, kNoMask };
+template <MaskMode MASK = kMaskIf>
 __device__ __forceinline__ void softmax_scores(float (&s)[64], float (&alpha)[2], float (&row_max)[2],
                                                float (&row_sum)[2], int r_lo, int col0, int S, bool causal,
                                                bool need_mask, float scale_log2, int lane) {
@@ -160,7 +164,7 @@ __device__ __forceinline__ void softmax_scores(float (&s)[64], float (&alpha)[2]
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float x = s[4 * j + 2 * h + e];
-        if (need_mask) {
+        if (MASK == kMask || (MASK == kMaskIf && need_mask)) {
           const int col = col0 + 8 * j + 2 * (lane & 3) + e;
           if (col >= S || (causal && col > row)) x = -INFINITY;
           s[4 * j + 2 * h + e] = x;
