@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import os
 import re
 import subprocess
 import time
@@ -74,9 +75,19 @@ def describe_variant(variant: int) -> str:
     return f"attention: mma.sync kernel, tile variant {variant} (csrc/levels/attention.cu)"
 
 
+VARIANT_ENV = "MODELAB_L5_ATTENTION_VARIANT"  # names the variant `attention` runs (e.g. 7 before it is the default)
+
+
 def default_variant(dtype: torch.dtype, head_dim: int, device: int | None = None) -> int:
-    """What `attention` runs: the wgmma kernel where it is built, else the fastest mma.sync tile measured."""
+    """What `attention` runs: $MODELAB_L5_ATTENTION_VARIANT where set (it must be built here), else the wgmma kernel
+    where it is built, else the fastest mma.sync tile measured."""
     built = attention_variants(dtype, head_dim, device)
+    forced = os.environ.get(VARIANT_ENV)
+    if forced:
+        if not forced.strip().isdigit() or int(forced) not in built:
+            raise ValueError(f"${VARIANT_ENV}={forced!r}: not an attention variant built for {dtype} with "
+                             f"D={head_dim} on this GPU (built: {', '.join(map(str, built))})")
+        return int(forced)
     return 4 if 4 in built else 2 if 2 in built else 0
 
 ATTN_DTYPES = (torch.bfloat16, torch.float16)
@@ -162,8 +173,6 @@ def offline_nvcc(name: str, out: Path, arch: tuple[int, int] = (9, 0), cubin: bo
     alone (for nvdisasm); ptxas reports registers and spills. A CPU-only torch lacks one generated header
     (c10/cuda/impl/cuda_cmake_macros.h): an empty stand-in is written beside `out`. Returns the reason instead when
     nvcc is not found."""
-    import os
-
     from torch.utils.cpp_extension import COMMON_NVCC_FLAGS, CUDA_HOME, include_paths
 
     # a CPU-only torch leaves its CUDA_HOME unset: $CUDA_HOME, then the usual install place
@@ -479,7 +488,6 @@ def check_variant_in_child(variant: int, timeout_s: float = 300.0) -> tuple[bool
     """Run attention `variant` at D=128 on small ragged shapes (S 1 … 1024, causal or not, bf16 and fp16) in a child
     process and compare it with float64. Returns (passed, report): a wrong result, a fault or no answer within
     timeout_s (a deadlocked kernel) fails with the child's output and why, and this process stays usable."""
-    import os
     import sys
 
     from engine.native.toolchain import with_libstdcxx_preloaded

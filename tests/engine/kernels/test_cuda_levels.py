@@ -122,6 +122,16 @@ def test_hopper_builds_sm90a_with_the_wgmma_variants_and_other_gpus_do_not(monke
     assert "wgmma" in cl.describe_variant(4) and "attention_sm90.cu" in cl.describe_variant(4)
     assert "mma.sync" in cl.describe_variant(2) and "attention.cu" in cl.describe_variant(2)
     assert "TMA" in cl.describe_variant(7) and "attention_ws.cu" in cl.describe_variant(7)
+    monkeypatch.setenv(cl.VARIANT_ENV, "7")  # a variant run by name before it is the default
+    assert cl.default_variant(torch.bfloat16, 128) == 7
+    for bad in ("8", "seven", "-1"):
+        monkeypatch.setenv(cl.VARIANT_ENV, bad)
+        with pytest.raises(ValueError, match=f"{cl.VARIANT_ENV}='{bad}'.*built: 0, 1, 2, 3, 4, 5, 6, 7"):
+            cl.default_variant(torch.bfloat16, 128)
+    monkeypatch.setenv(cl.VARIANT_ENV, "7")
+    with pytest.raises(ValueError, match="D=64"):  # 7 is D=128 only
+        cl.default_variant(torch.bfloat16, 64)
+    monkeypatch.delenv(cl.VARIANT_ENV)
     monkeypatch.setattr(cl, "_arch", lambda device=None: (8, 9))
     assert cl.attention_variants(torch.bfloat16, 128) == (0, 1, 2, 3)
     assert [cl.default_variant(torch.bfloat16, 128), cl.default_variant(torch.float16, 128)] == [2, 0]
