@@ -149,6 +149,8 @@ def _cpu(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     (dict(q=_cpu(1, 1, 8, 64, dtype=torch.float32), k=_cpu(1, 1, 8, 64, dtype=torch.float32),
           v=_cpu(1, 1, 8, 64, dtype=torch.float32)), "bfloat16 or all float16"),
     (dict(q=_cpu(1, 1, 8, 64), k=_cpu(1, 1, 8, 64), v=_cpu(1, 1, 8, 64), scale=float("nan")), "finite"),
+    (dict(q=_cpu(1, 1, 8, 64), k=_cpu(1, 1, 8, 64), v=_cpu(1, 1, 8, 64), scale=-0.125), "positive"),
+    (dict(q=_cpu(1, 1, 8, 64), k=_cpu(1, 1, 8, 64), v=_cpu(1, 1, 8, 64), scale=0.0), "positive"),
     (dict(q=_cpu(1, 1, 8, 64), k=_cpu(1, 1, 8, 64), v=_cpu(1, 1, 8, 64), causal=1), "bool"),
     (dict(q=_cpu(1, 1, 8, 64), k=_cpu(1, 1, 8, 64), v=_cpu(1, 1, 8, 64)), "CUDA tensors"),
 ])
