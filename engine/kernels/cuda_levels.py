@@ -329,7 +329,7 @@ def _check_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         scale = 1.0 / math.sqrt(q.shape[-1])
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"attention: scale must be a finite float or None, got {scale!r}")
-    if scale <= 0:  # the wgmma kernels take each row's maximum of the unscaled scores: right only for scale > 0
+    if scale <= 0:  # the wgmma kernels scale the running row maximum (from -inf): -inf * scale is NaN or +inf
         raise ValueError(f"attention: scale must be positive, got {scale!r}")
     if q.shape[0] * q.shape[1] >= 2**31 or q.shape[2] > 65535 * 64:
         raise ValueError(f"attention: shape {tuple(q.shape)} is too large for the grid")
