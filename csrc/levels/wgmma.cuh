@@ -1,6 +1,6 @@
 // Hopper warpgroup-MMA pieces shared by the L5 attention kernels built for sm_90a: attention_sm90.cu (cp.async
-// loads by every thread, variants 4..6) and attention_ws.cu (TMA loads by a producer warp, variant 7). Included once
-// by each; everything here is inline device code.
+// loads by every thread, variants 4..6) and attention_ws.cu (TMA loads by a producer warpgroup, variant 7). Included
+// once by each; everything here is inline device code.
 //
 // Tiles: 128 rows x D = 128 columns of 16-bit elements, stored in the layout wgmma reads: two 64-column halves of
 // 128 rows x 128 bytes, the 16-byte chunk index XOR (row & 7) (the 128-byte swizzle), every half 1024-byte aligned.
