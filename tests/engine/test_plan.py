@@ -81,45 +81,57 @@ def _medians(store: Store, ids: list[int]) -> dict[tuple[str, str, int], float]:
     return {(runs[int(r.run_id)], r.phase, int(r.batch_size)): float(r.value) for r in rows.itertuples()}
 
 
-@pytest.mark.slow
-def test_a_side_by_side_bench_group_times_alone_and_matches_serial_groups(store) -> None:
-    """Tolerance: a side-by-side median may differ from the mean of two serial groups' medians by at most
-    max(3 × the two serial groups' own difference, 25 %) in log terms, per (mode, phase, batch). Where one misses,
-    a second side-by-side group runs and each key's lower median counts: on the 2-core CI machine a neighbour once
-    slowed one group's eager by 1.43× (a full suite run, 2026-11-25; alone it passed every time), while a timing that
-    ran beside another run's compile would be slow in both groups."""
-    params = {"phases": ["infer"], "batch_sizes": [64], "warmup": 5, "iters": 60, "loop": False}
-    modes = ["eager", "fx", "torchscript"]
-    serial = []
-    for _ in range(2):
-        ids = _bench(store, modes, **params)
-        assert set(plan.supervise(store, ids, serial=True).values()) == {"ok"}
-        serial.append(_medians(store, ids))
-    side = _bench(store, modes, **params)
-    assert set(plan.supervise(store, side, requested=3).values()) == {"ok"}, [store.run(i)["error"] for i in side]
-
-    timeline = group_timeline(store, side)
-    assert set(timeline["run_id"]) == set(side)
+def _side_by_side_group(store: Store, modes: list[str], params: dict) -> dict[tuple[str, str, int], float]:
+    ids = _bench(store, modes, **params)
+    assert set(plan.supervise(store, ids, requested=3).values()) == {"ok"}, [store.run(i)["error"] for i in ids]
+    timeline = group_timeline(store, ids)
+    assert set(timeline["run_id"]) == set(ids)
     assert {"shared", "exclusive"} <= set(timeline["hold"])  # they did prepare side by side and time alone
     assert hold_overlaps(timeline).empty, hold_overlaps(timeline)
+    return _medians(store, ids)
 
-    def misses(medians: dict[tuple[str, str, int], float]) -> list[tuple]:
-        out = []
-        for key, median in medians.items():
-            a, b = serial[0][key], serial[1][key]
-            allowed = max(3 * abs(math.log(a / b)), math.log(1.25))
-            if abs(math.log(median / math.sqrt(a * b))) > allowed:
-                out.append((key, median, a, b))
-        return out
 
-    medians = _medians(store, side)
-    if misses(medians):
-        again = _bench(store, modes, **params)
-        assert set(plan.supervise(store, again, requested=3).values()) == {"ok"}
-        assert hold_overlaps(group_timeline(store, again)).empty
-        second = _medians(store, again)
-        medians = {key: min(m, second[key]) for key, m in medians.items()}
-    assert not misses(medians), misses(medians)
+def _serial_group(store: Store, modes: list[str], params: dict) -> dict[tuple[str, str, int], float]:
+    ids = _bench(store, modes, **params)
+    assert set(plan.supervise(store, ids, serial=True).values()) == {"ok"}
+    return _medians(store, ids)
+
+
+def _timing_misses(serial: list[dict], side: list[dict]) -> list[tuple]:
+    """Keys whose least side-by-side median is off the least serial median by more than max(3 × the serial groups'
+    own spread, 25 %) in log terms. The least median of a few groups estimates the undisturbed time on both sides."""
+    out = []
+    for key in serial[0]:
+        serial_key = [g[key] for g in serial]
+        best_serial, best_side = min(serial_key), min(g[key] for g in side)
+        allowed = max(3 * math.log(max(serial_key) / best_serial), math.log(1.25))
+        if abs(math.log(best_side / best_serial)) > allowed:
+            out.append((key, best_side, serial_key))
+    return out
+
+
+@pytest.mark.slow
+def test_a_side_by_side_bench_group_times_alone_and_matches_serial_groups(store) -> None:
+    """Two serial groups, then a side-by-side one; where a key misses (see _timing_misses), one more serial and one
+    more side-by-side group run and the comparison is made again over all of them. On the 2-core CI machine the
+    machine's own speed drifts between groups: a neighbour once slowed one group's eager by 1.43× (2026-11-25), and
+    a side-by-side torchscript once ran 160 µs against serial groups' 203 and 218 (2026-11-27). A timing that ran
+    beside another run's compile is slow in every side-by-side group, and the hold timelines show it anyway."""
+    params = {"phases": ["infer"], "batch_sizes": [64], "warmup": 5, "iters": 60, "loop": False}
+    modes = ["eager", "fx", "torchscript"]
+    serial = [_serial_group(store, modes, params) for _ in range(2)]
+    side = [_side_by_side_group(store, modes, params)]
+    if _timing_misses(serial, side):
+        serial.append(_serial_group(store, modes, params))
+        side.append(_side_by_side_group(store, modes, params))
+    assert not _timing_misses(serial, side), _timing_misses(serial, side)
+
+
+def test_timing_misses_compares_the_least_medians_within_the_serial_spread() -> None:
+    key = ("eager", "infer", 64)
+    assert _timing_misses([{key: 203.0}, {key: 218.0}], [{key: 160.0}])  # the CI run of 2026-11-27
+    assert not _timing_misses([{key: 203.0}, {key: 218.0}, {key: 161.0}], [{key: 160.0}, {key: 170.0}])
+    assert _timing_misses([{key: 100.0}, {key: 102.0}, {key: 101.0}], [{key: 180.0}, {key: 175.0}])  # slow each time
 
 
 def test_hold_overlaps_finds_a_timing_beside_another_runs_preparation() -> None:
