@@ -34,10 +34,13 @@ from engine.llm.report import (
     fmt_num,
     fmt_pct,
     from_store,
+    gate_text,
     headline,
     latest_native_vs_transformers,
     llm_runs,
+    modes_table,
     peak_key,
+    quant_scheme,
     report_files,
     roofline_points,
     top_operators,
@@ -238,15 +241,30 @@ else:
                         ceiling_text(view, "peak"))
         cols[4].caption(f"% of {ceiling_text(view, 'bw')}" if value(row, "mbu_pct") is not None else
                         ceiling_text(view, "bw"))
+        checked = (gate_text(view.get) if quant_scheme(row["mode"]) else
+                   f"logits vs eager: rel. error {value(row, 'prefill_rel_err') or 0:.2g} (prefill), "
+                   f"{value(row, 'decode_rel_err') or 0:.2g} (decode), tolerance {view.get('tolerance') or 0:.3g}")
         st.caption(f"Run #{run_id} · first prefill {fmt_us(value(row, 'first_call_prefill_us'))}, first decode step "
                    f"{fmt_us(value(row, 'first_call_decode_us'))} (compile / capture) · peak memory "
-                   f"{fmt_num(value(row, 'peak_memory_bytes'), 'B')} · logits vs eager: rel. error "
-                   f"{value(row, 'prefill_rel_err') or 0:.2g} (prefill), {value(row, 'decode_rel_err') or 0:.2g} "
-                   f"(decode), tolerance {view.get('tolerance') or 0:.3g}")
+                   f"{fmt_num(value(row, 'peak_memory_bytes'), 'B')} · decode step "
+                   f"{fmt_num(value(row, 'decode_bytes'), 'B', 2)} moved · {checked}")
         for sentence in bound_sentences(view):
             st.caption(f":material/speed: {sentence}")
         for note in view.notes:
             st.caption(f":material/info: {note}")
+
+    group = row.get("group_id")
+    members = (runs[runs["group_id"] == group] if "group_id" in runs and group is not None and not pd.isna(group)
+               else runs.iloc[0:0])
+    if len(members) > 1:  # the modes of one `llm --mode all` (or a page group): bytes and accuracy beside TPOT
+        st.subheader("Modes of this group")
+        st.dataframe(modes_table(members), hide_index=True, key="modes-table")
+        st.caption("bytes / token: what one decode step must move per generated token (weights, or a quantized "
+                   "mode's codes and scales, + the K/V read), MBU's numerator. vs plain: the lab's fused quantized "
+                   "GEMV against the same scheme dequantized in PyTorch then multiplied, from this group. accuracy: "
+                   "unquantized modes match eager's logits within the tolerance; quantized ones pass their own gate "
+                   "(greedy top-1 agreement and mean KL against the unquantized model, thresholds in "
+                   "docs/quantization.md).")
 
     with st.expander("Formulas", icon=":material/functions:"):
         st.code((llm_metrics.__doc__ or "").strip(), language=None)

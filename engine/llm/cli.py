@@ -167,6 +167,7 @@ def _llm(args: argparse.Namespace, launcher) -> int:
     statuses = supervise(store, ids, _Bars(dict(zip(ids, labels))), launcher, args.prepare_parallel, args.serial,
                          out=sys.stderr)
     _print_figures(store, ids, specs, statuses)
+    _print_quantized(store, ids)
     _print_native_vs_transformers(store, ids)
     if args.tp > 1:
         _print_scaling(store, ids, statuses)
@@ -248,6 +249,21 @@ def _print_figures(store: Store, ids: list[int], specs: list[JobSpec], statuses:
               f"{fmt_time(g('ttft_us')):>10} {fmt_time(g('tpot_median_us')):>10} {fmt_time(g('tpot_p90_us')):>10} "
               f"{fmt_num(g('tokens_per_s')):>9} {fmt_pct(g('mfu_pct')):>7} {fmt_pct(g('mbu_pct')):>7} "
               f"{fmt_time(g('first_call_prefill_us')):>11} {fmt_time(g('first_call_decode_us')):>11}")
+
+
+def _print_quantized(store: Store, ids: list[int]) -> None:
+    """Where a quantized mode ran: every run's bytes per token, the gain over unquantized, the lab's GEMV against
+    the plain way, and the check each passed (the page's "Modes of this group" table)."""
+    from engine.llm.report import llm_runs, modes_table, quant_scheme
+
+    runs = llm_runs(store, status="ok", limit=max(500, len(ids)))
+    if runs.empty:
+        return
+    runs = runs[runs["id"].isin(ids)].sort_values("id")
+    if not any(quant_scheme(m) for m in runs["mode"]):
+        return
+    print()
+    print(modes_table(runs).to_string(index=False))
 
 
 def _print_native_vs_transformers(store: Store, ids: list[int]) -> None:

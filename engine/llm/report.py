@@ -18,7 +18,7 @@ import pandas as pd
 
 from engine.llm import metrics as M
 from engine.llm.config import LLMConfig, params_of
-from engine.llm.modes import TRANSFORMERS_MODES, route_mode
+from engine.llm.modes import MODES, TRANSFORMERS_MODES, route_mode
 from engine.store import Artifact, RunResult, Store
 from engine.workloads.llama import PRESETS, LlamaConfig
 
@@ -35,6 +35,10 @@ HEADLINE = {  # (phase, name) -> column of the page's and CLI's tables
     ("decode", "achieved_bw"): "decode_bw", (None, "ceiling_copy_bw"): "ceiling_copy_bw",
     (None, "ceiling_matmul_bf16"): "ceiling_matmul_bf16", (None, "ceiling_matmul_fp32"): "ceiling_matmul_fp32",
     ("prefill", "mfu_datasheet_pct"): "mfu_datasheet_pct", ("decode", "mbu_datasheet_pct"): "mbu_datasheet_pct",
+    ("decode", "bytes"): "decode_bytes", ("decode", "bytes_unquantized"): "decode_bytes_unquantized",
+    (None, "tolerance"): "tolerance", (None, "quant_top1_agreement"): "quant_top1",
+    (None, "quant_mean_kl_nats"): "quant_kl", (None, "quant_gate_min_top1"): "gate_min_top1",
+    (None, "quant_gate_max_kl"): "gate_max_kl",
 }
 
 
@@ -271,6 +275,7 @@ def render(view: RunView) -> dict[str, str]:
                 rows.append((f"{what.upper()} across {n} prompts (p50)", fmt_time(g(f"prompts_{what}_p50_us", phase)),
                              f"p90 {fmt_time(g(f'prompts_{what}_p90_us', phase))}, "
                              f"p99 {fmt_time(g(f'prompts_{what}_p99_us', phase))}; per prompt: prompts.csv"))
+    rows.insert(4, ("Bytes per decode step", fmt_num(g("bytes", "decode"), "B", 2), _bytes_note(view)))
     head = pd.DataFrame(rows, columns=["figure", "value", "note"])
     eager_err = g("eager_fp32_rel_err")
     check = (f"Logits vs eager: relative L2 error {g('max_rel_err', 'prefill') or 0:.2g} at prefill, "
@@ -280,6 +285,8 @@ def render(view: RunView) -> dict[str, str]:
              + f"); {int(g('tokens_matched') or 0)} greedy token position(s) equal to eager's."
              + ("" if g("cache_vs_recompute_rel_err") is None else  # the transformers route does not take it
                 f" Static cache vs a full recompute: {g('cache_vs_recompute_rel_err'):.2g}."))
+    if quant_scheme(view.params.get("mode")):  # gated by top-1 and KL, not by the logits tolerance
+        check = f"{gate_text(g)} (engine/llm/quant.py: the accuracy gate of weight-only quantized modes)."
     if g("hf_reference_rel_err") is not None:
         check += (f" Eager vs transformers' own float32 forward of the checkpoint: {g('hf_reference_rel_err'):.2g} "
                   f"relative L2; greedy tokens equal to its argmax at {int(g('hf_reference_tokens_matched') or 0)} "
@@ -332,6 +339,7 @@ def assumptions(view: RunView) -> str:
         B, P, N = int(p.get("batch", 1)), int(p.get("prompt_len", 1)), int(p.get("new_tokens", 1))
         elem = 4 if peak_key(view) == "matmul_fp32" else 2
         dec = M.decode_counts(cfg, B, P, N, elem)
+        scheme = quant_scheme(p.get("mode"))
         lines += ["## This run's numbers", "",
                   f"- B={B}, P={P}, N={N}, d={cfg.dim}, L={cfg.layers}, H={cfg.heads}, G={cfg.kv_heads}, "
                   f"h={cfg.head_dim}, f={cfg.ffn}, V={cfg.vocab}, s={elem} bytes",
@@ -343,6 +351,15 @@ def assumptions(view: RunView) -> str:
                   f"(weights {M.weight_bytes(cfg, B, elem):,} + K/V read "
                   f"{dec.bytes - M.weight_bytes(cfg, B, elem):,.0f})",
                   ""]
+        if scheme:
+            from engine.llm.quant import decode_counts as quant_decode_counts
+
+            moved = quant_decode_counts(cfg, scheme, B, P, N, elem).bytes
+            lines[-1:-1] = [
+                f"- {scheme}: the decode step moves {moved:,.0f} bytes per step on average, {dec.bytes / moved:.2f}× "
+                "fewer than the line above (the quantized linears' codes and scales, the LM head's too; the "
+                "embedding rows, norms and K/V in the model's dtype: engine.llm.quant.decode_bytes_per_token); its "
+                "MBU counts these"]
         if view.checkpoint:
             lines[-1:-1] = [
                 f"- the shapes above are the loaded checkpoint's own ({view.model_name}: h={cfg.head_dim}"
@@ -402,6 +419,92 @@ def report_files(store: Store, run_id: int, out_dir: Path | None = None) -> dict
     target = out_dir
     written = write_files(render(view), target)
     return {a.name: Path(a.path) for a in written}
+
+
+def quant_scheme(mode: str | None) -> str | None:
+    """The weight-only scheme of a mode ("int8-wo" for both int8-wo and triton-int8-wo); None if unquantized."""
+    found = MODES.get(str(mode)) if mode is not None else None
+    return found.quant if found is not None else None
+
+
+def gate_text(g: Any, short: bool = False) -> str:
+    """A quantized run's accuracy gate in words, from its metrics (`g(name)`: RunView.get or a row lookup)."""
+    top1, kl = g("quant_top1_agreement"), g("quant_mean_kl_nats")
+    if top1 is None or kl is None:
+        return "accuracy gate: not recorded"
+    low, high = g("quant_gate_min_top1"), g("quant_gate_max_kl")
+    top1_text = f"top-1 {top1:.2f}" if short else f"greedy top-1 agreement with the unquantized model {top1:.2f}"
+    kl_text = f"KL {kl:.2g}" if short else f"mean KL of the next-token distribution {kl:.2g} nats"
+    return (("" if short else "accuracy gate: ") + top1_text + (f" (≥ {low:g})" if low is not None else "")
+            + f", {kl_text}" + (f" (≤ {high:g})" if high is not None else ""))
+
+
+def _bytes_note(view: RunView) -> str:
+    """What the decode step's byte count holds, and the gain where the run is quantized."""
+    per_step, unquantized = view.get("bytes", "decode"), view.get("bytes_unquantized", "decode")
+    scheme = quant_scheme(view.params.get("mode"))
+    if scheme and per_step and unquantized:
+        return (f"{scheme}: codes + scales, K/V and the rest in the model's dtype; {unquantized / per_step:.2f}× "
+                f"fewer than unquantized ({fmt_num(unquantized, 'B', 2)})")
+    return "weights + K/V read, mean over the decode steps (MBU's numerator)"
+
+
+QUANT_COLUMNS = {"quant_top1_agreement": "quant_top1", "quant_mean_kl_nats": "quant_kl",
+                 "quant_gate_min_top1": "gate_min_top1", "quant_gate_max_kl": "gate_max_kl"}  # metric → column
+
+
+def _cell(row: Mapping[str, Any], key: str) -> float | None:
+    value = row.get(key)
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def _dtype(row: Mapping[str, Any]) -> str:
+    """The run's dtype: its own, or the default it ran in (LLMConfig.torch_dtype: bf16 on CUDA, fp32 elsewhere)."""
+    if row.get("dtype"):
+        return str(row["dtype"])
+    return "bfloat16" if str(row.get("device") or "").startswith("cuda") else "float32"
+
+
+def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per run of a group (llm_runs rows with the headline figures), as text: its weights, TPOT, bytes per
+    generated token and how many times fewer than the unquantized step, MBU, the lab's quantized GEMV against the
+    plain dequantize-then-matmul way of the same scheme (same group), and the check it passed (the logits tolerance,
+    or a quantized mode's own accuracy gate)."""
+    if runs.empty:
+        return pd.DataFrame(columns=["run", "mode", "weights", "TPOT", "bytes / token", "vs unquantized", "MBU",
+                                     "vs plain", "accuracy"])
+    rows = runs.to_dict("records")
+    tpot = {(r["mode"], r.get("batch"), r.get("prompt_len")): _cell(r, "tpot_median_us") for r in rows}
+    unquantized = {(r.get("batch"), r.get("prompt_len")): _cell(r, "decode_bytes") for r in rows
+                   if not quant_scheme(r["mode"]) and _cell(r, "decode_bytes")}
+    out = []
+    for r in rows:
+        scheme, mode = quant_scheme(r["mode"]), str(r["mode"])
+        per_step, batch = _cell(r, "decode_bytes"), int(r.get("batch") or 1)
+        full = _cell(r, "decode_bytes_unquantized") or unquantized.get((r.get("batch"), r.get("prompt_len")))
+        vs_plain = "—"
+        if scheme and mode != scheme and _cell(r, "tpot_median_us"):
+            plain = tpot.get((scheme, r.get("batch"), r.get("prompt_len")))
+            if plain:
+                vs_plain = f"{plain / _cell(r, 'tpot_median_us'):.2f}× faster than {scheme}"
+        if scheme:
+            accuracy = gate_text(lambda name, r=r: _cell(r, QUANT_COLUMNS[name]), short=True)
+        elif mode == "eager":
+            accuracy = "the reference"
+        else:
+            errs = [e for e in (_cell(r, "prefill_rel_err"), _cell(r, "decode_rel_err")) if e is not None]
+            tol = _cell(r, "tolerance")
+            accuracy = (f"logits rel. error {max(errs):.2g}" + (f" (≤ {tol:.2g})" if tol is not None else "")
+                        if errs else "—")
+        out.append({
+            "run": f"#{int(r['id'])}", "mode": mode,
+            "weights": f"{scheme} ({'lab GEMV' if mode != scheme else 'plain'})" if scheme else _dtype(r),
+            "TPOT": fmt_time(_cell(r, "tpot_median_us")),
+            "bytes / token": fmt_num(per_step / batch, "B", 2) if per_step else "—",
+            "vs unquantized": f"{full / per_step:.2f}× fewer" if scheme and full and per_step else
+            ("1×" if per_step and not scheme else "—"),
+            "MBU": fmt_pct(_cell(r, "mbu_pct")), "vs plain": vs_plain, "accuracy": accuracy})
+    return pd.DataFrame(out)
 
 
 # -- queries for the page and the CLI -------------------------------------------------------------------------------

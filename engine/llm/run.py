@@ -336,7 +336,10 @@ def _quant_gate(run: _Run, ref: _Reference) -> None:
     gate_ref = ref.gate_generation or ref.generation
     gate = gate_model(ref.model, ref.prompt, gate_ref.tokens, gate_ref.logits, run.mode.quant, run.mode.name)
     run.result.notes.append(f"accuracy gate: {gate.describe()}")
-    run.result.metrics += [Metric("quant_top1_agreement", gate.top1, ""), Metric("quant_mean_kl_nats", gate.kl, "")]
+    run.result.metrics += [Metric("quant_top1_agreement", gate.top1, ""), Metric("quant_mean_kl_nats", gate.kl, ""),
+                           Metric("quant_gate_min_top1", gate.gate.min_top1, ""),
+                           Metric("quant_gate_max_kl", gate.gate.max_kl, ""),
+                           Metric("quant_gate_positions", float(gate.positions), "")]
 
 
 def _check(run: _Run, ref: _Reference, prepared: Prepared) -> None:
@@ -583,12 +586,14 @@ def _decode_figures(run: _Run, decode_us: list[float], ttft_s: float, peaks: _Pe
     cfg, tag_d = run.cfg, run.tag("decode")
     B, P, N = cfg.batch, cfg.prompt_len, cfg.new_tokens
     dec_stats = summarize(decode_us)
+    unquantized = M.decode_counts(cfg.model_config(), B, P, N, _elem(cfg))
+    dec = unquantized
     if run.mode.quant:  # the bytes the quantized step moves: packed weights, scales, the KV read
         from engine.llm.quant import decode_counts as quant_decode_counts
 
         dec = quant_decode_counts(cfg.model_config(), run.mode.quant, B, P, N, _elem(cfg))
-    else:
-        dec = M.decode_counts(cfg.model_config(), B, P, N, _elem(cfg))
+        # the same step unquantized, for "× fewer bytes" on the page
+        run.result.metrics.append(Metric("bytes_unquantized", unquantized.bytes, "B", **tag_d))
     tpot_s = dec_stats.median * 1e-6
     last_pass = decode_us[-N:]
     generation_s = ttft_s + sum(last_pass) * 1e-6

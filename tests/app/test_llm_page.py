@@ -151,3 +151,24 @@ def test_what_the_native_route_buys_for_a_checkpoint(lab: Store, sweep_results) 
     assert "vs transformers' eager" in line and ": 2.00×" in line
     assert f"runs #{native_id} and #{theirs_id}" in line
     assert "transformers-eager" not in [o for o in at.selectbox(key="new-mode").options]  # presets only here
+
+
+def test_a_group_with_a_quantized_mode_shows_bytes_and_its_gate(lab: Store, sweep_results) -> None:
+    """eager and int8-wo of the tiny preset (real CPU runs) in one group: the modes table puts bytes per token, the
+    gain over the unquantized step and each run's check beside TPOT; the quantized run's card states its gate."""
+    from engine.llm.quant import GATE_STEPS, GATES
+
+    params, result = sweep_results[0]
+    cfg = LLMConfig(preset="tiny", prompt_len=8, new_tokens=GATE_STEPS + 1, mode="int8-wo", prefill_iters=1,
+                    decode_passes=1, profile=False, ceilings="none")
+    eager_id, quant_id = add_runs(lab, [(params, result), (params_of(cfg), llm_run(cfg))], group="g3")
+    at = open_llm().run()
+    assert not at.exception
+    assert at.selectbox(key="run-a").value == quant_id  # the newest run is selected
+    table = next(d.value for d in at.dataframe if "bytes / token" in d.value.columns).set_index("mode")
+    assert list(table["run"]) == [f"#{quant_id}", f"#{eager_id}"]
+    assert table.loc["int8-wo", "vs unquantized"].endswith("× fewer") and table.loc["eager", "vs unquantized"] == "1×"
+    assert table.loc["int8-wo", "accuracy"].startswith("top-1 ") and table.loc["eager", "accuracy"] == "the reference"
+    captions = texts(at.caption)
+    assert "accuracy gate: greedy top-1 agreement with the unquantized model" in captions
+    assert f"(≥ {GATES['int8-wo'].min_top1:g})" in captions and "logits vs eager" not in captions

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.cli import main
+from engine.llm.quant import GATES
 from engine.llm.report import REPORT_FILES, llm_runs
 from engine.store import Store
 
@@ -53,6 +54,18 @@ def test_modes_prepare_side_by_side_and_time_alone(store: Store, capsys: pytest.
     assert sorted(alongside.index) == sorted(runs["id"]) and set(alongside) == {1.0}
     for run_id in runs["id"]:
         assert any(n.startswith("prepared beside up to 1 other run") for n in store.run(int(run_id))["notes"])
+
+
+def test_a_quantized_mode_prints_bytes_per_token_and_its_gate(store: Store, capsys: pytest.CaptureFixture) -> None:
+    code = main(["llm", "--preset", "tiny", "--prompt-len", "8", "--new-tokens", "3", "--mode", "eager,int8-wo",
+                 "--device", "cpu", "--prefill-iters", "1", "--decode-passes", "1", "--no-profile", "--serial",
+                 "--db", str(store.path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    header = next(line for line in out.splitlines() if "bytes / token" in line)
+    assert all(col in header for col in ("vs unquantized", "vs plain", "accuracy"))
+    int8 = next(line for line in out.splitlines() if " int8-wo " in line and "× fewer" in line)
+    assert "int8-wo (plain)" in int8 and "top-1 " in int8 and f"(≥ {GATES['int8-wo'].min_top1:g})" in int8, out
 
 
 def test_prepare_slots_say_why() -> None:

@@ -310,6 +310,69 @@ def test_a_quantized_llm_run_passes_its_gate_and_counts_the_bytes_it_moves(schem
     assert got[("quant_mean_kl_nats", None)] <= quant.GATES[scheme].max_kl
     assert any(n.startswith("accuracy gate: ") and n.endswith(f"over {quant.GATE_STEPS + 1} positions")
                for n in result.notes)
+    assert (got[("quant_gate_min_top1", None)], got[("quant_gate_max_kl", None)]) == (
+        quant.GATES[scheme].min_top1, quant.GATES[scheme].max_kl)
     plain = llm_run(dataclasses.replace(cfg, mode="eager"))
     plain_bytes = {(m.name, m.phase): m.value for m in plain.metrics}[("bytes", "decode")]
     assert got[("bytes", "decode")] < plain_bytes
+    assert got[("bytes_unquantized", "decode")] == plain_bytes  # "× fewer" divides by the step eager moved
+
+
+def test_the_report_and_the_modes_table_show_the_gate_and_the_bytes(tmp_path) -> None:
+    """A quantized run and eager's, stored as one group: report.md states the gate (not the logits tolerance) and the
+    bytes per step; the page's and CLI's modes table puts bytes per token, the gain and the check beside TPOT."""
+    from engine.llm.config import LLMConfig, params_of
+    from engine.llm.report import from_store, llm_runs, modes_table, render
+    from engine.llm.run import llm_run
+    from engine.store import Store
+
+    store = Store(tmp_path / "r.duckdb")
+    store.init()
+    ids = {}
+    for mode in ("eager", "int8-wo"):
+        cfg = LLMConfig(preset="tiny", prompt_len=8, new_tokens=quant.GATE_STEPS + 1, mode=mode, prefill_iters=1,
+                        decode_passes=1, profile=False, ceilings="none")
+        ids[mode] = store.create_run("llm", "llama-tiny", mode, "cpu", params_of(cfg), group_id="g")
+        store.start_run(ids[mode])
+        store.record_result(ids[mode], llm_run(cfg))
+
+    report = render(from_store(store, ids["int8-wo"]))["report.md"]
+    assert "accuracy gate: greedy top-1 agreement with the unquantized model" in report
+    assert f"(≥ {quant.GATES['int8-wo'].min_top1:g})" in report and "Logits vs eager" not in report
+    assert "| Bytes per decode step |" in report and "× fewer than unquantized" in report
+    assert "Logits vs eager" in render(from_store(store, ids["eager"]))["report.md"]
+
+    table = modes_table(llm_runs(store)).set_index("mode")
+    assert list(table["weights"]) == ["int8-wo (plain)", "float32"]  # newest first
+    fewer = float(table.loc["int8-wo", "vs unquantized"].removesuffix("× fewer"))
+    assert 2.5 < fewer < 4.0  # fp32 weights (4 bytes) to int8 codes + scales, K/V and norms left in fp32
+    assert table.loc["eager", "vs unquantized"] == "1×" and table.loc["eager", "accuracy"] == "the reference"
+    assert table.loc["int8-wo", "accuracy"].startswith("top-1 ") and "(≤ " in table.loc["int8-wo", "accuracy"]
+    assert table.loc["int8-wo", "bytes / token"].endswith("B") and table.loc["int8-wo", "vs plain"] == "—"
+
+
+def test_the_modes_table_sets_the_lab_gemv_beside_the_plain_way_of_its_scheme() -> None:
+    import pandas as pd
+
+    from engine.llm.report import modes_table
+
+    rows = [  # headline columns as llm_runs gives them; one B=1 P=512 group and the same modes at B=4
+        dict(id=3, mode="triton-int4-wo", batch=1, prompt_len=512, dtype="bfloat16", tpot_median_us=468.0,
+             decode_bytes=7.6e8, decode_bytes_unquantized=2.5e9, quant_top1=0.72, quant_kl=3.9e-3,
+             gate_min_top1=0.3, gate_max_kl=1.2e-2, mbu_pct=41.0),
+        dict(id=2, mode="int4-wo", batch=1, prompt_len=512, dtype="bfloat16", tpot_median_us=3170.0,
+             decode_bytes=7.6e8, quant_top1=0.72, quant_kl=3.9e-3, mbu_pct=6.1),
+        dict(id=1, mode="triton-fused", batch=1, prompt_len=512, dtype="bfloat16", tpot_median_us=886.0,
+             decode_bytes=2.5e9, prefill_rel_err=3e-3, decode_rel_err=4e-3, tolerance=5e-2, mbu_pct=80.0),
+        dict(id=4, mode="triton-int4-wo", batch=4, prompt_len=512, dtype="bfloat16", tpot_median_us=900.0,
+             decode_bytes=8e8),
+    ]
+    table = modes_table(pd.DataFrame(rows))
+    first, plain, bf16, other = table.to_dict("records")
+    assert first["vs plain"] == f"{3170 / 468:.2f}× faster than int4-wo" and first["vs unquantized"] == "3.29× fewer"
+    assert first["accuracy"] == "top-1 0.72 (≥ 0.3), KL 0.0039 (≤ 0.012)" and first["weights"] == "int4-wo (lab GEMV)"
+    assert plain["vs unquantized"] == "3.29× fewer"  # not stored by this (older) run: the group's bf16 step's bytes
+    assert plain["accuracy"] == "top-1 0.72, KL 0.0039" and plain["vs plain"] == "—"
+    assert bf16["accuracy"] == "logits rel. error 0.004 (≤ 0.05)" and bf16["bytes / token"] == "2.50 GB"
+    assert other["vs plain"] == "—" and other["vs unquantized"] == "—"  # no plain run, no bf16 run at B=4
+    assert other["bytes / token"] == "200.00 MB" and other["accuracy"] == "accuracy gate: not recorded"
