@@ -150,8 +150,9 @@ MODES: dict[str, LLMMode] = {m.name: m for m in (
     *(LLMMode(f"triton-{scheme}", f"Weight-only {what} in the triton-fused step: each one-row product the Triton "
               "GEMV that dequantizes inside its weight loads (engine/kernels/triton/quant_gemv.py: codes and scales "
               "loaded with the tile, fp32 accumulation), with triton-fused's fusions kept (RMSNorm, residual adds "
-              "and SwiGLU inside the GEMVs, RoPE and the cache write inside the decode attention); on CPU "
-              "interpreted (correctness only)." + extra,
+              "and SwiGLU inside the GEMVs, RoPE and the cache write inside the decode attention); the prefill "
+              "(several rows) dequantizes each weight, then F.linear (cuBLAS); on CPU interpreted (correctness "
+              "only)." + extra,
               prefill="compile", decode="cudagraph", gemv=True, decode_attn=True, fused=True, quant=scheme,
               quant_impl="triton")
       for scheme, what, extra in _QUANT_MODES),

@@ -466,12 +466,12 @@ def _dtype(row: Mapping[str, Any]) -> str:
 
 
 def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per run of a group (llm_runs rows with the headline figures), as text: its weights, TPOT, bytes per
-    generated token and how many times fewer than the unquantized step, MBU, the lab's quantized GEMV against the
-    plain dequantize-then-matmul way of the same scheme (same group), and the check it passed (the logits tolerance,
-    or a quantized mode's own accuracy gate)."""
+    """One row per run of a group (llm_runs rows with the headline figures), as text: its weights, TTFT (a quantized
+    prefill dequantizes each weight, then F.linear), TPOT, bytes per generated token and how many times fewer than
+    the unquantized step, MBU, the lab's quantized GEMV against the plain dequantize-then-matmul way of the same
+    scheme (same group), and the check it passed (the logits tolerance, or a quantized mode's own accuracy gate)."""
     if runs.empty:
-        return pd.DataFrame(columns=["run", "mode", "weights", "TPOT", "bytes / token", "vs unquantized", "MBU",
+        return pd.DataFrame(columns=["run", "mode", "weights", "TTFT", "TPOT", "bytes / token", "vs unquantized", "MBU",
                                      "vs plain", "accuracy"])
     rows = runs.to_dict("records")
     tpot = {(r["mode"], r.get("batch"), r.get("prompt_len")): _cell(r, "tpot_median_us") for r in rows}
@@ -499,7 +499,7 @@ def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
         out.append({
             "run": f"#{int(r['id'])}", "mode": mode,
             "weights": f"{scheme} ({'lab GEMV' if mode != scheme else 'plain'})" if scheme else _dtype(r),
-            "TPOT": fmt_time(_cell(r, "tpot_median_us")),
+            "TTFT": fmt_time(_cell(r, "ttft_us")), "TPOT": fmt_time(_cell(r, "tpot_median_us")),
             "bytes / token": fmt_num(per_step / batch, "B", 2) if per_step else "—",
             "vs unquantized": f"{full / per_step:.2f}× fewer" if scheme and full and per_step else
             ("1×" if per_step and not scheme else "—"),
