@@ -26,6 +26,8 @@ levels         every kernel level of the three components at their real shapes
 cuda-levels    the L5 CUDA kernels: build (ptxas registers), checks, timings against torch (cuda_levels_gpu.py)
 triton-levels  the L4 Triton kernels: checks and timings against torch (benchmarks/triton_kernels_gpu.py)
 host-cost      host time per call of the Triton levels and its cProfile (benchmarks/triton_host_cost.py)
+quant          weight-only decode (issue 23): 1B and 7B, bf16 triton-fused beside every quantized mode, its modes table
+frontier       issue 26: L5 attention variants vs SDPA (7 checked in a child first), attention levels, 1B/7B MBU
 EOF
 }
 [ "$part" = list ] && { parts; exit 0; }
@@ -100,4 +102,19 @@ case $part in
   triton-levels) t timeout 500 python3 benchmarks/triton_kernels_gpu.py >"$out/triton_levels.log" 2>&1
                  tail -20 "$out/triton_levels.log" ;;
   host-cost) t python3 benchmarks/triton_host_cost.py >"$out/host_cost.log" 2>&1; tail -70 "$out/host_cost.log" ;;
+  quant) for preset in ${QUANT_PRESETS:-1B 7B}; do  # the run prints each mode's bytes/token, gain and gate
+           t timeout 560 python3 -m engine llm --preset $preset --prompt-len 512 --new-tokens 128 --device cuda \
+             --no-profile --mode ${QUANT_MODES:-triton-fused,triton-int8-wo,triton-fp8-wo,triton-int4-wo,int8-wo} \
+             >"$out/quant_$preset.log" 2>&1
+           echo "== $preset"; tail -12 "$out/quant_$preset.log"
+         done ;;
+  frontier) t timeout 300 python3 benchmarks/cuda_levels_gpu.py --only small,attn --out "$out/cl" \
+              >"$out/frontier_l5.log" 2>&1; tail -25 "$out/frontier_l5.log"
+            t timeout 240 python3 -m engine levels --component causal_attention --level L1-native,L4-triton,L5-cuda \
+              --device cuda >"$out/frontier_levels.log" 2>&1; tail -12 "$out/frontier_levels.log"
+            for preset in 1B 7B; do
+              t timeout 200 python3 -m engine llm --preset $preset --prompt-len 512 --new-tokens 128 --device cuda \
+                --no-profile --mode triton-fused >"$out/frontier_$preset.log" 2>&1
+              tail -4 "$out/frontier_$preset.log" | head -2
+            done ;;
 esac
