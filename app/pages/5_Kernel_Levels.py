@@ -28,10 +28,11 @@ from engine.changepoints import history_steps, series_history
 from engine.jobs import JobSpec
 from engine.levels import COMPONENTS, LEVELS
 from engine.levels import yours as yours_levels
-from engine.levels.results import level_results, stage_results
+from engine.levels.results import deep_table, level_results, stage_results
 from engine.levels.timers import AGREE_NOTE as CROSS_AGREE
 from engine.levels.timers import NOT_MEASURED as CROSS_NOT_MEASURED
 from engine.levels.timers import NOTE_PREFIX as CROSS_TIMER
+from engine.profiling.ncu import unavailable as ncu_unavailable
 from engine.store import REPO_ROOT
 
 st.set_page_config(page_title="Kernel Levels · Mode Lab", layout="wide")
@@ -57,6 +58,10 @@ with st.sidebar:
                                           format_func=lambda n: component.shapes[n].label())]
     iters = int(st.number_input("Timed calls", min_value=1, max_value=10_000, value=30, key="iters"))
     warmup = int(st.number_input("Warm-up calls", min_value=0, max_value=1_000, value=5, key="warmup"))
+    no_ncu = ncu_unavailable(device)
+    deep = st.toggle("Nsight Compute on each run", key="deep", disabled=no_ncu is not None,
+                     help=no_ncu or "after timing, ncu measures every kernel of two calls (levels --deep): time, "
+                                    "DRAM and SM throughput, occupancy, registers; adds a minute or so per run")
     st.header("Your kernel")
     impl = st.text_input("Your kernel (import path)", key="impl", placeholder="my_pkg.kernels:attention",
                          help="module.path:function with the component's reference signature; imported only in a "
@@ -123,7 +128,7 @@ def show_timers(row: dict) -> None:
 def queue(levels: list[str]) -> None:
     specs = [JobSpec("levels", component.name, lv, device,
                      {"component": component.name, "shape": shape.name, "level": lv, "device": device,
-                      "iters": iters, "warmup": warmup,
+                      "iters": iters, "warmup": warmup, **({"deep": True} if deep else {}),
                       **({"impl_path": impl_path} if yours_levels.is_yours(lv) else {})}) for lv in levels]
     ids = submit(specs, group_id=uuid.uuid4().hex[:12] if len(specs) > 1 else None)
     if ids:
@@ -256,6 +261,15 @@ else:
         st.dataframe(shown, hide_index=True)
         for stage, text in component.stages.items():
             st.caption(f"{stage}: {text}")
+
+kernels = deep_table(store, [int(i) for i in ok_runs["id"]]) if not ok_runs.empty else pd.DataFrame()
+if not kernels.empty:
+    st.subheader("Nsight Compute: what holds each kernel back")
+    st.dataframe(kernels.round(1), hide_index=True, key="deep-table")
+    st.caption("Per kernel of the calls ncu measured (`levels --deep`, clocks left alone): mean time, DRAM and SM "
+               "throughput as % of the device's peak, achieved occupancy (% of the warps an SM can hold), registers "
+               "per thread. High DRAM % with low SM %: bandwidth-bound; low both: latency, occupancy or launch "
+               "shape; high SM %: compute-bound.")
 
 interpreted = ok_runs[ok_runs["interpreted"] == 1] if not ok_runs.empty else ok_runs
 if not interpreted.empty:

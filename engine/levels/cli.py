@@ -48,6 +48,8 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
                    "judged by the guards (repeat to compare several)")
     p.add_argument("--impl-path", default=None, metavar="DIR", help="the folder that holds --impl's module and a "
                    "PKG.MOD:SPEC --component's (default: the current directory)")
+    p.add_argument("--deep", action="store_true", help="Nsight Compute on every kernel of each level after it is "
+                   "timed (CUDA, ncu on PATH): time, DRAM and SM throughput, occupancy, registers per thread")
     p.add_argument("--list", action="store_true", help="list components, shapes and levels, then exit")
     common(p)
     add_group_args(p)
@@ -148,6 +150,7 @@ def _levels(args: argparse.Namespace, launcher) -> int:
     specs = [JobSpec("levels", component, level, device,
                      {"component": component, "shape": shape, "level": level, "device": device,
                       "iters": args.iters, "warmup": args.warmup, **({"impl_path": impl_path} if impl_path else {}),
+                      **({"deep": True} if args.deep else {}),
                       **({"component_path": _user_path(args)} if is_component_path(component) else {})},
                      timeout_s=args.timeout)
              for (component, shape, level), device in zip(plan, lanes)]
@@ -173,6 +176,8 @@ def _levels(args: argparse.Namespace, launcher) -> int:
     if not stages.empty:
         print()
         print(stages.to_string(index=False))
+    if args.deep:
+        _print_deep(store, ids)
     for run_id, status in statuses.items():
         if status != "ok":
             run = store.run(run_id)
@@ -220,6 +225,21 @@ def levels_table(store: Store, run_ids: list[int]) -> pd.DataFrame:
             "note": "interpreted" if r.get("interpreted") == 1 else _guard_note(r.get("notes")),
         })
     return pd.DataFrame(rows)
+
+
+def _print_deep(store: Store, ids: list[int]) -> None:
+    """--deep: Nsight Compute's rows per kernel, or each run's reason it did not run."""
+    from engine.levels.results import deep_table
+
+    table = deep_table(store, ids)
+    if not table.empty:
+        print("\nNsight Compute (--clock-control none), per kernel of the measured calls:")
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    for run_id in ids:
+        run = store.run(run_id)
+        for note in (run["notes"] or []) if run else []:
+            if note.startswith(("deep profile skipped", "Nsight Compute")):
+                print(f"run {run_id}: {note}")
 
 
 def stage_table(store: Store, run_ids: list[int]) -> pd.DataFrame:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from engine.profiling.op_stats import short_name
 from engine.store import Store
 
 FIGURES = {"median": "median_us", "p10": "p10_us", "p90": "p90_us", "first_call": "first_call_us",
@@ -88,3 +89,31 @@ def stage_results(store: Store, run_ids: Sequence[int]) -> pd.DataFrame:
         return stages
     return stages.pivot_table(index=["run_id", "phase"], columns="name", values="value",
                               aggfunc="last").reset_index()
+
+
+DEEP_COLUMNS = {  # ncu metric → column of deep_table (the first three are ncu_kernel_metrics' own columns)
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy %",
+    "launch__registers_per_thread": "regs/thread",
+}
+
+
+def deep_table(store: Store, run_ids: Sequence[int]) -> pd.DataFrame:
+    """`levels --deep`: one row per (run, kernel) that Nsight Compute measured — the level, the kernel, its launches
+    over the measured calls, mean µs, DRAM and SM throughput (% of peak), achieved occupancy, registers per thread."""
+    if not run_ids:
+        return pd.DataFrame()
+    kernels = store.kernel_metrics(list(run_ids))
+    if kernels.empty:
+        return pd.DataFrame()
+    levels = store.query(f"SELECT id, mode FROM runs WHERE id IN ({','.join('?' * len(run_ids))})",
+                         [int(i) for i in run_ids]).set_index("id")["mode"]
+    rows = []
+    for r in kernels.itertuples():
+        extra = json.loads(r.metrics) if isinstance(r.metrics, str) and r.metrics else {}
+        row = {"run": int(r.run_id), "level": levels.get(r.run_id, ""), "kernel": short_name(str(r.kernel), 60),
+               "launches": int(r.launches), "us": r.duration_us, "DRAM %": r.mem_throughput_pct,
+               "SM %": r.sm_throughput_pct}
+        for metric, column in DEEP_COLUMNS.items():
+            row[column] = (extra.get(metric) or {}).get("mean")
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -23,7 +23,7 @@ from engine.ceilings import Ceilings, ceiling_metrics, ceilings_for, dtype_key
 from engine.levels import get_component, get_level, guards, timers, yours
 from engine.levels.base import Built, Level
 from engine.modes.inductor_timing import begin_run
-from engine.store import Metric, RunResult, Samples
+from engine.store import Artifact, Metric, RunResult, Samples
 from engine.timing import Measurement, time_first_call, time_fn, time_in_graph
 from engine.workloads.component import Component, Shape, rel_l2_error, tensor_bytes
 
@@ -50,6 +50,7 @@ class LevelsConfig:
     quick_ceilings: bool = False
     impl_path: str | None = None  # the folder of a "yours:pkg.mod:fn" level's module (engine.levels.yours)
     component_path: str | None = None  # the folder of a user's component "pkg.mod:spec" (engine.levels.yours)
+    deep: bool = False  # Nsight Compute on the level's kernels after timing (engine.levels.deep)
     extra: dict = field(default_factory=dict)
 
 
@@ -151,6 +152,9 @@ def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunR
         if device.startswith("cuda"):
             _time_in_cuda_graph(result, checked.built, sets, progress)
             _cross_timers(result, checked.built.fn, sets, m.stats.median, progress)
+        if cfg.deep:  # ncu replays each kernel many times: it needs the device as much as a timing does
+            progress(0.9, f"Nsight Compute on {level.key}")
+            _deep_profile(result, cfg)
     _record_stages(result, component, shape, checked.stage_errs, stage_measurements, ceilings)
     result.metrics += ceiling_metrics(ceilings, ("copy_bw", f"matmul_{dtype_key(shape.dtype)}", "launch_us"))
     result.notes += [n for n in checked.built.notes if n not in result.notes]
@@ -159,6 +163,63 @@ def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunR
     if len(sets) > 1:
         result.notes.append(f"timed over {len(sets)} rotating input sets so repeated calls do not run from L2")
     return result
+
+
+# Nsight Compute's figures for `levels --deep`: time, DRAM and SM throughput (% of peak), achieved occupancy (% of
+# the warps an SM can hold) and registers per thread — the first things that say what holds a kernel back.
+DEEP_METRICS = ("gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+                "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+                "sm__warps_active.avg.pct_of_peak_sustained_active", "launch__registers_per_thread")
+DEEP_CALLS = 2  # calls inside the measured range: every kernel of a call, twice (ncu replays each for its metrics)
+
+
+def deep_target_args(cfg: LevelsConfig, calls: int = DEEP_CALLS) -> list[str]:
+    """`python -m engine.levels.deep` arguments that rebuild this run's level, inputs and check."""
+    args = ["--component", cfg.component, "--shape", cfg.shape, "--level", cfg.level, "--device", cfg.device,
+            "--seed", str(cfg.seed), "--calls", str(calls)]
+    if cfg.impl_path:
+        args += ["--impl-path", cfg.impl_path]
+    if cfg.component_path:
+        args += ["--component-path", cfg.component_path]
+    return args
+
+
+def _deep_profile(result: RunResult, cfg: LevelsConfig, ncu_exe: str | None = None) -> None:
+    """Nsight Compute on every kernel of DEEP_CALLS calls of the level, in a subprocess (engine.levels.deep builds
+    and checks the level again, warms it, then brackets the calls with cudaProfilerStart/Stop); one row per kernel
+    in the run's kernel metrics. Why it could not run is a note, never a failure."""
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from engine.profiling import ncu
+
+    exe = ncu_exe or ncu.ncu_path()
+    reason = ncu.unavailable(cfg.device) if ncu_exe is None else None  # a given ncu (the tests' stand-in) runs anywhere
+    if reason or exe is None:
+        result.notes.append(f"deep profile skipped: {reason}")
+        return
+    csv_path = Path(cfg.artifacts_dir or tempfile.mkdtemp(prefix="modelab-levels-")) / "ncu-forward.csv"
+    cmd = [*ncu.ncu_options(None, ncu=exe, metrics=DEEP_METRICS, log_file=csv_path), sys.executable, "-m",
+           "engine.levels.deep", *deep_target_args(cfg)]
+    deep = ncu.run_ncu(cmd, csv_path, "forward", timeout_s=600)
+    kinds = {".log": "ncu_log", ".csv": "ncu_csv"}
+    result.artifacts += [Artifact(kind=kinds[f.suffix], name=f.name, path=str(f)) for f in deep.files]
+    result.kernel_metrics.extend(deep.rows)
+    result.metrics.append(Metric("ncu_kernels", float(len(deep.rows)), "", phase="forward"))
+    result.notes += deep.notes
+
+
+def prepare_level(cfg: LevelsConfig) -> tuple[Callable[..., torch.Tensor], list[tuple]]:
+    """The level's callable, built and checked against the reference exactly as run_level does, and its input
+    sets (engine.levels.deep runs these under Nsight Compute)."""
+    component, shape, level = _resolve(cfg)
+    sets = _input_sets(component, shape, cfg.device, cfg.seed)
+    naive = _naive_module(component, shape, cfg.device, cfg.seed)
+    with torch.no_grad():
+        checked = _build_and_check(component, shape, level, naive, sets, component.tolerance(shape), cfg.device,
+                                   lambda fraction, message: None)
+    return checked.built.fn, sets
 
 
 def _after_timing(guard: guards.Guard, component: Component, shape: Shape, sets: list[tuple], saved: list[list],

@@ -703,34 +703,16 @@ def _deep(cfg: LLMConfig, rows: list[dict], out_dir: Path, result: RunResult) ->
         result.notes.append(reason)
         return
     csv_path = out_dir / "ncu-decode.csv"
-    # ncu.build_command ends with `python -m engine.profiling.ncu <args>`: keep its ncu options, run our target.
-    options = ncu.build_command(kernels[: cfg.top_k], [], ncu=ncu.ncu_path() or "ncu", log_file=csv_path)[:-3]
     steps = 2
-    cmd = [*options, "--launch-count", str(steps * 4 * cfg.top_k * max(1, cfg.model_config().layers)),
+    cmd = [*ncu.ncu_options(kernels[: cfg.top_k], ncu=ncu.ncu_path() or "ncu", log_file=csv_path),
+           "--launch-count", str(steps * 4 * cfg.top_k * max(1, cfg.model_config().layers)),
            sys.executable, "-m", "engine.llm.run", "--ncu-target", *target_args(cfg, steps)]
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    import subprocess
-
-    try:
-        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    except (subprocess.TimeoutExpired, OSError) as exc:
-        result.notes.append(f"Nsight Compute did not finish: {exc}")
-        return
-    log = out_dir / "ncu-decode.log"
-    log.write_text(f"$ {' '.join(cmd)}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}")
-    result.artifacts.append(Artifact(kind="ncu_log", name=log.name, path=str(log)))
-    text = csv_path.read_text(errors="replace") if csv_path.exists() else proc.stdout
-    if csv_path.exists():
-        result.artifacts.append(Artifact(kind="ncu_csv", name=csv_path.name, path=str(csv_path)))
-    rows_out = ncu.summarize(ncu.parse_csv(text), "decode")
-    result.kernel_metrics.extend(rows_out)
-    result.metrics.append(Metric("ncu_kernels", float(len(rows_out)), "", phase="decode"))
-    if proc.returncode != 0 or not rows_out:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        result.notes.append(f"Nsight Compute measured {len(rows_out)} decode kernel(s) (exit code "
-                            f"{proc.returncode}): {tail}")
+    deep = ncu.run_ncu(cmd, csv_path, "decode", timeout_s=600)
+    kinds = {".log": "ncu_log", ".csv": "ncu_csv"}
+    result.artifacts += [Artifact(kind=kinds[f.suffix], name=f.name, path=str(f)) for f in deep.files]
+    result.kernel_metrics.extend(deep.rows)
+    result.metrics.append(Metric("ncu_kernels", float(len(deep.rows)), "", phase="decode"))
+    result.notes += deep.notes
 
 
 def target_args(cfg: LLMConfig, steps: int) -> list[str]:

@@ -80,14 +80,23 @@ def kernel_regex(kernels: Sequence[str]) -> str:
     return "regex:" + "|".join(re.escape(n) for n in names)
 
 
+def ncu_options(kernels: Sequence[str] | None, *, ncu: str = "ncu", metrics: Sequence[str] = tuple(METRICS),
+                log_file: str | os.PathLike[str] | None = None) -> list[str]:
+    """ncu and its options: clocks left alone, child processes followed, measuring only between the target's
+    cudaProfilerStart/Stop; `kernels` None measures every kernel in that range."""
+    cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "--profile-from-start", "off"]
+    if kernels is not None:
+        cmd += ["-k", kernel_regex(kernels)]
+    cmd += ["--metrics", ",".join(metrics), "--csv"]
+    if log_file is not None:
+        cmd += ["--log-file", str(log_file)]
+    return cmd
+
+
 def build_command(kernels: Sequence[str], target_args: Sequence[str], *, ncu: str = "ncu",
                   python: str = sys.executable, log_file: str | os.PathLike[str] | None = None) -> list[str]:
     """The ncu command line that measures `kernels` while `python -m engine.profiling.ncu target_args` runs."""
-    cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "--profile-from-start", "off",
-           "-k", kernel_regex(kernels), "--metrics", ",".join(METRICS), "--csv"]
-    if log_file is not None:
-        cmd += ["--log-file", str(log_file)]
-    return cmd + [python, "-m", "engine.profiling.ncu", *target_args]
+    return ncu_options(kernels, ncu=ncu, log_file=log_file) + [python, "-m", "engine.profiling.ncu", *target_args]
 
 
 def _number(text: Any) -> float | None:
@@ -200,23 +209,30 @@ def run_deep_profile(*, workload: str, mode: str, device: str, phase: str, batch
     exe = ncu or ncu_path()
     if exe is None:
         return DeepResult(notes=[NOT_FOUND])
-    out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = out_dir / f"ncu-{phase}.csv"
-    csv_path.unlink(missing_ok=True)
     cmd = build_command(kernels, target_args(workload, mode, device, phase, batch_size, settle, steps), ncu=exe,
                         log_file=csv_path)
+    return run_ncu(cmd, csv_path, phase, timeout_s)
+
+
+def run_ncu(cmd: list[str], csv_path: Path, phase: str | None, timeout_s: float) -> DeepResult:
+    """Run an ncu command line whose options write `csv_path` (--log-file); parse one row per kernel. The log of
+    the run lands beside the CSV. A timeout, a failure to start, a non-zero exit or no kernels become notes."""
+    what = phase or "the call"
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    csv_path.unlink(missing_ok=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     result = DeepResult(command=cmd)
     try:
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        result.notes.append(f"Nsight Compute did not finish within {timeout_s:.0f} s; deep profile of {phase} skipped")
+        result.notes.append(f"Nsight Compute did not finish within {timeout_s:.0f} s; deep profile of {what} skipped")
         return result
     except OSError as exc:
         result.notes.append(f"could not start Nsight Compute: {exc}")
         return result
-    log = out_dir / f"ncu-{phase}.log"
+    log = csv_path.with_suffix(".log")
     log.write_text(f"$ {' '.join(cmd)}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}")
     result.files.append(log)
     text = csv_path.read_text(errors="replace") if csv_path.exists() else proc.stdout
@@ -229,7 +245,7 @@ def run_deep_profile(*, workload: str, mode: str, device: str, phase: str, batch
         if "ERR_NVGPUCTRPERM" in text + proc.stderr:
             why = ("ERR_NVGPUCTRPERM: this user may not read GPU performance counters (run as root or allow "
                    "profiling: NVreg_RestrictProfilingToAdminUsers=0)")
-        result.notes.append(f"Nsight Compute measured {len(result.rows)} kernel(s) of {phase} "
+        result.notes.append(f"Nsight Compute measured {len(result.rows)} kernel(s) of {what} "
                             f"(exit code {proc.returncode}): {why}")
     return result
 

@@ -32,7 +32,8 @@ def add_ceilings(store: Store, device: str = "cuda") -> int:
 def add_level_run(store: Store, level: str, median_us: float, *, device: str = "cuda", shape: str = "S=4096",
                   component: str = "causal_attention", interpreted: bool = False, stage_us: float | None = None,
                   graph_us: float | None = None, stage_graph_us: float | None = None,
-                  kernel_us: float | None = None, notes: list[str] | None = None) -> int:
+                  kernel_us: float | None = None, notes: list[str] | None = None,
+                  kernel_metrics: list[dict] | None = None) -> int:
     run_id = store.create_run("levels", component, level, device,
                               {"component": component, "shape": shape, "level": level, "device": device})
     store.start_run(run_id)
@@ -59,7 +60,8 @@ def add_level_run(store: Store, level: str, median_us: float, *, device: str = "
         metrics += [Metric("median", stage_us, "us", "patch_embed"), Metric("rel_l2_err", 1e-3, "", "patch_embed"),
                     Metric("flops_per_s", 14.8e9 / (stage_us * 1e-6), "FLOP/s", "patch_embed")]
     store.record_result(run_id, RunResult(env=ENV, metrics=metrics, samples=samples,
-                                          notes=(["interpreted"] if interpreted else []) + (notes or [])))
+                                          notes=(["interpreted"] if interpreted else []) + (notes or []),
+                                          kernel_metrics=kernel_metrics or []))
     return run_id
 
 
@@ -103,6 +105,29 @@ def test_stored_gpu_results_draw_cards_charts_and_roofline(gpu_results: Store) -
     # Buttons are off: this machine has no cuda device.
     assert at.button(key="run-L4-triton").disabled
     assert "stored results only" in captions
+
+
+def test_a_deep_run_shows_what_holds_each_kernel_back(lab: Store) -> None:
+    """A `levels --deep` run's Nsight Compute rows (as engine.profiling.ncu.summarize stores them) under the charts;
+    the toggle that asks for them is off on this machine, with the reason."""
+    import json
+
+    add_ceilings(lab)
+    add_level_run(lab, "L1-naive", 20000.0)
+    add_level_run(lab, "L4-triton", 556.0, kernel_metrics=[{
+        "phase": "forward", "kernel": "_attn_fwd_kernel", "launches": 2, "duration_us": 555.1,
+        "mem_throughput_pct": 21.4, "sm_throughput_pct": 83.2,
+        "metrics": json.dumps({"sm__warps_active.avg.pct_of_peak_sustained_active": {"mean": 12.4, "unit": "%"},
+                               "launch__registers_per_thread": {"mean": 188.0, "unit": "register/thread"}})}])
+    at = _select_stored_gpu(open_levels())
+    assert not at.exception
+    assert "Nsight Compute: what holds each kernel back" in [h.value for h in at.subheader]
+    table = next(d.value for d in at.dataframe if "occupancy %" in d.value.columns)
+    (row,) = table.to_dict("records")
+    assert (row["level"], row["kernel"], row["SM %"], row["occupancy %"], row["regs/thread"]) == (
+        "L4-triton", "_attn_fwd_kernel", 83.2, 12.4, 188.0)
+    toggle = at.sidebar.toggle(key="deep")
+    assert toggle.disabled  # no ncu here (and no CUDA device)
 
 
 def test_interpreted_runs_stay_off_the_charts(lab: Store) -> None:

@@ -1,0 +1,97 @@
+"""`levels --deep`: Nsight Compute on a level's kernels. The target (engine.levels.deep) really builds, checks and
+calls the level; `ncu` itself is a stand-in here (no GPU, no Nsight Compute): a script that runs the target command
+it is given, as ncu does, and writes the CSV ncu would. On the GPU machine: `levels ... --device cuda --deep`."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.cli import main
+from engine.levels.results import deep_table
+from engine.levels.run import DEEP_METRICS, LevelsConfig, _deep_profile
+from engine.store import RunResult, Store
+
+ROW = ('"{id}","4242","python3","host","{kernel}","1","7","(256, 1, 1)","(64, 16, 4)","0","9.0",'
+       '"Command line profiler metrics","{metric}","{unit}","{value}"')
+KERNEL = "_attn_fwd_kernel"
+VALUES = {"gpu__time_duration.sum": ("usecond", "555.10"),
+          "dram__throughput.avg.pct_of_peak_sustained_elapsed": ("%", "21.40"),
+          "sm__throughput.avg.pct_of_peak_sustained_elapsed": ("%", "83.20"),
+          "sm__warps_active.avg.pct_of_peak_sustained_active": ("%", "12.40"),
+          "launch__registers_per_thread": ("register/thread", "188")}
+CSV = "\n".join(['"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
+                 '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"']
+                + [ROW.format(id=i, kernel=KERNEL, metric=m, unit=u, value=v)
+                   for i in (0, 1) for m, (u, v) in VALUES.items()]) + "\n"
+
+
+def stand_in_ncu(folder: Path) -> Path:
+    """An `ncu` that runs the target command after its options (as ncu does) and writes CSV to --log-file."""
+    fake = folder / "ncu"
+    fake.write_text(f"#!{sys.executable}\nimport subprocess, sys\nargs = sys.argv[1:]\n"
+                    "log = args[args.index('--log-file') + 1]\n"
+                    "target = args[args.index('--log-file') + 2:]\n"
+                    "print('options:', ' '.join(args[:args.index('--log-file')]))\n"
+                    "done = subprocess.run(target, capture_output=True, text=True)\n"
+                    "print(done.stdout, done.stderr)\n"
+                    f"open(log, 'w').write({CSV!r} if done.returncode == 0 else '==ERROR== the target failed')\n"
+                    "sys.exit(done.returncode)\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    return fake
+
+
+def test_the_deep_profile_runs_the_checked_level_under_ncu_and_keeps_a_row_per_kernel(tmp_path: Path) -> None:
+    cfg = LevelsConfig(component="causal_attention", shape="small", level="L1-naive", artifacts_dir=str(tmp_path))
+    result = RunResult()
+    _deep_profile(result, cfg, ncu_exe=str(stand_in_ncu(tmp_path)))
+    assert not result.notes, result.notes
+    (row,) = result.kernel_metrics
+    assert (row["kernel"], row["launches"], row["phase"]) == (KERNEL, 2, "forward")
+    assert (row["duration_us"], row["mem_throughput_pct"], row["sm_throughput_pct"]) == (555.1, 21.4, 83.2)
+    assert {a.kind for a in result.artifacts} == {"ncu_log", "ncu_csv"}
+    log = (tmp_path / "ncu-forward.log").read_text()
+    assert "--profile-from-start off" in log and "--metrics " + ",".join(DEEP_METRICS) in log
+    assert "-k " not in log  # every kernel of the measured calls, not a chosen few
+    assert "L1-naive on causal_attention small: checked, 2 call(s)" in log  # the target really ran the level
+
+    store = Store(tmp_path / "r.duckdb")
+    store.init()
+    run_id = store.create_run("levels", "causal_attention", "L1-naive", "cuda", {"shape": "small"})
+    store.record_result(run_id, result)
+    (shown,) = deep_table(store, [run_id]).to_dict("records")
+    assert shown["level"] == "L1-naive" and shown["occupancy %"] == 12.4 and shown["regs/thread"] == 188
+
+
+def test_a_level_the_target_cannot_build_leaves_a_note_not_a_failure(tmp_path: Path) -> None:
+    cfg = LevelsConfig(component="causal_attention", shape="small", level="L9-nothing", artifacts_dir=str(tmp_path))
+    result = RunResult()
+    _deep_profile(result, cfg, ncu_exe=str(stand_in_ncu(tmp_path)))
+    assert not result.kernel_metrics
+    (note,) = result.notes
+    assert note.startswith("Nsight Compute measured 0 kernel(s) of forward (exit code 1)"), note
+
+
+def test_the_target_refuses_a_bad_call_count() -> None:
+    done = subprocess.run([sys.executable, "-m", "engine.levels.deep", "--component", "causal_attention", "--shape",
+                           "small", "--level", "L1-naive", "--device", "cpu", "--calls", "0"],
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 2 and "--calls must be at least 1" in done.stderr
+
+
+def test_levels_deep_without_ncu_times_the_level_and_says_why_there_are_no_kernel_figures(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setenv("ARTIFACTS_DIR", str(tmp_path / "artifacts"))
+    monkeypatch.setenv("MODELAB_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no ncu
+    db = tmp_path / "r.duckdb"
+    code = main(["levels", "--component", "causal_attention", "--shape", "small", "--level", "L1-naive",
+                 "--device", "cpu", "--deep", "--iters", "3", "--warmup", "1", "--db", str(db)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "deep profile skipped: Nsight Compute (ncu) not found on PATH" in out
+    assert Store(db).runs(kind="levels")["status"].tolist() == ["ok"]
