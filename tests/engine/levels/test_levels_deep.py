@@ -4,12 +4,15 @@ it is given, as ncu does, and writes the CSV ncu would. On the GPU machine: `lev
 
 from __future__ import annotations
 
+import os
+import shutil
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine.cli import main
 from engine.levels.results import deep_table
@@ -95,3 +98,14 @@ def test_levels_deep_without_ncu_times_the_level_and_says_why_there_are_no_kerne
     assert code == 0, out
     assert "deep profile skipped: Nsight Compute (ncu) not found on PATH" in out
     assert Store(db).runs(kind="levels")["status"].tolist() == ["ok"]
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and os.environ.get("MODELAB_TEST_NCU") and shutil.which("ncu")),
+                    reason="needs CUDA, ncu on PATH and MODELAB_TEST_NCU=1")
+def test_real_ncu_measures_the_kernels_of_a_cuda_level(tmp_path: Path) -> None:
+    cfg = LevelsConfig(component="causal_attention", shape="small", level="L1-native", device="cuda",
+                       artifacts_dir=str(tmp_path))
+    result = RunResult()
+    _deep_profile(result, cfg)
+    assert result.kernel_metrics, result.notes
+    assert all(r["duration_us"] > 0 and r["launches"] >= 2 for r in result.kernel_metrics), result.kernel_metrics
