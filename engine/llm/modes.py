@@ -288,6 +288,7 @@ class Prepared:
     prefill: StepFn
     decoder: Decoder | None  # None where the decode phase does not apply (see notes)
     notes: list[str] = field(default_factory=list)
+    quantize_s: float | None = None  # a quantized mode: seconds spent quantizing (or loading the cached codes)
 
 
 def _with_sdpa(fn: StepFn, backend: str | None) -> StepFn:
@@ -323,6 +324,7 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
     backend = mode.sdpa or sdpa
     dtype = model.lm_head.weight.dtype
     notes: list[str] = []
+    quantize_s: float | None = None
     if mode.compiles:
         torch._dynamo.reset()
         configure_inductor()
@@ -332,6 +334,7 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
         from engine.llm.quant import quantize_model
 
         report = quantize_model(model, mode.quant, mode.quant_impl)
+        quantize_s = report.seconds
         notes.append(report.note())
         if not device.startswith("cuda"):
             notes.append("CPU: eager, no compile or CUDA graph" + (" (the Triton GEMV interpreted: correctness "
@@ -379,7 +382,7 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
         decoder = GraphDecoder(_with_sdpa(_compile(step_fn(model), compile_mode), backend))
     else:
         raise ValueError(f"unknown decode kind {mode.decode!r}")
-    return Prepared(prefill=_with_sdpa(prefill, backend), decoder=decoder, notes=notes)
+    return Prepared(prefill=_with_sdpa(prefill, backend), decoder=decoder, notes=notes, quantize_s=quantize_s)
 
 
 def runnable_modes(device: str, dtype: torch.dtype) -> list[str]:

@@ -38,7 +38,7 @@ HEADLINE = {  # (phase, name) -> column of the page's and CLI's tables
     ("decode", "bytes"): "decode_bytes", ("decode", "bytes_unquantized"): "decode_bytes_unquantized",
     (None, "tolerance"): "tolerance", (None, "quant_top1_agreement"): "quant_top1",
     (None, "quant_mean_kl_nats"): "quant_kl", (None, "quant_gate_min_top1"): "gate_min_top1",
-    (None, "quant_gate_max_kl"): "gate_max_kl",
+    (None, "quant_gate_max_kl"): "gate_max_kl", (None, "quantize_s"): "quantize_s",
 }
 
 
@@ -469,10 +469,11 @@ def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per run of a group (llm_runs rows with the headline figures), as text: its weights, TTFT (a quantized
     prefill dequantizes each weight, then F.linear), TPOT, bytes per generated token and how many times fewer than
     the unquantized step, MBU, the lab's quantized GEMV against the plain dequantize-then-matmul way of the same
-    scheme (same group), and the check it passed (the logits tolerance, or a quantized mode's own accuracy gate)."""
+    scheme (same group), the check it passed (the logits tolerance, or a quantized mode's own accuracy gate) and how
+    long quantizing took (or loading the codes from the quantization cache)."""
     if runs.empty:
         return pd.DataFrame(columns=["run", "mode", "weights", "TTFT", "TPOT", "bytes / token", "vs unquantized", "MBU",
-                                     "vs plain", "accuracy"])
+                                     "vs plain", "accuracy", "quantized in"])
     rows = runs.to_dict("records")
     tpot = {(r["mode"], r.get("batch"), r.get("prompt_len")): _cell(r, "tpot_median_us") for r in rows}
     unquantized = {(r.get("batch"), r.get("prompt_len")): _cell(r, "decode_bytes") for r in rows
@@ -503,7 +504,8 @@ def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
             "bytes / token": fmt_num(per_step / batch, "B", 2) if per_step else "—",
             "vs unquantized": f"{full / per_step:.2f}× fewer" if scheme and full and per_step else
             ("1×" if per_step and not scheme else "—"),
-            "MBU": fmt_pct(_cell(r, "mbu_pct")), "vs plain": vs_plain, "accuracy": accuracy})
+            "MBU": fmt_pct(_cell(r, "mbu_pct")), "vs plain": vs_plain, "accuracy": accuracy,
+            "quantized in": f"{_cell(r, 'quantize_s'):.2f} s" if _cell(r, "quantize_s") is not None else "—"})
     return pd.DataFrame(out)
 
 

@@ -282,6 +282,8 @@ def _compile(run: _Run, ref: _Reference) -> _Compiled:
     dynamo_before = _dynamo_counts()
     prepared: Prepared = prepare(mode, ref.model, device, sdpa=run.cfg.sdpa, autotune=run.cfg.autotune)
     result.notes.extend(prepared.notes)
+    if prepared.quantize_s is not None:
+        result.metrics.append(Metric("quantize_s", prepared.quantize_s, "s"))
     decoder = prepared.decoder
 
     run.progress(0.2, f"{mode.name}: first prefill (compiles)" if mode.prefill == "compile" else "first prefill")

@@ -312,6 +312,8 @@ def test_a_quantized_llm_run_passes_its_gate_and_counts_the_bytes_it_moves(schem
                for n in result.notes)
     assert (got[("quant_gate_min_top1", None)], got[("quant_gate_max_kl", None)]) == (
         quant.GATES[scheme].min_top1, quant.GATES[scheme].max_kl)
+    assert got[("quantize_s", None)] >= 0 and any(f"quantized in {got[('quantize_s', None)]:.2f} s" in n
+                                                  for n in result.notes)  # the same timing as the note's
     plain = llm_run(dataclasses.replace(cfg, mode="eager"))
     plain_bytes = {(m.name, m.phase): m.value for m in plain.metrics}[("bytes", "decode")]
     assert got[("bytes", "decode")] < plain_bytes
@@ -349,6 +351,7 @@ def test_the_report_and_the_modes_table_show_the_gate_and_the_bytes(tmp_path) ->
     assert table.loc["eager", "vs unquantized"] == "1×" and table.loc["eager", "accuracy"] == "the reference"
     assert table.loc["int8-wo", "accuracy"].startswith("top-1 ") and "(≤ " in table.loc["int8-wo", "accuracy"]
     assert table.loc["int8-wo", "bytes / token"].endswith("B") and table.loc["int8-wo", "vs plain"] == "—"
+    assert table.loc["int8-wo", "quantized in"].endswith(" s") and table.loc["eager", "quantized in"] == "—"
 
 
 def test_the_modes_table_sets_the_lab_gemv_beside_the_plain_way_of_its_scheme() -> None:
@@ -359,7 +362,7 @@ def test_the_modes_table_sets_the_lab_gemv_beside_the_plain_way_of_its_scheme() 
     rows = [  # headline columns as llm_runs gives them; one B=1 P=512 group and the same modes at B=4
         dict(id=3, mode="triton-int4-wo", batch=1, prompt_len=512, dtype="bfloat16", tpot_median_us=468.0,
              decode_bytes=7.6e8, decode_bytes_unquantized=2.5e9, quant_top1=0.72, quant_kl=3.9e-3,
-             gate_min_top1=0.3, gate_max_kl=1.2e-2, mbu_pct=41.0),
+             gate_min_top1=0.3, gate_max_kl=1.2e-2, mbu_pct=41.0, quantize_s=1.234),
         dict(id=2, mode="int4-wo", batch=1, prompt_len=512, dtype="bfloat16", tpot_median_us=3170.0,
              decode_bytes=7.6e8, quant_top1=0.72, quant_kl=3.9e-3, mbu_pct=6.1),
         dict(id=1, mode="triton-fused", batch=1, prompt_len=512, dtype="bfloat16", tpot_median_us=886.0,
@@ -371,6 +374,7 @@ def test_the_modes_table_sets_the_lab_gemv_beside_the_plain_way_of_its_scheme() 
     first, plain, bf16, other = table.to_dict("records")
     assert first["vs plain"] == f"{3170 / 468:.2f}× faster than int4-wo" and first["vs unquantized"] == "3.29× fewer"
     assert first["accuracy"] == "top-1 0.72 (≥ 0.3), KL 0.0039 (≤ 0.012)" and first["weights"] == "int4-wo (lab GEMV)"
+    assert first["quantized in"] == "1.23 s" and plain["quantized in"] == "—"
     assert plain["vs unquantized"] == "3.29× fewer"  # not stored by this (older) run: the group's bf16 step's bytes
     assert plain["accuracy"] == "top-1 0.72, KL 0.0039" and plain["vs plain"] == "—"
     assert bf16["accuracy"] == "logits rel. error 0.004 (≤ 0.05)" and bf16["bytes / token"] == "2.50 GB"
