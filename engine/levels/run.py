@@ -23,7 +23,7 @@ from engine.ceilings import Ceilings, ceiling_metrics, ceilings_for, dtype_key
 from engine.levels import get_component, get_level, guards, timers, yours
 from engine.levels.base import Built, Level
 from engine.modes.inductor_timing import begin_run
-from engine.store import Artifact, Metric, RunResult, Samples
+from engine.store import Metric, RunResult, Samples
 from engine.timing import Measurement, time_first_call, time_fn, time_in_graph
 from engine.workloads.component import Component, Shape, rel_l2_error, tensor_bytes
 
@@ -202,12 +202,7 @@ def _deep_profile(result: RunResult, cfg: LevelsConfig, ncu_exe: str | None = No
     csv_path = Path(cfg.artifacts_dir or tempfile.mkdtemp(prefix="modelab-levels-")) / "ncu-forward.csv"
     cmd = [*ncu.ncu_options(None, ncu=exe, metrics=DEEP_METRICS, log_file=csv_path), sys.executable, "-m",
            "engine.levels.deep", *deep_target_args(cfg)]
-    deep = ncu.run_ncu(cmd, csv_path, "forward", timeout_s=600)
-    kinds = {".log": "ncu_log", ".csv": "ncu_csv"}
-    result.artifacts += [Artifact(kind=kinds[f.suffix], name=f.name, path=str(f)) for f in deep.files]
-    result.kernel_metrics.extend(deep.rows)
-    result.metrics.append(Metric("ncu_kernels", float(len(deep.rows)), "", phase="forward"))
-    result.notes += deep.notes
+    ncu.run_ncu(cmd, csv_path, "forward", timeout_s=600).add_to(result, "forward")
 
 
 def prepare_level(cfg: LevelsConfig) -> tuple[Callable[..., torch.Tensor], list[tuple]]:

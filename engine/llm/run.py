@@ -709,12 +709,7 @@ def _deep(cfg: LLMConfig, rows: list[dict], out_dir: Path, result: RunResult) ->
     cmd = [*ncu.ncu_options(kernels[: cfg.top_k], ncu=ncu.ncu_path() or "ncu", log_file=csv_path),
            "--launch-count", str(steps * 4 * cfg.top_k * max(1, cfg.model_config().layers)),
            sys.executable, "-m", "engine.llm.run", "--ncu-target", *target_args(cfg, steps)]
-    deep = ncu.run_ncu(cmd, csv_path, "decode", timeout_s=600)
-    kinds = {".log": "ncu_log", ".csv": "ncu_csv"}
-    result.artifacts += [Artifact(kind=kinds[f.suffix], name=f.name, path=str(f)) for f in deep.files]
-    result.kernel_metrics.extend(deep.rows)
-    result.metrics.append(Metric("ncu_kernels", float(len(deep.rows)), "", phase="decode"))
-    result.notes += deep.notes
+    ncu.run_ncu(cmd, csv_path, "decode", timeout_s=600).add_to(result, "decode")
 
 
 def target_args(cfg: LLMConfig, steps: int) -> list[str]:

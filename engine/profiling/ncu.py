@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.profiling.op_stats import base_name
+from engine.store import Artifact, Metric, RunResult
 
 METRICS = {
     "gpu__time_duration.sum": "duration_us",
@@ -194,6 +195,14 @@ class DeepResult:
     notes: list[str] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
     command: list[str] = field(default_factory=list)
+
+    def add_to(self, result: RunResult, phase: str, batch_size: int | None = None) -> None:
+        """Into a run's result: the kernel rows, the notes, the CSV and log as artifacts, and `ncu_kernels`."""
+        result.kernel_metrics.extend(self.rows)
+        result.notes.extend(self.notes)
+        result.artifacts += [Artifact(kind="ncu_csv" if path.suffix == ".csv" else "ncu_log", name=path.name,
+                                      path=str(path)) for path in self.files]
+        result.metrics.append(Metric("ncu_kernels", float(len(self.rows)), "", phase=phase, batch_size=batch_size))
 
 
 def target_args(workload: str, mode: str, device: str, phase: str, batch_size: int, settle: int, steps: int

@@ -175,12 +175,7 @@ def deep_profile(cfg: ProfileConfig, phase: str, rows: list[dict], out_dir: Path
                                 batch_size=batch_size, kernels=kernels[: cfg.top_k], out_dir=out_dir,
                                 settle=cfg.settle + cfg.wait + cfg.warmup, steps=cfg.ncu_steps,
                                 timeout_s=cfg.ncu_timeout_s)
-    result.kernel_metrics.extend(deep.rows)
-    result.notes.extend(deep.notes)
-    for path in deep.files:
-        result.artifacts.append(Artifact(kind="ncu_csv" if path.suffix == ".csv" else "ncu_log", name=path.name,
-                                         path=str(path)))
-    result.metrics.append(Metric("ncu_kernels", float(len(deep.rows)), "", phase=phase, batch_size=batch_size))
+    deep.add_to(result, phase, batch_size)
 
 
 def profile_mode(cfg: ProfileConfig, progress: Progress = lambda f, msg: None) -> RunResult:
