@@ -61,7 +61,8 @@ with st.sidebar:
     no_ncu = ncu_unavailable(device)
     deep = st.toggle("Nsight Compute on each run", key="deep", disabled=no_ncu is not None,
                      help=no_ncu or "after timing, ncu measures every kernel of two calls (levels --deep): time, "
-                                    "DRAM and SM throughput, occupancy, registers; adds a minute or so per run")
+                                    "DRAM and SM throughput, occupancy, registers (ncu replays each kernel: the run "
+                                    "takes longer)")
     st.header("Your kernel")
     impl = st.text_input("Your kernel (import path)", key="impl", placeholder="my_pkg.kernels:attention",
                          help="module.path:function with the component's reference signature; imported only in a "
