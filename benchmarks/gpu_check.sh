@@ -27,7 +27,8 @@ cuda-levels    the L5 CUDA kernels: build (ptxas registers), checks, timings aga
 triton-levels  the L4 Triton kernels: checks and timings against torch (benchmarks/triton_kernels_gpu.py)
 host-cost      host time per call of the Triton levels and its cProfile (benchmarks/triton_host_cost.py)
 quant          weight-only decode (issue 23): 1B and 7B, bf16 triton-fused beside every quantized mode, its modes table
-frontier       issue 26: L5 attention variants vs SDPA (7 checked in a child first), attention levels, 1B/7B MBU
+frontier       issue 26: L5 attention variants vs SDPA (7 checked in a child first), attention levels (FRONTIER_DEEP=1:
+               with ncu per kernel), 1B/7B MBU (FRONTIER_PRESETS)
 EOF
 }
 [ "$part" = list ] && { parts; exit 0; }
@@ -110,9 +111,10 @@ case $part in
          done ;;
   frontier) t timeout 300 python3 benchmarks/cuda_levels_gpu.py --only small,attn --out "$out/cl" \
               >"$out/frontier_l5.log" 2>&1; tail -25 "$out/frontier_l5.log"
-            t timeout 240 python3 -m engine levels --component causal_attention --level L1-native,L4-triton,L5-cuda \
-              --device cuda >"$out/frontier_levels.log" 2>&1; tail -12 "$out/frontier_levels.log"
-            for preset in 1B 7B; do
+            t timeout 280 python3 -m engine levels --component causal_attention --level L1-native,L4-triton,L5-cuda \
+              --device cuda ${FRONTIER_DEEP:+--deep} >"$out/frontier_levels.log" 2>&1
+            tail -${FRONTIER_TAIL:-12} "$out/frontier_levels.log"
+            for preset in ${FRONTIER_PRESETS-1B 7B}; do
               t timeout 200 python3 -m engine llm --preset $preset --prompt-len 512 --new-tokens 128 --device cuda \
                 --no-profile --mode triton-fused >"$out/frontier_$preset.log" 2>&1
               tail -4 "$out/frontier_$preset.log" | head -2
