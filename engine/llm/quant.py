@@ -33,8 +33,9 @@ fp8's head in bf16 was tried: the triton-fp8-wo run then hung at its first decod
 group and alone; not diagnosed in that session), so the head is quantized in every scheme for now.
 
 Two implementations of the product (`QuantLinear.impl`): "plain" dequantizes the whole weight in PyTorch and calls
-F.linear (on CUDA the LLM modes torch.compile it and Inductor decides whether the dequantization fuses into the
-product or writes the dequantized weight first: not yet seen on a GPU; on CPU it runs eagerly); "triton" is
+F.linear (on CUDA the LLM modes compile the decode step the gpt-fast way, coordinate-descent tuning on, so Inductor
+writes each one-row product as a reduction that dequantizes in its loads: engine.llm.modes._compile; without it the
+dequantized weight was written and read back every step; on CPU it runs eagerly); "triton" is
 engine/kernels/triton/quant_gemv.py, dequantizing inside the weight loads.
 
 Quantization is timed (`QuantReport.seconds`) and cached (`quantize_cached`): keyed by a hash of the weight's bytes,

@@ -259,6 +259,38 @@ def test_a_quantized_step_compiles_without_a_graph_break(name: str) -> None:
     assert max(float((a - b).abs().max()) for a, b in zip(got.logits, eager.logits)) < 1e-5
 
 
+def test_the_plain_way_compiles_its_decode_step_as_gpt_fast_does(monkeypatch) -> None:
+    """gpt-fast turns coordinate-descent tuning on; the plain quantized modes set it for their compile only (with
+    whatever the compile mode sets), and nothing else's compile gets it."""
+    calls: list[dict] = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(kw) or fn)
+    modes._compile(lambda x: x, None, fuse_gemv_loads=True)
+    modes._compile(lambda x: x, "max-autotune-no-cudagraphs", fuse_gemv_loads=True)
+    modes._compile(lambda x: x, None)
+    assert calls[0]["options"] == {"coordinate_descent_tuning": True} and "mode" not in calls[0]
+    assert calls[1]["options"]["max_autotune"] and calls[1]["options"]["coordinate_descent_tuning"]
+    assert calls[2]["mode"] is None and "options" not in calls[2]
+    assert all(c["fullgraph"] and c["dynamic"] is False for c in calls)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Inductor's one-row decomposition is for GPUs")
+def test_the_plain_way_dequantizes_inside_the_products_loads_on_a_gpu() -> None:
+    """Compiled as the plain modes compile their decode step, a one-row product over int8 codes is one reduction
+    kernel that reads the codes: no cuBLAS mm over a dequantized weight written first."""
+    from torch._inductor.utils import run_and_get_code
+
+    w = torch.randn(512, 256, device="cuda")
+    qw = quant.quantize(w, "int8-wo")
+    layer = quant.QuantLinear(qw.to("cuda"), "plain").cuda()
+    x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
+    step = modes._compile(layer, None, fuse_gemv_loads=True)
+    with torch.no_grad():
+        out, code = run_and_get_code(step, x)
+    assert "extern_kernels.mm" not in "\n".join(code)
+    ref = x.double() @ quant.dequantize(qw, torch.float64).cuda().T
+    assert float((out.double() - ref).norm() / ref.norm()) < 1e-2
+
+
 def test_quantized_modes_declared_with_reasons() -> None:
     for name in ("int8-wo", "fp8-wo", "int4-wo", "triton-int8-wo", "triton-fp8-wo", "triton-int4-wo"):
         assert modes.MODES[name].quant
