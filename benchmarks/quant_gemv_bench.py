@@ -170,8 +170,8 @@ def main() -> int:
                     continue
                 best = min(r["times"], key=r["times"].get)
                 norm, add = fusion in ("norm", "glu"), fusion == "add"  # glu launches at the norm's tile
-                default = (*(int4_tile(n, norm, add, k=k) if scheme == "int4-wo" else channel_tile(n, norm, add, k=k)),
-                           1)
+                default = (*(int4_tile(n, norm, add, k=k) if scheme == "int4-wo"
+                             else channel_tile(n, norm, add, k=k, fp8=scheme == "fp8-wo")), 1)
                 launched[(name, scheme)] = launched.get((name, scheme), 0.0) + r["times"].get(default, float("nan"))
                 for tile, us in r["times"].items():
                     total[tile] = total.get(tile, 0.0) + us

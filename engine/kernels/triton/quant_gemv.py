@@ -82,6 +82,13 @@ TILE_WORDS_ADD_LONG = (8, 2048, 8)  # +residual, K >= 8192, N < 4096 (1B down): 
 TILE_WORDS_ADD_LONG_WIDE = (8, 1024, 4)  # +residual, K >= 8192, N >= 4096 (7B down): 17.9
 # fp8 codes, read as words too, take the same tiles: swept over them (fp8, --fused, H100, 2026-11-25), the five GEMVs
 # at these tiles 1B 52.9 / 7B 129.1 µs, each shape at its best tile 52.2 / 124.7 (the byte kernel: 70.5 / 161.5).
+# Except where fp8's conversion makes it want its own, by `python benchmarks/quant_gemv_bench.py --preset 7B --schemes
+# fp8-wo --fused --top 3` (H100, 2026-11-27; the five at the int8 tiles 129.8 µs, at each shape's best 124.5): the
+# norm-fused GEMVs with K >= 4096, more rows per program on fewer words, µs at the int8 tile → this one:
+TILE_FP8_NORM_LONG = (16, 256, 8)  # N < 16384 (7B qkv): 21.1 → 19.4
+TILE_FP8_NORM_WIDE = (8, 512, 4)  # 16384 <= N < 32000 (7B gate_up): 35.4 → 34.3
+TILE_FP8_NORM_VOCAB = (16, 256, 4)  # N >= 32000 (7B lm_head): 48.1 → 46.0
+# (o and down: the best fp8 tile within 0.2 µs of the int8 one, so they keep it.)
 # Codes with K % 4 != 0 (no LLM shape) take the byte kernel (`_wo_channel_kernel`) at one tile.
 TILE_BYTES = (4, 1024, 4)
 # int4: (BLOCK_N, GROUPS of 64 weights per tile, num_warps), by fusion and shape, from `python
@@ -93,11 +100,12 @@ TILE_INT4_NORM_LONG = (32, 8, 4)  # +norm, K >= 4096, N < 16384 (7B qkv): 12.3
 TILE_INT4_NORM = (8, 32, 4)  # +norm, K < 4096, N < 16384 (1B qkv): 3.1
 TILE_INT4_ADD = (8, 32, 4)  # +residual (o, down): 1B 2.8 / 7.0, 7B 5.2 / 12.7 (down forming SwiGLU: 9.0 / 14.6)
 AOT_TILES_BYTES = (TILE_BYTES,)  # the byte kernel, int8 and fp8
-# what channel_tile returns, per code
+# what channel_tile returns, int8 or fp8 codes
 LAUNCHED_TILES_WORDS = (TILE_WORDS, TILE_WORDS_NORM_LONG, TILE_WORDS_NORM_WIDE, TILE_WORDS_NORM, TILE_WORDS_ADD,
-                        TILE_WORDS_ADD_SHORT, TILE_WORDS_ADD_LONG, TILE_WORDS_ADD_LONG_WIDE)
+                        TILE_WORDS_ADD_SHORT, TILE_WORDS_ADD_LONG, TILE_WORDS_ADD_LONG_WIDE, TILE_FP8_NORM_LONG,
+                        TILE_FP8_NORM_WIDE, TILE_FP8_NORM_VOCAB)
 AOT_TILES_WORDS = ((4, 1024, 4), (16, 1024, 4), (32, 512, 4), (16, 256, 4), (4, 2048, 4), (16, 1024, 8), (8, 2048, 8),
-                   (8, 1024, 4), (64, 256, 4), (8, 2048, 4))
+                   (8, 1024, 4), (64, 256, 4), (8, 2048, 4), (16, 256, 8), (8, 512, 4))
 AOT_TILES_INT4 = ((16, 16, 4), (128, 4, 8), (64, 8, 4), (32, 8, 4), (8, 32, 4), (16, 32, 4), (32, 8, 8))
 LAUNCHED_TILES_INT4 = (TILE_INT4, TILE_INT4_NORM_VOCAB, TILE_INT4_NORM_WIDE, TILE_INT4_NORM_LONG, TILE_INT4_NORM,
                        TILE_INT4_ADD)
@@ -358,9 +366,12 @@ def _fusion_args(x_row: torch.Tensor, n: int, k: int, norm_weight: torch.Tensor 
     return g, r, dict(NORM=norm_weight is not None, ADD=residual is not None, GLU=glu)
 
 
-def channel_tile(n: int, norm: bool = False, add: bool = False, k: int = 0) -> tuple[int, int, int]:
+def channel_tile(n: int, norm: bool = False, add: bool = False, k: int = 0, fp8: bool = False
+                 ) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps) the GPU launches the word kernel with (int8 and fp8 codes) for n output rows of
-    k inputs with these fusions (TILE_WORDS_*)."""
+    k inputs with these fusions (TILE_WORDS_*; fp8's own where measured better, TILE_FP8_*)."""
+    if fp8 and norm and k >= 4096:
+        return TILE_FP8_NORM_VOCAB if n >= 32000 else TILE_FP8_NORM_WIDE if n >= 16384 else TILE_FP8_NORM_LONG
     if norm:
         return TILE_WORDS_NORM_LONG if k >= 4096 else TILE_WORDS_NORM_WIDE if n >= 8192 else TILE_WORDS_NORM
     if add:
@@ -422,7 +433,7 @@ def _gemv_words(x: torch.Tensor, x_row: torch.Tensor, q: torch.Tensor, scales: t
         cfg = INTERPRETER_CONFIG
         _wo_word_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](*args, **cfg, **flags)
     else:
-        bn, bk, warps = channel_tile(n, flags["NORM"], flags["ADD"], k)
+        bn, bk, warps = channel_tile(n, flags["NORM"], flags["ADD"], k, flags["FP8"])
         pdl = pdl_enabled(x.device)
         _wo_word_kernel[(triton.cdiv(n, bn),)](*args, BLOCK_N=bn, BLOCK_K=bk, **flags, PDL=pdl, ASM=True,
                                                num_warps=warps, num_stages=1, launch_pdl=pdl)

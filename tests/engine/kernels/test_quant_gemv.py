@@ -202,6 +202,12 @@ def test_the_tile_rules_pick_by_fusion_and_shape() -> None:
     assert qg.channel_tile(4096, add=True, k=4096) == qg.TILE_WORDS_ADD
     assert qg.channel_tile(2048, add=True, k=2048) == qg.TILE_WORDS_ADD_SHORT
     assert qg.channel_tile(4096) == qg.channel_tile(32000) == qg.TILE_WORDS
+    # fp8 codes: their own tiles for the norm-fused long-K GEMVs, the int8 ones elsewhere
+    assert qg.channel_tile(12288, norm=True, k=4096, fp8=True) == qg.TILE_FP8_NORM_LONG
+    assert qg.channel_tile(22016, norm=True, k=4096, fp8=True) == qg.TILE_FP8_NORM_WIDE
+    assert qg.channel_tile(32000, norm=True, k=4096, fp8=True) == qg.TILE_FP8_NORM_VOCAB
+    assert qg.channel_tile(16384, norm=True, k=2048, fp8=True) == qg.TILE_WORDS_NORM_WIDE
+    assert qg.channel_tile(4096, add=True, k=11008, fp8=True) == qg.TILE_WORDS_ADD_LONG_WIDE
     assert qg.int4_tile(16384, norm=True, k=2048) == qg.int4_tile(22016, norm=True, k=4096) == qg.TILE_INT4_NORM_WIDE
     assert qg.int4_tile(32000, norm=True, k=2048) == qg.TILE_INT4_NORM_VOCAB
     assert qg.int4_tile(12288, norm=True, k=4096) == qg.TILE_INT4_NORM_LONG
@@ -212,7 +218,8 @@ def test_the_tile_rules_pick_by_fusion_and_shape() -> None:
     assert set(qg.LAUNCHED_TILES_WORDS) == {qg.channel_tile(n, **f) for n, f in (
         (2048, {}), (22016, {"norm": True, "k": 4096}), (16384, {"norm": True, "k": 2048}), (2048, {"norm": True}),
         (2048, {"add": True, "k": 2048}),
-        (4096, {"add": True, "k": 4096}), (4096, {"add": True, "k": 11008}), (2048, {"add": True, "k": 8192}))}
+        (4096, {"add": True, "k": 4096}), (4096, {"add": True, "k": 11008}), (2048, {"add": True, "k": 8192}),
+        *((n, {"norm": True, "k": 4096, "fp8": True}) for n in (12288, 22016, 32000)))}
     assert set(qg.LAUNCHED_TILES_WORDS) <= set(qg.AOT_TILES_WORDS)
 
 
