@@ -319,8 +319,10 @@ def _compile(fn: StepFn, mode: str | None, fuse_gemv_loads: bool = False) -> Ste
 
 def configure_inductor() -> None:
     """Kernel names that say which ops they fused (readable operator tables), as gpt-fast sets. gpt-fast also turns
-    on coordinate-descent tuning; here it is left off. Measured on an H100 (2026-11-23, 1B preset, P=512, cold
-    caches): first prefill + first decode step took 48.0 s + 42.8 s with it on, 21.6 s + 14.7 s with it off."""
+    on coordinate-descent tuning; here it is left off globally. Measured on an H100 (2026-11-23, 1B preset, P=512,
+    cold caches): first prefill + first decode step took 48.0 s + 42.8 s with it on, 21.6 s + 14.7 s with it off.
+    The plain quantized modes turn it on for their decode step alone (`_compile`'s fuse_gemv_loads): without it
+    their dequantization is not fused."""
     import torch._inductor.config as inductor_config
 
     inductor_config.triton.unique_kernel_names = True
