@@ -180,3 +180,16 @@ def test_the_cuda_level_names_the_attention_kernel_it_runs() -> None:
         component = COMPONENTS[name]
         built = _cuda(component, component.shapes[shape], component.make_naive(component.shapes[shape]), "cuda")
         assert any(n.startswith(f"attention: {expected}") for n in built.notes), built.notes
+
+
+def test_every_level_names_source_files_that_exist() -> None:
+    """The page shows each level's source: every path a level names is in the repository, and the L5 attention's
+    list starts with the kernel it runs on Hopper (variant 7, attention_ws.cu)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    for component in COMPONENTS.values():
+        for level in LEVELS.values():
+            missing = [p for p in level.sources(component) if not (root / p).is_file()]
+            assert not missing, f"{level.name} on {component.name}: {missing}"
+    assert LEVELS["L5-cuda"].sources(COMPONENTS["causal_attention"])[0] == "csrc/levels/attention_ws.cu"
