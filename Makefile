@@ -34,7 +34,8 @@ test: lint
 	$(BIN)/python -m pytest -q
 
 # The tests that need (or select on) a CUDA device, with the machine's own Python: `make test-gpu` on the GPU machine.
-# It takes over 9 minutes on an H100; in halves: GPU_PATHS="tests/engine/kernels tests/engine/levels", then
+# It takes over 9 minutes on an H100, and tests/engine/levels alone ran past 7 (2026-11-27); in thirds (one 10-minute
+# device call each): GPU_PATHS=tests/engine/kernels, GPU_PATHS=tests/engine/levels, then
 # GPU_PATHS="tests/engine --ignore=tests/engine/kernels --ignore=tests/engine/levels".
 GPU_TESTS ?= cuda or gpu or triton or gemv or decode or levels or llm
 GPU_PATHS ?= tests/engine
