@@ -27,7 +27,7 @@ cuda-levels    the L5 CUDA kernels: build (ptxas registers), checks, timings aga
 triton-levels  the L4 Triton kernels: checks and timings against torch (benchmarks/triton_kernels_gpu.py)
 host-cost      host time per call of the Triton levels and its cProfile (benchmarks/triton_host_cost.py)
 quant          weight-only decode (issue 23): 1B and 7B, bf16 triton-fused beside every quantized mode, its modes table
-frontier       issue 26: L5 attention variants vs SDPA (7 checked in a child first), attention levels (FRONTIER_DEEP=1:
+frontier       issue 26: L5 attention variants vs SDPA (unverified ones in a child first), attention levels (FRONTIER_DEEP=1:
                with ncu per kernel), 1B/7B MBU (FRONTIER_PRESETS)
 EOF
 }
