@@ -12,7 +12,8 @@ back in one CUDA graph (engine.timing.time_in_graph). GB/s = the bytes the call 
 / median time. --fused launches each GEMV with what the decode step fuses into it (DECODE_FUSION), its reference
 formed the same way in float64. The last table gives, per scheme, the tile with the best total time over the
 preset's shapes and the total of the tiles the module launches (quant_gemv.channel_tile for int8 and fp8, by fusion
-and size; int4_tile).
+and size; int4: the tensor-core kernel (engine/kernels/cuda_quant.py, "cuda x warps along K") where it builds,
+else int4_tile).
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ def launcher(scheme: str, tile: tuple[int, int, int, int], fusion: str = "", g: 
     from engine.kernels.triton import quant_gemv as qg
     from engine.kernels.triton._common import pdl_enabled
 
+    if tile[0] == "cuda":  # the tensor-core int4 kernel (engine/kernels/cuda_quant.py), tile[1] warps along K
+        from engine.kernels import cuda_quant
+
+        def tensor_cores(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return cuda_quant.int4_gemv(x, q.view(torch.int32), s, g if fusion in ("norm", "glu") else None, EPS,
+                                        r if fusion == "add" else None, fusion == "glu", ks=tile[1])
+        return tensor_cores
     bn, bk, warps, stages = tile
     flags = {"NORM": fusion in ("norm", "glu"), "ADD": fusion == "add", "GLU": fusion == "glu"}
     # as the decode step launches them: programmatic dependent launch on sm_90+ (the weight tile loaded before the
@@ -85,6 +93,18 @@ def launcher(scheme: str, tile: tuple[int, int, int, int], fusion: str = "", g: 
         return y
 
     return int4 if scheme == "int4-wo" else words
+
+
+def int4_tiles() -> list[tuple]:
+    """The Triton int4 tiles, then the tensor-core kernel at each of its block shapes where it builds here
+    (("cuda", warps along K, 0, 0))."""
+    from engine.kernels import cuda_quant
+
+    reason = cuda_quant.available()
+    if reason:
+        print(f"  tensor-core int4 GEMV not timed: {reason}", file=sys.stderr)
+        return INT4_TILES
+    return INT4_TILES + [("cuda", ks, 0, 0) for ks in cuda_quant.KSLICES]
 
 
 def bench_shape(scheme: str, n: int, k: int, fusion: str = "") -> dict:
@@ -114,7 +134,7 @@ def bench_shape(scheme: str, n: int, k: int, fusion: str = "") -> dict:
     sets = [(q.clone(), s.clone()) for _ in range(copies)]
     y = torch.empty(n_out, device="cuda", dtype=torch.bfloat16)
     times = {}
-    for tile in INT4_TILES if scheme == "int4-wo" else TILES:
+    for tile in int4_tiles() if scheme == "int4-wo" else TILES:
         fn = launcher(scheme, tile, fusion, g, r)
         try:
             out = fn(x, q, s, y).double()
@@ -152,6 +172,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
+    from engine.kernels import cuda_quant
     from engine.kernels.triton.quant_gemv import channel_tile, int4_tile
 
     totals: dict[tuple[str, str], dict] = {}
@@ -170,8 +191,11 @@ def main() -> int:
                     continue
                 best = min(r["times"], key=r["times"].get)
                 norm, add = fusion in ("norm", "glu"), fusion == "add"  # glu launches at the norm's tile
-                default = (*(int4_tile(n, norm, add, k=k) if scheme == "int4-wo"
-                             else channel_tile(n, norm, add, k=k, fp8=scheme == "fp8-wo")), 1)
+                if scheme == "int4-wo" and cuda_quant.wanted():  # what gemv_int4 launches where it is loaded
+                    default = ("cuda", cuda_quant.kslices(k), 0, 0)
+                else:
+                    default = (*(int4_tile(n, norm, add, k=k) if scheme == "int4-wo"
+                                 else channel_tile(n, norm, add, k=k, fp8=scheme == "fp8-wo")), 1)
                 launched[(name, scheme)] = launched.get((name, scheme), 0.0) + r["times"].get(default, float("nan"))
                 for tile, us in r["times"].items():
                     total[tile] = total.get(tile, 0.0) + us

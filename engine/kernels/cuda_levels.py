@@ -147,9 +147,14 @@ def build_key(sources: dict[str, bytes], torch_version: str, cuda_version: str |
     return h.hexdigest()[:16]
 
 
-def _current_key() -> str:
-    sources = {name: (SOURCE_DIR / name).read_bytes() for name in SOURCES + HEADERS}
+def source_key(source_dir: Path, names: tuple[str, ...]) -> str:
+    """build_key of these files of source_dir (sources and the headers they include) for this torch, nvcc and GPU."""
+    sources = {name: (source_dir / name).read_bytes() for name in names}
     return build_key(sources, torch.__version__, torch.version.cuda, _nvcc_version(), _arch(), cuda_flags())
+
+
+def _current_key() -> str:
+    return source_key(SOURCE_DIR, SOURCES + HEADERS)
 
 
 def build_dir() -> Path:
@@ -166,12 +171,13 @@ def _first_error_line(text: str) -> str:
     return (compiler or mentions or lines or ["no output"])[0][:300]
 
 
-def offline_nvcc(name: str, out: Path, arch: tuple[int, int] = (9, 0), cubin: bool = False) -> list[str] | str:
-    """The nvcc command that compiles csrc/levels/`name` for sm_`arch` without a GPU, against this torch's headers
-    with $CUDA_HOME's nvcc (or /usr/local/cuda's), writing `out`: an object file, or with `cubin` the device code
-    alone (for nvdisasm); ptxas reports registers and spills. A CPU-only torch lacks one generated header
-    (c10/cuda/impl/cuda_cmake_macros.h): an empty stand-in is written beside `out`. Returns the reason instead when
-    nvcc is not found."""
+def offline_nvcc(name: str, out: Path, arch: tuple[int, int] = (9, 0), cubin: bool = False,
+                 source_dir: Path = SOURCE_DIR) -> list[str] | str:
+    """The nvcc command that compiles `source_dir`/`name` (csrc/levels/ by default) for sm_`arch` without a GPU,
+    against this torch's headers with $CUDA_HOME's nvcc (or /usr/local/cuda's), writing `out`: an object file, or
+    with `cubin` the device code alone (for nvdisasm); ptxas reports registers and spills. A CPU-only torch lacks one
+    generated header (c10/cuda/impl/cuda_cmake_macros.h): an empty stand-in is written beside `out`. Returns the
+    reason instead when nvcc is not found."""
     from torch.utils.cpp_extension import COMMON_NVCC_FLAGS, CUDA_HOME, include_paths
 
     # a CPU-only torch leaves its CUDA_HOME unset: $CUDA_HOME, then the usual install place
@@ -180,14 +186,14 @@ def offline_nvcc(name: str, out: Path, arch: tuple[int, int] = (9, 0), cubin: bo
     if home is None:
         return f"nvcc not found (looked in {', '.join(homes)})"
     nvcc = home / "bin" / "nvcc"
-    incs = [*include_paths(), str(home / "include"), str(SOURCE_DIR)]
+    incs = [*include_paths(), str(home / "include"), str(source_dir), str(SOURCE_DIR)]
     if not any((Path(p) / "c10/cuda/impl/cuda_cmake_macros.h").exists() for p in incs):
         stub = out.parent / "stub_include"
         (stub / "c10/cuda/impl").mkdir(parents=True, exist_ok=True)
         (stub / "c10/cuda/impl/cuda_cmake_macros.h").write_text("#pragma once\n")
         incs.insert(0, str(stub))
     return [str(nvcc), "-cubin" if cubin else "-c", "-std=c++17", *COMMON_NVCC_FLAGS, "-O3", *arch_flags(*arch),
-            "--resource-usage", "-Xcompiler", "-fPIC", *(f"-I{p}" for p in incs), str(SOURCE_DIR / name),
+            "--resource-usage", "-Xcompiler", "-fPIC", *(f"-I{p}" for p in incs), str(source_dir / name),
             "-o", str(out)]
 
 
@@ -210,6 +216,40 @@ def _missing_tools() -> str | None:
     return None
 
 
+def build_library(label: str, source_dir: Path, sources: tuple[str, ...], headers: tuple[str, ...],
+                  include_dirs: tuple[Path, ...] = (), verbose: bool = False) -> str:
+    """Build (cached under `<build root>/<torch tag>/<label>-<key>/`) and load one library of CUDA sources as
+    torch ops; returns its path. Raises NativeBuildError with the reason (the compiler's first error line first).
+    Shared by these levels and engine.kernels.cuda_quant."""
+    reason = _missing_tools()
+    if reason:
+        raise native.NativeBuildError(reason)
+    from torch.utils import cpp_extension
+
+    key = source_key(source_dir, sources + headers)
+    folder = native.build_root() / native.build_tag() / f"{label}-{key}"
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"modelab_{label}_{key}"
+    start = time.perf_counter()
+    hit = any(folder.glob(f"{name}*.so"))
+    # host-only: other runs of a group may time meanwhile
+    with device_lock.released(), native.build_lock(f"{label}-{key}"):
+        (folder / "lock").unlink(missing_ok=True)  # a killed build's baton; we hold the real lock
+        try:
+            path = cpp_extension.load(
+                name=name, sources=[str(source_dir / s) for s in sources], extra_cflags=["-O3"],
+                extra_cuda_cflags=cuda_flags(), extra_include_paths=[str(source_dir), *map(str, include_dirs)],
+                build_directory=str(folder), is_python_module=False, with_cuda=True, verbose=verbose)
+        except (RuntimeError, subprocess.CalledProcessError, OSError, ImportError) as exc:
+            text = str(exc) + "\n" + str(getattr(exc, "output", "") or "")
+            raise native.NativeBuildError(f"build failed: {_first_error_line(text)}\n(in {folder})\n"
+                                          f"{native._tail(text)}") from exc
+    record = getattr(native, "record_build", None)  # bench's cache metrics, where engine.native.build has them
+    if record is not None:
+        record(label, hit, time.perf_counter() - start)
+    return str(path)
+
+
 def load(verbose: bool = False) -> str:
     """Build (cached; the first build takes a minute or two) and load the kernels; returns the library's path.
 
@@ -221,33 +261,13 @@ def load(verbose: bool = False) -> str:
         return _loaded
     if _failed is not None:
         raise native.NativeBuildError(_failed)
-    reason = _missing_tools()
-    if reason:
-        raise native.NativeBuildError(reason)
-    from torch.utils import cpp_extension
-
-    key = _current_key()
-    folder = native.build_root() / native.build_tag() / f"cuda_levels-{key}"
-    folder.mkdir(parents=True, exist_ok=True)
-    name = f"modelab_cuda_levels_{key}"
-    start = time.perf_counter()
-    hit = any(folder.glob(f"{name}*.so"))
-    # host-only: other runs of a group may time meanwhile
-    with device_lock.released(), native.build_lock(f"cuda_levels-{key}"):
-        (folder / "lock").unlink(missing_ok=True)  # a killed build's baton; we hold the real lock
-        try:
-            path = cpp_extension.load(
-                name=name, sources=[str(SOURCE_DIR / s) for s in SOURCES], extra_cflags=["-O3"],
-                extra_cuda_cflags=cuda_flags(), extra_include_paths=[str(SOURCE_DIR)], build_directory=str(folder),
-                is_python_module=False, with_cuda=True, verbose=verbose)
-        except (RuntimeError, subprocess.CalledProcessError, OSError, ImportError) as exc:
-            text = str(exc) + "\n" + str(getattr(exc, "output", "") or "")
-            _failed = f"build failed: {_first_error_line(text)}"
-            raise native.NativeBuildError(f"{_failed}\n(in {folder})\n{native._tail(text)}") from exc
-    record = getattr(native, "record_build", None)  # bench's cache metrics, where engine.native.build has them
-    if record is not None:
-        record("cuda_levels", hit, time.perf_counter() - start)
-    _loaded = str(path)
+    try:
+        _loaded = build_library("cuda_levels", SOURCE_DIR, SOURCES, HEADERS, verbose=verbose)
+    except native.NativeBuildError as exc:
+        text = str(exc)
+        if text.startswith("build failed"):  # a missing tool is asked again next time; a failed build is not
+            _failed = text.splitlines()[0]
+        raise
     return _loaded
 
 

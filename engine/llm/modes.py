@@ -348,6 +348,10 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
         report = quantize_model(model, mode.quant, mode.quant_impl)
         quantize_s = report.seconds
         notes.append(report.note())
+        if mode.quant == "int4-wo" and mode.quant_impl == "triton" and device.startswith("cuda"):
+            from engine.kernels import cuda_quant
+
+            notes.append(cuda_quant.ensure())  # builds (cached) the tensor-core int4 GEMV, or says why not
         if not device.startswith("cuda"):
             notes.append("CPU: eager, no compile or CUDA graph" + (" (the Triton GEMV interpreted: correctness "
                                                                    "only)" if mode.quant_impl == "triton" else ""))

@@ -54,7 +54,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from engine.kernels import int4_layout
+from engine.kernels import cuda_quant, int4_layout
 from engine.kernels.triton._common import is_interpreted, load_fused_x, output_rows, pdl_enabled, store_output
 from engine.workloads.llama import rms_norm  # the decoder's own RMSNorm: the unfused fallbacks compute exactly it
 
@@ -459,6 +459,12 @@ def gemv_int4(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_weigh
         q = q.clone(memory_format=torch.contiguous_format)  # a fresh allocation: contiguous and 16-byte aligned
     words = q.view(torch.int32)  # rows are whole groups: 32 bytes, 8 words
     scales = scales if scales.stride(1) == 1 else scales.contiguous()
+    if (x.is_cuda and cuda_quant.wanted() and (flags["NORM"] or not glu)
+            and all(t.dtype == torch.bfloat16 for t in (x_row, scales, g, r))):
+        # the tensor-core kernel (engine/kernels/cuda_quant.py), where the mode loaded it
+        y = cuda_quant.int4_gemv(x_row, words, scales, g if flags["NORM"] else None, float(eps),
+                                 r if flags["ADD"] else None, glu, pdl=pdl_enabled(x.device))
+        return y.reshape(*x.shape[:-1], y.numel())
     y = torch.empty(n // 2 if glu else n, device=x.device, dtype=x.dtype)
     args = (x_row, words, scales, y, g, r, n, k, words.stride(0), scales.stride(0), float(eps))
     if is_interpreted(_wo_int4_kernel):

@@ -1,0 +1,324 @@
+// y = x · dequant(W)ᵀ for one row x, W symmetric int4 in groups of 64 (value = (code − 8) · scale), read in the order
+// engine/kernels/int4_layout.py packs it, products on the tensor cores (mma.sync m16n8k16, fp32 accumulation).
+// Built and called by engine/kernels/cuda_quant.py; the decode step's int4 GEMVs (engine/kernels/triton/quant_gemv.py,
+// gemv_int4) take it where it is built. sm_80+.
+//
+// Why tensor cores at batch 1: the Triton kernel beside it multiplies on the CUDA cores, one FMA per weight after
+// unpacking, 4.3–5.3 instructions per weight in its loop (offline SASS), and at batch 1 that work, not memory, holds
+// it back (ncu, H100: 70 % of issue slots busy, DRAM 43 %). Here a warp's mma takes 16 rows × 16 k = 256 weights
+// (8 per lane) in one instruction, x broadcast to all 8 columns, and unpacking is a PRMT, a shift and two LOP3s per
+// 4 weights per lane:
+//   - the layout: nibble j of word t of a row's group holds k = 64g + 8j + t. The lane of a warp holding
+//     fragment column pair 2c, 2c+1 (c = lane % 4) reads words 2c and 2c+1 of its two rows' group (8 bytes each);
+//     byte s of those words holds nibbles 2s and 2s+1, i.e. k = 16s + 2c (+1) and 16s + 8 + 2c (+1): exactly the
+//     A fragment of the group's k-step s (k 16s .. 16s+15) — the packed order is already the fragment order.
+//   - a PRMT puts byte s of the even word in bits 0–7 and byte s of the odd word in bits 16–23; a LOP3 masks the low
+//     nibbles in place and ORs them into the mantissa of bf16 128.0 (0x4300): the pair (128 + code) exactly; the
+//     same after a shift by 4 gives the high nibbles.
+//   - the mma multiplies 128 + code, not code − 8: per group and row, Σ (code − 8)·x = Σ (128 + code)·x − 136·Σx,
+//     and Σx over the group (the same for every row) is taken once per block. The products of bf16 values are exact
+//     in fp32; the subtraction cancels ~136·Σx, leaving an error ~1e-5 of the result's scale (tested on the GPU).
+//   - each group's partial sums (4 mmas) are scaled by the group's scale into the fp32 accumulator.
+// A block is one tile of 16 output rows and KSLICES warps, each warp a contiguous slice of the groups; the warps'
+// sums meet in shared memory. x (with the RMSNorm weight, NORM) is staged once per block in shared memory as bf16;
+// the norm's 1/rms multiplies the row sums at the end, as the Triton kernel does. ADD: the residual added; GLU: the
+// tile's rows are gate j..j+7 and up j..j+7 and silu(gate)·up is stored. Under PDL (sm_90) the block's first weight
+// batch is loaded before it waits for the kernel before it.
+#include "common.cuh"
+
+#include <torch/library.h>
+
+namespace modelab_quant {
+
+using modelab_levels::Mma;
+
+constexpr int GROUP = 64;        // weights per scale along K (engine/kernels/int4_layout.py: GROUP)
+constexpr int WORDS = GROUP / 8;  // 32-bit words per group and row
+constexpr int ROWS = 16;          // output rows per block (one mma tile)
+constexpr int BATCH = 4;          // groups a warp loads ahead (registers: BATCH × 2 rows × 8 bytes, twice)
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+// (w & 0x000F000F) | 0x43004300 in one LOP3: two bf16 128 + nibble
+__device__ __forceinline__ uint32_t nibbles_to_bf16x2(uint32_t w) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(w), "n"(0x000F000F), "n"(0x43004300));
+  return d;
+}
+
+__device__ __forceinline__ uint2 load_stream(const uint32_t* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+struct Args {
+  const __nv_bfloat16* x;  // (K,)
+  const uint32_t* q;       // (N, groups · 8) words
+  const __nv_bfloat16* s;  // (N, groups) scales, row stride s_stride
+  const __nv_bfloat16* g;  // (K,) RMSNorm weight (NORM)
+  const __nv_bfloat16* r;  // (N,) residual (ADD)
+  __nv_bfloat16* y;        // (N,) or (N / 2,) with GLU
+  int n, k, groups, s_stride;
+  float eps;
+};
+
+// Where x[i] sits in shared memory: within each group, the bf16 pair p = (i mod 64) / 2 (p = 8·step + 4·h + c:
+// k = 16·step + 8·h + 2c) goes to pair slot 8c + 2·step + h, so that lane c's eight pairs for a group's four mmas
+// are 32 contiguous bytes (two 16-byte loads, where in k order they are eight 4-byte loads).
+__device__ __forceinline__ int x_slot(int i) {
+  const int p = (i & (GROUP - 1)) >> 1;
+  return (i & ~(GROUP - 1)) + 2 * (8 * (p & 3) + 2 * (p >> 3) + ((p >> 2) & 1)) + (i & 1);
+}
+
+// The weight row that tile row i (0..15) of block `tile` reduces: GLU pairs gate j with up j (rows j and N/2 + j).
+template <bool GLU>
+__device__ __forceinline__ int weight_row(int tile, int i, int n) {
+  if (GLU) {
+    const int j = tile * (ROWS / 2) + (i & 7);
+    return (i < 8 ? j : n / 2 + j);
+  }
+  return tile * ROWS + i;
+}
+
+template <int KSLICES, bool NORM, bool ADD, bool GLU>
+__global__ void __launch_bounds__(KSLICES * 32) int4_gemv_kernel(const Args a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int padded_k = a.groups * GROUP;
+  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw);           // x (· g), padded with zeros
+  float* group_sum = reinterpret_cast<float*>(xs + padded_k);                // Σx per group, of the bf16 values
+  float* partial = group_sum + a.groups;                                    // [KSLICES][ROWS]
+  __shared__ float sumsq_warp[KSLICES];
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int quad = lane >> 2, c = lane & 3;  // fragment row (and row + 8), column pair 2c, 2c + 1
+  const int tile = blockIdx.x;
+  const int rows_out = GLU ? a.n / 2 : a.n;
+  // rows past the end are clamped to the last row: read, reduced, never stored
+  const int row_lo = min(weight_row<GLU>(tile, quad, a.n), a.n - 1);
+  const int row_hi = min(weight_row<GLU>(tile, quad + 8, a.n), a.n - 1);
+  const int words_per_row = a.groups * WORDS;
+  const uint32_t* q_lo = a.q + static_cast<size_t>(row_lo) * words_per_row + 2 * c;
+  const uint32_t* q_hi = a.q + static_cast<size_t>(row_hi) * words_per_row + 2 * c;
+  const int per_warp = (a.groups + KSLICES - 1) / KSLICES;
+  const int g_begin = min(warp * per_warp, a.groups), g_end = min(g_begin + per_warp, a.groups);
+
+  pdl_launch_dependents();
+  // the first batch of codes does not depend on the kernel before: loaded before waiting for it
+  uint2 cur[BATCH][2];
+#pragma unroll
+  for (int b = 0; b < BATCH; ++b) {
+    const int gg = g_begin + b;
+    cur[b][0] = gg < g_end ? load_stream(q_lo + gg * WORDS) : make_uint2(0, 0);
+    cur[b][1] = gg < g_end ? load_stream(q_hi + gg * WORDS) : make_uint2(0, 0);
+  }
+  pdl_wait();
+
+  // ---- stage the warp's own slice of x (· g) as bf16, Σx per group, and the slice's sum of squares -----------
+  // The warps' slices cover K once, so a block reads x (and g) once, and the slices' sums of squares add up to the
+  // norm's in the epilogue; each warp reads back only what it wrote (no block barrier before the products).
+  float sq = 0.f;
+  for (int i = g_begin * GROUP + lane; i < g_end * GROUP; i += 32) {
+    float v = 0.f;
+    if (i < a.k) {
+      v = __bfloat162float(a.x[i]);
+      if (NORM) {
+        sq += v * v;
+        v *= __bfloat162float(a.g[i]);
+      }
+    }
+    xs[x_slot(i)] = __float2bfloat16_rn(v);
+  }
+  if (NORM) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, off);
+    if (lane == 0) sumsq_warp[warp] = sq;
+  }
+  __syncwarp();
+  for (int gg = g_begin + lane; gg < g_end; gg += 32) {
+    const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(xs + gg * GROUP);
+    float acc = 0.f;
+#pragma unroll 8
+    for (int i = 0; i < GROUP / 2; ++i) {
+      const float2 f = __bfloat1622float2(p[i]);
+      acc += f.x + f.y;
+    }
+    group_sum[gg] = acc;
+  }
+  __syncwarp();
+
+  // ---- the warp's slice of groups: 4 mmas per group, scaled into acc -------------------------------------------
+  float acc_lo = 0.f, acc_hi = 0.f;  // rows quad, quad + 8 (column 2c; all columns hold the same sums)
+  const uint32_t* xw = reinterpret_cast<const uint32_t*>(xs);  // bf16 pairs
+  for (int g0 = g_begin; g0 < g_end; g0 += BATCH) {
+    uint2 nxt[BATCH][2];
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      const int gg = g0 + BATCH + b;
+      nxt[b][0] = gg < g_end ? load_stream(q_lo + gg * WORDS) : make_uint2(0, 0);
+      nxt[b][1] = gg < g_end ? load_stream(q_hi + gg * WORDS) : make_uint2(0, 0);
+    }
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      const int gg = g0 + b;
+      if (gg < g_end) {
+        const float s_lo = __bfloat162float(a.s[static_cast<size_t>(row_lo) * a.s_stride + gg]);
+        const float s_hi = __bfloat162float(a.s[static_cast<size_t>(row_hi) * a.s_stride + gg]);
+        float part[4] = {0.f, 0.f, 0.f, 0.f};
+        // lane c's 8 x pairs of the group (x_slot's order): k = 16·step + 2c and 16·step + 8 + 2c, step 0..3
+        const uint4 xa = reinterpret_cast<const uint4*>(xw + gg * (GROUP / 2) + c * 8)[0];
+        const uint4 xb = reinterpret_cast<const uint4*>(xw + gg * (GROUP / 2) + c * 8)[1];
+        const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+        for (int step = 0; step < 4; ++step) {
+          // byte `step` of the even word to bits 0-7, of the odd word to bits 16-23
+          const uint32_t sel = step * 0x1111u + 0x4400u;
+          const uint32_t p_lo = prmt(cur[b][0].x, cur[b][0].y, sel);
+          const uint32_t p_hi = prmt(cur[b][1].x, cur[b][1].y, sel);
+          const uint32_t frag[4] = {nibbles_to_bf16x2(p_lo), nibbles_to_bf16x2(p_hi), nibbles_to_bf16x2(p_lo >> 4),
+                                    nibbles_to_bf16x2(p_hi >> 4)};
+          Mma<__nv_bfloat16>::run(part, frag, xv[2 * step], xv[2 * step + 1]);
+        }
+        const float bias = 136.f * group_sum[gg];
+        acc_lo = fmaf(s_lo, part[0] - bias, acc_lo);
+        acc_hi = fmaf(s_hi, part[2] - bias, acc_hi);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      cur[b][0] = nxt[b][0];
+      cur[b][1] = nxt[b][1];
+    }
+  }
+
+  // ---- the warps' sums meet; the epilogue ----------------------------------------------------------------------
+  if (c == 0) {
+    partial[warp * ROWS + quad] = acc_lo;
+    partial[warp * ROWS + quad + 8] = acc_hi;
+  }
+  __syncthreads();
+  if (threadIdx.x < ROWS) {
+    const int i = threadIdx.x;
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < KSLICES; ++w) v += partial[w * ROWS + i];
+    if (NORM) {
+      float total = 0.f;
+#pragma unroll
+      for (int w = 0; w < KSLICES; ++w) total += sumsq_warp[w];
+      v *= rsqrtf(total / a.k + a.eps);
+    }
+    if (GLU) {
+      partial[i] = v;  // this thread's own slot of warp 0, read below by the gate row's thread only
+      __syncwarp(0xffffu);
+      if (i < 8) {
+        const int j = tile * (ROWS / 2) + i;
+        const float gate = v, up = partial[i + 8];
+        if (j < rows_out) a.y[j] = __float2bfloat16_rn(gate / (1.f + __expf(-gate)) * up);
+      }
+    } else {
+      const int row = tile * ROWS + i;
+      if (row < a.n) {
+        if (ADD) v += __bfloat162float(a.r[row]);
+        a.y[row] = __float2bfloat16_rn(v);
+      }
+    }
+  }
+}
+
+template <int KSLICES, bool NORM, bool ADD, bool GLU>
+void launch(const Args& args, int tiles, bool pdl, cudaStream_t stream) {
+  auto kernel = int4_gemv_kernel<KSLICES, NORM, ADD, GLU>;
+  const int smem = args.groups * GROUP * 2 + args.groups * 4 + KSLICES * ROWS * 4;
+  modelab_levels::allow_dynamic_smem(kernel, smem);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(tiles);
+  config.blockDim = dim3(KSLICES * 32);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = pdl ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args));
+}
+
+template <int KSLICES>
+void dispatch(const Args& args, int tiles, bool norm, bool add, bool glu, bool pdl, cudaStream_t stream) {
+  if (glu) {
+    launch<KSLICES, true, false, true>(args, tiles, pdl, stream);
+  } else if (norm) {
+    launch<KSLICES, true, false, false>(args, tiles, pdl, stream);
+  } else if (add) {
+    launch<KSLICES, false, true, false>(args, tiles, pdl, stream);
+  } else {
+    launch<KSLICES, false, false, false>(args, tiles, pdl, stream);
+  }
+}
+
+at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s,
+                          const c10::optional<at::Tensor>& norm_weight, double eps,
+                          const c10::optional<at::Tensor>& residual, bool glu, int64_t kslices, bool pdl) {
+  TORCH_CHECK(x.is_cuda() && q.is_cuda() && s.is_cuda(), "int4_gemv: CUDA tensors only");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "int4_gemv: x must be contiguous bfloat16");
+  TORCH_CHECK(q.scalar_type() == at::kInt && q.dim() == 2 && q.is_contiguous(), "int4_gemv: q must be (N, words) int32");
+  TORCH_CHECK(s.scalar_type() == at::kBFloat16 && s.dim() == 2 && s.stride(1) == 1, "int4_gemv: s must be (N, groups) bf16");
+  const int64_t n = q.size(0), k = x.numel(), groups = (k + GROUP - 1) / GROUP;
+  TORCH_CHECK(q.size(1) == groups * WORDS, "int4_gemv: q has ", q.size(1), " words a row for ", k, " inputs");
+  TORCH_CHECK(s.size(0) == n && s.size(1) == groups, "int4_gemv: s must be (", n, ", ", groups, ")");
+  TORCH_CHECK(n > 0 && k > 0 && (!glu || n % 2 == 0), "int4_gemv: empty, or an odd N with glu");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(q.data_ptr()) % 8 == 0, "int4_gemv: q must be 8-byte aligned");
+  const bool norm = norm_weight.has_value(), add = residual.has_value();
+  TORCH_CHECK(!(add && (norm || glu)), "int4_gemv: the residual fuses alone");
+  if (norm) TORCH_CHECK(norm_weight->numel() == k && norm_weight->scalar_type() == at::kBFloat16 &&
+                        norm_weight->is_contiguous(), "int4_gemv: norm weight must be (K,) contiguous bfloat16");
+  if (add) TORCH_CHECK(residual->numel() == n && residual->scalar_type() == at::kBFloat16 &&
+                       residual->is_contiguous(), "int4_gemv: residual must be (N,) contiguous bfloat16");
+  TORCH_CHECK(norm || !glu, "int4_gemv: glu is the gate_up product: it comes with the norm");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty({glu ? n / 2 : n}, x.options());
+  Args args{reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), reinterpret_cast<const uint32_t*>(q.data_ptr()),
+            reinterpret_cast<const __nv_bfloat16*>(s.data_ptr()),
+            norm ? reinterpret_cast<const __nv_bfloat16*>(norm_weight->data_ptr()) : nullptr,
+            add ? reinterpret_cast<const __nv_bfloat16*>(residual->data_ptr()) : nullptr,
+            reinterpret_cast<__nv_bfloat16*>(y.data_ptr()), static_cast<int>(n), static_cast<int>(k),
+            static_cast<int>(groups), static_cast<int>(s.stride(0)), static_cast<float>(eps)};
+  const int tiles = static_cast<int>(glu ? (n / 2 + ROWS / 2 - 1) / (ROWS / 2) : (n + ROWS - 1) / ROWS);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
+  int major = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device()));
+  pdl = pdl && major >= 9;
+  switch (kslices) {
+    case 4: dispatch<4>(args, tiles, norm, add, glu, pdl, stream); break;
+    case 8: dispatch<8>(args, tiles, norm, add, glu, pdl, stream); break;
+    case 16: dispatch<16>(args, tiles, norm, add, glu, pdl, stream); break;
+    default: TORCH_CHECK(false, "int4_gemv: kslices must be 4, 8 or 16, got ", kslices);
+  }
+  return y;
+}
+
+}  // namespace modelab_quant
+
+TORCH_LIBRARY(modelab_quant, m) {
+  m.def("int4_gemv(Tensor x, Tensor q, Tensor s, Tensor? norm_weight, float eps, Tensor? residual, bool glu, "
+        "int kslices, bool pdl) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(modelab_quant, CUDA, m) { m.impl("int4_gemv", &modelab_quant::int4_gemv_cuda); }

@@ -1,0 +1,95 @@
+"""The int4 GEMV on the tensor cores (csrc/quant/int4_gemv.cu): one row x times a symmetric int4 weight in
+engine/kernels/int4_layout.py's order, with the decode step's fusions (RMSNorm, SwiGLU, residual), built on first use.
+
+engine/kernels/triton/quant_gemv.gemv_int4 sends its one-row calls here on a CUDA device where this library is
+loaded (`ensure()`, which the triton-int4-wo mode calls while it prepares; nothing here builds on a call's path) and
+MODELAB_INT4_GEMV is not "triton"; elsewhere the Triton kernel runs. Why a second kernel: the Triton one multiplies
+on the CUDA cores and is held back by the work of unpacking (4.3–5.3 instructions per weight); this one unpacks
+with a PRMT, a shift and two LOP3s per 4 weights and lets mma.sync do the products (~1.8 instructions per weight
+in its loop, offline SASS; csrc/quant/int4_gemv.cu says how the packed order is already the fragment order).
+
+    load() -> path       build (cached, ~30 s the first time) and load; NativeBuildError with the reason
+    available() -> None | reason   never raises
+    int4_gemv(x, q, s, norm_weight, eps, residual, glu, kslices) -> y
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from engine.kernels import cuda_levels
+from engine.native import build as native
+
+SOURCE_DIR = native.CSRC / "quant"
+SOURCES = ("int4_gemv.cu",)
+INCLUDE_DIRS = (cuda_levels.SOURCE_DIR,)  # common.cuh: CUDA_CHECK, Mma, allow_dynamic_smem
+HEADERS = ("../levels/common.cuh",)  # part of the build key
+IMPL_ENV = "MODELAB_INT4_GEMV"  # "triton": the Triton kernel even where this one is built (to compare the two)
+KSLICES = (4, 8, 16)  # warps per block, each a slice of K (the kernel's instantiations)
+
+_loaded: str | None = None
+_failed: str | None = None
+
+
+def load(verbose: bool = False) -> str:
+    """Build (cached) and load the library; its path. Raises NativeBuildError with the reason."""
+    global _loaded, _failed
+    if _loaded is not None:
+        return _loaded
+    if _failed is not None:
+        raise native.NativeBuildError(_failed)
+    try:
+        _loaded = cuda_levels.build_library("cuda_quant", SOURCE_DIR, SOURCES, HEADERS, INCLUDE_DIRS,
+                                            verbose=verbose)
+    except native.NativeBuildError as exc:
+        if str(exc).startswith("build failed"):
+            _failed = str(exc).splitlines()[0]
+        raise
+    return _loaded
+
+
+def available() -> str | None:
+    """None when the kernel can run here (building it, cached, where a GPU and nvcc exist), else why not."""
+    try:
+        load()
+        return None
+    except native.NativeBuildError as exc:
+        return str(exc).strip().splitlines()[0]
+    except Exception as exc:  # noqa: BLE001 — the contract is a reason string, never an exception
+        return f"build failed: {type(exc).__name__}: {exc}"[:300]
+
+
+def wanted() -> bool:
+    """Whether one-row int4 products should take this kernel: loaded in this process and not switched off."""
+    return _loaded is not None and os.environ.get(IMPL_ENV, "cuda") != "triton"
+
+
+def ensure() -> str:
+    """Load the kernel where it can run and is wanted; one line saying which int4 GEMV the decode step runs."""
+    if os.environ.get(IMPL_ENV, "cuda") == "triton":
+        return f"int4 GEMV: the Triton kernel (${IMPL_ENV}=triton)"
+    reason = available()
+    if reason:
+        return f"int4 GEMV: the Triton kernel (the tensor-core kernel csrc/quant/int4_gemv.cu: {reason})"
+    return ("int4 GEMV: the tensor-core kernel (csrc/quant/int4_gemv.cu: mma.sync over codes unpacked in registers, "
+            "fp32 accumulation)")
+
+
+def kslices(k: int) -> int:
+    """Warps per block (each a contiguous slice of K's groups of 64) for K inputs."""
+    groups = -(-k // 64)
+    return 16 if groups >= 128 else 8 if groups >= 48 else 4
+
+
+def int4_gemv(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, norm_weight: torch.Tensor | None = None,
+              eps: float = 0.0, residual: torch.Tensor | None = None, glu: bool = False,
+              ks: int | None = None, pdl: bool = True) -> torch.Tensor:
+    """y (N,) or (N/2,) with glu, bf16: x (K,) bf16 contiguous; q (N, groups·8) int32 words; s (N, groups) bf16.
+    The caller (quant_gemv.gemv_int4) has checked the shapes; the C++ side checks them again."""
+    load()
+    ks = kslices(x.numel()) if ks is None else ks
+    if ks not in KSLICES:
+        raise ValueError(f"kslices must be one of {KSLICES}, got {ks}")
+    return torch.ops.modelab_quant.int4_gemv(x, q, s, norm_weight, float(eps), residual, glu, ks, pdl)
