@@ -119,47 +119,89 @@ __global__ void __launch_bounds__(KSLICES * 32) int4_gemv_kernel(const Args a) {
   const int per_warp = (a.groups + KSLICES - 1) / KSLICES;
   const int g_begin = min(warp * per_warp, a.groups), g_end = min(g_begin + per_warp, a.groups);
 
-  pdl_launch_dependents();
-  // the first batch of codes does not depend on the kernel before: loaded before waiting for it
-  uint2 cur[BATCH][2];
+  const unsigned short* s_lo = reinterpret_cast<const unsigned short*>(a.s) + static_cast<size_t>(row_lo) * a.s_stride;
+  const unsigned short* s_hi = reinterpret_cast<const unsigned short*>(a.s) + static_cast<size_t>(row_hi) * a.s_stride;
+  // A batch: BATCH groups' codes of both rows and their scales (bf16 bits, row lo | row hi << 16), all issued
+  // before any is used — the scales with the codes, so no group waits on a load of its own.
+  auto load_batch = [&](int g0, uint2 (&codes)[BATCH][2], uint32_t (&scales)[BATCH]) {
 #pragma unroll
-  for (int b = 0; b < BATCH; ++b) {
-    const int gg = g_begin + b;
-    cur[b][0] = gg < g_end ? load_stream(q_lo + gg * WORDS) : make_uint2(0, 0);
-    cur[b][1] = gg < g_end ? load_stream(q_hi + gg * WORDS) : make_uint2(0, 0);
-  }
+    for (int b = 0; b < BATCH; ++b) {
+      const int gg = g0 + b;
+      codes[b][0] = gg < g_end ? load_stream(q_lo + gg * WORDS) : make_uint2(0, 0);
+      codes[b][1] = gg < g_end ? load_stream(q_hi + gg * WORDS) : make_uint2(0, 0);
+      scales[b] = gg < g_end ? (static_cast<uint32_t>(__ldg(s_lo + gg)) |
+                                (static_cast<uint32_t>(__ldg(s_hi + gg)) << 16)) : 0u;
+    }
+  };
+
+  pdl_launch_dependents();
+  // the first batch does not depend on the kernel before: loaded before waiting for it
+  uint2 cur[BATCH][2];
+  uint32_t cur_s[BATCH];
+  load_batch(g_begin, cur, cur_s);
   pdl_wait();
 
   // ---- stage the warp's own slice of x (· g) as bf16, Σx per group, and the slice's sum of squares -----------
   // The warps' slices cover K once, so a block reads x (and g) once, and the slices' sums of squares add up to the
-  // norm's in the epilogue; each warp reads back only what it wrote (no block barrier before the products).
+  // norm's in the epilogue; each warp reads back only what it wrote (no block barrier before the products). A lane
+  // takes 8 consecutive inputs (one 16-byte load of x, one of g), 8 lanes a group: Σx by 3 shuffles.
+  const bool vec = (((reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.g)) & 15) == 0) &&
+                   (a.k % 8 == 0);
   float sq = 0.f;
-  for (int i = g_begin * GROUP + lane; i < g_end * GROUP; i += 32) {
-    float v = 0.f;
-    if (i < a.k) {
-      v = __bfloat162float(a.x[i]);
+#pragma unroll 2
+  for (int base = g_begin * GROUP; base < g_end * GROUP; base += 32 * 8) {
+    const int i0 = base + lane * 8;
+    float v[8];
+    if (vec && i0 + 8 <= a.k) {
+      const uint4 xv = __ldg(reinterpret_cast<const uint4*>(a.x + i0));
+      const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(x2[e]);
+        v[2 * e] = f.x;
+        v[2 * e + 1] = f.y;
+      }
       if (NORM) {
-        sq += v * v;
-        v *= __bfloat162float(a.g[i]);
+        const uint4 gv = __ldg(reinterpret_cast<const uint4*>(a.g + i0));
+        const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&gv);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = __bfloat1622float2(g2[e]);
+          sq += v[2 * e] * v[2 * e] + v[2 * e + 1] * v[2 * e + 1];
+          v[2 * e] *= f.x;
+          v[2 * e + 1] *= f.y;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int i = i0 + e;
+        v[e] = i < a.k ? __bfloat162float(a.x[i]) : 0.f;
+        if (NORM) {
+          sq += v[e] * v[e];
+          v[e] *= i < a.k ? __bfloat162float(a.g[i]) : 0.f;
+        }
       }
     }
-    xs[x_slot(i)] = __float2bfloat16_rn(v);
+    float sum = 0.f;
+    if (i0 < g_end * GROUP) {
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(v[e], v[e + 1]);
+        const float2 rounded = __bfloat1622float2(pair);
+        sum += rounded.x + rounded.y;  // Σx of the values the products see
+        *reinterpret_cast<__nv_bfloat162*>(xs + x_slot(i0 + e)) = pair;
+      }
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+    if ((lane & 7) == 0 && i0 < g_end * GROUP) group_sum[i0 / GROUP] = sum;
   }
   if (NORM) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, off);
     if (lane == 0) sumsq_warp[warp] = sq;
-  }
-  __syncwarp();
-  for (int gg = g_begin + lane; gg < g_end; gg += 32) {
-    const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(xs + gg * GROUP);
-    float acc = 0.f;
-#pragma unroll 8
-    for (int i = 0; i < GROUP / 2; ++i) {
-      const float2 f = __bfloat1622float2(p[i]);
-      acc += f.x + f.y;
-    }
-    group_sum[gg] = acc;
   }
   __syncwarp();
 
@@ -168,18 +210,13 @@ __global__ void __launch_bounds__(KSLICES * 32) int4_gemv_kernel(const Args a) {
   const uint32_t* xw = reinterpret_cast<const uint32_t*>(xs);  // bf16 pairs
   for (int g0 = g_begin; g0 < g_end; g0 += BATCH) {
     uint2 nxt[BATCH][2];
-#pragma unroll
-    for (int b = 0; b < BATCH; ++b) {
-      const int gg = g0 + BATCH + b;
-      nxt[b][0] = gg < g_end ? load_stream(q_lo + gg * WORDS) : make_uint2(0, 0);
-      nxt[b][1] = gg < g_end ? load_stream(q_hi + gg * WORDS) : make_uint2(0, 0);
-    }
+    uint32_t nxt_s[BATCH];
+    load_batch(g0 + BATCH, nxt, nxt_s);
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
       const int gg = g0 + b;
       if (gg < g_end) {
-        const float s_lo = __bfloat162float(a.s[static_cast<size_t>(row_lo) * a.s_stride + gg]);
-        const float s_hi = __bfloat162float(a.s[static_cast<size_t>(row_hi) * a.s_stride + gg]);
+        const float scale_lo = __uint_as_float(cur_s[b] << 16), scale_hi = __uint_as_float(cur_s[b] & 0xFFFF0000u);
         float part[4] = {0.f, 0.f, 0.f, 0.f};
         // lane c's 8 x pairs of the group (x_slot's order): k = 16·step + 2c and 16·step + 8 + 2c, step 0..3
         const uint4 xa = reinterpret_cast<const uint4*>(xw + gg * (GROUP / 2) + c * 8)[0];
@@ -196,14 +233,15 @@ __global__ void __launch_bounds__(KSLICES * 32) int4_gemv_kernel(const Args a) {
           Mma<__nv_bfloat16>::run(part, frag, xv[2 * step], xv[2 * step + 1]);
         }
         const float bias = 136.f * group_sum[gg];
-        acc_lo = fmaf(s_lo, part[0] - bias, acc_lo);
-        acc_hi = fmaf(s_hi, part[2] - bias, acc_hi);
+        acc_lo = fmaf(scale_lo, part[0] - bias, acc_lo);
+        acc_hi = fmaf(scale_hi, part[2] - bias, acc_hi);
       }
     }
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
       cur[b][0] = nxt[b][0];
       cur[b][1] = nxt[b][1];
+      cur_s[b] = nxt_s[b];
     }
   }
 
