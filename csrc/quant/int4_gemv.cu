@@ -26,7 +26,7 @@
 // batch is loaded before it waits for the kernel before it.
 #include "common.cuh"
 
-#include <torch/library.h>
+#include <algorithm>
 
 namespace modelab_quant {
 
@@ -97,48 +97,63 @@ __device__ __forceinline__ int weight_row(int tile, int i, int n) {
   return tile * ROWS + i;
 }
 
+// The code words and scales of one tile's two fragment rows (quad, quad + 8) for this lane.
+struct TileRows {
+  const uint32_t* q_lo;
+  const uint32_t* q_hi;
+  const unsigned short* s_lo;
+  const unsigned short* s_hi;
+};
+
+template <bool GLU>
+__device__ __forceinline__ TileRows tile_rows(const Args& a, int tile, int quad, int c) {
+  // rows past the end are clamped to the last row: read, reduced, never stored
+  const int lo = min(weight_row<GLU>(tile, quad, a.n), a.n - 1), hi = min(weight_row<GLU>(tile, quad + 8, a.n), a.n - 1);
+  const size_t words = static_cast<size_t>(a.groups) * WORDS;
+  const unsigned short* s = reinterpret_cast<const unsigned short*>(a.s);
+  return {a.q + lo * words + 2 * c, a.q + hi * words + 2 * c, s + static_cast<size_t>(lo) * a.s_stride,
+          s + static_cast<size_t>(hi) * a.s_stride};
+}
+
+// Persistent: a block walks tiles blockIdx.x, + gridDim.x, ... (the grid is what fits on the GPU at once), so each
+// warp stages its slice of x once, and the next batch of codes — the next groups of this tile, or the first of the
+// block's next tile — is always in flight while a batch is multiplied: no ramp and drain per tile.
 template <int KSLICES, bool NORM, bool ADD, bool GLU>
-__global__ void __launch_bounds__(KSLICES * 32) int4_gemv_kernel(const Args a) {
+__global__ void __launch_bounds__(KSLICES * 32, 24 / KSLICES) int4_gemv_kernel(const Args a, const int tiles) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int padded_k = a.groups * GROUP;
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw);           // x (· g), padded with zeros
   float* group_sum = reinterpret_cast<float*>(xs + padded_k);                // Σx per group, of the bf16 values
-  float* partial = group_sum + a.groups;                                    // [KSLICES][ROWS]
+  float* partial = group_sum + a.groups;                                    // [2 tiles][KSLICES][ROWS]
   __shared__ float sumsq_warp[KSLICES];
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int quad = lane >> 2, c = lane & 3;  // fragment row (and row + 8), column pair 2c, 2c + 1
-  const int tile = blockIdx.x;
-  const int rows_out = GLU ? a.n / 2 : a.n;
-  // rows past the end are clamped to the last row: read, reduced, never stored
-  const int row_lo = min(weight_row<GLU>(tile, quad, a.n), a.n - 1);
-  const int row_hi = min(weight_row<GLU>(tile, quad + 8, a.n), a.n - 1);
-  const int words_per_row = a.groups * WORDS;
-  const uint32_t* q_lo = a.q + static_cast<size_t>(row_lo) * words_per_row + 2 * c;
-  const uint32_t* q_hi = a.q + static_cast<size_t>(row_hi) * words_per_row + 2 * c;
   const int per_warp = (a.groups + KSLICES - 1) / KSLICES;
   const int g_begin = min(warp * per_warp, a.groups), g_end = min(g_begin + per_warp, a.groups);
+  const int steps = (per_warp + BATCH - 1) / BATCH;  // batches per tile, the same in every warp (barriers match)
 
-  const unsigned short* s_lo = reinterpret_cast<const unsigned short*>(a.s) + static_cast<size_t>(row_lo) * a.s_stride;
-  const unsigned short* s_hi = reinterpret_cast<const unsigned short*>(a.s) + static_cast<size_t>(row_hi) * a.s_stride;
   // A batch: BATCH groups' codes of both rows and their scales (bf16 bits, row lo | row hi << 16), all issued
   // before any is used — the scales with the codes, so no group waits on a load of its own.
-  auto load_batch = [&](int g0, uint2 (&codes)[BATCH][2], uint32_t (&scales)[BATCH]) {
+  auto load_batch = [&](const TileRows& r, int g0, bool live, uint2 (&codes)[BATCH][2], uint32_t (&scales)[BATCH]) {
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
       const int gg = g0 + b;
-      codes[b][0] = gg < g_end ? load_stream(q_lo + gg * WORDS) : make_uint2(0, 0);
-      codes[b][1] = gg < g_end ? load_stream(q_hi + gg * WORDS) : make_uint2(0, 0);
-      scales[b] = gg < g_end ? (static_cast<uint32_t>(__ldg(s_lo + gg)) |
-                                (static_cast<uint32_t>(__ldg(s_hi + gg)) << 16)) : 0u;
+      const bool in = live && gg < g_end;
+      codes[b][0] = in ? load_stream(r.q_lo + gg * WORDS) : make_uint2(0, 0);
+      codes[b][1] = in ? load_stream(r.q_hi + gg * WORDS) : make_uint2(0, 0);
+      scales[b] = in ? (static_cast<uint32_t>(__ldg(r.s_lo + gg)) | (static_cast<uint32_t>(__ldg(r.s_hi + gg)) << 16))
+                     : 0u;
     }
   };
 
-  pdl_launch_dependents();
-  // the first batch does not depend on the kernel before: loaded before waiting for it
+  int tile = blockIdx.x;
+  TileRows rows = tile_rows<GLU>(a, min(tile, tiles - 1), quad, c);
   uint2 cur[BATCH][2];
   uint32_t cur_s[BATCH];
-  load_batch(g_begin, cur, cur_s);
+  pdl_launch_dependents();
+  // the first batch does not depend on the kernel before: loaded before waiting for it
+  load_batch(rows, g_begin, tile < tiles, cur, cur_s);
   pdl_wait();
 
   // ---- stage the warp's own slice of x (· g) as bf16, Σx per group, and the slice's sum of squares -----------
@@ -151,8 +166,9 @@ __global__ void __launch_bounds__(KSLICES * 32) int4_gemv_kernel(const Args a) {
 #pragma unroll 2
   for (int base = g_begin * GROUP; base < g_end * GROUP; base += 32 * 8) {
     const int i0 = base + lane * 8;
+    const bool mine = i0 < g_end * GROUP;  // a last pass may reach past the slice: those inputs are another warp's
     float v[8];
-    if (vec && i0 + 8 <= a.k) {
+    if (vec && mine && i0 + 8 <= a.k) {
       const uint4 xv = __ldg(reinterpret_cast<const uint4*>(a.x + i0));
       const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&xv);
 #pragma unroll
@@ -176,15 +192,16 @@ __global__ void __launch_bounds__(KSLICES * 32) int4_gemv_kernel(const Args a) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const int i = i0 + e;
-        v[e] = i < a.k ? __bfloat162float(a.x[i]) : 0.f;
+        const bool in = mine && i < a.k;
+        v[e] = in ? __bfloat162float(a.x[i]) : 0.f;
         if (NORM) {
           sq += v[e] * v[e];
-          v[e] *= i < a.k ? __bfloat162float(a.g[i]) : 0.f;
+          v[e] *= in ? __bfloat162float(a.g[i]) : 0.f;
         }
       }
     }
     float sum = 0.f;
-    if (i0 < g_end * GROUP) {
+    if (mine) {
 #pragma unroll
       for (int e = 0; e < 8; e += 2) {
         const __nv_bfloat162 pair = __floats2bfloat162_rn(v[e], v[e + 1]);
@@ -196,7 +213,7 @@ __global__ void __launch_bounds__(KSLICES * 32) int4_gemv_kernel(const Args a) {
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-    if ((lane & 7) == 0 && i0 < g_end * GROUP) group_sum[i0 / GROUP] = sum;
+    if ((lane & 7) == 0 && mine) group_sum[i0 / GROUP] = sum;
   }
   if (NORM) {
 #pragma unroll
@@ -205,13 +222,21 @@ __global__ void __launch_bounds__(KSLICES * 32) int4_gemv_kernel(const Args a) {
   }
   __syncwarp();
 
-  // ---- the warp's slice of groups: 4 mmas per group, scaled into acc -------------------------------------------
-  float acc_lo = 0.f, acc_hi = 0.f;  // rows quad, quad + 8 (column 2c; all columns hold the same sums)
+  // ---- tiles: per batch, 4 mmas per group scaled into acc; per tile, the warps' sums meet ----------------------
   const uint32_t* xw = reinterpret_cast<const uint32_t*>(xs);  // bf16 pairs
-  for (int g0 = g_begin; g0 < g_end; g0 += BATCH) {
+  float acc_lo = 0.f, acc_hi = 0.f;  // rows quad, quad + 8 (column 2c; all columns hold the same sums)
+  int step = 0, buf = 0;
+  while (tile < tiles) {  // the same tile in every warp of the block
+    int next_tile = tile, next_step = step + 1;
+    if (next_step == steps) {
+      next_step = 0;
+      next_tile = tile + gridDim.x;
+    }
+    const TileRows next_rows = next_tile == tile ? rows : tile_rows<GLU>(a, min(next_tile, tiles - 1), quad, c);
     uint2 nxt[BATCH][2];
     uint32_t nxt_s[BATCH];
-    load_batch(g0 + BATCH, nxt, nxt_s);
+    load_batch(next_rows, g_begin + next_step * BATCH, next_tile < tiles, nxt, nxt_s);
+    const int g0 = g_begin + step * BATCH;
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
       const int gg = g0 + b;
@@ -223,20 +248,60 @@ __global__ void __launch_bounds__(KSLICES * 32) int4_gemv_kernel(const Args a) {
         const uint4 xb = reinterpret_cast<const uint4*>(xw + gg * (GROUP / 2) + c * 8)[1];
         const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
-        for (int step = 0; step < 4; ++step) {
-          // byte `step` of the even word to bits 0-7, of the odd word to bits 16-23
-          const uint32_t sel = step * 0x1111u + 0x4400u;
+        for (int ks = 0; ks < 4; ++ks) {
+          // byte ks of the even word to bits 0-7, of the odd word to bits 16-23
+          const uint32_t sel = ks * 0x1111u + 0x4400u;
           const uint32_t p_lo = prmt(cur[b][0].x, cur[b][0].y, sel);
           const uint32_t p_hi = prmt(cur[b][1].x, cur[b][1].y, sel);
           const uint32_t frag[4] = {nibbles_to_bf16x2(p_lo), nibbles_to_bf16x2(p_hi), nibbles_to_bf16x2(p_lo >> 4),
                                     nibbles_to_bf16x2(p_hi >> 4)};
-          Mma<__nv_bfloat16>::run(part, frag, xv[2 * step], xv[2 * step + 1]);
+          Mma<__nv_bfloat16>::run(part, frag, xv[2 * ks], xv[2 * ks + 1]);
         }
         const float bias = 136.f * group_sum[gg];
         acc_lo = fmaf(scale_lo, part[0] - bias, acc_lo);
         acc_hi = fmaf(scale_hi, part[2] - bias, acc_hi);
       }
     }
+    if (next_step == 0) {  // the tile is done in this warp: sum over the warps, then the epilogue
+      float* sums = partial + buf * KSLICES * ROWS;
+      if (c == 0) {
+        sums[warp * ROWS + quad] = acc_lo;
+        sums[warp * ROWS + quad + 8] = acc_hi;
+      }
+      __syncthreads();  // (two buffers: a tile's sums are read before the warps can reach them again)
+      if (threadIdx.x < ROWS) {
+        const int i = threadIdx.x;
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < KSLICES; ++w) v += sums[w * ROWS + i];
+        if (NORM) {
+          float total = 0.f;
+#pragma unroll
+          for (int w = 0; w < KSLICES; ++w) total += sumsq_warp[w];
+          v *= rsqrtf(total / a.k + a.eps);
+        }
+        if (GLU) {
+          sums[i] = v;  // this thread's own slot of warp 0, read below by the gate row's thread only
+          __syncwarp(0xffffu);
+          const int j = tile * (ROWS / 2) + i;
+          if (i < 8 && j < a.n / 2) {
+            const float gate = v, up = sums[i + 8];
+            a.y[j] = __float2bfloat16_rn(gate / (1.f + __expf(-gate)) * up);
+          }
+        } else {
+          const int row = tile * ROWS + i;
+          if (row < a.n) {
+            if (ADD) v += __bfloat162float(a.r[row]);
+            a.y[row] = __float2bfloat16_rn(v);
+          }
+        }
+      }
+      buf ^= 1;
+      acc_lo = acc_hi = 0.f;
+    }
+    tile = next_tile;
+    step = next_step;
+    rows = next_rows;
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
       cur[b][0] = nxt[b][0];
@@ -244,49 +309,20 @@ __global__ void __launch_bounds__(KSLICES * 32) int4_gemv_kernel(const Args a) {
       cur_s[b] = nxt_s[b];
     }
   }
-
-  // ---- the warps' sums meet; the epilogue ----------------------------------------------------------------------
-  if (c == 0) {
-    partial[warp * ROWS + quad] = acc_lo;
-    partial[warp * ROWS + quad + 8] = acc_hi;
-  }
-  __syncthreads();
-  if (threadIdx.x < ROWS) {
-    const int i = threadIdx.x;
-    float v = 0.f;
-#pragma unroll
-    for (int w = 0; w < KSLICES; ++w) v += partial[w * ROWS + i];
-    if (NORM) {
-      float total = 0.f;
-#pragma unroll
-      for (int w = 0; w < KSLICES; ++w) total += sumsq_warp[w];
-      v *= rsqrtf(total / a.k + a.eps);
-    }
-    if (GLU) {
-      partial[i] = v;  // this thread's own slot of warp 0, read below by the gate row's thread only
-      __syncwarp(0xffffu);
-      if (i < 8) {
-        const int j = tile * (ROWS / 2) + i;
-        const float gate = v, up = partial[i + 8];
-        if (j < rows_out) a.y[j] = __float2bfloat16_rn(gate / (1.f + __expf(-gate)) * up);
-      }
-    } else {
-      const int row = tile * ROWS + i;
-      if (row < a.n) {
-        if (ADD) v += __bfloat162float(a.r[row]);
-        a.y[row] = __float2bfloat16_rn(v);
-      }
-    }
-  }
 }
 
 template <int KSLICES, bool NORM, bool ADD, bool GLU>
 void launch(const Args& args, int tiles, bool pdl, cudaStream_t stream) {
   auto kernel = int4_gemv_kernel<KSLICES, NORM, ADD, GLU>;
-  const int smem = args.groups * GROUP * 2 + args.groups * 4 + KSLICES * ROWS * 4;
+  const int smem = args.groups * GROUP * 2 + args.groups * 4 + 2 * KSLICES * ROWS * 4;
   modelab_levels::allow_dynamic_smem(kernel, smem);
+  // persistent: as many blocks as fit on the GPU at once (never more than there are tiles)
+  int device = 0, sms = 0, per_sm = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, KSLICES * 32, smem));
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(tiles);
+  config.gridDim = dim3(std::max(1, std::min(tiles, sms * std::max(per_sm, 1))));
   config.blockDim = dim3(KSLICES * 32);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
@@ -295,7 +331,7 @@ void launch(const Args& args, int tiles, bool pdl, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attr;
   config.numAttrs = pdl ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args));
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args, tiles));
 }
 
 template <int KSLICES>
@@ -353,10 +389,3 @@ at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Te
 }
 
 }  // namespace modelab_quant
-
-TORCH_LIBRARY(modelab_quant, m) {
-  m.def("int4_gemv(Tensor x, Tensor q, Tensor s, Tensor? norm_weight, float eps, Tensor? residual, bool glu, "
-        "int kslices, bool pdl) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(modelab_quant, CUDA, m) { m.impl("int4_gemv", &modelab_quant::int4_gemv_cuda); }

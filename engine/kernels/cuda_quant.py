@@ -23,7 +23,7 @@ from engine.kernels import cuda_levels
 from engine.native import build as native
 
 SOURCE_DIR = native.CSRC / "quant"
-SOURCES = ("int4_gemv.cu",)
+SOURCES = ("int4_gemv.cu", "bindings.cpp")
 INCLUDE_DIRS = (cuda_levels.SOURCE_DIR,)  # common.cuh: CUDA_CHECK, Mma, allow_dynamic_smem
 HEADERS = ("../levels/common.cuh",)  # part of the build key
 IMPL_ENV = "MODELAB_INT4_GEMV"  # "triton": the Triton kernel even where this one is built (to compare the two)
@@ -83,13 +83,37 @@ def kslices(k: int) -> int:
     return 16 if groups >= 128 else 8 if groups >= 48 else 4
 
 
+def _check(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, norm_weight: torch.Tensor | None,
+           residual: torch.Tensor | None, glu: bool) -> None:
+    """ValueError before any launch for inputs the kernel does not take (the C++ side checks them again)."""
+    k, n = x.numel(), q.shape[0] if q.dim() == 2 else -1
+    groups = -(-k // 64)
+    if x.dtype != torch.bfloat16 or not x.is_contiguous() or x.dim() != 1:
+        raise ValueError(f"int4_gemv: x must be one contiguous bfloat16 row, got {x.dtype} {tuple(x.shape)}")
+    if q.dtype != torch.int32 or q.dim() != 2 or q.shape[1] != groups * 8 or not q.is_contiguous():
+        raise ValueError(f"int4_gemv: q must be contiguous int32 words (N, {groups * 8}) for {k} inputs, "
+                         f"got {q.dtype} {tuple(q.shape)}")
+    if s.dtype != torch.bfloat16 or tuple(s.shape) != (n, groups) or s.stride(1) != 1:
+        raise ValueError(f"int4_gemv: s must be bfloat16 ({n}, {groups}), got {s.dtype} {tuple(s.shape)}")
+    if norm_weight is not None and (norm_weight.numel() != k or norm_weight.dtype != torch.bfloat16):
+        raise ValueError(f"int4_gemv: norm weight must be {k} bfloat16 values")
+    if residual is not None and (residual.numel() != n or residual.dtype != torch.bfloat16 or norm_weight is not None
+                                 or glu):
+        raise ValueError(f"int4_gemv: the residual must be {n} bfloat16 values, and fuses alone")
+    if glu and (norm_weight is None or n % 2):
+        raise ValueError("int4_gemv: glu (the gate_up product) needs the norm and an even N")
+    if len({t.device for t in (x, q, s) if t is not None}) != 1 or x.device.type != "cuda":
+        raise ValueError("int4_gemv: x, q and s must be on one CUDA device")
+
+
 def int4_gemv(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, norm_weight: torch.Tensor | None = None,
               eps: float = 0.0, residual: torch.Tensor | None = None, glu: bool = False,
               ks: int | None = None, pdl: bool = True) -> torch.Tensor:
     """y (N,) or (N/2,) with glu, bf16: x (K,) bf16 contiguous; q (N, groups·8) int32 words; s (N, groups) bf16.
     The caller (quant_gemv.gemv_int4) has checked the shapes; the C++ side checks them again."""
-    load()
     ks = kslices(x.numel()) if ks is None else ks
     if ks not in KSLICES:
         raise ValueError(f"kslices must be one of {KSLICES}, got {ks}")
+    _check(x, q, s, norm_weight, residual, glu)
+    load()
     return torch.ops.modelab_quant.int4_gemv(x, q, s, norm_weight, float(eps), residual, glu, ks, pdl)

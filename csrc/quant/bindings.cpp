@@ -1,0 +1,20 @@
+// Registers the tensor-core int4 GEMV as the torch operator `modelab_quant::int4_gemv` (CUDA dispatch key only).
+// engine/kernels/cuda_quant.py builds this library, loads it, validates inputs and calls the op; int4_gemv.cu checks
+// them again (TORCH_CHECK), so a direct call with bad input also fails cleanly.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+namespace modelab_quant {
+
+at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s,
+                          const c10::optional<at::Tensor>& norm_weight, double eps,
+                          const c10::optional<at::Tensor>& residual, bool glu, int64_t kslices, bool pdl);
+
+}  // namespace modelab_quant
+
+TORCH_LIBRARY(modelab_quant, m) {
+  m.def("int4_gemv(Tensor x, Tensor q, Tensor s, Tensor? norm_weight, float eps, Tensor? residual, bool glu, "
+        "int kslices, bool pdl) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(modelab_quant, CUDA, m) { m.impl("int4_gemv", &modelab_quant::int4_gemv_cuda); }
