@@ -119,12 +119,12 @@ __device__ __forceinline__ TileRows tile_rows(const Args& a, int tile, int quad,
 // warp stages its slice of x once, and the next batch of codes — the next groups of this tile, or the first of the
 // block's next tile — is always in flight while a batch is multiplied: no ramp and drain per tile.
 template <int KSLICES, bool NORM, bool ADD, bool GLU>
-__global__ void __launch_bounds__(KSLICES * 32, 24 / KSLICES) int4_gemv_kernel(const Args a, const int tiles) {
+__global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(const Args a, const int tiles) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int padded_k = a.groups * GROUP;
-  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw);           // x (· g), padded with zeros
-  float* group_sum = reinterpret_cast<float*>(xs + padded_k);                // Σx per group, of the bf16 values
-  float* partial = group_sum + a.groups;                                    // [2 tiles][KSLICES][ROWS]
+  // x (· g) as bf16 and Σx per group, each with a batch of groups past the end (read, never used: see the loop)
+  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  float* group_sum = reinterpret_cast<float*>(xs + (a.groups + BATCH) * GROUP);
+  float* partial = group_sum + a.groups + BATCH;  // [2 tiles][KSLICES][ROWS]
   __shared__ float sumsq_warp[KSLICES];
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -237,10 +237,13 @@ __global__ void __launch_bounds__(KSLICES * 32, 24 / KSLICES) int4_gemv_kernel(c
     uint32_t nxt_s[BATCH];
     load_batch(next_rows, g_begin + next_step * BATCH, next_tile < tiles, nxt, nxt_s);
     const int g0 = g_begin + step * BATCH;
+    // Branch-free over the batch (a group past the slice reads x and Σx it did not stage — shared memory is padded
+    // by a batch for it — and its sum is not added), so the shared-memory reads of all four groups issue ahead of their mmas — ncu (H100) put half of the warps'
+    // stalls on those reads when each sat in its own branch.
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
       const int gg = g0 + b;
-      if (gg < g_end) {
+      {
         const float scale_lo = __uint_as_float(cur_s[b] << 16), scale_hi = __uint_as_float(cur_s[b] & 0xFFFF0000u);
         float part[4] = {0.f, 0.f, 0.f, 0.f};
         // lane c's 8 x pairs of the group (x_slot's order): k = 16·step + 2c and 16·step + 8 + 2c, step 0..3
@@ -258,8 +261,9 @@ __global__ void __launch_bounds__(KSLICES * 32, 24 / KSLICES) int4_gemv_kernel(c
           Mma<__nv_bfloat16>::run(part, frag, xv[2 * ks], xv[2 * ks + 1]);
         }
         const float bias = 136.f * group_sum[gg];
-        acc_lo = fmaf(scale_lo, part[0] - bias, acc_lo);
-        acc_hi = fmaf(scale_hi, part[2] - bias, acc_hi);
+        const bool in = g0 + b < g_end;  // a select, not a branch (an empty slice's warp reads x it did not stage)
+        acc_lo = in ? fmaf(scale_lo, part[0] - bias, acc_lo) : acc_lo;
+        acc_hi = in ? fmaf(scale_hi, part[2] - bias, acc_hi) : acc_hi;
       }
     }
     if (next_step == 0) {  // the tile is done in this warp: sum over the warps, then the epilogue
@@ -314,7 +318,7 @@ __global__ void __launch_bounds__(KSLICES * 32, 24 / KSLICES) int4_gemv_kernel(c
 template <int KSLICES, bool NORM, bool ADD, bool GLU>
 void launch(const Args& args, int tiles, bool pdl, cudaStream_t stream) {
   auto kernel = int4_gemv_kernel<KSLICES, NORM, ADD, GLU>;
-  const int smem = args.groups * GROUP * 2 + args.groups * 4 + 2 * KSLICES * ROWS * 4;
+  const int smem = (args.groups + BATCH) * (GROUP * 2 + 4) + 2 * KSLICES * ROWS * 4;
   modelab_levels::allow_dynamic_smem(kernel, smem);
   // persistent: as many blocks as fit on the GPU at once (never more than there are tiles)
   int device = 0, sms = 0, per_sm = 0;
