@@ -31,11 +31,15 @@
 namespace modelab_quant {
 
 using modelab_levels::Mma;
+using modelab_levels::cp_async_16;
+using modelab_levels::cp_async_commit;
+using modelab_levels::cp_async_wait;
 
 constexpr int GROUP = 64;        // weights per scale along K (engine/kernels/int4_layout.py: GROUP)
 constexpr int WORDS = GROUP / 8;  // 32-bit words per group and row
 constexpr int ROWS = 16;          // output rows per block (one mma tile)
-constexpr int BATCH = 4;          // groups a warp loads ahead (registers: BATCH × 2 rows × 8 bytes, twice)
+constexpr int BATCH = 4;          // groups a warp takes per step (one ring slot: 4 × 16 rows × 32 bytes)
+constexpr int DEPTH = 4;          // ring slots per warp: batches in flight ahead of the one being multiplied
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
@@ -48,12 +52,6 @@ __device__ __forceinline__ uint32_t nibbles_to_bf16x2(uint32_t w) {
   uint32_t d;
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(w), "n"(0x000F000F), "n"(0x43004300));
   return d;
-}
-
-__device__ __forceinline__ uint2 load_stream(const uint32_t* p) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
 }
 
 __device__ __forceinline__ void pdl_wait() {
@@ -97,63 +95,68 @@ __device__ __forceinline__ int weight_row(int tile, int i, int n) {
   return tile * ROWS + i;
 }
 
-// The code words and scales of one tile's two fragment rows (quad, quad + 8) for this lane.
-struct TileRows {
-  const uint32_t* q_lo;
-  const uint32_t* q_hi;
-  const unsigned short* s_lo;
-  const unsigned short* s_hi;
-};
-
-template <bool GLU>
-__device__ __forceinline__ TileRows tile_rows(const Args& a, int tile, int quad, int c) {
-  // rows past the end are clamped to the last row: read, reduced, never stored
-  const int lo = min(weight_row<GLU>(tile, quad, a.n), a.n - 1), hi = min(weight_row<GLU>(tile, quad + 8, a.n), a.n - 1);
-  const size_t words = static_cast<size_t>(a.groups) * WORDS;
-  const unsigned short* s = reinterpret_cast<const unsigned short*>(a.s);
-  return {a.q + lo * words + 2 * c, a.q + hi * words + 2 * c, s + static_cast<size_t>(lo) * a.s_stride,
-          s + static_cast<size_t>(hi) * a.s_stride};
-}
-
 // Persistent: a block walks tiles blockIdx.x, + gridDim.x, ... (the grid is what fits on the GPU at once), so each
-// warp stages its slice of x once, and the next batch of codes — the next groups of this tile, or the first of the
-// block's next tile — is always in flight while a batch is multiplied: no ramp and drain per tile.
+// warp stages its slice of x once. Codes stream into shared memory by cp.async through a ring of DEPTH batches per
+// warp, issued DEPTH batches ahead across tile boundaries: what is in flight costs no registers (the register
+// double buffer before it kept one batch, 2 KB a warp, in flight and reached 1.7–2.1 TB/s), and no ramp or drain
+// per tile. The scales (2 bytes a row and group: too small for cp.async) are loaded into registers when their batch
+// is issued, so they too arrive DEPTH batches early.
 template <int KSLICES, bool NORM, bool ADD, bool GLU>
 __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(const Args a, const int tiles) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  // x (· g) as bf16 and Σx per group, each with a batch of groups past the end (read, never used: see the loop)
-  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int quad = lane >> 2, c = lane & 3;  // fragment row (and row + 8), column pair 2c, 2c + 1
+  // [warp][DEPTH slots][BATCH groups][16 rows][32 bytes], then x (· g) as bf16 and Σx per group, each with a batch
+  // of groups past the end (read, never used: see the loop), then the warps' row sums
+  unsigned char* ring = smem_raw + warp * (DEPTH * BATCH * ROWS * 32);
+  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw + KSLICES * DEPTH * BATCH * ROWS * 32);
   float* group_sum = reinterpret_cast<float*>(xs + (a.groups + BATCH) * GROUP);
   float* partial = group_sum + a.groups + BATCH;  // [2 tiles][KSLICES][ROWS]
   __shared__ float sumsq_warp[KSLICES];
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int quad = lane >> 2, c = lane & 3;  // fragment row (and row + 8), column pair 2c, 2c + 1
   const int per_warp = (a.groups + KSLICES - 1) / KSLICES;
   const int g_begin = min(warp * per_warp, a.groups), g_end = min(g_begin + per_warp, a.groups);
   const int steps = (per_warp + BATCH - 1) / BATCH;  // batches per tile, the same in every warp (barriers match)
+  const size_t row_words = static_cast<size_t>(a.groups) * WORDS;
+  const unsigned short* scales = reinterpret_cast<const unsigned short*>(a.s);
 
-  // A batch: BATCH groups' codes of both rows and their scales (bf16 bits, row lo | row hi << 16), all issued
-  // before any is used — the scales with the codes, so no group waits on a load of its own.
-  auto load_batch = [&](const TileRows& r, int g0, bool live, uint2 (&codes)[BATCH][2], uint32_t (&scales)[BATCH]) {
+  // Issue batch `step` of tile `t` into ring slot `slot`: lane l copies 16 bytes, half l % 2 of row l / 2's 32-byte
+  // group segment, for each of the batch's groups; the lane's own scales (rows quad, quad + 8) into sc. One
+  // cp.async group per batch, empty past the last tile, so the wait below always counts DEPTH groups.
+  auto issue = [&](int t, int step, int slot, uint32_t (&sc)[BATCH]) {
+    const bool live = t < tiles;
+    const int tt = min(t, tiles - 1);
+    const int copy_row = min(weight_row<GLU>(tt, lane >> 1, a.n), a.n - 1);
+    const unsigned char* src = reinterpret_cast<const unsigned char*>(a.q + copy_row * row_words) + (lane & 1) * 16;
+    unsigned char* dst = ring + slot * (BATCH * ROWS * 32) + (lane >> 1) * 32 + (lane & 1) * 16;
+    const int lo = min(weight_row<GLU>(tt, quad, a.n), a.n - 1), hi = min(weight_row<GLU>(tt, quad + 8, a.n), a.n - 1);
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
-      const int gg = g0 + b;
+      const int gg = g_begin + step * BATCH + b;
       const bool in = live && gg < g_end;
-      codes[b][0] = in ? load_stream(r.q_lo + gg * WORDS) : make_uint2(0, 0);
-      codes[b][1] = in ? load_stream(r.q_hi + gg * WORDS) : make_uint2(0, 0);
-      scales[b] = in ? (static_cast<uint32_t>(__ldg(r.s_lo + gg)) | (static_cast<uint32_t>(__ldg(r.s_hi + gg)) << 16))
-                     : 0u;
+      if (in) cp_async_16(dst + b * ROWS * 32, src + gg * 32, true);
+      sc[b] = in ? (static_cast<uint32_t>(__ldg(scales + static_cast<size_t>(lo) * a.s_stride + gg)) |
+                    (static_cast<uint32_t>(__ldg(scales + static_cast<size_t>(hi) * a.s_stride + gg)) << 16))
+                 : 0u;
+    }
+    cp_async_commit();
+  };
+  auto advance = [&](int& t, int& step) {
+    if (++step == steps) {
+      step = 0;
+      t += gridDim.x;
     }
   };
 
-  int tile = blockIdx.x;
-  TileRows rows = tile_rows<GLU>(a, min(tile, tiles - 1), quad, c);
-  uint2 cur[BATCH][2];
-  uint32_t cur_s[BATCH];
   pdl_launch_dependents();
-  // the first batch does not depend on the kernel before: loaded before waiting for it
-  load_batch(rows, g_begin, tile < tiles, cur, cur_s);
+  // the first DEPTH batches do not depend on the kernel before: issued before waiting for it
+  uint32_t ring_s[DEPTH][BATCH];
+  int issue_tile = blockIdx.x, issue_step = 0;
+#pragma unroll
+  for (int d = 0; d < DEPTH; ++d) {
+    issue(issue_tile, issue_step, d, ring_s[d]);
+    advance(issue_tile, issue_step);
+  }
   pdl_wait();
 
   // ---- stage the warp's own slice of x (· g) as bf16, Σx per group, and the slice's sum of squares -----------
@@ -225,100 +228,97 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
   // ---- tiles: per batch, 4 mmas per group scaled into acc; per tile, the warps' sums meet ----------------------
   const uint32_t* xw = reinterpret_cast<const uint32_t*>(xs);  // bf16 pairs
   float acc_lo = 0.f, acc_hi = 0.f;  // rows quad, quad + 8 (column 2c; all columns hold the same sums)
-  int step = 0, buf = 0;
+  int tile = blockIdx.x, step = 0, buf = 0;
   while (tile < tiles) {  // the same tile in every warp of the block
-    int next_tile = tile, next_step = step + 1;
-    if (next_step == steps) {
-      next_step = 0;
-      next_tile = tile + gridDim.x;
-    }
-    const TileRows next_rows = next_tile == tile ? rows : tile_rows<GLU>(a, min(next_tile, tiles - 1), quad, c);
-    uint2 nxt[BATCH][2];
-    uint32_t nxt_s[BATCH];
-    load_batch(next_rows, g_begin + next_step * BATCH, next_tile < tiles, nxt, nxt_s);
-    const int g0 = g_begin + step * BATCH;
-    // Branch-free over the batch (a group past the slice reads x and Σx it did not stage — shared memory is padded
-    // by a batch for it — and its sum is not added), so the shared-memory reads of all four groups issue ahead of their mmas — ncu (H100) put half of the warps'
-    // stalls on those reads when each sat in its own branch.
 #pragma unroll
-    for (int b = 0; b < BATCH; ++b) {
-      const int gg = g0 + b;
-      {
-        const float scale_lo = __uint_as_float(cur_s[b] << 16), scale_hi = __uint_as_float(cur_s[b] & 0xFFFF0000u);
-        float part[4] = {0.f, 0.f, 0.f, 0.f};
-        // lane c's 8 x pairs of the group (x_slot's order): k = 16·step + 2c and 16·step + 8 + 2c, step 0..3
-        const uint4 xa = reinterpret_cast<const uint4*>(xw + gg * (GROUP / 2) + c * 8)[0];
-        const uint4 xb = reinterpret_cast<const uint4*>(xw + gg * (GROUP / 2) + c * 8)[1];
-        const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+    for (int d = 0; d < DEPTH; ++d) {
+      if (tile < tiles) {
+        cp_async_wait<DEPTH - 1>();  // this lane's copies of slot d have landed
+        __syncwarp();                // and every lane's
+        const unsigned char* slot = ring + d * (BATCH * ROWS * 32);
+        const int g0 = g_begin + step * BATCH;
+        // Branch-free over the batch (a group past the slice reads codes, x and Σx it did not load — shared memory
+        // is padded by a batch for x — and its sum is not added), so the shared-memory reads of all four groups
+        // issue ahead of their mmas.
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          // byte ks of the even word to bits 0-7, of the odd word to bits 16-23
-          const uint32_t sel = ks * 0x1111u + 0x4400u;
-          const uint32_t p_lo = prmt(cur[b][0].x, cur[b][0].y, sel);
-          const uint32_t p_hi = prmt(cur[b][1].x, cur[b][1].y, sel);
-          const uint32_t frag[4] = {nibbles_to_bf16x2(p_lo), nibbles_to_bf16x2(p_hi), nibbles_to_bf16x2(p_lo >> 4),
-                                    nibbles_to_bf16x2(p_hi >> 4)};
-          Mma<__nv_bfloat16>::run(part, frag, xv[2 * ks], xv[2 * ks + 1]);
-        }
-        const float bias = 136.f * group_sum[gg];
-        const bool in = g0 + b < g_end;  // a select, not a branch (an empty slice's warp reads x it did not stage)
-        acc_lo = in ? fmaf(scale_lo, part[0] - bias, acc_lo) : acc_lo;
-        acc_hi = in ? fmaf(scale_hi, part[2] - bias, acc_hi) : acc_hi;
-      }
-    }
-    if (next_step == 0) {  // the tile is done in this warp: sum over the warps, then the epilogue
-      float* sums = partial + buf * KSLICES * ROWS;
-      if (c == 0) {
-        sums[warp * ROWS + quad] = acc_lo;
-        sums[warp * ROWS + quad + 8] = acc_hi;
-      }
-      __syncthreads();  // (two buffers: a tile's sums are read before the warps can reach them again)
-      if (threadIdx.x < ROWS) {
-        const int i = threadIdx.x;
-        float v = 0.f;
+        for (int b = 0; b < BATCH; ++b) {
+          const int gg = g0 + b;
+          const uint2 w_lo = *reinterpret_cast<const uint2*>(slot + b * ROWS * 32 + quad * 32 + c * 8);
+          const uint2 w_hi = *reinterpret_cast<const uint2*>(slot + b * ROWS * 32 + (quad + 8) * 32 + c * 8);
+          const float scale_lo = __uint_as_float(ring_s[d][b] << 16);
+          const float scale_hi = __uint_as_float(ring_s[d][b] & 0xFFFF0000u);
+          float part[4] = {0.f, 0.f, 0.f, 0.f};
+          // lane c's 8 x pairs of the group (x_slot's order): k = 16·ks + 2c and 16·ks + 8 + 2c, ks 0..3
+          const uint4 xa = reinterpret_cast<const uint4*>(xw + gg * (GROUP / 2) + c * 8)[0];
+          const uint4 xb = reinterpret_cast<const uint4*>(xw + gg * (GROUP / 2) + c * 8)[1];
+          const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
-        for (int w = 0; w < KSLICES; ++w) v += sums[w * ROWS + i];
-        if (NORM) {
-          float total = 0.f;
-#pragma unroll
-          for (int w = 0; w < KSLICES; ++w) total += sumsq_warp[w];
-          v *= rsqrtf(total / a.k + a.eps);
-        }
-        if (GLU) {
-          sums[i] = v;  // this thread's own slot of warp 0, read below by the gate row's thread only
-          __syncwarp(0xffffu);
-          const int j = tile * (ROWS / 2) + i;
-          if (i < 8 && j < a.n / 2) {
-            const float gate = v, up = sums[i + 8];
-            a.y[j] = __float2bfloat16_rn(gate / (1.f + __expf(-gate)) * up);
+          for (int ks = 0; ks < 4; ++ks) {
+            // byte ks of the even word to bits 0-7, of the odd word to bits 16-23
+            const uint32_t sel = ks * 0x1111u + 0x4400u;
+            const uint32_t p_lo = prmt(w_lo.x, w_lo.y, sel);
+            const uint32_t p_hi = prmt(w_hi.x, w_hi.y, sel);
+            const uint32_t frag[4] = {nibbles_to_bf16x2(p_lo), nibbles_to_bf16x2(p_hi),
+                                      nibbles_to_bf16x2(p_lo >> 4), nibbles_to_bf16x2(p_hi >> 4)};
+            Mma<__nv_bfloat16>::run(part, frag, xv[2 * ks], xv[2 * ks + 1]);
           }
-        } else {
-          const int row = tile * ROWS + i;
-          if (row < a.n) {
-            if (ADD) v += __bfloat162float(a.r[row]);
-            a.y[row] = __float2bfloat16_rn(v);
-          }
+          const float bias = 136.f * group_sum[gg];
+          const bool in = gg < g_end;  // a select, not a branch
+          acc_lo = in ? fmaf(scale_lo, part[0] - bias, acc_lo) : acc_lo;
+          acc_hi = in ? fmaf(scale_hi, part[2] - bias, acc_hi) : acc_hi;
         }
-      }
-      buf ^= 1;
-      acc_lo = acc_hi = 0.f;
-    }
-    tile = next_tile;
-    step = next_step;
-    rows = next_rows;
+        __syncwarp();  // every lane has read slot d: it may be refilled
+        issue(issue_tile, issue_step, d, ring_s[d]);
+        advance(issue_tile, issue_step);
+        if (step + 1 == steps) {  // the tile is done in this warp: sum over the warps, then the epilogue
+          float* sums = partial + buf * KSLICES * ROWS;
+          if (c == 0) {
+            sums[warp * ROWS + quad] = acc_lo;
+            sums[warp * ROWS + quad + 8] = acc_hi;
+          }
+          __syncthreads();  // (two buffers: a tile's sums are read before the warps can reach them again)
+          if (threadIdx.x < ROWS) {
+            const int i = threadIdx.x;
+            float v = 0.f;
 #pragma unroll
-    for (int b = 0; b < BATCH; ++b) {
-      cur[b][0] = nxt[b][0];
-      cur[b][1] = nxt[b][1];
-      cur_s[b] = nxt_s[b];
+            for (int w = 0; w < KSLICES; ++w) v += sums[w * ROWS + i];
+            if (NORM) {
+              float total = 0.f;
+#pragma unroll
+              for (int w = 0; w < KSLICES; ++w) total += sumsq_warp[w];
+              v *= rsqrtf(total / a.k + a.eps);
+            }
+            if (GLU) {
+              sums[i] = v;  // this thread's own slot of warp 0, read below by the gate row's thread only
+              __syncwarp(0xffffu);
+              const int j = tile * (ROWS / 2) + i;
+              if (i < 8 && j < a.n / 2) {
+                const float gate = v, up = sums[i + 8];
+                a.y[j] = __float2bfloat16_rn(gate / (1.f + __expf(-gate)) * up);
+              }
+            } else {
+              const int row = tile * ROWS + i;
+              if (row < a.n) {
+                if (ADD) v += __bfloat162float(a.r[row]);
+                a.y[row] = __float2bfloat16_rn(v);
+              }
+            }
+          }
+          buf ^= 1;
+          acc_lo = acc_hi = 0.f;
+        }
+        advance(tile, step);
+      }
     }
   }
+  cp_async_wait<0>();  // nothing left in flight when the block exits (the groups past the last tile are empty)
 }
 
 template <int KSLICES, bool NORM, bool ADD, bool GLU>
 void launch(const Args& args, int tiles, bool pdl, cudaStream_t stream) {
   auto kernel = int4_gemv_kernel<KSLICES, NORM, ADD, GLU>;
-  const int smem = (args.groups + BATCH) * (GROUP * 2 + 4) + 2 * KSLICES * ROWS * 4;
+  const int smem = KSLICES * DEPTH * BATCH * ROWS * 32 + (args.groups + BATCH) * (GROUP * 2 + 4) +
+                   2 * KSLICES * ROWS * 4;
   modelab_levels::allow_dynamic_smem(kernel, smem);
   // persistent: as many blocks as fit on the GPU at once (never more than there are tiles)
   int device = 0, sms = 0, per_sm = 0;
