@@ -228,6 +228,7 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
   // ---- tiles: per batch, 4 mmas per group scaled into acc; per tile, the warps' sums meet ----------------------
   const uint32_t* xw = reinterpret_cast<const uint32_t*>(xs);  // bf16 pairs
   float acc_lo = 0.f, acc_hi = 0.f;  // rows quad, quad + 8 (column 2c; all columns hold the same sums)
+  const float inv_k = 1.f / static_cast<float>(a.k);
   int tile = blockIdx.x, step = 0, buf = 0;
   while (tile < tiles) {  // the same tile in every warp of the block
 #pragma unroll
@@ -286,7 +287,7 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
               float total = 0.f;
 #pragma unroll
               for (int w = 0; w < KSLICES; ++w) total += sumsq_warp[w];
-              v *= rsqrtf(total / a.k + a.eps);
+              v *= rsqrtf(total * inv_k + a.eps);
             }
             if (GLU) {
               sums[i] = v;  // this thread's own slot of warp 0, read below by the gate row's thread only

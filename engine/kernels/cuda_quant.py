@@ -28,6 +28,7 @@ INCLUDE_DIRS = (cuda_levels.SOURCE_DIR,)  # common.cuh: CUDA_CHECK, Mma, allow_d
 HEADERS = ("../levels/common.cuh",)  # part of the build key
 IMPL_ENV = "MODELAB_INT4_GEMV"  # "triton": the Triton kernel even where this one is built (to compare the two)
 KSLICES = (4, 8, 16)  # warps per block, each a slice of K (the kernel's instantiations)
+RING_SLOTS = 4  # csrc/quant/int4_gemv.cu's DEPTH: batches of codes in flight per warp
 
 _loaded: str | None = None
 _failed: str | None = None
