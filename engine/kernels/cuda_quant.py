@@ -1,12 +1,14 @@
 """The int4 GEMV on the tensor cores (csrc/quant/int4_gemv.cu): one row x times a symmetric int4 weight in
 engine/kernels/int4_layout.py's order, with the decode step's fusions (RMSNorm, SwiGLU, residual), built on first use.
 
-engine/kernels/triton/quant_gemv.gemv_int4 sends its one-row calls here on a CUDA device where this library is
-loaded (`ensure()`, which the triton-int4-wo mode calls while it prepares; nothing here builds on a call's path) and
-MODELAB_INT4_GEMV is not "triton"; elsewhere the Triton kernel runs. Why a second kernel: the Triton one multiplies
-on the CUDA cores and is held back by the work of unpacking (4.3–5.3 instructions per weight); this one unpacks
-with a PRMT, a shift and two LOP3s per 4 weights and lets mma.sync do the products (~1.8 instructions per weight
-in its loop, offline SASS; csrc/quant/int4_gemv.cu says how the packed order is already the fragment order).
+Opt-in: with MODELAB_INT4_GEMV=cuda, the triton-int4-wo mode loads it while it prepares (`ensure()`; nothing here
+builds on a call's path) and engine/kernels/triton/quant_gemv.gemv_int4 sends its one-row bf16 calls here; by
+default the Triton kernel runs. Why a second kernel: the Triton one multiplies on the CUDA cores after unpacking
+(4.3–5.3 instructions per weight); this one unpacks with a PRMT, a shift and two LOP3s per 4 weights, lets mma.sync
+do the products and streams the codes through a cp.async ring (csrc/quant/int4_gemv.cu says how the packed order is
+already the fragment order). Why not the default: measured on an H100 (benchmarks/quant_gemv_bench.py --fused,
+2026-11-27) it is faster than the Triton kernel's best tile only on 7B gate_up (22.9 against 23.3 µs) and 1B down;
+over the five fused GEMVs, 7B 90.2 µs against the Triton tiles' 82.9 (docs/quantization.md has the table).
 
     load() -> path       build (cached, ~30 s the first time) and load; NativeBuildError with the reason
     available() -> None | reason   never raises
@@ -26,7 +28,7 @@ SOURCE_DIR = native.CSRC / "quant"
 SOURCES = ("int4_gemv.cu", "bindings.cpp")
 INCLUDE_DIRS = (cuda_levels.SOURCE_DIR,)  # common.cuh: CUDA_CHECK, Mma, allow_dynamic_smem
 HEADERS = ("../levels/common.cuh",)  # part of the build key
-IMPL_ENV = "MODELAB_INT4_GEMV"  # "triton": the Triton kernel even where this one is built (to compare the two)
+IMPL_ENV = "MODELAB_INT4_GEMV"  # "cuda": this kernel for the decode step's int4 products; else (default) Triton's
 KSLICES = (4, 8, 16)  # warps per block, each a slice of K (the kernel's instantiations)
 RING_SLOTS = 4  # csrc/quant/int4_gemv.cu's DEPTH: batches of codes in flight per warp
 
@@ -62,15 +64,21 @@ def available() -> str | None:
         return f"build failed: {type(exc).__name__}: {exc}"[:300]
 
 
+def chosen() -> bool:
+    """Whether $MODELAB_INT4_GEMV asks for this kernel."""
+    return os.environ.get(IMPL_ENV, "triton") == "cuda"
+
+
 def wanted() -> bool:
-    """Whether one-row int4 products should take this kernel: loaded in this process and not switched off."""
-    return _loaded is not None and os.environ.get(IMPL_ENV, "cuda") != "triton"
+    """Whether one-row int4 products should take this kernel: asked for, and loaded in this process."""
+    return _loaded is not None and chosen()
 
 
 def ensure() -> str:
-    """Load the kernel where it can run and is wanted; one line saying which int4 GEMV the decode step runs."""
-    if os.environ.get(IMPL_ENV, "cuda") == "triton":
-        return f"int4 GEMV: the Triton kernel (${IMPL_ENV}=triton)"
+    """Load the kernel where it is asked for and can run; one line saying which int4 GEMV the decode step runs."""
+    if not chosen():
+        return (f"int4 GEMV: the Triton kernel (${IMPL_ENV}=cuda takes the tensor-core one, "
+                "csrc/quant/int4_gemv.cu)")
     reason = available()
     if reason:
         return f"int4 GEMV: the Triton kernel (the tensor-core kernel csrc/quant/int4_gemv.cu: {reason})"

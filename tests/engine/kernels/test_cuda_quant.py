@@ -1,7 +1,7 @@
 """The tensor-core int4 GEMV (csrc/quant/int4_gemv.cu, engine/kernels/cuda_quant.py): without a GPU, its sm_90a build
 read back as SASS (tensor-core products, no integer-to-float conversion, no spills); with one, every fusion and
 block shape against float64 dequantize-then-matmul on ragged shapes, each code read where the layout puts it, and
-the decode step's int4 products taking it once loaded."""
+the decode step's int4 products taking it when asked for (MODELAB_INT4_GEMV=cuda)."""
 
 from __future__ import annotations
 
@@ -121,8 +121,9 @@ def test_each_code_is_read_where_the_layout_puts_it(built, k: int) -> None:
 
 @needs_kernel
 def test_the_decode_steps_int4_products_take_it_once_loaded(built, monkeypatch) -> None:
-    """quant_gemv.gemv_int4 (what the triton-int4-wo step calls) runs this kernel for one bf16 row once the library
-    is loaded, and the Triton kernel with MODELAB_INT4_GEMV=triton; both within bf16 rounding of float64."""
+    """quant_gemv.gemv_int4 (what the triton-int4-wo step calls) runs this kernel for one bf16 row with
+    MODELAB_INT4_GEMV=cuda once the library is loaded, and the Triton kernel otherwise (the default); both within
+    bf16 rounding of float64."""
     from engine.kernels.triton import quant_gemv as qg
 
     x, qw, g, r = _case(256, 2048)
@@ -131,9 +132,10 @@ def test_the_decode_steps_int4_products_take_it_once_loaded(built, monkeypatch) 
     calls = []
     real = cuda_quant.int4_gemv
     monkeypatch.setattr(cuda_quant, "int4_gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setenv(cuda_quant.IMPL_ENV, "cuda")
     via_cuda = qg.norm_swiglu(xc[None], gc, 1e-5, q, s)[0]
     assert calls == [1]
-    monkeypatch.setenv(cuda_quant.IMPL_ENV, "triton")
+    monkeypatch.delenv(cuda_quant.IMPL_ENV)
     via_triton = qg.norm_swiglu(xc[None], gc, 1e-5, q, s)[0]
     assert calls == [1]
     for y in (via_cuda, via_triton):
@@ -147,3 +149,15 @@ def test_bad_input_is_refused_by_the_op(built) -> None:
         cuda_quant.int4_gemv(x.cuda()[:64], qw.q.cuda().view(torch.int32), qw.scales.cuda())
     with pytest.raises(ValueError, match="kslices"):
         cuda_quant.int4_gemv(x.cuda(), qw.q.cuda().view(torch.int32), qw.scales.cuda(), ks=3)
+
+
+def test_the_decode_step_says_which_int4_gemv_it_runs(monkeypatch) -> None:
+    """By default the Triton kernel, said so with the switch that takes this one; asked for where it cannot run
+    (here, without a GPU: or without nvcc), the Triton kernel with the reason — never an exception."""
+    monkeypatch.delenv(cuda_quant.IMPL_ENV, raising=False)
+    assert cuda_quant.ensure().startswith("int4 GEMV: the Triton kernel ($MODELAB_INT4_GEMV=cuda")
+    assert not cuda_quant.wanted()
+    monkeypatch.setenv(cuda_quant.IMPL_ENV, "cuda")
+    monkeypatch.setattr(cuda_quant, "available", lambda: "needs a CUDA device")
+    assert cuda_quant.ensure() == ("int4 GEMV: the Triton kernel (the tensor-core kernel csrc/quant/int4_gemv.cu: "
+                                   "needs a CUDA device)")
