@@ -121,8 +121,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const Barriers bar{base + (1 + 2 * kStages) * kTileBytes};
 
   const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
-  const int bh = blockIdx.x;
-  const int m_block = gridDim.y - 1 - blockIdx.y;  // causal: the longest rows are dispatched first
+  // Head-major grid: the CTAs running at once are a few heads' row blocks, so those heads' K and V (2 MB each at
+  // S=4096) are read from DRAM about once and then from L2. With the head index fastest, the ~132 CTAs in flight
+  // spanned 64 heads at the same row block, and each later row block read its head's K and V from DRAM again: ncu
+  // (H100, S=4096 causal) put DRAM at 69 % of peak for this kernel against cuDNN's 16 %.
+  const int bh = blockIdx.y;
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // causal: within a head the longest rows are dispatched first
   const int m0 = m_block * kRows;
   const int n_end = causal ? min(S, m0 + kRows) : S;
   const int num_n = (n_end + kRows - 1) / kRows;
@@ -281,12 +285,12 @@ void launch_ws(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at
   const int64_t S = q.size(2);
   const int64_t BH = q.size(0) * q.size(1);
   const int64_t num_m = (S + kRows - 1) / kRows;
-  TORCH_CHECK(num_m <= 65535, "modelab_levels::attention: S = ", S, " is too long for the grid");
-  TORCH_CHECK(BH <= 2147483647, "modelab_levels::attention: B * H too large for the grid");
+  TORCH_CHECK(num_m <= 2147483647, "modelab_levels::attention: S = ", S, " is too long for the grid");
+  TORCH_CHECK(BH <= 65535, "modelab_levels::attention: B * H = ", BH, " is too large for the grid (at most 65535)");
   const CUtensorMap tm_q = tile_map(q, "q"), tm_k = tile_map(k, "k"), tm_v = tile_map(v, "v");
   auto kernel = attention_ws_kernel<T>;
   allow_dynamic_smem(kernel, kWsSmemBytes);
-  const dim3 grid(static_cast<unsigned>(BH), static_cast<unsigned>(num_m));
+  const dim3 grid(static_cast<unsigned>(num_m), static_cast<unsigned>(BH));
   kernel<<<grid, kWsThreads, kWsSmemBytes, stream>>>(tm_q, tm_k, tm_v, reinterpret_cast<T*>(o.mutable_data_ptr()),
                                                      static_cast<int>(S),
                                                      static_cast<float>(scale * 1.4426950408889634), causal);

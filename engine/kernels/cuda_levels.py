@@ -74,6 +74,7 @@ def describe_variant(variant: int) -> str:
     return f"attention: mma.sync kernel, tile variant {variant} (csrc/levels/attention.cu)"
 
 
+V7_MAX_HEADS = 65535  # variant 7's grid is (row blocks, B · H): heads on its second axis (attention_ws.cu says why)
 VARIANT_ENV = "MODELAB_L5_ATTENTION_VARIANT"  # names the variant `attention` runs (e.g. 7 before it is the default)
 
 
@@ -365,7 +366,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     """
     scale = _check_attention(q, k, v, causal, scale)  # first: a bad argument gets its message, not an AttributeError
     # the default is built by definition: no second lookup of the built variants on this per-call path
-    return _ops().attention(q, k, v, causal, scale, default_variant(q.dtype, q.shape[-1], q.device.index))
+    variant = default_variant(q.dtype, q.shape[-1], q.device.index)
+    if variant == 7 and q.shape[0] * q.shape[1] > V7_MAX_HEADS:
+        variant = 4  # built wherever 7 is
+    return _ops().attention(q, k, v, causal, scale, variant)
 
 
 def _attention_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
@@ -376,6 +380,9 @@ def _attention_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     if variant not in allowed:
         raise ValueError(f"attention: variant {variant} is not built for {q.dtype} with D={q.shape[-1]} "
                          f"(built: {allowed})")
+    if variant == 7 and q.shape[0] * q.shape[1] > V7_MAX_HEADS:
+        raise ValueError(f"attention: variant 7 takes at most {V7_MAX_HEADS} heads (B * H), got "
+                         f"{q.shape[0] * q.shape[1]}")
     return _ops().attention(q, k, v, causal, scale, variant)
 
 
