@@ -1,13 +1,13 @@
 // y = x · dequant(W)ᵀ for one row x, W symmetric int4 in groups of 64 (value = (code − 8) · scale), read in the order
 // engine/kernels/int4_layout.py packs it, products on the tensor cores (mma.sync m16n8k16, fp32 accumulation).
 // Built and called by engine/kernels/cuda_quant.py; the decode step's int4 GEMVs (engine/kernels/triton/quant_gemv.py,
-// gemv_int4) take it where it is built. sm_80+.
+// gemv_int4) take it with MODELAB_INT4_GEMV=cuda (opt-in: measured slower than the Triton kernel's tiles on four of
+// the five fused shapes, docs/quantization.md). sm_80+.
 //
 // Why tensor cores at batch 1: the Triton kernel beside it multiplies on the CUDA cores, one FMA per weight after
-// unpacking, 4.3–5.3 instructions per weight in its loop (offline SASS), and at batch 1 that work, not memory, holds
-// it back (ncu, H100: 70 % of issue slots busy, DRAM 43 %). Here a warp's mma takes 16 rows × 16 k = 256 weights
-// (8 per lane) in one instruction, x broadcast to all 8 columns, and unpacking is a PRMT, a shift and two LOP3s per
-// 4 weights per lane:
+// unpacking, 4.3–5.3 instructions per weight in its loop (offline SASS). Here a warp's mma takes 16 rows × 16 k =
+// 256 weights (8 per lane) in one instruction, x broadcast to all 8 columns, and unpacking is a PRMT, a shift and two
+// LOP3s per 4 weights per lane:
 //   - the layout: nibble j of word t of a row's group holds k = 64g + 8j + t. The lane of a warp holding
 //     fragment column pair 2c, 2c+1 (c = lane % 4) reads words 2c and 2c+1 of its two rows' group (8 bytes each);
 //     byte s of those words holds nibbles 2s and 2s+1, i.e. k = 16s + 2c (+1) and 16s + 8 + 2c (+1): exactly the
@@ -19,11 +19,11 @@
 //     and Σx over the group (the same for every row) is taken once per block. The products of bf16 values are exact
 //     in fp32; the subtraction cancels ~136·Σx, leaving an error ~1e-5 of the result's scale (tested on the GPU).
 //   - each group's partial sums (4 mmas) are scaled by the group's scale into the fp32 accumulator.
-// A block is one tile of 16 output rows and KSLICES warps, each warp a contiguous slice of the groups; the warps'
-// sums meet in shared memory. x (with the RMSNorm weight, NORM) is staged once per block in shared memory as bf16;
-// the norm's 1/rms multiplies the row sums at the end, as the Triton kernel does. ADD: the residual added; GLU: the
-// tile's rows are gate j..j+7 and up j..j+7 and silu(gate)·up is stored. Under PDL (sm_90) the block's first weight
-// batch is loaded before it waits for the kernel before it.
+// A tile is 16 output rows; a block has KSLICES warps, each a contiguous slice of the groups, and walks tiles
+// (persistent); the warps' sums meet in shared memory. x (with the RMSNorm weight, NORM) is staged once per warp
+// slice in shared memory as bf16; the norm's 1/rms multiplies the row sums at the end, as the Triton kernel does.
+// ADD: the residual added; GLU: the tile's rows are gate j..j+7 and up j..j+7 and silu(gate)·up is stored. Under
+// PDL (sm_90) a block's first batches of codes are in flight before it waits for the kernel before it.
 #include "common.cuh"
 
 #include <algorithm>

@@ -34,7 +34,9 @@ kernel before it drains. What changes is what a weight load brings in:
   rows first each thread held one row and converted an x value for every 8 codes. Offline SASS (sm_90, the fused
   tiles): 4.3–5.3 instructions per weight in the loop, from 6.4–8.2. Symmetric codes (value = (code − 8) · scale).
   Measured on an H100 (benchmarks/quant_gemv_bench.py --fused, 2026-11-25): the five fused GEMVs 1B 38.4 µs,
-  7B 84.6 µs at the launched tiles (the kernel before: 61.4, 130.8).
+  7B 84.6 µs at the launched tiles (the kernel before: 61.4, 130.8). With MODELAB_INT4_GEMV=cuda, one bf16 row
+  goes to the tensor-core kernel instead (engine/kernels/cuda_quant.py, where the mode loaded it; opt-in, since
+  measured slower on four of the five fused shapes: 7B 90.2 against 82.9 µs, 2026-11-27).
 
 Tiles are fixed, not autotuned: per code, fusion and output size (`channel_tile`, `int4_tile`), chosen from the tile
 sweeps of benchmarks/quant_gemv_bench.py on an H100 (--fused: as the decode step launches them); INTERPRETER_CONFIG
