@@ -101,8 +101,7 @@ UNSORTED = ("linked", "atomic")  # message passing without a CSR: the default fi
 unsorted_note = ("unsorted edges: 4 linked lists of in-edges per destination built on the device (one atomicExch per "
                  "edge, in the timed call), then a group of lanes per row walking its lists")
 
-_loaded: str | None = None  # path of the library loaded into this process
-_failed: str | None = None  # the reason a build failed in this process (not retried)
+_loaded: str | None = None  # path of the library loaded into this process (_ops' fast path)
 
 
 @functools.lru_cache(maxsize=None)
@@ -252,24 +251,41 @@ def build_library(label: str, source_dir: Path, sources: tuple[str, ...], header
     return str(path)
 
 
+class CudaLibrary:
+    """One library of CUDA sources (build_library's arguments), loaded at most once per process: a failed build is
+    not retried (its first line is kept), a missing tool is asked again next time."""
+
+    def __init__(self, label: str, source_dir: Path, sources: tuple[str, ...], headers: tuple[str, ...],
+                 include_dirs: tuple[Path, ...] = ()) -> None:
+        self.args = (label, source_dir, sources, headers, include_dirs)
+        self.path: str | None = None
+        self.failed: str | None = None
+
+    def load(self, verbose: bool = False) -> str:
+        if self.path is not None:
+            return self.path
+        if self.failed is not None:
+            raise native.NativeBuildError(self.failed)
+        try:
+            self.path = build_library(*self.args, verbose=verbose)
+        except native.NativeBuildError as exc:
+            if str(exc).startswith("build failed"):
+                self.failed = str(exc).splitlines()[0]
+            raise
+        return self.path
+
+
+_library = CudaLibrary("cuda_levels", SOURCE_DIR, SOURCES, HEADERS)
+
+
 def load(verbose: bool = False) -> str:
     """Build (cached; the first build takes a minute or two) and load the kernels; returns the library's path.
 
     Raises NativeBuildError with the reason. With verbose=True ninja's output (including ptxas's per-kernel
     registers and spills) goes to this process's stdout.
     """
-    global _loaded, _failed
-    if _loaded is not None:
-        return _loaded
-    if _failed is not None:
-        raise native.NativeBuildError(_failed)
-    try:
-        _loaded = build_library("cuda_levels", SOURCE_DIR, SOURCES, HEADERS, verbose=verbose)
-    except native.NativeBuildError as exc:
-        text = str(exc)
-        if text.startswith("build failed"):  # a missing tool is asked again next time; a failed build is not
-            _failed = text.splitlines()[0]
-        raise
+    global _loaded
+    _loaded = _library.load(verbose)
     return _loaded
 
 

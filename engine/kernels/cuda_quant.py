@@ -32,25 +32,12 @@ IMPL_ENV = "MODELAB_INT4_GEMV"  # "cuda": this kernel for the decode step's int4
 KSLICES = (4, 8, 16)  # warps per block, each a slice of K (the kernel's instantiations)
 RING_SLOTS = 4  # csrc/quant/int4_gemv.cu's DEPTH: batches of codes in flight per warp
 
-_loaded: str | None = None
-_failed: str | None = None
+_library = cuda_levels.CudaLibrary("cuda_quant", SOURCE_DIR, SOURCES, HEADERS, INCLUDE_DIRS)
 
 
 def load(verbose: bool = False) -> str:
     """Build (cached) and load the library; its path. Raises NativeBuildError with the reason."""
-    global _loaded, _failed
-    if _loaded is not None:
-        return _loaded
-    if _failed is not None:
-        raise native.NativeBuildError(_failed)
-    try:
-        _loaded = cuda_levels.build_library("cuda_quant", SOURCE_DIR, SOURCES, HEADERS, INCLUDE_DIRS,
-                                            verbose=verbose)
-    except native.NativeBuildError as exc:
-        if str(exc).startswith("build failed"):
-            _failed = str(exc).splitlines()[0]
-        raise
-    return _loaded
+    return _library.load(verbose)
 
 
 def available() -> str | None:
@@ -71,7 +58,7 @@ def chosen() -> bool:
 
 def wanted() -> bool:
     """Whether one-row int4 products should take this kernel: asked for, and loaded in this process."""
-    return _loaded is not None and chosen()
+    return _library.path is not None and chosen()
 
 
 def ensure() -> str:

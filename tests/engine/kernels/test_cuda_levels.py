@@ -264,13 +264,10 @@ def _kernel_sass(sass: str, name: str) -> list[str]:
             if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
 
 
-def test_variant_7_builds_for_sm90a_and_its_softmax_runs_while_p_v_is_on_the_tensor_cores(tmp_path):
-    """No GPU needed: csrc/levels/attention_ws.cu through nvcc and ptxas for sm_90a, then its SASS. ptxas's report:
-    no spills, no wgmma serialisation advisory (C7513-C7515). The SASS, per element type: in the main loop the
-    softmax's exponentials (64 per tile) sit between the wait for the scores (DEPBAR.LE 1) and the wait for P V
-    (DEPBAR.LE 0), the overlap the kernel exists for — ptxas had hoisted the second wait above them until the row
-    sums were stored before it (keep_before_wait)."""
-    cmd = cl.offline_nvcc("attention_ws.cu", tmp_path / "ws.cubin", cubin=True)
+def offline_build(name: str, tmp_path: Path, source_dir: Path = cl.SOURCE_DIR) -> tuple[str, str]:
+    """`source_dir`/`name` through nvcc and ptxas for sm_90a without a GPU: (ptxas's report, the cubin's SASS from
+    nvdisasm). Skips where nvcc or nvdisasm is missing; fails on a compile error."""
+    cmd = cl.offline_nvcc(name, tmp_path / "out.cubin", cubin=True, source_dir=source_dir)
     if isinstance(cmd, str):
         pytest.skip(cmd)
     nvdisasm = _nvdisasm()
@@ -279,12 +276,22 @@ def test_variant_7_builds_for_sm90a_and_its_softmax_runs_while_p_v_is_on_the_ten
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     report = done.stdout + done.stderr
     assert done.returncode == 0, report[-4000:]
+    sass = subprocess.run([nvdisasm, str(tmp_path / "out.cubin")], capture_output=True, text=True,
+                          timeout=300, check=True).stdout
+    return report, sass
+
+
+def test_variant_7_builds_for_sm90a_and_its_softmax_runs_while_p_v_is_on_the_tensor_cores(tmp_path):
+    """No GPU needed: csrc/levels/attention_ws.cu through nvcc and ptxas for sm_90a, then its SASS. ptxas's report:
+    no spills, no wgmma serialisation advisory (C7513-C7515). The SASS, per element type: in the main loop the
+    softmax's exponentials (64 per tile) sit between the wait for the scores (DEPBAR.LE 1) and the wait for P V
+    (DEPBAR.LE 0), the overlap the kernel exists for — ptxas had hoisted the second wait above them until the row
+    sums were stored before it (keep_before_wait)."""
+    report, sass = offline_build("attention_ws.cu", tmp_path)
     kernels = re.findall(r"Compiling entry function '(\S*attention_ws_kernel\S*)'.*?(\d+) bytes spill stores", report,
                          re.S)
     assert len(kernels) == 2 and all(spills == "0" for _, spills in kernels), report[-4000:]
     assert not re.search(r"C751[3-5]", report), report[-4000:]
-    sass = subprocess.run([nvdisasm, str(tmp_path / "ws.cubin")], capture_output=True, text=True,
-                          timeout=300, check=True).stdout
     for dtype in ("I13__nv_bfloat16", "I6__half"):
         code = _kernel_sass(sass, "attention_ws_kernel" + dtype)
         assert sum(op.startswith("HGMMA") for op in code) == 32  # 8 k-steps: first q k^T, loop q k^T and P V, last P V

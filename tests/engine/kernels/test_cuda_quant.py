@@ -6,13 +6,11 @@ the decode step's int4 products taking it when asked for (MODELAB_INT4_GEMV=cuda
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
 import torch
-from test_cuda_levels import _kernel_sass, _nvdisasm  # this folder is on sys.path (no __init__.py)
+from test_cuda_levels import _kernel_sass, offline_build  # this folder is on sys.path (no __init__.py)
 
-from engine.kernels import cuda_levels as cl
 from engine.kernels import cuda_quant
 from engine.llm import quant
 
@@ -24,20 +22,10 @@ def test_it_builds_for_sm90a_with_products_on_the_tensor_cores(tmp_path):
     group of 64 (a batch of 4 groups, unrolled over the ring's slots), no I2F / I2FP among them (the codes become
     bf16 by bit operations: four LOP3s per mma, low and high nibbles of both rows), the codes copied by cp.async
     (LDGSTS); no spills in any instantiation."""
-    cmd = cl.offline_nvcc("int4_gemv.cu", tmp_path / "int4.cubin", cubin=True, source_dir=cuda_quant.SOURCE_DIR)
-    if isinstance(cmd, str):
-        pytest.skip(cmd)
-    nvdisasm = _nvdisasm()
-    if nvdisasm is None:
-        pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm, in requirements-dev.txt)")
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    report = done.stdout + done.stderr
-    assert done.returncode == 0, report[-4000:]
+    report, sass = offline_build("int4_gemv.cu", tmp_path, cuda_quant.SOURCE_DIR)
     kernels = re.findall(r"Compiling entry function '(\S*int4_gemv_kernel\S*)'.*?(\d+) bytes spill stores", report,
                          re.S)
     assert len(kernels) == 4 * len(cuda_quant.KSLICES) and all(s == "0" for _, s in kernels), report[-4000:]
-    sass = subprocess.run([nvdisasm, str(tmp_path / "int4.cubin")], capture_output=True, text=True, timeout=300,
-                          check=True).stdout
     code = _kernel_sass(sass, "int4_gemv_kernelILi8ELb1ELb0ELb0E")  # KSLICES 8, NORM
     mma = [i for i, op in enumerate(code) if op.startswith("HMMA")]
     assert len(mma) == 16 * cuda_quant.RING_SLOTS and all(code[i].startswith("HMMA.16816.F32.BF16") for i in mma)
