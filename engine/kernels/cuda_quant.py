@@ -98,7 +98,7 @@ def _check(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, norm_weight: torch
         raise ValueError(f"int4_gemv: the residual must be {n} bfloat16 values, and fuses alone")
     if glu and (norm_weight is None or n % 2):
         raise ValueError("int4_gemv: glu (the gate_up product) needs the norm and an even N")
-    if len({t.device for t in (x, q, s) if t is not None}) != 1 or x.device.type != "cuda":
+    if len({x.device, q.device, s.device}) != 1 or x.device.type != "cuda":
         raise ValueError("int4_gemv: x, q and s must be on one CUDA device")
 
 
@@ -106,7 +106,7 @@ def int4_gemv(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, norm_weight: to
               eps: float = 0.0, residual: torch.Tensor | None = None, glu: bool = False,
               ks: int | None = None, pdl: bool = True) -> torch.Tensor:
     """y (N,) or (N/2,) with glu, bf16: x (K,) bf16 contiguous; q (N, groups·8) int32 words; s (N, groups) bf16.
-    The caller (quant_gemv.gemv_int4) has checked the shapes; the C++ side checks them again."""
+    Inputs are checked here (`_check`, ValueError) before the library is loaded, and again in C++."""
     ks = kslices(x.numel()) if ks is None else ks
     if ks not in KSLICES:
         raise ValueError(f"kslices must be one of {KSLICES}, got {ks}")
