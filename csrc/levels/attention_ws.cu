@@ -34,29 +34,7 @@ constexpr int kConsumerRegs = 240;  // 128 x 24 + 256 x 240 = 384 x 168, the lau
 constexpr int kWsSmemBytes = (1 + 2 * kStages) * kTileBytes + 1024 + 128 + 256 * 8;
 constexpr int kTurnBarrier = 1;   // named barriers 1 and 2: the consumers' turns (0 is __syncthreads)
 
-// ---- mbarriers, TMA, named barriers, register reallocation ------------------------------------------------------
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// The barriers' initialisation is visible to the async proxy (TMA's completions) before anyone uses them.
-__device__ __forceinline__ void fence_mbar_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Returns once the barrier's phase of this parity has completed. A barrier starts in phase 0, so waiting for parity 1
-// returns at once: that is how the producer's first pass over the ring finds every stage empty.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  } while (!done);
-}
+// ---- TMA, named barriers, register reallocation (the mbarriers are common.cuh's) ------------------------------------------------------
 // Box (c0.., c1.., c2) of a 3-d tensor map into shared memory; the barrier counts its bytes.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
                                             int c2) {

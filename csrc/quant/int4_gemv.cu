@@ -1,8 +1,9 @@
-// y = x · dequant(W)ᵀ for one row x, W symmetric int4 in groups of 64 (value = (code − 8) · scale), read in the order
-// engine/kernels/int4_layout.py packs it, products on the tensor cores (mma.sync m16n8k16, fp32 accumulation).
-// Built and called by engine/kernels/cuda_quant.py; the decode step's int4 GEMVs (engine/kernels/triton/quant_gemv.py,
-// gemv_int4) take it with MODELAB_INT4_GEMV=cuda (opt-in: measured slower than the Triton kernel's tiles on four of
-// the five fused shapes, docs/quantization.md). sm_80+.
+// y = x · dequant(W)ᵀ for one row x, W symmetric int4 in groups of 64 (value = (code − 8) · scale), its codes packed
+// as engine/kernels/int4_layout.py packs each row and then re-ordered into tiles of 16 rows (Args below), products
+// on the tensor cores (mma.sync m16n8k16, fp32 accumulation). Built and called by engine/kernels/cuda_quant.py; the
+// decode step's fused int4 products (engine/kernels/triton/gemv.py, FusedDecodeOps) take it with
+// MODELAB_INT4_GEMV=cuda (opt-in: faster than the Triton kernel's tiles on some shapes only, docs/quantization.md).
+// sm_80+ (bulk copies on sm_90).
 //
 // Why tensor cores at batch 1: the Triton kernel beside it multiplies on the CUDA cores, one FMA per weight after
 // unpacking, 4.3–5.3 instructions per weight in its loop (offline SASS). Here a warp's mma takes 16 rows × 16 k =
@@ -66,14 +67,36 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// sm_90: a batch of codes (contiguous in tile order) arrives by one bulk copy (TMA) per warp and batch, issued by
+// lane 0 and counted on the slot's mbarrier; before sm_90, by 16-byte cp.async per lane.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MODELAB_INT4_BULK 1
+#endif
+
+#if defined(MODELAB_INT4_BULK)
+// `bytes` (a multiple of 16) from global src to shared dst, completing on bar (which this arrival also counts).
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the slot's earlier generic reads come first
+  modelab_levels::mbar_expect_tx(bar, bytes);
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+#endif
+
+// The weights in tile order (engine/kernels/cuda_quant.py, tile_major): q as [tile][group][16 rows][8 words] and the
+// scales as [tile][group][8][2] bf16 (the pair of rows quad and quad + 8 in one 32-bit word), a tile's rows being
+// output rows 16·tile … 16·tile + 15, or with GLU gate rows 8·tile … + 7 then the matching up rows. So a warp's
+// batch of 4 groups is 2 KB contiguous (one bulk copy) and each lane's scales one 4-byte load a group. Measured
+// against the row-major packing (a 128-byte run per row and batch, 16-byte cp.async per lane): the five fused 7B
+// GEMVs 90.2 → 88.2 µs with the tile order, → 83.2 with bulk copies (H100, docs/quantization.md).
 struct Args {
   const __nv_bfloat16* x;  // (K,)
-  const uint32_t* q;       // (N, groups · 8) words
-  const __nv_bfloat16* s;  // (N, groups) scales, row stride s_stride
+  const uint32_t* q;       // [tiles][groups][16][8] words
+  const uint32_t* s;       // [tiles][groups][8] bf16 pairs
   const __nv_bfloat16* g;  // (K,) RMSNorm weight (NORM)
   const __nv_bfloat16* r;  // (N,) residual (ADD)
   __nv_bfloat16* y;        // (N,) or (N / 2,) with GLU
-  int n, k, groups, s_stride;
+  int n, k, groups;
   float eps;
 };
 
@@ -85,22 +108,12 @@ __device__ __forceinline__ int x_slot(int i) {
   return (i & ~(GROUP - 1)) + 2 * (8 * (p & 3) + 2 * (p >> 3) + ((p >> 2) & 1)) + (i & 1);
 }
 
-// The weight row that tile row i (0..15) of block `tile` reduces: GLU pairs gate j with up j (rows j and N/2 + j).
-template <bool GLU>
-__device__ __forceinline__ int weight_row(int tile, int i, int n) {
-  if (GLU) {
-    const int j = tile * (ROWS / 2) + (i & 7);
-    return (i < 8 ? j : n / 2 + j);
-  }
-  return tile * ROWS + i;
-}
-
 // Persistent: a block walks tiles blockIdx.x, + gridDim.x, ... (the grid is what fits on the GPU at once), so each
-// warp stages its slice of x once. Codes stream into shared memory by cp.async through a ring of DEPTH batches per
-// warp, issued DEPTH batches ahead across tile boundaries: what is in flight costs no registers (the register
-// double buffer before it kept one batch, 2 KB a warp, in flight and reached 1.7–2.1 TB/s), and no ramp or drain
-// per tile. The scales (2 bytes a row and group: too small for cp.async) are loaded into registers when their batch
-// is issued, so they too arrive DEPTH batches early.
+// warp stages its slice of x once. Codes stream into shared memory through a ring of DEPTH batches per warp (sm_90: a
+// bulk copy per batch; before, cp.async), issued DEPTH batches ahead across tile boundaries: what is in flight costs
+// no registers (the register double buffer before it kept one batch, 2 KB a warp, in flight and reached 1.7–2.1
+// TB/s), and no ramp or drain per tile. The scales (2 bytes a row and group) are loaded into registers when their
+// batch is issued, so they too arrive DEPTH batches early.
 template <int KSLICES, bool NORM, bool ADD, bool GLU>
 __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(const Args a, const int tiles) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -113,33 +126,58 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
   float* group_sum = reinterpret_cast<float*>(xs + (a.groups + BATCH) * GROUP);
   float* partial = group_sum + a.groups + BATCH;  // [2 tiles][KSLICES][ROWS]
   __shared__ float sumsq_warp[KSLICES];
+  __shared__ __align__(8) uint64_t slot_full[KSLICES][DEPTH];  // sm_90: one mbarrier per ring slot
+  const uint32_t bars = modelab_levels::smem_addr(&slot_full[warp][0]);
+  const uint32_t ring_addr = modelab_levels::smem_addr(ring);
+#if defined(MODELAB_INT4_BULK)
+  if (lane == 0) {
+#pragma unroll
+    for (int d = 0; d < DEPTH; ++d) modelab_levels::mbar_init(bars + d * 8, 1);
+    modelab_levels::fence_mbar_init();
+  }
+  __syncwarp();
+#endif
+  uint32_t phase = 0;  // sm_90: the parity each slot's mbarrier completes next, flipped after each pass of the ring
 
   const int per_warp = (a.groups + KSLICES - 1) / KSLICES;
   const int g_begin = min(warp * per_warp, a.groups), g_end = min(g_begin + per_warp, a.groups);
   const int steps = (per_warp + BATCH - 1) / BATCH;  // batches per tile, the same in every warp (barriers match)
-  const size_t row_words = static_cast<size_t>(a.groups) * WORDS;
-  const unsigned short* scales = reinterpret_cast<const unsigned short*>(a.s);
+  const size_t tile_words = static_cast<size_t>(a.groups) * ROWS * WORDS;
 
-  // Issue batch `step` of tile `t` into ring slot `slot`: lane l copies 16 bytes, half l % 2 of row l / 2's 32-byte
-  // group segment, for each of the batch's groups; the lane's own scales (rows quad, quad + 8) into sc. One
-  // cp.async group per batch, empty past the last tile, so the wait below always counts DEPTH groups.
+  // Issue batch `step` of tile `t` into ring slot `slot` (a batch is the warp's next BATCH groups of the tile's 16
+  // rows: 2 KB contiguous in tile order), and the lane's own scales (rows quad, quad + 8: one word a group) into sc.
+  // sm_90: one bulk copy of the batch's groups in the slice, or past the slice or the last tile a bare arrival, so
+  // every slot completes once per issue. Before: lane l copies 16 bytes of each group (half l % 2 of row l / 2),
+  // one cp.async group per batch, empty past the last tile, so the wait below always counts DEPTH groups.
   auto issue = [&](int t, int step, int slot, uint32_t (&sc)[BATCH]) {
     const bool live = t < tiles;
     const int tt = min(t, tiles - 1);
-    const int copy_row = min(weight_row<GLU>(tt, lane >> 1, a.n), a.n - 1);
-    const unsigned char* src = reinterpret_cast<const unsigned char*>(a.q + copy_row * row_words) + (lane & 1) * 16;
-    unsigned char* dst = ring + slot * (BATCH * ROWS * 32) + (lane >> 1) * 32 + (lane & 1) * 16;
-    const int lo = min(weight_row<GLU>(tt, quad, a.n), a.n - 1), hi = min(weight_row<GLU>(tt, quad + 8, a.n), a.n - 1);
+    const int first = g_begin + step * BATCH;
+    const uint32_t* src_s = a.s + static_cast<size_t>(tt) * a.groups * 8 + quad;
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
-      const int gg = g_begin + step * BATCH + b;
-      const bool in = live && gg < g_end;
-      if (in) cp_async_16(dst + b * ROWS * 32, src + gg * 32, true);
-      sc[b] = in ? (static_cast<uint32_t>(__ldg(scales + static_cast<size_t>(lo) * a.s_stride + gg)) |
-                    (static_cast<uint32_t>(__ldg(scales + static_cast<size_t>(hi) * a.s_stride + gg)) << 16))
-                 : 0u;
+      const bool in = live && first + b < g_end;
+      sc[b] = in ? __ldg(src_s + (first + b) * 8) : 0u;
+    }
+#if defined(MODELAB_INT4_BULK)
+    if (lane == 0) {
+      const int n_in = live ? max(0, min(BATCH, g_end - first)) : 0;
+      const uint32_t bar = bars + slot * 8;
+      if (n_in > 0)
+        bulk_copy(ring_addr + slot * (BATCH * ROWS * 32), a.q + tt * tile_words + first * (ROWS * WORDS),
+                  n_in * ROWS * 32, bar);
+      else
+        modelab_levels::mbar_arrive(bar);
+    }
+#else
+    const uint32_t* src = a.q + tt * tile_words + lane * 4;
+    unsigned char* dst = ring + slot * (BATCH * ROWS * 32) + lane * 16;
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      if (live && first + b < g_end) cp_async_16(dst + b * ROWS * 32, src + (first + b) * (ROWS * WORDS), true);
     }
     cp_async_commit();
+#endif
   };
   auto advance = [&](int& t, int& step) {
     if (++step == steps) {
@@ -234,8 +272,12 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
 #pragma unroll
     for (int d = 0; d < DEPTH; ++d) {
       if (tile < tiles) {
+#if defined(MODELAB_INT4_BULK)
+        modelab_levels::mbar_wait(bars + d * 8, phase);  // slot d's bytes have landed
+#else
         cp_async_wait<DEPTH - 1>();  // this lane's copies of slot d have landed
         __syncwarp();                // and every lane's
+#endif
         const unsigned char* slot = ring + d * (BATCH * ROWS * 32);
         const int g0 = g_begin + step * BATCH;
         // Branch-free over the batch (a group past the slice reads codes, x and Σx it did not load — shared memory
@@ -311,8 +353,11 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
         advance(tile, step);
       }
     }
+    phase ^= 1;
   }
+#if !defined(MODELAB_INT4_BULK)
   cp_async_wait<0>();  // nothing left in flight when the block exits (the groups past the last tile are empty)
+#endif
 }
 
 template <int KSLICES, bool NORM, bool ADD, bool GLU>
@@ -352,18 +397,23 @@ void dispatch(const Args& args, int tiles, bool norm, bool add, bool glu, bool p
   }
 }
 
-at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s,
+at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, int64_t n,
                           const c10::optional<at::Tensor>& norm_weight, double eps,
                           const c10::optional<at::Tensor>& residual, bool glu, int64_t kslices, bool pdl) {
   TORCH_CHECK(x.is_cuda() && q.is_cuda() && s.is_cuda(), "int4_gemv: CUDA tensors only");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "int4_gemv: x must be contiguous bfloat16");
-  TORCH_CHECK(q.scalar_type() == at::kInt && q.dim() == 2 && q.is_contiguous(), "int4_gemv: q must be (N, words) int32");
-  TORCH_CHECK(s.scalar_type() == at::kBFloat16 && s.dim() == 2 && s.stride(1) == 1, "int4_gemv: s must be (N, groups) bf16");
-  const int64_t n = q.size(0), k = x.numel(), groups = (k + GROUP - 1) / GROUP;
-  TORCH_CHECK(q.size(1) == groups * WORDS, "int4_gemv: q has ", q.size(1), " words a row for ", k, " inputs");
-  TORCH_CHECK(s.size(0) == n && s.size(1) == groups, "int4_gemv: s must be (", n, ", ", groups, ")");
+  const int64_t k = x.numel(), groups = (k + GROUP - 1) / GROUP;
   TORCH_CHECK(n > 0 && k > 0 && (!glu || n % 2 == 0), "int4_gemv: empty, or an odd N with glu");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(q.data_ptr()) % 8 == 0, "int4_gemv: q must be 8-byte aligned");
+  const int64_t tiles = glu ? (n / 2 + ROWS / 2 - 1) / (ROWS / 2) : (n + ROWS - 1) / ROWS;
+  TORCH_CHECK(q.scalar_type() == at::kInt && q.is_contiguous() && q.dim() == 4 && q.size(0) == tiles &&
+              q.size(1) == groups && q.size(2) == ROWS && q.size(3) == WORDS,
+              "int4_gemv: q must be contiguous int32 (", tiles, ", ", groups, ", 16, 8) in tile order for N = ", n,
+              " and K = ", k);
+  TORCH_CHECK(s.scalar_type() == at::kBFloat16 && s.is_contiguous() && s.dim() == 4 && s.size(0) == tiles &&
+              s.size(1) == groups && s.size(2) == ROWS / 2 && s.size(3) == 2,
+              "int4_gemv: s must be contiguous bfloat16 (", tiles, ", ", groups, ", 8, 2) in tile order");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(s.data_ptr()) % 4 == 0,
+              "int4_gemv: q must be 16-byte aligned, s 4-byte aligned");
   const bool norm = norm_weight.has_value(), add = residual.has_value();
   TORCH_CHECK(!(add && (norm || glu)), "int4_gemv: the residual fuses alone");
   if (norm) TORCH_CHECK(norm_weight->numel() == k && norm_weight->scalar_type() == at::kBFloat16 &&
@@ -374,20 +424,19 @@ at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Te
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty({glu ? n / 2 : n}, x.options());
   Args args{reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), reinterpret_cast<const uint32_t*>(q.data_ptr()),
-            reinterpret_cast<const __nv_bfloat16*>(s.data_ptr()),
+            reinterpret_cast<const uint32_t*>(s.data_ptr()),
             norm ? reinterpret_cast<const __nv_bfloat16*>(norm_weight->data_ptr()) : nullptr,
             add ? reinterpret_cast<const __nv_bfloat16*>(residual->data_ptr()) : nullptr,
             reinterpret_cast<__nv_bfloat16*>(y.data_ptr()), static_cast<int>(n), static_cast<int>(k),
-            static_cast<int>(groups), static_cast<int>(s.stride(0)), static_cast<float>(eps)};
-  const int tiles = static_cast<int>(glu ? (n / 2 + ROWS / 2 - 1) / (ROWS / 2) : (n + ROWS - 1) / ROWS);
+            static_cast<int>(groups), static_cast<float>(eps)};
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
   int major = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device()));
   pdl = pdl && major >= 9;
   switch (kslices) {
-    case 4: dispatch<4>(args, tiles, norm, add, glu, pdl, stream); break;
-    case 8: dispatch<8>(args, tiles, norm, add, glu, pdl, stream); break;
-    case 16: dispatch<16>(args, tiles, norm, add, glu, pdl, stream); break;
+    case 4: dispatch<4>(args, static_cast<int>(tiles), norm, add, glu, pdl, stream); break;
+    case 8: dispatch<8>(args, static_cast<int>(tiles), norm, add, glu, pdl, stream); break;
+    case 16: dispatch<16>(args, static_cast<int>(tiles), norm, add, glu, pdl, stream); break;
     default: TORCH_CHECK(false, "int4_gemv: kslices must be 4, 8 or 16, got ", kslices);
   }
   return y;

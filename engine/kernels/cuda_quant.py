@@ -1,23 +1,30 @@
-"""The int4 GEMV on the tensor cores (csrc/quant/int4_gemv.cu): one row x times a symmetric int4 weight in
-engine/kernels/int4_layout.py's order, with the decode step's fusions (RMSNorm, SwiGLU, residual), built on first use.
+"""The int4 GEMV on the tensor cores (csrc/quant/int4_gemv.cu): one row x times a symmetric int4 weight (packed in
+engine/kernels/int4_layout.py's order, then re-ordered into 16-row tiles by `tile_major`), with the decode step's
+fusions (RMSNorm, SwiGLU, residual), built on first use.
 
 Opt-in: with MODELAB_INT4_GEMV=cuda, the triton-int4-wo mode loads it while it prepares (`ensure()`; nothing here
-builds on a call's path) and engine/kernels/triton/quant_gemv.gemv_int4 sends its one-row bf16 calls here; by
-default the Triton kernel runs. Why a second kernel: the Triton one multiplies on the CUDA cores after unpacking
-(4.3–5.3 instructions per weight); this one unpacks with a PRMT, a shift and two LOP3s per 4 weights, lets mma.sync
-do the products and streams the codes through a cp.async ring (csrc/quant/int4_gemv.cu says how the packed order is
-already the fragment order). Why not the default: measured on an H100 (benchmarks/quant_gemv_bench.py --fused,
-2026-11-27) it is faster than the Triton kernel's best tile only on 7B gate_up (22.9 against 23.3 µs) and 1B down;
-over the five fused GEMVs, 7B 90.2 µs against the Triton tiles' 82.9 (docs/quantization.md has the table).
+builds on a call's path), gives each int4 projection a copy of its codes in this kernel's tile order
+(engine.llm.quant.attach_int4_tiles, `tile_major`: each 16-row tile's codes group by group, so a warp's batch is one
+contiguous run that a single bulk copy brings in on sm_90), and the decode step's fused products
+(engine.kernels.triton.gemv.FusedDecodeOps) send their one-row bf16 calls here; by default the Triton kernel runs.
+Why a second kernel: the Triton one multiplies on the CUDA cores after unpacking (4.3–5.3 instructions per weight);
+this one unpacks with a PRMT, a shift and two LOP3s per 4 weights and lets mma.sync do the products
+(csrc/quant/int4_gemv.cu says how the packed order is already the fragment order). Why not the default: measured on
+an H100 (benchmarks/quant_gemv_bench.py --fused, 2026-11-27) it is faster than the Triton kernel's tiles on 7B
+gate_up (21.2 against 23.1 µs) and 1B down (6.3 against 7.1), level on the LM heads, slower on qkv and o; over the
+five fused 7B GEMVs 83.2 µs against the Triton tiles' 82.1 (docs/quantization.md has the table).
 
     load() -> path       build (cached, ~30 s the first time) and load; NativeBuildError with the reason
     available() -> None | reason   never raises
-    int4_gemv(x, q, s, norm_weight, eps, residual, glu, kslices) -> y
+    tile_major(q, s, k, glu) -> TileWeight   the weight re-ordered for the kernel, once
+    int4_gemv(x, w, norm_weight, eps, residual, ks) -> y
+    tile_gemv(x, q, s, n, glu, norm_weight, eps, residual)   the same as a custom op (modelab::int4_tile_gemv)
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -79,37 +86,104 @@ def kslices(k: int) -> int:
     return 16 if groups >= 128 else 8 if groups >= 48 else 4
 
 
-def _check(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, norm_weight: torch.Tensor | None,
-           residual: torch.Tensor | None, glu: bool) -> None:
-    """ValueError before any launch for inputs the kernel does not take (the C++ side checks them again)."""
-    k, n = x.numel(), q.shape[0] if q.dim() == 2 else -1
+@dataclass(frozen=True)
+class TileWeight:
+    """An int4 weight in the kernel's tile order (`tile_major`): q (tiles, groups, 16, 8) int32 words and s (tiles,
+    groups, 8, 2) bf16, for n output rows (n / 2 outputs with glu) of k inputs."""
+
+    q: torch.Tensor
+    s: torch.Tensor
+    n: int
+    k: int
+    glu: bool
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() * 4 + self.s.numel() * 2
+
+
+def tile_rows(n: int, glu: bool) -> torch.Tensor:
+    """The weight row behind each of the kernel's tile rows (tiles · 16 of them), n where a tile runs past the weight:
+    rows 16t … 16t + 15, or with glu the gate rows 8t … 8t + 7 then the matching up rows n / 2 + 8t … (SwiGLU pairs
+    them in the epilogue)."""
+    if glu:
+        half = n // 2
+        tiles = -(-half // 8)
+        j = torch.arange(tiles * 8).view(tiles, 1, 8)
+        rows = torch.cat([j, j + half], dim=1)  # (tiles, 2, 8)
+        rows = torch.where(j < half, rows, torch.full_like(rows, n))
+        return rows.reshape(-1)
+    tiles = -(-n // 16)
+    rows = torch.arange(tiles * 16)
+    return torch.where(rows < n, rows, torch.full_like(rows, n))
+
+
+def tile_major(q: torch.Tensor, s: torch.Tensor, k: int, glu: bool = False) -> TileWeight:
+    """Re-order a packed int4 weight (q (N, ceil(K/64)·32) uint8 or (N, ceil(K/64)·8) int32 in int4_layout's order,
+    s (N, ceil(K/64)) bf16) into the kernel's tile order: each tile's 16 rows group by group, so that a warp's batch
+    of codes is one contiguous run (csrc/quant/int4_gemv.cu, Args). Rows past N are zeros (scale 0). Runs once per
+    weight, on the weight's device."""
     groups = -(-k // 64)
+    words = q.contiguous().view(torch.int32) if q.dtype == torch.uint8 else q
+    n = words.shape[0]
+    if words.dtype != torch.int32 or words.dim() != 2 or words.shape[1] != groups * 8:
+        raise ValueError(f"tile_major: q must be the packed int4 codes of ({n}, {k}), got {q.dtype} {tuple(q.shape)}")
+    if s.dtype != torch.bfloat16 or tuple(s.shape) != (n, groups):
+        raise ValueError(f"tile_major: s must be bfloat16 ({n}, {groups}), got {s.dtype} {tuple(s.shape)}")
+    if glu and n % 2:
+        raise ValueError("tile_major: glu (the gate_up product) needs an even N")
+    rows = tile_rows(n, glu).to(words.device)
+    tiles = rows.numel() // 16
+    qp = torch.cat([words, words.new_zeros(1, words.shape[1])])[rows]  # (tiles·16, groups·8)
+    sp = torch.cat([s, s.new_zeros(1, groups)])[rows]  # (tiles·16, groups)
+    qt = qp.view(tiles, 16, groups, 8).transpose(1, 2).contiguous()
+    # scales of rows quad and quad + 8 side by side: [tile][group][quad][2]
+    st = sp.view(tiles, 2, 8, groups).permute(0, 3, 2, 1).contiguous()
+    return TileWeight(qt, st, n, k, glu)
+
+
+def _check(x: torch.Tensor, w: TileWeight, norm_weight: torch.Tensor | None, residual: torch.Tensor | None) -> None:
+    """ValueError before any launch for inputs the kernel does not take (the C++ side checks them again)."""
+    k, n = x.numel(), w.n
     if x.dtype != torch.bfloat16 or not x.is_contiguous() or x.dim() != 1:
         raise ValueError(f"int4_gemv: x must be one contiguous bfloat16 row, got {x.dtype} {tuple(x.shape)}")
-    if q.dtype != torch.int32 or q.dim() != 2 or q.shape[1] != groups * 8 or not q.is_contiguous():
-        raise ValueError(f"int4_gemv: q must be contiguous int32 words (N, {groups * 8}) for {k} inputs, "
-                         f"got {q.dtype} {tuple(q.shape)}")
-    if s.dtype != torch.bfloat16 or tuple(s.shape) != (n, groups) or s.stride(1) != 1:
-        raise ValueError(f"int4_gemv: s must be bfloat16 ({n}, {groups}), got {s.dtype} {tuple(s.shape)}")
+    if k != w.k:
+        raise ValueError(f"int4_gemv: x has {k} features, the weight {w.k}")
     if norm_weight is not None and (norm_weight.numel() != k or norm_weight.dtype != torch.bfloat16):
         raise ValueError(f"int4_gemv: norm weight must be {k} bfloat16 values")
     if residual is not None and (residual.numel() != n or residual.dtype != torch.bfloat16 or norm_weight is not None
-                                 or glu):
+                                 or w.glu):
         raise ValueError(f"int4_gemv: the residual must be {n} bfloat16 values, and fuses alone")
-    if glu and (norm_weight is None or n % 2):
-        raise ValueError("int4_gemv: glu (the gate_up product) needs the norm and an even N")
-    if len({x.device, q.device, s.device}) != 1 or x.device.type != "cuda":
-        raise ValueError("int4_gemv: x, q and s must be on one CUDA device")
+    if w.glu and norm_weight is None:
+        raise ValueError("int4_gemv: glu (the gate_up product) comes with the norm")
+    if len({x.device, w.q.device, w.s.device}) != 1 or x.device.type != "cuda":
+        raise ValueError("int4_gemv: x and the weight must be on one CUDA device")
 
 
-def int4_gemv(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, norm_weight: torch.Tensor | None = None,
-              eps: float = 0.0, residual: torch.Tensor | None = None, glu: bool = False,
-              ks: int | None = None, pdl: bool = True) -> torch.Tensor:
-    """y (N,) or (N/2,) with glu, bf16: x (K,) bf16 contiguous; q (N, groups·8) int32 words; s (N, groups) bf16.
+def int4_gemv(x: torch.Tensor, w: TileWeight, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+              residual: torch.Tensor | None = None, ks: int | None = None, pdl: bool = True) -> torch.Tensor:
+    """y (N,) or (N/2,) with the weight's glu, bf16: x (K,) bf16 contiguous times the int4 weight w (`tile_major`).
     Inputs are checked here (`_check`, ValueError) before the library is loaded, and again in C++."""
     ks = kslices(x.numel()) if ks is None else ks
     if ks not in KSLICES:
         raise ValueError(f"kslices must be one of {KSLICES}, got {ks}")
-    _check(x, q, s, norm_weight, residual, glu)
+    _check(x, w, norm_weight, residual)
     load()
-    return torch.ops.modelab_quant.int4_gemv(x, q, s, norm_weight, float(eps), residual, glu, ks, pdl)
+    return torch.ops.modelab_quant.int4_gemv(x, w.q, w.s, w.n, norm_weight, float(eps), residual, w.glu, ks, pdl)
+
+
+@torch.library.custom_op("modelab::int4_tile_gemv", mutates_args=())
+def tile_gemv(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, n: int, glu: bool,
+              norm_weight: torch.Tensor | None, eps: float, residual: torch.Tensor | None) -> torch.Tensor:
+    """int4_gemv as a torch custom op over the tile-order buffers (engine.llm.quant.attach_int4_tiles puts them on a
+    projection): opaque to torch.compile, captured by CUDA graphs. x (1, K) or (K,) bf16, one row."""
+    row = x.reshape(-1)
+    y = int4_gemv(row, TileWeight(q, s, n, row.numel(), glu), norm_weight, eps,
+                  None if residual is None else residual.reshape(-1))
+    return y.reshape(*x.shape[:-1], y.numel())
+
+
+@tile_gemv.register_fake
+def _(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, n: int, glu: bool, norm_weight: torch.Tensor | None,
+      eps: float, residual: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], n // 2 if glu else n))

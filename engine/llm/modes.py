@@ -352,6 +352,11 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
             from engine.kernels import cuda_quant
 
             notes.append(cuda_quant.ensure())  # builds (cached) the tensor-core int4 GEMV, or says why not
+            if cuda_quant.wanted():
+                from engine.llm.quant import attach_int4_tiles
+
+                notes.append(f"{attach_int4_tiles(model)} int4 projections also hold their codes in the tensor-core "
+                             "kernel's tile order (a second copy in memory)")
         if not device.startswith("cuda"):
             notes.append("CPU: eager, no compile or CUDA graph" + (" (the Triton GEMV interpreted: correctness "
                                                                    "only)" if mode.quant_impl == "triton" else ""))

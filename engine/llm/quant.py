@@ -322,6 +322,27 @@ def quantize_model(model: nn.Module, scheme: str, impl: str = "plain", disk_cach
     return report
 
 
+def attach_int4_tiles(model: nn.Module) -> int:
+    """For the tensor-core int4 GEMV (engine.kernels.cuda_quant, MODELAB_INT4_GEMV=cuda): give every bf16 int4
+    QuantLinear on CUDA a copy of its codes and scales in that kernel's tile order (buffers tile_q, tile_s; the
+    fused gate_up's with gate and up rows paired, tile_glu), which the decode step's fused products then take
+    (engine.kernels.triton.gemv.FusedDecodeOps). The row-major codes stay for the prefill's dequantization and the
+    Triton kernel, so the int4 weights are held twice in memory (read once per token either way). Returns how many."""
+    from engine.kernels import cuda_quant
+
+    count = 0
+    for name, module in model.named_modules():
+        if (isinstance(module, QuantLinear) and module.scheme == "int4-wo" and module.q.is_cuda
+                and module.dtype == torch.bfloat16 and module.scales.dtype == torch.bfloat16):
+            glu = name.rsplit(".", 1)[-1] == "gate_up_proj"
+            w = cuda_quant.tile_major(module.q, module.scales, module.in_features, glu=glu)
+            module.register_buffer("tile_q", w.q)
+            module.register_buffer("tile_s", w.s)
+            module.tile_glu = glu
+            count += 1
+    return count
+
+
 # -- the accuracy gate ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Gate:

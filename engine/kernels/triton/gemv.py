@@ -33,6 +33,7 @@ import triton.language as tl
 import triton.testing
 
 from engine.device_lock import exclusive
+from engine.kernels import cuda_quant
 from engine.kernels.triton._common import is_interpreted, load_fused_x, output_rows, pdl_enabled, store_output
 from engine.workloads.llama import rms_norm  # the decoder's own RMSNorm: the unfused fallbacks compute exactly it
 
@@ -338,16 +339,27 @@ def _quantized(proj: torch.nn.Module) -> bool:
     return hasattr(proj, "q") and hasattr(proj, "scales")
 
 
+def _tiled(proj: torch.nn.Module, x: torch.Tensor, glu: bool) -> bool:
+    """A quantized int4 projection that also holds its codes in the tensor-core kernel's tile order (MODELAB_INT4_GEMV=
+    cuda: engine.llm.quant.attach_int4_tiles), for this product (gate_up's tiles pair gate and up rows), and one
+    CUDA row of x."""
+    return (getattr(proj, "tile_q", None) is not None and proj.tile_glu == glu and x.is_cuda
+            and x.numel() == x.shape[-1])
+
+
 class FusedDecodeOps:
     """What the decoder calls for its one-row products when the LLM lab's triton-fused mode sets it
     (LlamaDecoder.set_fused_ops): the RMSNorm in front of qkv, gate_up and lm_head, SwiGLU after gate_up, the
     residual adds after o and down, inside the GEMVs — four kernels fewer per layer than the ops one by one. Each is
     given the projection module: a bf16 nn.Linear takes this module's GEMV; a weight-only quantized one (the
     triton-int8-wo / -fp8-wo / -int4-wo modes) the same fusions in engine.kernels.triton.quant_gemv, dequantizing
-    inside the weight loads."""
+    inside the weight loads; an int4 one holding tile-order codes (MODELAB_INT4_GEMV=cuda) the tensor-core kernel
+    engine.kernels.cuda_quant."""
 
     @staticmethod
     def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, proj: torch.nn.Module) -> torch.Tensor:
+        if _tiled(proj, x, glu=False):
+            return cuda_quant.tile_gemv(x, proj.tile_q, proj.tile_s, proj.out_features, False, norm_weight, eps, None)
         if _quantized(proj):
             from engine.kernels.triton import quant_gemv
 
@@ -356,6 +368,8 @@ class FusedDecodeOps:
 
     @staticmethod
     def norm_swiglu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, proj: torch.nn.Module) -> torch.Tensor:
+        if _tiled(proj, x, glu=True):
+            return cuda_quant.tile_gemv(x, proj.tile_q, proj.tile_s, proj.out_features, True, norm_weight, eps, None)
         if _quantized(proj):
             from engine.kernels.triton import quant_gemv
 
@@ -364,6 +378,8 @@ class FusedDecodeOps:
 
     @staticmethod
     def linear_add(x: torch.Tensor, proj: torch.nn.Module, residual: torch.Tensor) -> torch.Tensor:
+        if _tiled(proj, x, glu=False):
+            return cuda_quant.tile_gemv(x, proj.tile_q, proj.tile_s, proj.out_features, False, None, 0.0, residual)
         if _quantized(proj):
             from engine.kernels.triton import quant_gemv
 

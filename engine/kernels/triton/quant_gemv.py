@@ -34,9 +34,9 @@ kernel before it drains. What changes is what a weight load brings in:
   rows first each thread held one row and converted an x value for every 8 codes. Offline SASS (sm_90, the fused
   tiles): 4.3–5.3 instructions per weight in the loop, from 6.4–8.2. Symmetric codes (value = (code − 8) · scale).
   Measured on an H100 (benchmarks/quant_gemv_bench.py --fused, 2026-11-25): the five fused GEMVs 1B 38.4 µs,
-  7B 84.6 µs at the launched tiles (the kernel before: 61.4, 130.8). With MODELAB_INT4_GEMV=cuda, one bf16 row
-  goes to the tensor-core kernel instead (engine/kernels/cuda_quant.py, where the mode loaded it; opt-in, since
-  measured slower on four of the five fused shapes: 7B 90.2 against 82.9 µs, 2026-11-27).
+  7B 84.6 µs at the launched tiles (the kernel before: 61.4, 130.8). With MODELAB_INT4_GEMV=cuda, the decode step's
+  fused int4 products take the tensor-core kernel instead (engine/kernels/cuda_quant.py, over a tile-order copy of
+  the codes; opt-in: faster only on some shapes, docs/quantization.md).
 
 Tiles are fixed, not autotuned: per code, fusion and output size (`channel_tile`, `int4_tile`), chosen from the tile
 sweeps of benchmarks/quant_gemv_bench.py on an H100 (--fused: as the decode step launches them); INTERPRETER_CONFIG
@@ -56,7 +56,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from engine.kernels import cuda_quant, int4_layout
+from engine.kernels import int4_layout
 from engine.kernels.triton._common import is_interpreted, load_fused_x, output_rows, pdl_enabled, store_output
 from engine.workloads.llama import rms_norm  # the decoder's own RMSNorm: the unfused fallbacks compute exactly it
 
@@ -461,12 +461,6 @@ def gemv_int4(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_weigh
         q = q.clone(memory_format=torch.contiguous_format)  # a fresh allocation: contiguous and 16-byte aligned
     words = q.view(torch.int32)  # rows are whole groups: 32 bytes, 8 words
     scales = scales if scales.stride(1) == 1 else scales.contiguous()
-    if (x.is_cuda and cuda_quant.wanted() and (flags["NORM"] or not glu)
-            and all(t.dtype == torch.bfloat16 for t in (x_row, scales, g, r))):
-        # the tensor-core kernel (engine/kernels/cuda_quant.py), where the mode loaded it
-        y = cuda_quant.int4_gemv(x_row, words, scales, g if flags["NORM"] else None, float(eps),
-                                 r if flags["ADD"] else None, glu, pdl=pdl_enabled(x.device))
-        return y.reshape(*x.shape[:-1], y.numel())
     y = torch.empty(n // 2 if glu else n, device=x.device, dtype=x.dtype)
     args = (x_row, words, scales, y, g, r, n, k, words.stride(0), scales.stride(0), float(eps))
     if is_interpreted(_wo_int4_kernel):

@@ -20,8 +20,8 @@ GPU = torch.cuda.is_available()
 def test_it_builds_for_sm90a_with_products_on_the_tensor_cores(tmp_path):
     """No GPU needed: nvcc and ptxas for sm_90a, then the SASS of the norm-fused kernel with 8 warps: 4 HMMA per
     group of 64 (a batch of 4 groups, unrolled over the ring's slots), no I2F / I2FP among them (the codes become
-    bf16 by bit operations: four LOP3s per mma, low and high nibbles of both rows), the codes copied by cp.async
-    (LDGSTS); no spills in any instantiation."""
+    bf16 by bit operations: four LOP3s per mma, low and high nibbles of both rows), the codes copied by bulk copies
+    (UBLKCP) waited on by mbarriers; no spills in any instantiation."""
     report, sass = offline_build("int4_gemv.cu", tmp_path, cuda_quant.SOURCE_DIR)
     kernels = re.findall(r"Compiling entry function '(\S*int4_gemv_kernel\S*)'.*?(\d+) bytes spill stores", report,
                          re.S)
@@ -33,7 +33,38 @@ def test_it_builds_for_sm90a_with_products_on_the_tensor_cores(tmp_path):
     assert not [op for op in loop if op.startswith("I2F")]
     lop3 = [op for op in loop if op.startswith("LOP3.LUT") and "0xf000f" in op]
     assert len(lop3) >= 4 * len(mma) - 4  # per mma: low and high nibbles of both rows (the first may sit before)
-    assert sum(op.startswith("LDGSTS") for op in code) >= 4  # the codes arrive by cp.async, not through registers
+    # on sm_90 the codes arrive by bulk copy (TMA) into the ring, a batch per instruction, not through registers
+    assert any("UBLKCP.S.G" in op for op in code) and not any("LDGSTS" in op for op in code)
+    assert any("SYNCS.PHASECHK" in op for op in code)  # each slot waited on by its mbarrier
+
+
+@pytest.mark.parametrize("n,k,glu", [(16, 64, False), (38, 300, False), (38, 300, True), (200, 1000, True)])
+def test_tile_order_puts_each_rows_codes_and_scales_where_the_kernel_reads_them(n: int, k: int, glu: bool) -> None:
+    """tile_major on real packed weights (CPU): tile t's row i, group g is the weight row tile_rows names (gate j then
+    up j with glu), its 8 words unchanged; its scale sits at [t, g, i % 8, i // 8]; rows past N are zeros."""
+    _, qw, _, _ = _case(n, k)
+    w = cuda_quant.tile_major(qw.q, qw.scales, k, glu=glu)
+    rows = cuda_quant.tile_rows(n, glu)
+    groups = -(-k // 64)
+    tiles = rows.numel() // 16
+    assert w.q.shape == (tiles, groups, 16, 8) and w.s.shape == (tiles, groups, 8, 2)
+    words = qw.q.view(torch.int32)
+    for t in range(tiles):
+        for i in range(16):
+            row = int(rows[t * 16 + i])
+            if row == n:
+                assert not w.q[t, :, i].any() and not w.s[t, :, i % 8, i // 8].any()
+                continue
+            if glu:
+                j = t * 8 + i % 8
+                assert row == (j if i < 8 else n // 2 + j)
+            else:
+                assert row == t * 16 + i
+            assert torch.equal(w.q[t, :, i], words[row].view(groups, 8))
+            assert torch.equal(w.s[t, :, i % 8, i // 8], qw.scales[row])
+    assert sorted(set(rows.tolist()) - {n}) == list(range(n))  # every row once
+    with pytest.raises(ValueError, match="even N"):
+        cuda_quant.tile_major(qw.q[:n - 1], qw.scales[:n - 1], k, glu=True)  # every n here is even
 
 
 # ---- with a GPU ---------------------------------------------------------------------------------------------------
@@ -81,9 +112,9 @@ def test_every_fusion_and_block_matches_float64(built, n: int, k: int, fusion: s
     x, qw, g, r = _case(n, k)
     dev = [t.cuda() for t in (x, qw.q, qw.scales, g, r)]
     xc, q, s, gc, rc = dev
-    words = q.view(torch.int32)
-    y = cuda_quant.int4_gemv(xc, words, s, gc if fusion in ("norm", "glu") else None, 1e-5,
-                             rc if fusion == "add" else None, fusion == "glu", ks=ks)
+    w = cuda_quant.tile_major(q, s, k, glu=fusion == "glu")
+    y = cuda_quant.int4_gemv(xc, w, gc if fusion in ("norm", "glu") else None, 1e-5, rc if fusion == "add" else None,
+                             ks=ks)
     ref = _reference(x, qw, fusion, g, r)
     assert y.shape == ref.shape and y.dtype == torch.bfloat16
     err = float((y.double().cpu() - ref).norm() / ref.norm())
@@ -100,43 +131,60 @@ def test_each_code_is_read_where_the_layout_puts_it(built, k: int) -> None:
         codes[row, k] = 13  # 5 · scale
         x = torch.zeros(features, dtype=torch.bfloat16)
         x[k] = 3.0
-        y = cuda_quant.int4_gemv(x.cuda(), quant.pack_int4(codes).cuda().view(torch.int32),
-                                 torch.full((n, 4), 0.5, dtype=torch.bfloat16).cuda()).cpu()
+        w = cuda_quant.tile_major(quant.pack_int4(codes).cuda(), torch.full((n, 4), 0.5, dtype=torch.bfloat16).cuda(),
+                                  features)
+        y = cuda_quant.int4_gemv(x.cuda(), w).cpu()
         expected = torch.zeros(n)
         expected[row] = 5 * 0.5 * 3.0
         assert torch.equal(y.float(), expected), (row, y.nonzero().tolist())
 
 
 @needs_kernel
-def test_the_decode_steps_int4_products_take_it_once_loaded(built, monkeypatch) -> None:
-    """quant_gemv.gemv_int4 (what the triton-int4-wo step calls) runs this kernel for one bf16 row with
-    MODELAB_INT4_GEMV=cuda once the library is loaded, and the Triton kernel otherwise (the default); both within
-    bf16 rounding of float64."""
-    from engine.kernels.triton import quant_gemv as qg
+def test_the_decode_steps_int4_products_take_it_once_tiles_are_attached(built, monkeypatch) -> None:
+    """The triton-int4-wo step's fused products (gemv.FusedDecodeOps, what the decoder calls) run this kernel for one
+    bf16 row once engine.llm.quant.attach_int4_tiles gave the projections their tile-order codes (gate_up's paired),
+    and the Triton kernel without them (the default); all three products within bf16 rounding of float64."""
+    from engine.kernels.triton.gemv import FusedDecodeOps
 
-    x, qw, g, r = _case(256, 2048)
-    xc, q, s, gc = x.cuda(), qw.q.cuda(), qw.scales.cuda(), g.cuda()
-    ref = _reference(x, qw, "glu", g, r)
+    k = 2048
+    x, gate_up, g, _ = _case(256, k)
+    _, o, _, r = _case(96, k, seed=1)
+    model = torch.nn.Module()
+    model.gate_up_proj = quant.QuantLinear(gate_up, "triton").cuda()
+    model.o_proj = quant.QuantLinear(o, "triton").cuda()
+    xc, gc, rc = x.cuda()[None], g.cuda(), r.cuda()
+    refs = {"glu": _reference(x, gate_up, "glu", g, r), "norm": _reference(x, o, "norm", g, r),
+            "add": _reference(x, o, "add", g, r)}
+
+    def run() -> dict:
+        return {"glu": FusedDecodeOps.norm_swiglu(xc, gc, 1e-5, model.gate_up_proj)[0],
+                "norm": FusedDecodeOps.norm_linear(xc, gc, 1e-5, model.o_proj)[0],
+                "add": FusedDecodeOps.linear_add(xc, model.o_proj, rc[None])[0]}
+
     calls = []
     real = cuda_quant.int4_gemv
-    monkeypatch.setattr(cuda_quant, "int4_gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    monkeypatch.setenv(cuda_quant.IMPL_ENV, "cuda")
-    via_cuda = qg.norm_swiglu(xc[None], gc, 1e-5, q, s)[0]
-    assert calls == [1]
-    monkeypatch.delenv(cuda_quant.IMPL_ENV)
-    via_triton = qg.norm_swiglu(xc[None], gc, 1e-5, q, s)[0]
-    assert calls == [1]
-    for y in (via_cuda, via_triton):
-        assert float((y.double().cpu() - ref).norm() / ref.norm()) < 8e-3
+    monkeypatch.setattr(cuda_quant, "int4_gemv", lambda *a, **kw: calls.append(a[1].glu) or real(*a, **kw))
+    via_triton = run()
+    assert calls == []
+    assert quant.attach_int4_tiles(model) == 2 and model.gate_up_proj.tile_glu and not model.o_proj.tile_glu
+    via_cuda = run()
+    assert calls == [True, False, False]
+    for got in (via_triton, via_cuda):
+        for fusion, y in got.items():
+            assert float((y.double().cpu() - refs[fusion]).norm() / refs[fusion].norm()) < 8e-3, fusion
 
 
 @needs_kernel
 def test_bad_input_is_refused_by_the_op(built) -> None:
     x, qw, g, _ = _case(32, 128)
-    with pytest.raises(ValueError, match="int32 words"):
-        cuda_quant.int4_gemv(x.cuda()[:64], qw.q.cuda().view(torch.int32), qw.scales.cuda())
+    w = cuda_quant.tile_major(qw.q.cuda(), qw.scales.cuda(), 128)
+    with pytest.raises(ValueError, match="x has 64 features, the weight 128"):
+        cuda_quant.int4_gemv(x.cuda()[:64], w)
     with pytest.raises(ValueError, match="kslices"):
-        cuda_quant.int4_gemv(x.cuda(), qw.q.cuda().view(torch.int32), qw.scales.cuda(), ks=3)
+        cuda_quant.int4_gemv(x.cuda(), w, ks=3)
+    with pytest.raises(ValueError, match="one CUDA device"):
+        cuda_quant.int4_gemv(x.cuda(), cuda_quant.tile_major(qw.q, qw.scales, 128))
+
 
 
 def test_the_decode_step_says_which_int4_gemv_it_runs(monkeypatch) -> None:
