@@ -195,7 +195,7 @@ def main() -> int:
                     continue
                 best = min(r["times"], key=r["times"].get)
                 norm, add = fusion in ("norm", "glu"), fusion == "add"  # glu launches at the norm's tile
-                if scheme == "int4-wo" and cuda_quant.wanted():  # what gemv_int4 launches where it is loaded
+                if scheme == "int4-wo" and cuda_quant.wanted() and cuda_quant.takes(k):  # what the step launches
                     default = ("cuda", cuda_quant.kslices(k), 0, 0)
                 else:
                     default = (*(int4_tile(n, norm, add, k=k) if scheme == "int4-wo"

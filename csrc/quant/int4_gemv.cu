@@ -1,8 +1,8 @@
 // y = x · dequant(W)ᵀ for one row x, W symmetric int4 in groups of 64 (value = (code − 8) · scale), its codes packed
 // as engine/kernels/int4_layout.py packs each row and then re-ordered into tiles of 16 rows (Args below), products
 // on the tensor cores (mma.sync m16n8k16, fp32 accumulation). Built and called by engine/kernels/cuda_quant.py; the
-// decode step's fused int4 products (engine/kernels/triton/gemv.py, FusedDecodeOps) take it with
-// MODELAB_INT4_GEMV=cuda (opt-in: faster than the Triton kernel's tiles on some shapes only, docs/quantization.md).
+// decode step's fused int4 products (engine/kernels/triton/gemv.py, FusedDecodeOps) take it where
+// $MODELAB_INT4_GEMV says (by default on sm_90 for K >= 4096: cuda_quant.takes, docs/quantization.md).
 // sm_80+ (bulk copies on sm_90).
 //
 // Why tensor cores at batch 1: the Triton kernel beside it multiplies on the CUDA cores, one FMA per weight after

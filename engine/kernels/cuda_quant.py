@@ -2,17 +2,21 @@
 engine/kernels/int4_layout.py's order, then re-ordered into 16-row tiles by `tile_major`), with the decode step's
 fusions (RMSNorm, SwiGLU, residual), built on first use.
 
-Opt-in: with MODELAB_INT4_GEMV=cuda, the triton-int4-wo mode loads it while it prepares (`ensure()`; nothing here
-builds on a call's path), gives each int4 projection a copy of its codes in this kernel's tile order
+Which products take it: $MODELAB_INT4_GEMV (`impl`, `takes`): auto (the default) sends the products of K >= 4096
+inputs on compute capability 9.0 here and the rest to the Triton kernel (engine/kernels/triton/quant_gemv.py): the
+rule measured on an H100, where this kernel made the 7B step faster end to end (2.04 against 2.12 ms/token) and the
+1B's K = 2048 products slower; cuda sends every product here, triton none. The triton-int4-wo mode loads the kernel
+while it prepares (`ensure()`; nothing here builds on a call's path; where it cannot build, the Triton kernel runs
+and the note says why), gives each int4 projection that takes it a copy of its codes in this kernel's tile order
 (engine.llm.quant.attach_int4_tiles, `tile_major`: each 16-row tile's codes group by group, so a warp's batch is one
 contiguous run that a single bulk copy brings in on sm_90), and the decode step's fused products
-(engine.kernels.triton.gemv.FusedDecodeOps) send their one-row bf16 calls here; by default the Triton kernel runs.
+(engine.kernels.triton.gemv.FusedDecodeOps) send their one-row bf16 calls here.
 Why a second kernel: the Triton one multiplies on the CUDA cores after unpacking (4.3–5.3 instructions per weight);
 this one unpacks with a PRMT, a shift and two LOP3s per 4 weights and lets mma.sync do the products
-(csrc/quant/int4_gemv.cu says how the packed order is already the fragment order). Why not the default: measured on
-an H100 (benchmarks/quant_gemv_bench.py --fused, 2026-11-27) it is faster than the Triton kernel's tiles on 7B
-gate_up (21.2 against 23.1 µs) and 1B down (6.3 against 7.1), level on the LM heads, slower on qkv and o; over the
-five fused 7B GEMVs 83.2 µs against the Triton tiles' 82.1 (docs/quantization.md has the table).
+(csrc/quant/int4_gemv.cu says how the packed order is already the fragment order). Per GEMV (benchmarks/
+quant_gemv_bench.py --fused, H100, 2026-11-27) it is faster than the Triton kernel's tiles on 7B gate_up (21.2
+against 23.1 µs) and 1B down (6.3 against 7.1), level on the LM heads, slower on qkv and o; in the decode step's
+graph the 7B's products together ran faster with it (docs/quantization.md has the tables).
 
     load() -> path       build (cached, ~30 s the first time) and load; NativeBuildError with the reason
     available() -> None | reason   never raises
@@ -35,7 +39,16 @@ SOURCE_DIR = native.CSRC / "quant"
 SOURCES = ("int4_gemv.cu", "bindings.cpp")
 INCLUDE_DIRS = (cuda_levels.SOURCE_DIR,)  # common.cuh: CUDA_CHECK, Mma, allow_dynamic_smem
 HEADERS = ("../levels/common.cuh",)  # part of the build key
-IMPL_ENV = "MODELAB_INT4_GEMV"  # "cuda": this kernel for the decode step's int4 products; else (default) Triton's
+IMPL_ENV = "MODELAB_INT4_GEMV"  # which int4 GEMV the decode step runs: IMPLS' keys (default auto)
+IMPLS = {
+    "auto": "the tensor-core kernel on compute capability 9.0 for products of K >= 4096 inputs, the Triton one else",
+    "cuda": "the tensor-core kernel for every product",
+    "triton": "the Triton kernel for every product",
+}
+# auto's rule, measured on an H100 (2026-11-27, docs/quantization.md): end to end, 7B triton-int4-wo (K 4096 and
+# 11008) 2.04 ms/token with this kernel against 2.12 with Triton's; 1B (K 2048, down 8192) 516.5 against 468.8 µs,
+# where per GEMV this kernel won only the 1B's down (6.3 against 7.1 µs, K = 8192).
+AUTO_MIN_K = 4096
 KSLICES = (4, 8, 16)  # warps per block, each a slice of K (the kernel's instantiations)
 RING_SLOTS = 4  # csrc/quant/int4_gemv.cu's DEPTH: batches of codes in flight per warp
 
@@ -58,26 +71,43 @@ def available() -> str | None:
         return f"build failed: {type(exc).__name__}: {exc}"[:300]
 
 
+def impl() -> str:
+    """$MODELAB_INT4_GEMV: auto (default), cuda or triton. ValueError naming the choices for anything else."""
+    value = os.environ.get(IMPL_ENV, "auto").strip().lower() or "auto"
+    if value not in IMPLS:
+        raise ValueError(f"${IMPL_ENV}={value!r}: choose one of {', '.join(IMPLS)}")
+    return value
+
+
 def chosen() -> bool:
-    """Whether $MODELAB_INT4_GEMV asks for this kernel."""
-    return os.environ.get(IMPL_ENV, "triton") == "cuda"
+    """Whether $MODELAB_INT4_GEMV lets any product take this kernel (auto or cuda)."""
+    return impl() != "triton"
+
+
+def takes(k: int, device: torch.device | str | None = None) -> bool:
+    """Whether a one-row int4 product of K inputs on this CUDA device should take this kernel, by $MODELAB_INT4_GEMV
+    (auto: compute capability 9.0 and K >= AUTO_MIN_K, the shapes it was measured faster on)."""
+    choice = impl()
+    if choice != "auto":
+        return choice == "cuda"
+    return k >= AUTO_MIN_K and torch.cuda.is_available() and torch.cuda.get_device_capability(device) == (9, 0)
 
 
 def wanted() -> bool:
-    """Whether one-row int4 products should take this kernel: asked for, and loaded in this process."""
+    """Whether this kernel is asked for and loaded in this process."""
     return _library.path is not None and chosen()
 
 
 def ensure() -> str:
     """Load the kernel where it is asked for and can run; one line saying which int4 GEMV the decode step runs."""
-    if not chosen():
-        return (f"int4 GEMV: the Triton kernel (${IMPL_ENV}=cuda takes the tensor-core one, "
-                "csrc/quant/int4_gemv.cu)")
+    choice = impl()
+    if choice == "triton":
+        return f"int4 GEMV: the Triton kernel (${IMPL_ENV}=triton; auto or cuda take the tensor-core one)"
     reason = available()
     if reason:
         return f"int4 GEMV: the Triton kernel (the tensor-core kernel csrc/quant/int4_gemv.cu: {reason})"
-    return ("int4 GEMV: the tensor-core kernel (csrc/quant/int4_gemv.cu: mma.sync over codes unpacked in registers, "
-            "fp32 accumulation)")
+    return (f"int4 GEMV (${IMPL_ENV}={choice}): {IMPLS[choice]} (csrc/quant/int4_gemv.cu: mma.sync over codes "
+            "unpacked in registers, fp32 accumulation)")
 
 
 def kslices(k: int) -> int:

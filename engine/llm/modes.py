@@ -152,7 +152,10 @@ MODES: dict[str, LLMMode] = {m.name: m for m in (
               "loaded with the tile, fp32 accumulation), with triton-fused's fusions kept (RMSNorm, residual adds "
               "and SwiGLU inside the GEMVs, RoPE and the cache write inside the decode attention); the prefill "
               "(several rows) dequantizes each weight, then F.linear (cuBLAS); on CPU interpreted (correctness "
-              "only)." + extra,
+              "only)." + extra
+              + (" On an H100 the products of K >= 4096 take the tensor-core int4 kernel instead "
+                 "(engine/kernels/cuda_quant.py; $MODELAB_INT4_GEMV: auto, cuda or triton)." if scheme == "int4-wo"
+                 else ""),
               prefill="compile", decode="cudagraph", gemv=True, decode_attn=True, fused=True, quant=scheme,
               quant_impl="triton")
       for scheme, what, extra in _QUANT_MODES),
@@ -355,8 +358,8 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
             if cuda_quant.wanted():
                 from engine.llm.quant import attach_int4_tiles
 
-                notes.append(f"{attach_int4_tiles(model)} int4 projections also hold their codes in the tensor-core "
-                             "kernel's tile order (a second copy in memory)")
+                notes.append(f"{attach_int4_tiles(model)} int4 projections take the tensor-core kernel, their codes "
+                             "also held in its tile order (a second copy in memory)")
         if not device.startswith("cuda"):
             notes.append("CPU: eager, no compile or CUDA graph" + (" (the Triton GEMV interpreted: correctness "
                                                                    "only)" if mode.quant_impl == "triton" else ""))

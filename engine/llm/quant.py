@@ -323,17 +323,19 @@ def quantize_model(model: nn.Module, scheme: str, impl: str = "plain", disk_cach
 
 
 def attach_int4_tiles(model: nn.Module) -> int:
-    """For the tensor-core int4 GEMV (engine.kernels.cuda_quant, MODELAB_INT4_GEMV=cuda): give every bf16 int4
-    QuantLinear on CUDA a copy of its codes and scales in that kernel's tile order (buffers tile_q, tile_s; the
-    fused gate_up's with gate and up rows paired, tile_glu), which the decode step's fused products then take
-    (engine.kernels.triton.gemv.FusedDecodeOps). The row-major codes stay for the prefill's dequantization and the
-    Triton kernel, so the int4 weights are held twice in memory (read once per token either way). Returns how many."""
+    """For the tensor-core int4 GEMV (engine.kernels.cuda_quant): give every bf16 int4 QuantLinear on CUDA that
+    $MODELAB_INT4_GEMV sends there (cuda_quant.takes: by default K >= 4096 on an H100) a copy of its codes and
+    scales in that kernel's tile order (buffers tile_q, tile_s; the fused gate_up's with gate and up rows paired,
+    tile_glu), which the decode step's fused products then take (engine.kernels.triton.gemv.FusedDecodeOps). The
+    row-major codes stay for the prefill's dequantization, so those weights are held twice in memory (read once per
+    token either way). Returns how many."""
     from engine.kernels import cuda_quant
 
     count = 0
     for name, module in model.named_modules():
         if (isinstance(module, QuantLinear) and module.scheme == "int4-wo" and module.q.is_cuda
-                and module.dtype == torch.bfloat16 and module.scales.dtype == torch.bfloat16):
+                and module.dtype == torch.bfloat16 and module.scales.dtype == torch.bfloat16
+                and cuda_quant.takes(module.in_features, module.q.device)):
             glu = name.rsplit(".", 1)[-1] == "gate_up_proj"
             w = cuda_quant.tile_major(module.q, module.scales, module.in_features, glu=glu)
             module.register_buffer("tile_q", w.q)

@@ -34,9 +34,9 @@ kernel before it drains. What changes is what a weight load brings in:
   rows first each thread held one row and converted an x value for every 8 codes. Offline SASS (sm_90, the fused
   tiles): 4.3–5.3 instructions per weight in the loop, from 6.4–8.2. Symmetric codes (value = (code − 8) · scale).
   Measured on an H100 (benchmarks/quant_gemv_bench.py --fused, 2026-11-25): the five fused GEMVs 1B 38.4 µs,
-  7B 84.6 µs at the launched tiles (the kernel before: 61.4, 130.8). With MODELAB_INT4_GEMV=cuda, the decode step's
-  fused int4 products take the tensor-core kernel instead (engine/kernels/cuda_quant.py, over a tile-order copy of
-  the codes; opt-in: faster only on some shapes, docs/quantization.md).
+  7B 84.6 µs at the launched tiles (the kernel before: 61.4, 130.8). On an H100 the decode step's fused int4 products
+  of K >= 4096 take the tensor-core kernel instead (engine/kernels/cuda_quant.py, over a tile-order copy of the
+  codes; $MODELAB_INT4_GEMV says which, docs/quantization.md why).
 
 Tiles are fixed, not autotuned: per code, fusion and output size (`channel_tile`, `int4_tile`), chosen from the tile
 sweeps of benchmarks/quant_gemv_bench.py on an H100 (--fused: as the decode step launches them); INTERPRETER_CONFIG

@@ -142,8 +142,9 @@ def test_each_code_is_read_where_the_layout_puts_it(built, k: int) -> None:
 @needs_kernel
 def test_the_decode_steps_int4_products_take_it_once_tiles_are_attached(built, monkeypatch) -> None:
     """The triton-int4-wo step's fused products (gemv.FusedDecodeOps, what the decoder calls) run this kernel for one
-    bf16 row once engine.llm.quant.attach_int4_tiles gave the projections their tile-order codes (gate_up's paired),
-    and the Triton kernel without them (the default); all three products within bf16 rounding of float64."""
+    bf16 row once engine.llm.quant.attach_int4_tiles gave the projections their tile-order codes (gate_up's paired:
+    with cuda; auto leaves K = 2048 alone), and the Triton kernel without them; all three products within bf16
+    rounding of float64."""
     from engine.kernels.triton.gemv import FusedDecodeOps
 
     k = 2048
@@ -166,6 +167,9 @@ def test_the_decode_steps_int4_products_take_it_once_tiles_are_attached(built, m
     monkeypatch.setattr(cuda_quant, "int4_gemv", lambda *a, **kw: calls.append(a[1].glu) or real(*a, **kw))
     via_triton = run()
     assert calls == []
+    monkeypatch.setenv(cuda_quant.IMPL_ENV, "auto")
+    assert quant.attach_int4_tiles(model) == 0  # K = 2048: auto leaves these on the Triton kernel
+    monkeypatch.setenv(cuda_quant.IMPL_ENV, "cuda")
     assert quant.attach_int4_tiles(model) == 2 and model.gate_up_proj.tile_glu and not model.o_proj.tile_glu
     via_cuda = run()
     assert calls == [True, False, False]
@@ -188,12 +192,36 @@ def test_bad_input_is_refused_by_the_op(built) -> None:
 
 
 def test_the_decode_step_says_which_int4_gemv_it_runs(monkeypatch) -> None:
-    """By default the Triton kernel, said so with the switch that takes this one; asked for where it cannot run
-    (here, without a GPU: or without nvcc), the Triton kernel with the reason — never an exception."""
-    monkeypatch.delenv(cuda_quant.IMPL_ENV, raising=False)
-    assert cuda_quant.ensure().startswith("int4 GEMV: the Triton kernel ($MODELAB_INT4_GEMV=cuda")
-    assert not cuda_quant.wanted()
-    monkeypatch.setenv(cuda_quant.IMPL_ENV, "cuda")
+    """$MODELAB_INT4_GEMV: triton keeps every product on the Triton kernel and says how to change it; auto (the
+    default) or cuda where the kernel cannot run (here, without a GPU: or without nvcc) fall back to the Triton
+    kernel with the reason — never an exception; a value it does not know is refused with the choices."""
+    monkeypatch.setenv(cuda_quant.IMPL_ENV, "triton")
+    assert cuda_quant.ensure() == ("int4 GEMV: the Triton kernel ($MODELAB_INT4_GEMV=triton; auto or cuda take the "
+                                   "tensor-core one)")
+    assert not cuda_quant.wanted() and not cuda_quant.takes(8192)
     monkeypatch.setattr(cuda_quant, "available", lambda: "needs a CUDA device")
-    assert cuda_quant.ensure() == ("int4 GEMV: the Triton kernel (the tensor-core kernel csrc/quant/int4_gemv.cu: "
-                                   "needs a CUDA device)")
+    for value in ("cuda", "auto"):
+        monkeypatch.setenv(cuda_quant.IMPL_ENV, value)
+        assert cuda_quant.ensure() == ("int4 GEMV: the Triton kernel (the tensor-core kernel csrc/quant/int4_gemv.cu: "
+                                       "needs a CUDA device)")
+    monkeypatch.setenv(cuda_quant.IMPL_ENV, "tensor-cores")
+    with pytest.raises(ValueError, match="MODELAB_INT4_GEMV='tensor-cores': choose one of auto, cuda, triton"):
+        cuda_quant.ensure()
+
+
+def test_auto_takes_the_tensor_core_kernel_only_where_it_was_measured_faster(monkeypatch) -> None:
+    """auto (also when unset or empty): K >= 4096 on compute capability 9.0 only (the H100 rule); cuda: every K;
+    triton: none."""
+    hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    for value in (None, "", "auto", " AUTO "):
+        if value is None:
+            monkeypatch.delenv(cuda_quant.IMPL_ENV, raising=False)
+        else:
+            monkeypatch.setenv(cuda_quant.IMPL_ENV, value)
+        assert cuda_quant.impl() == "auto"
+        assert cuda_quant.takes(4096) == cuda_quant.takes(11008) == hopper
+        assert not cuda_quant.takes(2048) and not cuda_quant.takes(4095)
+    monkeypatch.setenv(cuda_quant.IMPL_ENV, "cuda")
+    assert cuda_quant.takes(64) and cuda_quant.takes(2048)
+    monkeypatch.setenv(cuda_quant.IMPL_ENV, "triton")
+    assert not cuda_quant.takes(11008)

@@ -167,15 +167,17 @@ def test_cli_tables_show_graph_time_and_stages(store: Store) -> None:
 
 
 def test_the_cuda_level_names_the_attention_kernel_it_runs() -> None:
-    """L5's notes say which attention kernel this GPU gets: the wgmma one for D=128 on compute capability 9.0 (where
-    it is built), mma.sync everywhere else (ViT's D=64 included); building the level needs no GPU, only running it."""
+    """L5's notes say which attention kernel this GPU gets: FlashAttention-3's design (TMA, warp-specialised wgmma,
+    variant 7) for D=128 on compute capability 9.0 (where it is built), mma.sync everywhere else (ViT's D=64
+    included); building the level needs no GPU, only running it."""
     import torch
 
     from engine.levels.builders import _cuda
 
     hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
     mma_sync = "mma.sync kernel, tile variant"
-    for name, shape, expected in (("causal_attention", "S=4096", "wgmma kernel, variant" if hopper else mma_sync),
+    for name, shape, expected in (("causal_attention", "S=4096",
+                                   "TMA + warp-specialised wgmma kernel, variant 7" if hopper else mma_sync),
                                   ("vit_patch_attention", "ViT-B/16", mma_sync)):
         component = COMPONENTS[name]
         built = _cuda(component, component.shapes[shape], component.make_naive(component.shapes[shape]), "cuda")
