@@ -28,6 +28,7 @@ graph the 7B's products together ran faster with it (docs/quantization.md has th
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -98,11 +99,16 @@ def wanted() -> bool:
     return _library.path is not None and chosen()
 
 
-def ensure() -> str:
-    """Load the kernel where it is asked for and can run; one line saying which int4 GEMV the decode step runs."""
+def ensure(ks: Iterable[int] | None = None, device: torch.device | str | None = None) -> str:
+    """Load the kernel where it is asked for and can run; one line saying which int4 GEMV the decode step runs. `ks`:
+    the K of the model's int4 products — where none of them would take this kernel on `device` (auto on another GPU,
+    or every K below AUTO_MIN_K), nothing is built."""
     choice = impl()
     if choice == "triton":
         return f"int4 GEMV: the Triton kernel (${IMPL_ENV}=triton; auto or cuda take the tensor-core one)"
+    if ks is not None and not any(takes(k, device) for k in set(ks)):
+        return (f"int4 GEMV: the Triton kernel (${IMPL_ENV}={choice}: {IMPLS[choice]}; none of this model's products "
+                "here)")
     reason = available()
     if reason:
         return f"int4 GEMV: the Triton kernel (the tensor-core kernel csrc/quant/int4_gemv.cu: {reason})"

@@ -353,10 +353,12 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
         notes.append(report.note())
         if mode.quant == "int4-wo" and mode.quant_impl == "triton" and device.startswith("cuda"):
             from engine.kernels import cuda_quant
+            from engine.llm.quant import QuantLinear, attach_int4_tiles
 
-            notes.append(cuda_quant.ensure())  # builds (cached) the tensor-core int4 GEMV, or says why not
+            ks = [m.in_features for m in model.modules() if isinstance(m, QuantLinear) and m.scheme == "int4-wo"]
+            # builds (cached) the tensor-core int4 GEMV where some product takes it, or says why not
+            notes.append(cuda_quant.ensure(ks, device))
             if cuda_quant.wanted():
-                from engine.llm.quant import attach_int4_tiles
 
                 notes.append(f"{attach_int4_tiles(model)} int4 projections take the tensor-core kernel, their codes "
                              "also held in its tile order (a second copy in memory)")

@@ -204,6 +204,12 @@ def test_the_decode_step_says_which_int4_gemv_it_runs(monkeypatch) -> None:
         monkeypatch.setenv(cuda_quant.IMPL_ENV, value)
         assert cuda_quant.ensure() == ("int4 GEMV: the Triton kernel (the tensor-core kernel csrc/quant/int4_gemv.cu: "
                                        "needs a CUDA device)")
+    # auto where no product of the model takes the kernel (here: no H100; K = 2048): nothing built, said so
+    monkeypatch.setattr(cuda_quant, "available", lambda: pytest.fail("built although no product takes it"))
+    monkeypatch.setattr(cuda_quant, "takes", lambda k, device=None: k >= cuda_quant.AUTO_MIN_K)  # as on an H100
+    assert cuda_quant.ensure([2048, 2048]) == (
+        "int4 GEMV: the Triton kernel ($MODELAB_INT4_GEMV=auto: the tensor-core kernel on compute capability 9.0 for "
+        "products of K >= 4096 inputs, the Triton one else; none of this model's products here)")
     monkeypatch.setenv(cuda_quant.IMPL_ENV, "tensor-cores")
     with pytest.raises(ValueError, match="MODELAB_INT4_GEMV='tensor-cores': choose one of auto, cuda, triton"):
         cuda_quant.ensure()
