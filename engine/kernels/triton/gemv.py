@@ -340,9 +340,9 @@ def _quantized(proj: torch.nn.Module) -> bool:
 
 
 def _tiled(proj: torch.nn.Module, x: torch.Tensor, glu: bool) -> bool:
-    """A quantized int4 projection that also holds its codes in the tensor-core kernel's tile order (MODELAB_INT4_GEMV=
-    cuda: engine.llm.quant.attach_int4_tiles), for this product (gate_up's tiles pair gate and up rows), and one
-    CUDA row of x."""
+    """A quantized int4 projection that also holds its codes in the tensor-core kernel's tile order (where
+    $MODELAB_INT4_GEMV sends it: engine.llm.quant.attach_int4_tiles), for this product (gate_up's tiles pair gate and
+    up rows), and one CUDA row of x."""
     return (getattr(proj, "tile_q", None) is not None and proj.tile_glu == glu and x.is_cuda
             and x.numel() == x.shape[-1])
 
@@ -353,8 +353,8 @@ class FusedDecodeOps:
     residual adds after o and down, inside the GEMVs — four kernels fewer per layer than the ops one by one. Each is
     given the projection module: a bf16 nn.Linear takes this module's GEMV; a weight-only quantized one (the
     triton-int8-wo / -fp8-wo / -int4-wo modes) the same fusions in engine.kernels.triton.quant_gemv, dequantizing
-    inside the weight loads; an int4 one holding tile-order codes (MODELAB_INT4_GEMV=cuda) the tensor-core kernel
-    engine.kernels.cuda_quant."""
+    inside the weight loads; an int4 one holding tile-order codes (by default on an H100 for K >= 4096:
+    $MODELAB_INT4_GEMV) the tensor-core kernel engine.kernels.cuda_quant."""
 
     @staticmethod
     def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, proj: torch.nn.Module) -> torch.Tensor:
