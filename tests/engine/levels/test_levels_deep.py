@@ -16,7 +16,7 @@ import torch
 
 from engine.cli import main
 from engine.levels.results import deep_table
-from engine.levels.run import DEEP_METRICS, LevelsConfig, _deep_profile
+from engine.levels.run import DEEP_METRICS, PIPE_METRICS, LevelsConfig, _deep_profile
 from engine.store import RunResult, Store
 
 ROW = ('"{id}","4242","python3","host","{kernel}","1","7","(256, 1, 1)","(64, 16, 4)","0","9.0",'
@@ -26,20 +26,29 @@ VALUES = {"gpu__time_duration.sum": ("usecond", "555.10"),
           "dram__throughput.avg.pct_of_peak_sustained_elapsed": ("%", "21.40"),
           "sm__throughput.avg.pct_of_peak_sustained_elapsed": ("%", "83.20"),
           "sm__warps_active.avg.pct_of_peak_sustained_active": ("%", "12.40"),
-          "launch__registers_per_thread": ("register/thread", "188")}
+          "launch__registers_per_thread": ("register/thread", "188"),
+          "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": ("%", "47.50"),
+          "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": ("", "1.25")}
 CSV = "\n".join(['"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
                  '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"']
                 + [ROW.format(id=i, kernel=KERNEL, metric=m, unit=u, value=v)
                    for i in (0, 1) for m, (u, v) in VALUES.items()]) + "\n"
 
 
-def stand_in_ncu(folder: Path) -> Path:
-    """An `ncu` that runs the target command after its options (as ncu does) and writes CSV to --log-file."""
+def stand_in_ncu(folder: Path, knows: tuple[str, ...] | None = None) -> Path:
+    """An `ncu` that runs the target command after its options (as ncu does) and writes CSV to --log-file. `knows`:
+    the only metrics it accepts (else every one): asked for another, it fails before running anything."""
     fake = folder / "ncu"
     fake.write_text(f"#!{sys.executable}\nimport subprocess, sys\nargs = sys.argv[1:]\n"
                     "log = args[args.index('--log-file') + 1]\n"
                     "target = args[args.index('--log-file') + 2:]\n"
                     "print('options:', ' '.join(args[:args.index('--log-file')]))\n"
+                    f"knows = {knows!r}\n"
+                    "asked = args[args.index('--metrics') + 1].split(',')\n"
+                    "unknown = [m for m in asked if knows is not None and m not in knows]\n"
+                    "if unknown:\n"
+                    "    open(log, 'w').write(f'==ERROR== Failed to find metric {unknown[0]}\\n')\n"
+                    "    sys.exit(1)\n"
                     "done = subprocess.run(target, capture_output=True, text=True)\n"
                     "print(done.stdout, done.stderr)\n"
                     f"open(log, 'w').write({CSV!r} if done.returncode == 0 else '==ERROR== the target failed')\n"
@@ -58,7 +67,7 @@ def test_the_deep_profile_runs_the_checked_level_under_ncu_and_keeps_a_row_per_k
     assert (row["duration_us"], row["mem_throughput_pct"], row["sm_throughput_pct"]) == (555.1, 21.4, 83.2)
     assert {a.kind for a in result.artifacts} == {"ncu_log", "ncu_csv"}
     log = (tmp_path / "ncu-forward.log").read_text()
-    assert "--profile-from-start off" in log and "--metrics " + ",".join(DEEP_METRICS) in log
+    assert "--profile-from-start off" in log and "--metrics " + ",".join(DEEP_METRICS + PIPE_METRICS) in log
     assert "-k " not in log  # every kernel of the measured calls, not a chosen few
     assert "L1-naive on causal_attention small: checked, 2 call(s)" in log  # the target really ran the level
 
@@ -68,6 +77,22 @@ def test_the_deep_profile_runs_the_checked_level_under_ncu_and_keeps_a_row_per_k
     store.record_result(run_id, result)
     (shown,) = deep_table(store, [run_id]).to_dict("records")
     assert shown["level"] == "L1-naive" and shown["occupancy %"] == 12.4 and shown["regs/thread"] == 188
+    assert shown["mma.sync %"] == 47.5 and shown["stall barrier"] == 1.25
+    assert "wgmma %" not in shown and "XU %" not in shown  # measured by no row: no column
+
+
+def test_an_ncu_that_refuses_a_pipe_metric_still_gives_the_base_figures(tmp_path: Path) -> None:
+    """Metric names vary by Nsight Compute version and GPU: where one of the pipe metrics is refused, the profile
+    runs again with DEEP_METRICS alone, and a note says what was left out and why."""
+    cfg = LevelsConfig(component="causal_attention", shape="small", level="L1-naive", artifacts_dir=str(tmp_path))
+    result = RunResult()
+    _deep_profile(result, cfg, ncu_exe=str(stand_in_ncu(tmp_path, knows=DEEP_METRICS)))
+    (row,) = result.kernel_metrics
+    assert (row["kernel"], row["duration_us"]) == (KERNEL, 555.1)
+    (note,) = result.notes
+    assert note.startswith("Nsight Compute: pipe and stall figures left out, one of their metrics refused (")
+    assert f"Failed to find metric {PIPE_METRICS[0]}" in note
+    assert "--metrics " + ",".join(DEEP_METRICS) + " " in (tmp_path / "ncu-forward.log").read_text()
 
 
 def test_a_level_the_target_cannot_build_leaves_a_note_not_a_failure(tmp_path: Path) -> None:
