@@ -360,8 +360,11 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
             notes.append(cuda_quant.ensure(ks, device))
             if cuda_quant.wanted():
 
-                notes.append(f"{attach_int4_tiles(model)} int4 projections take the tensor-core kernel, their codes "
-                             "also held in its tile order (a second copy in memory)")
+                attached, left = attach_int4_tiles(model)
+                notes.append(f"{attached} int4 projections take the tensor-core kernel, their codes also held in its "
+                             "tile order (a second copy in memory)" + (
+                                 f"; {left} left on the Triton kernel: their copy would not fit beside the device's "
+                                 "reserve" if left else ""))
         if not device.startswith("cuda"):
             notes.append("CPU: eager, no compile or CUDA graph" + (" (the Triton GEMV interpreted: correctness "
                                                                    "only)" if mode.quant_impl == "triton" else ""))

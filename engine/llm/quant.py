@@ -322,27 +322,40 @@ def quantize_model(model: nn.Module, scheme: str, impl: str = "plain", disk_cach
     return report
 
 
-def attach_int4_tiles(model: nn.Module) -> int:
+def tile_copy_fits(nbytes: int, free: int, total: int) -> bool:
+    """Whether a tile-order copy of `nbytes` (with tile_major's temporary of the same size) leaves the device its
+    reserve for what comes after (the prefill's activations, the compiler's workspace, the graphs): 2 GiB or a tenth
+    of its memory, whichever is larger."""
+    return free - 2 * nbytes >= max(2 << 30, total // 10)
+
+
+def attach_int4_tiles(model: nn.Module) -> tuple[int, int]:
     """For the tensor-core int4 GEMV (engine.kernels.cuda_quant): give every bf16 int4 QuantLinear on CUDA that
     $MODELAB_INT4_GEMV sends there (cuda_quant.takes: by default K >= 4096 on an H100) a copy of its codes and
     scales in that kernel's tile order (buffers tile_q, tile_s; the fused gate_up's with gate and up rows paired,
     tile_glu), which the decode step's fused products then take (engine.kernels.triton.gemv.FusedDecodeOps). The
     row-major codes stay for the prefill's dequantization, so those weights are held twice in memory (read once per
-    token either way). Returns how many."""
+    token either way); a projection whose copy would not fit (`tile_copy_fits`) stays on the Triton kernel. Returns
+    (projections given the copy, projections left on the Triton kernel for memory)."""
     from engine.kernels import cuda_quant
 
-    count = 0
+    attached = left = 0
     for name, module in model.named_modules():
         if (isinstance(module, QuantLinear) and module.scheme == "int4-wo" and module.q.is_cuda
                 and module.dtype == torch.bfloat16 and module.scales.dtype == torch.bfloat16
                 and cuda_quant.takes(module.in_features, module.q.device)):
+            free, total = torch.cuda.mem_get_info(module.q.device)
+            free += torch.cuda.memory_reserved(module.q.device) - torch.cuda.memory_allocated(module.q.device)
+            if not tile_copy_fits(module.q.nbytes + module.scales.nbytes, free, total):
+                left += 1
+                continue
             glu = name.rsplit(".", 1)[-1] == "gate_up_proj"
             w = cuda_quant.tile_major(module.q, module.scales, module.in_features, glu=glu)
             module.register_buffer("tile_q", w.q)
             module.register_buffer("tile_s", w.s)
             module.tile_glu = glu
-            count += 1
-    return count
+            attached += 1
+    return attached, left
 
 
 # -- the accuracy gate ----------------------------------------------------------------------------------------------

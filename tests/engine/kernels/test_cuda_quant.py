@@ -168,9 +168,9 @@ def test_the_decode_steps_int4_products_take_it_once_tiles_are_attached(built, m
     via_triton = run()
     assert calls == []
     monkeypatch.setenv(cuda_quant.IMPL_ENV, "auto")
-    assert quant.attach_int4_tiles(model) == 0  # K = 2048: auto leaves these on the Triton kernel
+    assert quant.attach_int4_tiles(model) == (0, 0)  # K = 2048: auto leaves these on the Triton kernel
     monkeypatch.setenv(cuda_quant.IMPL_ENV, "cuda")
-    assert quant.attach_int4_tiles(model) == 2 and model.gate_up_proj.tile_glu and not model.o_proj.tile_glu
+    assert quant.attach_int4_tiles(model) == (2, 0) and model.gate_up_proj.tile_glu and not model.o_proj.tile_glu
     via_cuda = run()
     assert calls == [True, False, False]
     for got in (via_triton, via_cuda):
@@ -213,6 +213,15 @@ def test_the_decode_step_says_which_int4_gemv_it_runs(monkeypatch) -> None:
     monkeypatch.setenv(cuda_quant.IMPL_ENV, "tensor-cores")
     with pytest.raises(ValueError, match="MODELAB_INT4_GEMV='tensor-cores': choose one of auto, cuda, triton"):
         cuda_quant.ensure()
+
+
+def test_a_tile_copy_is_made_only_where_it_leaves_the_device_its_reserve() -> None:
+    """The copy and tile_major's temporary (twice its bytes) must leave 2 GiB, or a tenth of a large device."""
+    gib = 1 << 30
+    assert quant.tile_copy_fits(1 * gib, free=5 * gib, total=80 * gib) is False  # 3 GiB left < 8 GiB (a tenth)
+    assert quant.tile_copy_fits(1 * gib, free=10 * gib, total=80 * gib) is True  # 8 GiB left
+    assert quant.tile_copy_fits(100 << 20, free=2 * gib + (200 << 20), total=16 * gib) is True  # 2 GiB left
+    assert quant.tile_copy_fits(100 << 20, free=2 * gib + (199 << 20), total=16 * gib) is False
 
 
 def test_auto_takes_the_tensor_core_kernel_only_where_it_was_measured_faster(monkeypatch) -> None:
