@@ -352,19 +352,9 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
         quantize_s = report.seconds
         notes.append(report.note())
         if mode.quant == "int4-wo" and mode.quant_impl == "triton" and device.startswith("cuda"):
-            from engine.kernels import cuda_quant
-            from engine.llm.quant import QuantLinear, attach_int4_tiles
+            from engine.llm.quant import use_tensor_core_int4
 
-            ks = [m.in_features for m in model.modules() if isinstance(m, QuantLinear) and m.scheme == "int4-wo"]
-            # builds (cached) the tensor-core int4 GEMV where some product takes it, or says why not
-            notes.append(cuda_quant.ensure(ks, device))
-            if cuda_quant.wanted():
-
-                attached, left = attach_int4_tiles(model)
-                notes.append(f"{attached} int4 projections take the tensor-core kernel, their codes also held in its "
-                             "tile order (a second copy in memory)" + (
-                                 f"; {left} left on the Triton kernel: their copy would not fit beside the device's "
-                                 "reserve" if left else ""))
+            notes += use_tensor_core_int4(model, device)  # the tensor-core int4 GEMV where it is faster, or why not
         if not device.startswith("cuda"):
             notes.append("CPU: eager, no compile or CUDA graph" + (" (the Triton GEMV interpreted: correctness "
                                                                    "only)" if mode.quant_impl == "triton" else ""))

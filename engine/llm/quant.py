@@ -358,6 +358,22 @@ def attach_int4_tiles(model: nn.Module) -> tuple[int, int]:
     return attached, left
 
 
+def use_tensor_core_int4(model: nn.Module, device: str) -> list[str]:
+    """Where $MODELAB_INT4_GEMV sends some of the model's int4 products to the tensor-core GEMV on this device
+    (engine.kernels.cuda_quant.takes): build (cached) and load it, then give those projections their tile-order copy
+    (attach_int4_tiles). The run's notes: which int4 GEMV runs, and how many projections take it, or why none."""
+    from engine.kernels import cuda_quant
+
+    ks = [m.in_features for m in model.modules() if isinstance(m, QuantLinear) and m.scheme == "int4-wo"]
+    notes = [cuda_quant.ensure(ks, device)]
+    if cuda_quant.wanted() and any(cuda_quant.takes(k, device) for k in set(ks)):
+        attached, left = attach_int4_tiles(model)
+        notes.append(f"{attached} int4 projections take the tensor-core kernel, their codes also held in its tile "
+                     "order (a second copy in memory)" + (f"; {left} left on the Triton kernel: their copy would not "
+                                                         "fit beside the device's reserve" if left else ""))
+    return notes
+
+
 # -- the accuracy gate ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Gate:

@@ -215,6 +215,19 @@ def test_the_decode_step_says_which_int4_gemv_it_runs(monkeypatch) -> None:
         cuda_quant.ensure()
 
 
+def test_the_mode_notes_which_int4_gemv_runs_and_copies_nothing_where_none_takes_it(monkeypatch) -> None:
+    """engine.llm.quant.use_tensor_core_int4 (what triton-int4-wo's prepare calls on CUDA) on a real int4 projection:
+    where no product takes the kernel (auto without an H100 here, or triton) one note and no tile-order copy."""
+    model = torch.nn.Module()
+    model.down_proj = quant.QuantLinear(_case(32, 4096)[1], "triton")
+    monkeypatch.setattr(cuda_quant, "takes", lambda k, device=None: False)  # as auto on another GPU
+    for value, says in (("auto", "none of this model's products here"), ("triton", "$MODELAB_INT4_GEMV=triton")):
+        monkeypatch.setenv(cuda_quant.IMPL_ENV, value)
+        (note,) = quant.use_tensor_core_int4(model, "cuda")
+        assert note.startswith("int4 GEMV: the Triton kernel (") and says in note, note
+        assert getattr(model.down_proj, "tile_q", None) is None
+
+
 def test_a_tile_copy_is_made_only_where_it_leaves_the_device_its_reserve() -> None:
     """The copy and tile_major's temporary (twice its bytes) must leave 2 GiB, or a tenth of a large device."""
     gib = 1 << 30
