@@ -133,10 +133,6 @@ class TileWeight:
     k: int
     glu: bool
 
-    @property
-    def nbytes(self) -> int:
-        return self.q.numel() * 4 + self.s.numel() * 2
-
 
 def tile_rows(n: int, glu: bool) -> torch.Tensor:
     """The weight row behind each of the kernel's tile rows (tiles · 16 of them), n where a tile runs past the weight:
