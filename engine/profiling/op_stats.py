@@ -9,7 +9,10 @@ Definitions (all times in µs, summed over the profiled "active" steps):
 - host event: a complete event ("ph": "X") of an operator (cpu_op), a CUDA runtime/driver call, a user annotation
   (record_function, ProfilerStep#N) or a Python function. Its *self* time is its duration minus the time covered by
   the host events nested in it on the same thread (what key_averages() calls self CPU time).
-- device event: a kernel, memcpy or memset on the GPU. Its self time is its duration.
+- device event: a kernel, memcpy or memset on the GPU. Its self time is the part of its duration that no device event
+  started before it on the same GPU covers (its total time is the whole duration). Without overlap the two are equal;
+  with programmatic dependent launch a kernel starts while the one before it drains and waits inside for it, so its
+  duration counts that wait too: self times are the critical path, and they add up to the device's busy time.
 - step window: from the start of the first ProfilerStep#N to the later of the last step's end and the last device
   event's end. Device busy = length of the union of device-event intervals inside the window; idle = window − busy.
 - kernel launches: host calls that put kernels on the device (cudaLaunchKernel*, cuLaunchKernel*, cudaGraphLaunch —
@@ -48,6 +51,7 @@ class Event:
     dur: float
     args: dict[str, Any]
     children_us: float = 0.0
+    overlap_us: float = 0.0  # device events: the part of it earlier-started device events cover (assign_overlaps)
     children: list[Event] = field(default_factory=list, repr=False)
     merged: bool = False  # the only child of a same-name parent: counted as part of it, like key_averages does
 
@@ -57,7 +61,7 @@ class Event:
 
     @property
     def self_us(self) -> float:
-        return max(0.0, self.dur - self.children_us)
+        return max(0.0, self.dur - self.children_us - self.overlap_us)
 
 
 @dataclass
@@ -125,6 +129,23 @@ def assign_self_times(events: Iterable[Event]) -> None:
                 child.merged = True
                 e.children_us = child.children_us
                 e.children = child.children
+
+
+def assign_overlaps(events: Iterable[Event]) -> float:
+    """Fill overlap_us of device events: per GPU (the trace's pid), in start order, the part of each event that the
+    events started before it already cover. Returns the total overlap."""
+    by_gpu: dict[Any, list[Event]] = defaultdict(list)
+    for e in events:
+        if e.device != "cpu":
+            by_gpu[e.thread[0]].append(e)
+    total = 0.0
+    for evs in by_gpu.values():
+        covered = float("-inf")
+        for e in sorted(evs, key=lambda e: (e.ts, e.end)):
+            e.overlap_us = max(0.0, min(e.end, covered) - e.ts)
+            total += e.overlap_us
+            covered = max(covered, e.end)
+    return total
 
 
 def union_length(intervals: Iterable[tuple[float, float]], lo: float | None = None, hi: float | None = None) -> float:
@@ -207,6 +228,7 @@ def analyze(trace: dict[str, Any] | list, phase: str | None = None) -> TraceAnal
     """op_stats rows (with `phase`) and step figures of one profiled trace."""
     events = parse_events(trace)
     assign_self_times(events)
+    overlap = assign_overlaps(events)
     host = [e for e in events if e.device == "cpu" and not e.merged]
     device = [e for e in events if e.device != "cpu"]
     notes: list[str] = []
@@ -257,7 +279,14 @@ def analyze(trace: dict[str, Any] | list, phase: str | None = None) -> TraceAnal
             "idle_fraction": (window - busy) / window if window > 0 else 0.0,
             "device_busy_per_step_us": busy / steps,
             "memcpy_us": sum(e.dur for e in device if e.kind == "memcpy"),
+            "device_overlap_us": overlap,
         })
+        total = sum(e.dur for e in device)
+        if total > 0 and overlap > 0.01 * total:
+            notes.append(f"device events overlap ({overlap / steps:,.1f} µs per step, {overlap / total:.0%} of their "
+                         "durations: programmatic dependent launch or concurrent streams): a kernel's self time is "
+                         "the part of it no earlier-started one covers, so self times add up to the busy time; "
+                         "total_us keeps whole durations")
     rows = aggregate(events)
     for r in rows:
         r["phase"] = phase

@@ -209,9 +209,39 @@ def test_gpu_trace_busy_idle_launches_and_kernels():
     assert rows[("operator", "aten::relu")]["device_us"] == 20  # its kernel and its copy
     assert rows[("annotation", "ProfilerStep*")]["calls"] == 2
     assert rows[("memcpy", "Memcpy DtoD (Device -> Device)")]["device"] == "cuda"
-    # Device rows add up to the device's work; host rows to the host's time.
-    assert sum(r["self_us"] for r in a.op_stats if r["device"] == "cuda") == m["kernel_us"] + m["memcpy_us"]
+    # Device rows' self times add up to the device's busy time (the copy's 5 µs under relu_kernel counted once),
+    # their total times to the work's whole durations; host rows to the host's time.
+    assert rows[("memcpy", "Memcpy DtoD (Device -> Device)")]["self_us"] == 5
+    assert rows[("memcpy", "Memcpy DtoD (Device -> Device)")]["total_us"] == 10
+    assert sum(r["self_us"] for r in a.op_stats if r["device"] == "cuda") == m["device_busy_us"]
+    assert sum(r["total_us"] for r in a.op_stats if r["device"] == "cuda") == m["kernel_us"] + m["memcpy_us"]
+    assert m["device_overlap_us"] == 5 and any("overlap" in n for n in a.notes)
     assert sum(r["self_us"] for r in a.op_stats if r["device"] == "cpu") == pytest.approx(m["profiled_wall_us"])
+
+
+def test_kernels_started_early_count_only_the_time_they_add():
+    """Programmatic dependent launch: each GEMV starts while the one before drains and waits inside for it, so its
+    duration includes that wait. Self time is the critical path (what the kernel adds after the one before ends);
+    the real 1B step showed it: the gate_up GEMV's durations averaged 30.6 µs, its added time 24.0. Two GPUs (pids)
+    are separate paths."""
+    D = {"pid": 0, "tid": 7}
+
+    def kernel(name: str, ts: float, dur: float, pid: int = 0) -> dict:
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, **{**D, "pid": pid}, "args": {}}
+
+    trace = [kernel("qkv", 0, 6), kernel("attention", 2, 7), kernel("o_proj", 7, 5), kernel("gate_up", 9, 30),
+             kernel("down", 10, 25),  # wholly inside gate_up: adds nothing
+             kernel("qkv", 3, 6, pid=1)]  # another GPU: its own path, nothing covers it
+    a = analyze(trace)
+    rows = {r["name"]: r for r in a.op_stats}
+    assert {n: rows[n]["self_us"] for n in ("attention", "o_proj", "gate_up", "down")} == {
+        "attention": 3, "o_proj": 3, "gate_up": 27, "down": 0}
+    assert rows["qkv"]["self_us"] == 6 + 6 and rows["qkv"]["total_us"] == 12
+    assert rows["gate_up"]["total_us"] == 30
+    gpu0 = [r for r in a.op_stats if r["device"] == "cuda"]
+    assert sum(r["self_us"] for r in gpu0) == 39 + 6  # busy [0, 39] on GPU 0, [3, 9] on GPU 1
+    no_overlap = analyze([kernel("a", 0, 4), kernel("b", 4, 5), kernel("c", 12, 1)])
+    assert [r["self_us"] for r in no_overlap.op_stats] == [5, 4, 1] and not no_overlap.notes
 
 
 def test_interval_union_and_overhanging_children():

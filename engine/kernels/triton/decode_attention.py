@@ -21,6 +21,7 @@ as one opaque call; `_reference` is SDPA's math with the decode mask, in float64
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -70,6 +71,9 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
         # previous kernel (q, the new k and v), and the new position patched in below.
         k_next = tl.load(k_ptr + first, mask=(first_pos < hi)[:, None], other=0.0)
         v_next = tl.load(v_ptr + first, mask=(first_pos < hi)[:, None], other=0.0)
+        # the rotary tables' row for the new position: static tables, so also read before the wait
+        cos = tl.load(cos_ptr + (length - 1) * D + dims).to(tl.float32)
+        sin = tl.load(sin_ptr + (length - 1) * D + dims).to(tl.float32)
     if PDL:
         tl.extra.cuda.gdc_wait()
     if not FROM_QKV:  # the new position was written by the kernels just before: only after the wait
@@ -80,8 +84,6 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
         head = bk % KVH
         rot = (dims + D // 2) % D
         sign = tl.where(dims < D // 2, -1.0, 1.0)
-        cos = tl.load(cos_ptr + (length - 1) * D + dims).to(tl.float32)  # the tables' row for the new position
-        sin = tl.load(sin_ptr + (length - 1) * D + dims).to(tl.float32)
         row = q_ptr + b * QKV_ROW
         q = _rope(row + (head * REP + rows)[:, None] * D, dims[None, :], rot[None, :], sign[None, :], cos[None, :],
                   sin[None, :], row_ok[:, None])
@@ -160,7 +162,10 @@ def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, NUM_SPLITS,
 # With tl.dot (GQA groups, 16-bit cache) one 64-position tile per split: on the H100, 1B decode step 889.7 / 889.9 µs
 # against 901.1 with 32-position tiles (SPLIT, BLOCK_S = 128, 64: 909.3; 128, 32: 935.2), one machine, one session;
 # `python benchmarks/decode_attention_bench.py --preset 1B` (H100, 2026-11-25, position 575 of 640): 3.98 µs, the best
-# of 39 tiles 3.85 (32 × 32 × 4).
+# of 39 tiles 3.85 (32 × 32 × 4). Tried and dropped (H200, 2026-11-27): one program per kv head over the whole cache,
+# storing the output itself (no combine kernel): 8.7–14.1 µs alone against 3.7, and the 1B step 769.2–802.5 µs against
+# 688.3 with the split (int4: 582.7 against 416.3) — eight programs walking 640 positions one tile at a time wait on
+# memory at every tile, where 80 short splits have theirs in flight at once.
 TILE_DOT = (64, 64, 4)
 # One query row per kv head (the 7B): the broadcast products. The same bench, 7B: 64 × 32 × 4 (the
 # tile before) 10.89 µs for 9.4 MB of cache (866 GB/s), 32 × 32 × 2 7.55 µs (1251 GB/s), the best of 39: a program's
@@ -200,6 +205,7 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     # dot would round them to tf32) and one query row per kv head (the 7B: 15 of 16 padded rows would be waste).
     use_dot = not interpreted and k_c.dtype in (torch.bfloat16, torch.float16) and rep >= 2
     rep_pad = max(16, triton.next_power_of_2(rep)) if use_dot else triton.next_power_of_2(rep)
+    tile = tile or tile_from_env()
     split, block_s, warps = tile or (TILE_DOT if use_dot else TILE_ROWS if rep == 1 else TILE_GROUPS)
     tiles = INTERPRETER if interpreted and tile is None else {"SPLIT": split, "BLOCK_S": block_s}
     num_splits = triton.cdiv(s_max, tiles["SPLIT"])
@@ -215,6 +221,25 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     _combine_kernel[(b * h,)](m, l, o, out, num_splits, REP=rep, REP_PAD=rep_pad, D=d,
                               SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4, **pdl)
     return out
+
+
+TILE_ENV = "MODELAB_DECODE_ATTENTION_TILE"
+
+
+def tile_from_env() -> tuple[int, int, int] | None:
+    """The split kernel's tile from MODELAB_DECODE_ATTENTION_TILE ("SPLIT,BLOCK_S,WARPS"), for measuring a tile inside
+    the real decode step (benchmarks/decode_attention_bench.py times tiles alone); None where unset."""
+    raw = os.environ.get(TILE_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        split, block_s, warps = (int(v) for v in raw.split(","))
+    except ValueError:
+        raise ValueError(f"{TILE_ENV}={raw!r}: want three integers SPLIT,BLOCK_S,WARPS (e.g. 64,64,4)") from None
+    if not all(v > 0 and v & (v - 1) == 0 for v in (split, block_s, warps)) or warps > 16 or split < block_s:
+        raise ValueError(f"{TILE_ENV}={raw!r}: SPLIT, BLOCK_S and WARPS must be powers of two, SPLIT ≥ BLOCK_S, "
+                         "WARPS ≤ 16")
+    return split, block_s, warps
 
 
 def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,

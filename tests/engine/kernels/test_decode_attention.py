@@ -98,12 +98,17 @@ def _rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     return x * cos + _rotate_half(x) * sin
 
 
+@pytest.mark.parametrize("tile", [None, "32,8,2"], ids=["default-tile", "tile-from-env"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("b,h,kvh,d,s", SHAPES)
-def test_qkv_variant_applies_rope_writes_the_cache_and_attends(b, h, kvh, d, s, dtype) -> None:
+def test_qkv_variant_applies_rope_writes_the_cache_and_attends(b, h, kvh, d, s, dtype, tile, monkeypatch) -> None:
     """From the qkv product's raw output: RoPE on q and the new k, k and v written at the position (nothing else of
-    the cache touched), attention over positions 0..pos — against the model's own ops in float64."""
+    the cache touched), attention over positions 0..pos — against the model's own ops in float64; also with a tile
+    set through MODELAB_DECODE_ATTENTION_TILE (one split covering the short caches here)."""
     from dataclasses import replace
+
+    if tile:
+        monkeypatch.setenv(da.TILE_ENV, tile)
 
     from engine.workloads.llama import preset, rope_tables
 
@@ -131,6 +136,13 @@ def test_qkv_variant_applies_rope_writes_the_cache_and_attends(b, h, kvh, d, s, 
         assert torch.equal(v_cache[:, :, pos], v_ref[:, :, pos].to(dtype))
         want = da._reference(q, k_ref, v_ref, input_pos)
         assert out.shape == (b, h, 1, d) and rel_err(out, want) < 2 * TOL[dtype], (pos, rel_err(out, want))
+
+
+@pytest.mark.parametrize("raw", ["64,64", "a,b,c", "64,48,4", "64,64,32", "16,64,4", "-64,64,4", "0,64,4"])
+def test_a_bad_tile_in_the_environment_is_refused_with_the_form(raw, monkeypatch) -> None:
+    monkeypatch.setenv(da.TILE_ENV, raw)
+    with pytest.raises(ValueError, match=da.TILE_ENV):
+        da.tile_from_env()
 
 
 def test_qkv_variant_refuses_shapes_it_does_not_handle() -> None:
