@@ -236,8 +236,10 @@ def tile_from_env() -> tuple[int, int, int] | None:
         split, block_s, warps = (int(v) for v in raw.split(","))
     except ValueError:
         raise ValueError(f"{TILE_ENV}={raw!r}: want three integers SPLIT,BLOCK_S,WARPS (e.g. 64,64,4)") from None
-    if not all(v > 0 and v & (v - 1) == 0 for v in (split, block_s, warps)) or warps > 16 or split < block_s:
-        raise ValueError(f"{TILE_ENV}={raw!r}: SPLIT, BLOCK_S and WARPS must be powers of two, SPLIT ≥ BLOCK_S, "
+    # BLOCK_S ≥ 16: on the GPU it is the K of the P·V tensor-core product (tl.dot takes no fewer)
+    pow2 = all(v > 0 and v & (v - 1) == 0 for v in (split, block_s, warps))
+    if not pow2 or block_s < 16 or warps > 16 or split < block_s:
+        raise ValueError(f"{TILE_ENV}={raw!r}: SPLIT, BLOCK_S and WARPS must be powers of two, SPLIT ≥ BLOCK_S ≥ 16, "
                          "WARPS ≤ 16")
     return split, block_s, warps
 
