@@ -269,8 +269,8 @@ if not kernels.empty:
     st.dataframe(kernels.round(1), hide_index=True, key="deep-table")
     st.caption("Per kernel of the calls ncu measured (`levels --deep`, clocks left alone): mean time, DRAM and SM "
                "throughput as % of the device's peak, achieved occupancy (% of the warps an SM can hold), registers "
-               "per thread; where this Nsight Compute gives them, the tensor pipes' activity (mma.sync, wgmma) and the "
-               "XU pipe's (exponentials) as % of their peak, and warps stalled per issued instruction on memory, "
+               "per thread; where this Nsight Compute gives them, the tensor pipe's activity (mma.sync and wgmma) and "
+               "the XU pipe's (exponentials) as % of their peak, and warps stalled per issued instruction on memory, "
                "barriers, fixed-latency waits and a busy math pipe. High DRAM % with low SM %: bandwidth-bound; low "
                "both: latency, occupancy or launch shape; high SM %: compute-bound.")
 

@@ -96,8 +96,7 @@ DEEP_COLUMNS = {  # ncu metric → column of deep_table (the first three are ncu
     "launch__registers_per_thread": "regs/thread",
     # engine.levels.run.PIPE_METRICS: % of the pipe's peak while the SM is active; stalls: warps per issued
     # instruction
-    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "mma.sync %",
-    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": "wgmma %",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor pipe %",  # mma.sync and wgmma
     "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active": "XU %",
     "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio": "stall memory",
     "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": "stall barrier",
@@ -109,7 +108,7 @@ DEEP_COLUMNS = {  # ncu metric → column of deep_table (the first three are ncu
 def deep_table(store: Store, run_ids: Sequence[int]) -> pd.DataFrame:
     """`levels --deep`: one row per (run, kernel) that Nsight Compute measured — the level, the kernel, its launches
     over the measured calls, mean µs, DRAM and SM throughput (% of peak), achieved occupancy, registers per thread,
-    and where measured the tensor (mma.sync, wgmma) and XU pipes' activity and the warps stalled per issued
+    and where measured the tensor and XU pipes' activity and the warps stalled per issued
     instruction on memory, barriers, fixed-latency waits and a busy math pipe (engine.levels.run.PIPE_METRICS)."""
     if not run_ids:
         return pd.DataFrame()
@@ -128,6 +127,6 @@ def deep_table(store: Store, run_ids: Sequence[int]) -> pd.DataFrame:
             row[column] = (extra.get(metric) or {}).get("mean")
         rows.append(row)
     table = pd.DataFrame(rows)
-    # a figure no row has (wgmma off Hopper, the pipe figures of an Nsight Compute that refused them): no column
+    # a figure no row has (the pipe figures of an Nsight Compute that refused them): no column
     empty = [c for c in DEEP_COLUMNS.values() if c in table and table[c].isna().all()]
     return table.drop(columns=empty)

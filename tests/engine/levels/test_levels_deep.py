@@ -77,8 +77,8 @@ def test_the_deep_profile_runs_the_checked_level_under_ncu_and_keeps_a_row_per_k
     store.record_result(run_id, result)
     (shown,) = deep_table(store, [run_id]).to_dict("records")
     assert shown["level"] == "L1-naive" and shown["occupancy %"] == 12.4 and shown["regs/thread"] == 188
-    assert shown["mma.sync %"] == 47.5 and shown["stall barrier"] == 1.25
-    assert "wgmma %" not in shown and "XU %" not in shown  # measured by no row: no column
+    assert shown["tensor pipe %"] == 47.5 and shown["stall barrier"] == 1.25
+    assert "XU %" not in shown  # measured by no row: no column
 
 
 def test_an_ncu_that_refuses_a_pipe_metric_still_gives_the_base_figures(tmp_path: Path) -> None:
