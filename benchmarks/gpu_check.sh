@@ -21,6 +21,7 @@ aoti           the aoti mode cold then warm, its phase timeline, then aoti_timin
 gemv           GEMV tests, cuBLAS vs Triton per weight shape (gemv_bench.py), 1B/7B compile-cudagraph vs triton-gemv
 decode         decode-attention and GEMV tests, the sm_90 compile check, 1B and 7B in triton-gemv/-decode/-fused
 pdl            1B and 7B triton-fused with programmatic dependent launch off and on (MODELAB_TRITON_PDL=0/1)
+decode-path    1B triton-fused and triton-int4-wo profiled: each decode kernel's time on the critical path per step
 llm-1b-all     1B, every LLM mode, prepared side by side and timed alone: total seconds and each run's phase timeline
 levels         every kernel level of the three components at their real shapes
 cuda-levels    the L5 CUDA kernels: build (ptxas registers), checks, timings against torch (cuda_levels_gpu.py)
@@ -92,6 +93,15 @@ case $part in
            >"$out/llm${preset}_pdl$pdl.log" 2>&1
          echo "$preset PDL=$pdl"; tail -4 "$out/llm${preset}_pdl$pdl.log" | head -2
        done; done ;;
+  decode-path) t timeout 300 llm --preset 1B --mode triton-fused,triton-int4-wo >"$out/decode_path.log" 2>&1
+               grep -E "^ +[0-9]+ triton" "$out/decode_path.log"
+               # op_stats' device self time: what each kernel adds after the one before it ends (under PDL a
+               # kernel's whole duration also counts its wait for the one before: total_us)
+               python3 -m engine sql "SELECT r.mode, substr(o.name, 1, 48) AS kernel, o.calls / s.value AS per_step,
+                 round(o.self_us / s.value, 1) AS critical_us_per_step, round(o.total_us / o.calls, 2) AS duration_us
+                 FROM op_stats o JOIN runs r ON r.id = o.run_id
+                 JOIN metrics s ON s.run_id = r.id AND s.name = 'prof_steps' AND s.phase = 'decode'
+                 WHERE o.device = 'cuda' AND o.phase = 'decode' AND r.kind = 'llm' ORDER BY r.id, o.self_us DESC" ;;
   llm-1b-all) t timeout 580 python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --mode all \
                 --device cuda >"$out/llm1b_all.log" 2>&1; tail -30 "$out/llm1b_all.log"
               python3 benchmarks/run_timelines.py --kind llm ;;
