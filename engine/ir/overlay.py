@@ -4,7 +4,9 @@ Input: an IR (engine.ir.graph) and the Chrome trace of a profile run (engine.pro
 input shapes). Output: an `Overlay` — time per IR node and per module, per profiled step — plus what matched nothing.
 
 Basis. On a GPU profile the time is *device* time: every kernel, memcpy and memset in the trace (the trace holds only
-the profiled steps), each given to the host operator that launched it (its "External id"). On a CPU profile it is
+the profiled steps), each given to the host operator that launched it (its "External id") and counted by its self
+time (op_stats: the part no earlier-started device event covers, so kernels that overlap — programmatic dependent
+launch, several streams — are not counted twice). On a CPU profile it is
 *self CPU time*: the self time (duration minus nested host events) of every operator and record_function range other
 than ProfilerStep#N — compiled code runs its fused C++ kernels inside the "## Call CompiledFxGraph ##" range, so that
 range's self time is where they show. The share's denominator is that total over the ProfilerStep#N windows.
@@ -40,7 +42,7 @@ from typing import Any
 import pandas as pd
 
 from engine.ir.graph import IR, OpNode
-from engine.profiling.op_stats import STEP_RE, Event, assign_self_times, load_trace, parse_events
+from engine.profiling.op_stats import STEP_RE, Event, assign_overlaps, assign_self_times, load_trace, parse_events
 
 ALIASES = {"aten::linear": "linear", "aten::addmm": "linear", "aten::mm": "linear", "aten::matmul": "linear",
            "aten::bmm": "bmm", "aten::baddbmm": "bmm"}
@@ -174,9 +176,9 @@ def _time_units(units: list[_Unit], device: list[Event]) -> set[int]:
     used = set()
     for k in device:
         u = by_ext.get(_ext_id(k))
-        if u is not None:
-            u.us += k.dur
-            u.kernels[k.name] += k.dur
+        if u is not None:  # a kernel's self time: its share of the critical path (op_stats.assign_overlaps)
+            u.us += k.self_us
+            u.kernels[k.name] += k.self_us
             used.add(id(k))
     return used
 
@@ -192,7 +194,7 @@ def step_units(events: list[Event], ir_names: set[str]) -> tuple[list[list[_Unit
     per_step = [[u for r in roots if s <= r.ts < t for u in _open(r, ir_names)] for s, t in spans]
     used = _time_units([u for units in per_step for u in units], device)
     if device:
-        total = sum(k.dur for k in device)
+        total = sum(k.self_us for k in device)
     else:
         total = sum(e.self_us for e in host if _counted(e) and any(s <= e.ts < t for s, t in spans))
     return per_step, [k for k in device if id(k) not in used], total
@@ -229,6 +231,7 @@ def attribute(ir: IR, trace: dict[str, Any] | list, phase: str | None = None) ->
     """Per-node and per-module time (µs per step) of one profiled trace, by the rules of the module docstring."""
     events = parse_events(trace)
     assign_self_times(events)
+    assign_overlaps(events)
     shapes = {name: t.shape for name, t in ir.tensors().items()}
     ir_names = {aten_name(n.op_type) for n in ir.nodes}
     per_step, orphans, total = step_units(events, ir_names)

@@ -63,6 +63,29 @@ def test_ties_match_the_kth_call_to_the_kth_node() -> None:
     assert table.loc["b", "us_per_step"] == pytest.approx(37) and table.loc["a", "ops"] == 2
 
 
+def test_kernels_that_overlap_count_once_on_the_graph() -> None:
+    """A GPU profile under programmatic dependent launch: each kernel starts while the one before drains, so its
+    duration also counts that wait; a node gets its kernel's share of the critical path, and the nodes add up to the
+    device's busy time (here 55 µs), not to the durations (70)."""
+    ir = relu_chain()
+    D = {"pid": 0, "tid": 7}
+
+    def launch(name: str, ts: float, ext: int, dims: list) -> dict:
+        return {**op(name, ts, 3, dims), "args": {"Input Dims": dims, "External id": ext}}
+
+    def kernel(ts: float, dur: float, ext: int) -> dict:
+        return {"ph": "X", "cat": "kernel", "name": f"k{ext}", "ts": ts, "dur": dur, "args": {"External id": ext}, **D}
+
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 100, **H},
+          launch("aten::relu", 1, 1, [[4, 8]]), launch("aten::relu", 5, 2, [[4, 8]]),
+          launch("aten::relu", 9, 3, [[4, 8]]), launch("aten::sum", 13, 4, [[4, 8], []]),
+          kernel(20, 10, 1), kernel(25, 20, 2), kernel(40, 25, 3), kernel(60, 15, 4)]  # ends 30, 45, 65, 75
+    ov = attribute(ir, {"traceEvents": ev})
+    assert ov.basis == "device"
+    assert ov.node_us == pytest.approx({"relu_0": 10, "relu_1": 15, "relu_2": 20, "sum_1": 10})
+    assert ov.total_us == pytest.approx(55) and ov.share == pytest.approx(1.0)
+
+
 def test_a_compiled_profile_reports_fused_kernels_and_what_is_new() -> None:
     ir = relu_chain()
     step = {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 100, **H}
