@@ -250,7 +250,7 @@ def attribute(ir: IR, trace: dict[str, Any] | list, phase: str | None = None) ->
             else:
                 _miss(missed, u, basis, steps)
     for k in orphans:
-        _add(missed, k.name, k.dur / steps)
+        _add(missed, k.name, k.self_us / steps)
     unmatched = sorted((Unmatched(n, int(c), us) for n, (c, us) in missed.items() if us > 0), key=lambda m: -m.us)
     return Overlay(basis=basis, steps=len(per_step), total_us=total / steps, node_us=dict(node_us), node_how=node_how,
                    module_us=module_totals(ir, node_us), unmatched=unmatched,
@@ -276,7 +276,7 @@ def _event_totals(events: list[Event], basis: str, steps: int) -> dict[str, floa
     out: dict[str, float] = defaultdict(float)
     for e in events:
         if basis == "device" and e.device != "cpu":
-            out[e.name] += e.dur / steps
+            out[e.name] += e.self_us / steps
         elif basis == "cpu" and _counted(e):
             out[e.name] += e.self_us / steps
     return dict(out)
