@@ -45,10 +45,9 @@ import pandas as pd
 from engine.profiling.op_stats import (
     LAUNCH_RE,
     Event,
-    assign_self_times,
     load_trace,
-    parse_events,
     step_spans,
+    timed_events,
     union_length,
 )
 from engine.store import Store
@@ -173,8 +172,7 @@ def partition(trace: dict[str, Any] | list) -> Partition:
     Host categories come from the innermost host event on every thread (a launch on the autograd thread while the
     main thread waits in backward() counts as launch).
     """
-    events = parse_events(trace)
-    assign_self_times(events)
+    events = timed_events(trace)
     host = [e for e in events if e.device == "cpu" and not e.merged]
     device = [e for e in events if e.device != "cpu"]
     has_device = bool(device)

@@ -42,7 +42,7 @@ from typing import Any
 import pandas as pd
 
 from engine.ir.graph import IR, OpNode
-from engine.profiling.op_stats import STEP_RE, Event, assign_overlaps, assign_self_times, load_trace, parse_events
+from engine.profiling.op_stats import STEP_RE, Event, load_trace, timed_events
 
 ALIASES = {"aten::linear": "linear", "aten::addmm": "linear", "aten::mm": "linear", "aten::matmul": "linear",
            "aten::bmm": "bmm", "aten::baddbmm": "bmm"}
@@ -229,9 +229,7 @@ def match_step(units: list[_Unit], nodes: list[OpNode], shapes: dict[str, list[i
 # -- the overlay ---------------------------------------------------------------------------------------------------
 def attribute(ir: IR, trace: dict[str, Any] | list, phase: str | None = None) -> Overlay:
     """Per-node and per-module time (µs per step) of one profiled trace, by the rules of the module docstring."""
-    events = parse_events(trace)
-    assign_self_times(events)
-    assign_overlaps(events)
+    events = timed_events(trace)
     shapes = {name: t.shape for name, t in ir.tensors().items()}
     ir_names = {aten_name(n.op_type) for n in ir.nodes}
     per_step, orphans, total = step_units(events, ir_names)

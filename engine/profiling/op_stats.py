@@ -148,6 +148,15 @@ def assign_overlaps(events: Iterable[Event]) -> float:
     return total
 
 
+def timed_events(trace: dict[str, Any] | list) -> list[Event]:
+    """The trace's events with every self time filled in (host: nested events; device: earlier-started ones), as
+    every reader of a profile (analyze, the IR overlay, explain) counts them."""
+    events = parse_events(trace)
+    assign_self_times(events)
+    assign_overlaps(events)
+    return events
+
+
 def union_length(intervals: Iterable[tuple[float, float]], lo: float | None = None, hi: float | None = None) -> float:
     """Total length covered by the intervals, each clipped to [lo, hi]."""
     clipped = sorted((max(s, lo) if lo is not None else s, min(e, hi) if hi is not None else e) for s, e in intervals)
@@ -226,9 +235,8 @@ def step_spans(events: Sequence[Event]) -> list[tuple[float, float]]:
 
 def analyze(trace: dict[str, Any] | list, phase: str | None = None) -> TraceAnalysis:
     """op_stats rows (with `phase`) and step figures of one profiled trace."""
-    events = parse_events(trace)
-    assign_self_times(events)
-    overlap = assign_overlaps(events)
+    events = timed_events(trace)
+    overlap = sum(e.overlap_us for e in events)
     host = [e for e in events if e.device == "cpu" and not e.merged]
     device = [e for e in events if e.device != "cpu"]
     notes: list[str] = []
