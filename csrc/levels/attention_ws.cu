@@ -13,7 +13,8 @@
 //   just before its P v is issued (FlashAttention-3's order: after the wait for P v only P's conversion is left).
 //   Between the consumers, two named barriers hand the tensor cores back and forth: one warpgroup issues its pair of
 //   products, then lets the other issue, so one's softmax overlaps the other's matrix products (the ping-pong).
-// Causal: key tiles past the block's last row are never loaded; the diagonal tile and a ragged tail are masked.
+// Causal: key tiles past the block's last row are never loaded; the diagonal tile and a ragged tail are masked, and
+// the P V of the diagonal tile for the block's lower 64 rows takes its first 64 keys only (they see no more of it).
 //
 // What FlashAttention-3 also does and this kernel does not: a persistent tile scheduler, an output written back
 // through shared memory and TMA, 176-key tiles for the non-causal case, fp8. D = 64 is served by variants 0 and 1.
@@ -138,10 +139,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
   // ---- the consumers ----
   regs_alloc<kConsumerRegs>();
-  const int c = wg - 1;  // 0 or 1
-  const int wg_row0 = m0 + c * 64;
+  // 0 or 1; read through a shuffle so that ptxas knows it is the same in every lane of a warp: branching on a value
+  // it cannot prove warp-uniform serialises every wgmma of the kernel (C7520)
+  const int c = __shfl_sync(0xffffffffu, wg, 0) - 1;
+  // Consumer 0 (the first to issue in each turn) takes the block's upper 64 rows, consumer 1 the lower 64, whose
+  // P V on a causal diagonal tile is half the work (half_tile): the block ends with consumer 1's last P V, so the
+  // shorter one is on the block's tail.
+  const int half_idx = 1 - c;
+  const int wg_row0 = m0 + half_idx * 64;
   const int r_lo = wg_row0 + ((tid >> 5) & 3) * 16 + (lane >> 2);
-  const uint32_t q_rows = sQ + c * 64 * 128;  // this warpgroup's 64 rows of each half of q
+  const uint32_t q_rows = sQ + half_idx * 64 * 128;  // this warpgroup's 64 rows of each half of q
   const bool releaser = lane == 0;            // one arrive per warp on an "empty" barrier
   const int my_turn = kTurnBarrier + c, their_turn = kTurnBarrier + (c ^ 1);
   const uint32_t sink = bar.base + 128 + (tid - 128) * 8;  // this thread's 8 bytes for keep_before_wait
@@ -153,6 +160,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   float s[64];
   uint32_t p[8][4];
   auto need_mask = [&](int n) { return (n + 1) * kRows > S || (causal && (n + 1) * kRows - 1 > wg_row0); };
+  // Causal: a key tile that starts at this warpgroup's first row (consumer 1's diagonal tile, always its last) has
+  // keys 64..127 past all of its 64 rows, so their probabilities are zero and its P V takes the first 64 keys only.
+  // (Its q k^T on 64 keys too was tried: a branch between wgmma sequences inside the loop makes ptxas serialise
+  // every wgmma of the kernel, C7511.)
+  auto half_tile = [&](int n) { return causal && n * kRows >= wg_row0; };
 
   // Turns: consumer 0 goes first. Each takes num_n turns and hands over after each but its last; consumer 1's
   // opening hand-over stands in for its last, so every bar.sync meets exactly one bar.arrive.
@@ -204,7 +216,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   mbar_wait(bar.v_full(last), ((num_n - 1) / kStages) & 1);
   rescale_o(acc, alpha);
   wgmma_fence();
-  issue_pv<T, false>(acc, p, sV + last * kTileBytes);
+  if (half_tile(num_n - 1))
+    issue_pv<T, false, kRows / 32>(acc, p, sV + last * kTileBytes);  // P is zero past key 63
+  else
+    issue_pv<T, false>(acc, p, sV + last * kTileBytes);
   wgmma_commit();
   wgmma_wait<0>();
   fence_regs(acc);

@@ -130,10 +130,11 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_rows, uint32
 // O += P V: 8 k-steps of 16 keys (16 rows of V = 2048 bytes each). V is N-major (D contiguous): the leading byte
 // offset steps from columns 0..63 to 64..127 (one half), the stride byte offset 8 keys (1024 bytes).
 // SPLIT issues two n64 halves instead of one n128 (the same product; a check on the leading offset's meaning).
-template <typename T, bool SPLIT>
+// KEY_STEPS < 8: only the first 16 · KEY_STEPS keys (the rest of P is zero: masked keys).
+template <typename T, bool SPLIT, int KEY_STEPS = kRows / 16>
 __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[8][4], uint32_t v_tile) {
 #pragma unroll
-  for (int kt = 0; kt < kRows / 16; ++kt) {
+  for (int kt = 0; kt < KEY_STEPS; ++kt) {
     const uint32_t rows = v_tile + kt * 16 * 128;
     if constexpr (SPLIT) {
       wgmma_m64n64k16_rs<T, 0>(o, p[kt], smem_desc(rows, kHalfBytes, 1024));

@@ -39,8 +39,8 @@ using modelab_levels::cp_async_wait;
 constexpr int GROUP = 64;        // weights per scale along K (engine/kernels/int4_layout.py: GROUP)
 constexpr int WORDS = GROUP / 8;  // 32-bit words per group and row
 constexpr int ROWS = 16;          // output rows per block (one mma tile)
-constexpr int BATCH = 4;          // groups a warp takes per step (one ring slot: 4 × 16 rows × 32 bytes)
-constexpr int DEPTH = 4;          // ring slots per warp: batches in flight ahead of the one being multiplied
+constexpr int BATCH = 4;          // groups a warp takes per step (one ring slot: 4 × 16 rows × 32 bytes, one bulk copy)
+constexpr int DEPTH = 2;          // ring slots per warp: batches in flight ahead of the one being multiplied
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;

@@ -51,7 +51,8 @@ IMPLS = {
 # where per GEMV this kernel won only the 1B's down (6.3 against 7.1 µs, K = 8192).
 AUTO_MIN_K = 4096
 KSLICES = (4, 8, 16)  # warps per block, each a slice of K (the kernel's instantiations)
-RING_SLOTS = 4  # csrc/quant/int4_gemv.cu's DEPTH: batches of codes in flight per warp
+RING_SLOTS = 2  # csrc/quant/int4_gemv.cu's DEPTH: batches of codes in flight per warp
+BATCH_GROUPS = 4  # its BATCH: groups of 64 per batch (one bulk copy of 4 × 16 rows × 32 bytes)
 
 _library = cuda_levels.CudaLibrary("cuda_quant", SOURCE_DIR, SOURCES, HEADERS, INCLUDE_DIRS)
 

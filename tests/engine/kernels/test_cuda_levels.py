@@ -261,7 +261,7 @@ def _kernel_sass(sass: str, name: str) -> list[str]:
     code = [part for part in body if name in part.splitlines()[0]]
     assert len(code) == 1, f"{len(code)} functions named like {name}"
     return [line.split("*/", 1)[1].split(";")[0].strip() for line in code[0].splitlines()
-            if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+            if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]  # 5+ digits past 64 KB of code
 
 
 def offline_build(name: str, tmp_path: Path, source_dir: Path = cl.SOURCE_DIR) -> tuple[str, str]:
@@ -283,7 +283,7 @@ def offline_build(name: str, tmp_path: Path, source_dir: Path = cl.SOURCE_DIR) -
 
 def test_variant_7_builds_for_sm90a_and_its_softmax_runs_while_p_v_is_on_the_tensor_cores(tmp_path):
     """No GPU needed: csrc/levels/attention_ws.cu through nvcc and ptxas for sm_90a, then its SASS. ptxas's report:
-    no spills, no wgmma serialisation advisory (C7513-C7515). The SASS, per element type: in the main loop the
+    no spills, no wgmma serialisation advisory. The SASS, per element type: in the main loop the
     softmax's exponentials (64 per tile) sit between the wait for the scores (DEPBAR.LE 1) and the wait for P V
     (DEPBAR.LE 0), the overlap the kernel exists for — ptxas had hoisted the second wait above them until the row
     sums were stored before it (keep_before_wait)."""
@@ -291,15 +291,23 @@ def test_variant_7_builds_for_sm90a_and_its_softmax_runs_while_p_v_is_on_the_ten
     kernels = re.findall(r"Compiling entry function '(\S*attention_ws_kernel\S*)'.*?(\d+) bytes spill stores", report,
                          re.S)
     assert len(kernels) == 2 and all(spills == "0" for _, spills in kernels), report[-4000:]
-    assert not re.search(r"C751[3-5]", report), report[-4000:]
+    # any "wgmma.mma_async instructions are serialized" advisory (C7510-C7520: registers, a branch ptxas cannot
+    # prove warp-uniform, ...): a wait after every wgmma, no overlap left
+    assert "serialized" not in report, report[-4000:]
     for dtype in ("I13__nv_bfloat16", "I6__half"):
         code = _kernel_sass(sass, "attention_ws_kernel" + dtype)
-        assert sum(op.startswith("HGMMA") for op in code) == 32  # 8 k-steps: first q k^T, loop q k^T and P V, last P V
+        # 8 k-steps each: first q k^T, loop q k^T and P V, last P V; + 4 for the last P V of a causal diagonal tile's
+        # lower rows (its first 64 keys). (ptxas adds one 64x8 HGMMA on zero registers where it injects a warpgroup
+        # arrive before that branch's products: not counted.)
+        assert sum(op.startswith("HGMMA.64x128x16.F32") for op in code) == 36
         assert sum("UTMALDG" in op for op in code) == 8  # q, the first K, the loop's K and V: two boxes each
-        first = next(i for i, op in enumerate(code) if "DEPBAR.LE gsb0, 0x1" in op)
-        second = next(i for i in range(first, len(code)) if "DEPBAR.LE gsb0, 0x0" in code[i])
-        between = sum("MUFU.EX2" in op for op in code[first:second])
-        assert between >= 64, f"{dtype}: {between} exponentials between the two waits (the softmax runs after P V)"
+        # in the main loop the softmax sits between its two waits
+        firsts = [i for i, op in enumerate(code) if "DEPBAR.LE gsb0, 0x1" in op]
+        assert len(firsts) == 1, firsts
+        for first in firsts:
+            second = next(i for i in range(first, len(code)) if "DEPBAR.LE gsb0, 0x0" in code[i])
+            between = sum("MUFU.EX2" in op for op in code[first:second])
+            assert between >= 64, f"{dtype}: {between} exponentials between the two waits (the softmax runs after P V)"
 
 
 # ---- with a GPU ---------------------------------------------------------------------------------------------------

@@ -19,16 +19,17 @@ GPU = torch.cuda.is_available()
 
 def test_it_builds_for_sm90a_with_products_on_the_tensor_cores(tmp_path):
     """No GPU needed: nvcc and ptxas for sm_90a, then the SASS of the norm-fused kernel with 8 warps: 4 HMMA per
-    group of 64 (a batch of 4 groups, unrolled over the ring's slots), no I2F / I2FP among them (the codes become
-    bf16 by bit operations: four LOP3s per mma, low and high nibbles of both rows), the codes copied by bulk copies
-    (UBLKCP) waited on by mbarriers; no spills in any instantiation."""
+    group of 64 (a batch of BATCH_GROUPS groups, unrolled over the ring's slots), no I2F / I2FP among them (the
+    codes become bf16 by bit operations: four LOP3s per mma, low and high nibbles of both rows), the codes copied by
+    bulk copies (UBLKCP) waited on by mbarriers; no spills in any instantiation."""
     report, sass = offline_build("int4_gemv.cu", tmp_path, cuda_quant.SOURCE_DIR)
     kernels = re.findall(r"Compiling entry function '(\S*int4_gemv_kernel\S*)'.*?(\d+) bytes spill stores", report,
                          re.S)
     assert len(kernels) == 4 * len(cuda_quant.KSLICES) and all(s == "0" for _, s in kernels), report[-4000:]
     code = _kernel_sass(sass, "int4_gemv_kernelILi8ELb1ELb0ELb0E")  # KSLICES 8, NORM
     mma = [i for i, op in enumerate(code) if op.startswith("HMMA")]
-    assert len(mma) == 16 * cuda_quant.RING_SLOTS and all(code[i].startswith("HMMA.16816.F32.BF16") for i in mma)
+    assert len(mma) == 4 * cuda_quant.BATCH_GROUPS * cuda_quant.RING_SLOTS
+    assert all(code[i].startswith("HMMA.16816.F32.BF16") for i in mma)
     loop = code[mma[0]:mma[-1] + 1]
     assert not [op for op in loop if op.startswith("I2F")]
     lop3 = [op for op in loop if op.startswith("LOP3.LUT") and "0xf000f" in op]
