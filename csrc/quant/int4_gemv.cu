@@ -41,6 +41,9 @@ constexpr int WORDS = GROUP / 8;  // 32-bit words per group and row
 constexpr int ROWS = 16;          // output rows per block (one mma tile)
 constexpr int BATCH = 4;          // groups a warp takes per step (one ring slot: 4 × 16 rows × 32 bytes, one bulk copy)
 constexpr int DEPTH = 2;          // ring slots per warp: batches in flight ahead of the one being multiplied
+// BATCH × DEPTH measured on the H100 (the four fused 7B products, rotating copies in a graph, 2026-11-27): 4 × 2
+// 51.2–51.6 µs; 4 × 4 (before) 56.4, 8 × 2 53.1, 4 × 1 54.6, 4 × 3 54.7, 2 × 2 56.8, 4 × 6 61.3, 16 × 1 65.3. More
+// bytes in flight per warp was slower, not faster (docs/quantization.md).
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
