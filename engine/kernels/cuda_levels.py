@@ -44,7 +44,8 @@ OPS = "modelab_levels"  # the TORCH_LIBRARY namespace (bindings.cpp)
 # warpgroup, two consumer warpgroups taking turns), sm_90a, D=128, bf16 and fp16: the default where it is built.
 # H100, 2026-11-27, bf16 causal S=4096 B=4 H=16 (benchmarks/gpu_check.sh frontier): v0 1104.7 µs, v1 957.4, v2 971.2,
 # v3 1021.6, v4 709.2, v5 883.0, v6 775.7, v7 524.8 (SDPA 472.8); S=1024: v4 68.4, v7 55.6 (SDPA 50.7). v7 with its
-# head-major grid (same day, `levels`): S=4096 484.9 µs per call (SDPA 474.3), S=1024 56.2 in a graph (SDPA 50.1).
+# head-major grid (same day, `levels`): S=4096 484.9 µs per call (SDPA 474.3), S=1024 56.2 in a graph (SDPA 50.1);
+# with the causal diagonal's masked half not multiplied (session 18): 475.1 (SDPA 477.0), 54.3 (SDPA 50.5).
 ATTENTION_VARIANTS = (0, 1)
 ATTENTION_VARIANTS_BF16_D128 = (0, 1, 2, 3)
 WGMMA_VARIANTS = {torch.bfloat16: (4, 5, 6, 7), torch.float16: (4, 7)}
