@@ -162,8 +162,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   auto need_mask = [&](int n) { return (n + 1) * kRows > S || (causal && (n + 1) * kRows - 1 > wg_row0); };
   // Causal: a key tile that starts at this warpgroup's first row (consumer 1's diagonal tile, always its last) has
   // keys 64..127 past all of its 64 rows, so their probabilities are zero and its P V takes the first 64 keys only.
-  // (Its q k^T on 64 keys too was tried: a branch between wgmma sequences inside the loop makes ptxas serialise
-  // every wgmma of the kernel, C7511.)
+  // (Its q k^T on 64 keys too was tried: a branch between wgmma sequences inside the loop made ptxas serialise every
+  // wgmma of the kernel, C7511; with the diagonal's step peeled off the loop it compiled clean and measured no
+  // faster: docs/kernel-levels.md.)
   auto half_tile = [&](int n) { return causal && n * kRows >= wg_row0; };
 
   // Turns: consumer 0 goes first. Each takes num_n turns and hands over after each but its last; consumer 1's
