@@ -8,13 +8,14 @@ namespace modelab_quant {
 
 at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, int64_t n,
                           const c10::optional<at::Tensor>& norm_weight, double eps,
-                          const c10::optional<at::Tensor>& residual, bool glu, int64_t kslices, bool pdl);
+                          const c10::optional<at::Tensor>& residual, bool glu, int64_t kslices, int64_t batch,
+                          bool pdl);
 
 }  // namespace modelab_quant
 
 TORCH_LIBRARY(modelab_quant, m) {
   m.def("int4_gemv(Tensor x, Tensor q, Tensor s, int n, Tensor? norm_weight, float eps, Tensor? residual, bool glu, "
-        "int kslices, bool pdl) -> Tensor");
+        "int kslices, int batch, bool pdl) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(modelab_quant, CUDA, m) { m.impl("int4_gemv", &modelab_quant::int4_gemv_cuda); }

@@ -39,11 +39,12 @@ using modelab_levels::cp_async_wait;
 constexpr int GROUP = 64;        // weights per scale along K (engine/kernels/int4_layout.py: GROUP)
 constexpr int WORDS = GROUP / 8;  // 32-bit words per group and row
 constexpr int ROWS = 16;          // output rows per block (one mma tile)
-constexpr int BATCH = 4;          // groups a warp takes per step (one ring slot: 4 × 16 rows × 32 bytes, one bulk copy)
 constexpr int DEPTH = 2;          // ring slots per warp: batches in flight ahead of the one being multiplied
-// BATCH × DEPTH measured on the H100 (the four fused 7B products, rotating copies in a graph, 2026-11-27): 4 × 2
-// 51.2–51.6 µs; 4 × 4 (before) 56.4, 8 × 2 53.1, 4 × 1 54.6, 4 × 3 54.7, 2 × 2 56.8, 4 × 6 61.3, 16 × 1 65.3. More
-// bytes in flight per warp was slower, not faster (docs/quantization.md).
+// BATCH (a template parameter, 4 or 8: groups a warp takes per step, one ring slot, one bulk copy of BATCH × 16 rows
+// × 32 bytes) × DEPTH measured on the H100 (the four fused 7B products, rotating copies in a graph, 2026-11-27):
+// 4 × 2 51.2–51.6 µs; 4 × 4 (before) 56.4, 8 × 2 53.1, 4 × 1 54.6, 4 × 3 54.7, 2 × 2 56.8, 4 × 6 61.3, 16 × 1 65.3.
+// More bytes in flight per warp was slower, not faster (docs/quantization.md); per product the batch is
+// engine/kernels/cuda_quant.py's ring_batch.
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
@@ -117,7 +118,7 @@ __device__ __forceinline__ int x_slot(int i) {
 // no registers (the register double buffer before it kept one batch, 2 KB a warp, in flight and reached 1.7–2.1
 // TB/s), and no ramp or drain per tile. The scales (2 bytes a row and group) are loaded into registers when their
 // batch is issued, so they too arrive DEPTH batches early.
-template <int KSLICES, bool NORM, bool ADD, bool GLU>
+template <int KSLICES, int BATCH, bool NORM, bool ADD, bool GLU>
 __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(const Args a, const int tiles) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -363,9 +364,9 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
 #endif
 }
 
-template <int KSLICES, bool NORM, bool ADD, bool GLU>
+template <int KSLICES, int BATCH, bool NORM, bool ADD, bool GLU>
 void launch(const Args& args, int tiles, bool pdl, cudaStream_t stream) {
-  auto kernel = int4_gemv_kernel<KSLICES, NORM, ADD, GLU>;
+  auto kernel = int4_gemv_kernel<KSLICES, BATCH, NORM, ADD, GLU>;
   const int smem = KSLICES * DEPTH * BATCH * ROWS * 32 + (args.groups + BATCH) * (GROUP * 2 + 4) +
                    2 * KSLICES * ROWS * 4;
   modelab_levels::allow_dynamic_smem(kernel, smem);
@@ -387,22 +388,33 @@ void launch(const Args& args, int tiles, bool pdl, cudaStream_t stream) {
   CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args, tiles));
 }
 
-template <int KSLICES>
+template <int KSLICES, int BATCH>
 void dispatch(const Args& args, int tiles, bool norm, bool add, bool glu, bool pdl, cudaStream_t stream) {
   if (glu) {
-    launch<KSLICES, true, false, true>(args, tiles, pdl, stream);
+    launch<KSLICES, BATCH, true, false, true>(args, tiles, pdl, stream);
   } else if (norm) {
-    launch<KSLICES, true, false, false>(args, tiles, pdl, stream);
+    launch<KSLICES, BATCH, true, false, false>(args, tiles, pdl, stream);
   } else if (add) {
-    launch<KSLICES, false, true, false>(args, tiles, pdl, stream);
+    launch<KSLICES, BATCH, false, true, false>(args, tiles, pdl, stream);
   } else {
-    launch<KSLICES, false, false, false>(args, tiles, pdl, stream);
+    launch<KSLICES, BATCH, false, false, false>(args, tiles, pdl, stream);
+  }
+}
+
+template <int KSLICES>
+void dispatch_batch(const Args& args, int tiles, bool norm, bool add, bool glu, int64_t batch, bool pdl,
+                    cudaStream_t stream) {
+  switch (batch) {
+    case 4: dispatch<KSLICES, 4>(args, tiles, norm, add, glu, pdl, stream); break;
+    case 8: dispatch<KSLICES, 8>(args, tiles, norm, add, glu, pdl, stream); break;
+    default: TORCH_CHECK(false, "int4_gemv: batch must be 4 or 8, got ", batch);
   }
 }
 
 at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, int64_t n,
                           const c10::optional<at::Tensor>& norm_weight, double eps,
-                          const c10::optional<at::Tensor>& residual, bool glu, int64_t kslices, bool pdl) {
+                          const c10::optional<at::Tensor>& residual, bool glu, int64_t kslices, int64_t batch,
+                          bool pdl) {
   TORCH_CHECK(x.is_cuda() && q.is_cuda() && s.is_cuda(), "int4_gemv: CUDA tensors only");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "int4_gemv: x must be contiguous bfloat16");
   const int64_t k = x.numel(), groups = (k + GROUP - 1) / GROUP;
@@ -437,9 +449,9 @@ at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Te
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device()));
   pdl = pdl && major >= 9;
   switch (kslices) {
-    case 4: dispatch<4>(args, static_cast<int>(tiles), norm, add, glu, pdl, stream); break;
-    case 8: dispatch<8>(args, static_cast<int>(tiles), norm, add, glu, pdl, stream); break;
-    case 16: dispatch<16>(args, static_cast<int>(tiles), norm, add, glu, pdl, stream); break;
+    case 4: dispatch_batch<4>(args, static_cast<int>(tiles), norm, add, glu, batch, pdl, stream); break;
+    case 8: dispatch_batch<8>(args, static_cast<int>(tiles), norm, add, glu, batch, pdl, stream); break;
+    case 16: dispatch_batch<16>(args, static_cast<int>(tiles), norm, add, glu, batch, pdl, stream); break;
     default: TORCH_CHECK(false, "int4_gemv: kslices must be 4, 8 or 16, got ", kslices);
   }
   return y;

@@ -2,14 +2,16 @@
 engine/kernels/int4_layout.py's order, then re-ordered into 16-row tiles by `tile_major`), with the decode step's
 fusions (RMSNorm, SwiGLU, residual), built on first use.
 
-Which products take it: $MODELAB_INT4_GEMV (`impl`, `takes`): auto (the default) sends the products of K >= 4096
+Which products take it: $MODELAB_INT4_GEMV (`impl`, `takes`): auto (the default) sends the products of K >= 2048
 inputs on compute capability 9.0 here and the rest to the Triton kernel (engine/kernels/triton/quant_gemv.py): the
-rule measured on an H100, where this kernel made the 7B step faster end to end (2.04 against 2.12 ms/token) and the
-1B's K = 2048 products slower; cuda sends every product here, triton none. The triton-int4-wo mode loads the kernel
-while it prepares (`ensure()`; nothing here builds on a call's path; where it cannot build, the Triton kernel runs
-and the note says why), gives each int4 projection that takes it a copy of its codes in this kernel's tile order
-(engine.llm.quant.attach_int4_tiles, `tile_major`: each 16-row tile's codes group by group, so a warp's batch is one
-contiguous run that a single bulk copy brings in on sm_90), and the decode step's fused products
+rule measured on an H100, where this kernel made the 7B step faster end to end (2.04 against 2.12 ms/token) and,
+since its blocks are tuned per product (`tune`), the 1B's too (416–419 against 428–430 µs with only K >= 4096 here);
+cuda sends every product here, triton none. Each product runs the block (warps × groups per bulk copy) that `tune`
+timed fastest for it on this device while the mode prepared ($MODELAB_INT4_GEMV_TILE forces one). The triton-int4-wo
+mode loads the kernel while it prepares (`ensure()`; nothing here builds on a call's path; where it cannot build,
+the Triton kernel runs and the note says why), gives each int4 projection that takes it a copy of its codes in this
+kernel's tile order (engine.llm.quant.attach_int4_tiles, `tile_major`: each 16-row tile's codes group by group, so a
+warp's batch is one contiguous run that a single bulk copy brings in on sm_90), and the decode step's fused products
 (engine.kernels.triton.gemv.FusedDecodeOps) send their one-row bf16 calls here.
 Why a second kernel: the Triton one multiplies on the CUDA cores after unpacking (4.3–5.3 instructions per weight);
 this one unpacks with a PRMT, a shift and two LOP3s per 4 weights and lets mma.sync do the products
@@ -21,7 +23,8 @@ graph the 7B's products together ran faster with it (docs/quantization.md has th
     load() -> path       build (cached, ~30 s the first time) and load; NativeBuildError with the reason
     available() -> None | reason   never raises
     tile_major(q, s, k, glu) -> TileWeight   the weight re-ordered for the kernel, once
-    int4_gemv(x, w, norm_weight, eps, residual, ks) -> y
+    tune(weights) -> lines   time the 6 blocks per distinct product, keep the fastest (`block` reads it)
+    int4_gemv(x, w, norm_weight, eps, residual, ks, pdl, batch) -> y
     tile_gemv(x, q, s, n, glu, norm_weight, eps, residual)   the same as a custom op (modelab::int4_tile_gemv)
 """
 
@@ -42,17 +45,19 @@ INCLUDE_DIRS = (cuda_levels.SOURCE_DIR,)  # common.cuh: CUDA_CHECK, Mma, allow_d
 HEADERS = ("../levels/common.cuh",)  # part of the build key
 IMPL_ENV = "MODELAB_INT4_GEMV"  # which int4 GEMV the decode step runs: IMPLS' keys (default auto)
 IMPLS = {
-    "auto": "the tensor-core kernel on compute capability 9.0 for products of K >= 4096 inputs, the Triton one else",
+    "auto": "the tensor-core kernel on compute capability 9.0 for products of K >= 2048 inputs, the Triton one else",
     "cuda": "the tensor-core kernel for every product",
     "triton": "the Triton kernel for every product",
 }
-# auto's rule, measured on an H100 (2026-11-27, docs/quantization.md): end to end, 7B triton-int4-wo (K 4096 and
-# 11008) 2.04 ms/token with this kernel against 2.12 with Triton's; 1B (K 2048, down 8192) 516.5 against 468.8 µs,
-# where per GEMV this kernel won only the 1B's down (6.3 against 7.1 µs, K = 8192).
-AUTO_MIN_K = 4096
+# auto's rule, measured on an H100 (docs/quantization.md): end to end, 7B triton-int4-wo (K 4096 and 11008) 2.04
+# ms/token with this kernel against 2.12 with Triton's (2026-11-27); the 1B (K 2048, down 8192) with every product
+# here 416.3 and 419.0 µs against 429.5 and 428.5 with its K = 2048 products on Triton's, one H100, interleaved (session
+# 19, tuned blocks: 8 warps for K = 2048 — with 4 warps and the deeper ring of session 16 it was 516.5 against 468.8).
+AUTO_MIN_K = 2048
 KSLICES = (4, 8, 16)  # warps per block, each a slice of K (the kernel's instantiations)
 RING_SLOTS = 2  # csrc/quant/int4_gemv.cu's DEPTH: batches of codes in flight per warp
-BATCH_GROUPS = 4  # its BATCH: groups of 64 per batch (one bulk copy of 4 × 16 rows × 32 bytes)
+RING_BATCHES = (4, 8)  # its BATCH instantiations: groups of 64 per batch (one bulk copy of BATCH × 16 rows × 32 bytes)
+TILE_ENV = "MODELAB_INT4_GEMV_TILE"  # "KS,BATCH" runs every product with that block (to measure); unset: tuned
 
 _library = cuda_levels.CudaLibrary("cuda_quant", SOURCE_DIR, SOURCES, HEADERS, INCLUDE_DIRS)
 
@@ -120,9 +125,88 @@ def ensure(ks: Iterable[int] | None = None, device: torch.device | str | None = 
 def kslices(k: int) -> int:
     """Warps per block (each a contiguous slice of K's groups of 64) for K inputs. From K = 4096 16 (one block per
     SM): on the H100 with the 2 × 4-group ring, 16 against 8 warps on the fused 7B products (K 4096) qkv 11.3 / 11.5,
-    o 5.8 / 5.8, gate_up 19.7 / 19.7 µs, down (K 11008) 12.0 / 12.5; the 1B's down (K 8192) 6.0 / 7.4 (2026-11-27)."""
+    o 5.8 / 5.8, gate_up 19.7 / 19.7 µs, down (K 11008) 12.0 / 12.5; the 1B's down (K 8192) 6.0 / 7.4 (2026-11-27);
+    8 against 4 from K = 2048: the 1B's qkv 3.1 / 4.6, o 2.7 / 3.8, gate_up 8.7 / 9.3 µs (2026-11-27, session 19).
+    The untuned default: the decode step runs what `tune` measured fastest."""
     groups = -(-k // 64)
-    return 16 if groups >= 64 else 8 if groups >= 48 else 4
+    return 16 if groups >= 64 else 8 if groups >= 32 else 4
+
+
+def tile_from_env() -> tuple[int, int] | None:
+    """(warps, batch) from $MODELAB_INT4_GEMV_TILE ("KS,BATCH"), for measuring one block shape inside the real decode
+    step; None where unset. ValueError naming the choices for anything else."""
+    raw = os.environ.get(TILE_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        ks, batch = (int(v) for v in raw.split(","))
+    except ValueError:
+        raise ValueError(f"${TILE_ENV}={raw!r}: want two integers KS,BATCH (e.g. 16,4)") from None
+    if ks not in KSLICES or batch not in RING_BATCHES:
+        raise ValueError(f"${TILE_ENV}={raw!r}: KS must be one of {KSLICES}, BATCH one of {RING_BATCHES}")
+    return ks, batch
+
+
+# (n, k, glu, device index) → the (warps, batch) `tune` measured fastest for that product on that device
+_TUNED: dict[tuple[int, int, bool, int], tuple[int, int]] = {}
+_TIMES: dict[tuple[int, int, bool, int], dict[tuple[int, int], float]] = {}
+
+
+def block(n: int, k: int, glu: bool, device: torch.device) -> tuple[int, int]:
+    """The (warps, batch) a product of n rows and k inputs runs with: $MODELAB_INT4_GEMV_TILE where set, else what
+    `tune` measured fastest here, else `kslices(k)` warps and batches of 4 groups (the untuned default)."""
+    forced = tile_from_env()
+    if forced is not None:
+        return forced
+    return _TUNED.get((n, k, glu, torch.device(device).index or 0), (kslices(k), 4))
+
+
+def tune(weights: Iterable[TileWeight], l2_multiple: float = 3.0, replays: int = 10) -> list[str]:
+    """Time every (warps, batch) block on each distinct product (n, k, glu) of `weights` and keep the fastest for
+    `block`: calls on rotating copies of the codes (more bytes than L2 holds, as in a decode step) captured in one
+    CUDA graph, with the device to this run alone (engine.device_lock.exclusive); each candidate's output checked
+    equal to the untuned block's first. Returns one line per product tuned. Why measure rather than rule: on the
+    H100 the fastest block differs by product (7B gate_up 8 warps × 8 groups 19.3 µs against 16 × 4 19.8, and
+    16 × 8 26.2; the 1B's K = 2048 products 8 × 4, the 1B down 16 × 8; docs/quantization.md, session 19)."""
+    from engine.device_lock import exclusive
+    from engine.timing import time_in_graph
+
+    lines = []
+    seen: set[tuple[int, int, bool, int]] = set()
+    for w in weights:
+        key = (w.n, w.k, w.glu, w.q.device.index or 0)
+        if key in seen or key in _TUNED:
+            continue
+        seen.add(key)
+        gen = torch.Generator(device=w.q.device).manual_seed(w.n * 31 + w.k)
+        x = torch.randn(w.k, device=w.q.device, generator=gen).bfloat16()
+        norm = torch.ones(w.k, device=w.q.device, dtype=torch.bfloat16) if w.glu else None
+        l2 = torch.cuda.get_device_properties(w.q.device).L2_cache_size or (50 << 20)
+        nbytes = w.q.nbytes + w.s.nbytes
+        copies = max(2, min(64, int(l2_multiple * l2 // nbytes) + 1))
+        rotating = [w] + [TileWeight(w.q.clone(), w.s.clone(), w.n, w.k, w.glu) for _ in range(copies - 1)]
+        reference = int4_gemv(x, w, norm, 1e-5, ks=kslices(w.k), batch=4).float()
+        times: dict[tuple[int, int], float] = {}
+        with exclusive():
+            for ks in KSLICES:
+                for batch in RING_BATCHES:
+                    # the blocks add the same fp32 products in other orders: equal within bf16 rounding, so only a
+                    # gross difference is a fault (each block is held to float64 by tests/engine/kernels)
+                    got = int4_gemv(x, w, norm, 1e-5, ks=ks, batch=batch).float()
+                    rel = float((got - reference).norm() / reference.norm().clamp_min(1e-30))
+                    if not rel <= 1e-2:
+                        raise RuntimeError(f"int4 GEMV {w.n}×{w.k}: block {ks}×{batch} differs from the untuned "
+                                           f"block by {rel:.1e} (relative L2)")
+                    calls = [lambda t=t, ks=ks, batch=batch: int4_gemv(x, t, norm, 1e-5, ks=ks, batch=batch)
+                             for t in rotating]
+                    times[(ks, batch)] = time_in_graph(calls, replays=replays).stats.median
+        del rotating
+        best = min(times, key=times.get)
+        _TUNED[key], _TIMES[key] = best, times
+        untuned = (kslices(w.k), 4)
+        lines.append(f"{w.n}×{w.k}{' glu' if w.glu else ''}: {best[0]} warps × {best[1]}-group batches "
+                     f"{times[best]:.1f} µs (untuned {untuned[0]} × {untuned[1]}: {times[untuned]:.1f} µs)")
+    return lines
 
 
 @dataclass(frozen=True)
@@ -196,15 +280,23 @@ def _check(x: torch.Tensor, w: TileWeight, norm_weight: torch.Tensor | None, res
 
 
 def int4_gemv(x: torch.Tensor, w: TileWeight, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-              residual: torch.Tensor | None = None, ks: int | None = None, pdl: bool = True) -> torch.Tensor:
+              residual: torch.Tensor | None = None, ks: int | None = None, pdl: bool = True,
+              batch: int | None = None) -> torch.Tensor:
     """y (N,) or (N/2,) with the weight's glu, bf16: x (K,) bf16 contiguous times the int4 weight w (`tile_major`).
+    ks: warps per block, batch: groups per bulk copy (both by default `block`: tuned, or the untuned default).
     Inputs are checked here (`_check`, ValueError) before the library is loaded, and again in C++."""
-    ks = kslices(x.numel()) if ks is None else ks
+    if ks is None or batch is None:
+        default_ks, default_batch = block(w.n, w.k, w.glu, x.device)
+        ks = default_ks if ks is None else ks
+        batch = default_batch if batch is None else batch
     if ks not in KSLICES:
         raise ValueError(f"kslices must be one of {KSLICES}, got {ks}")
+    if batch not in RING_BATCHES:
+        raise ValueError(f"batch must be one of {RING_BATCHES}, got {batch}")
     _check(x, w, norm_weight, residual)
     load()
-    return torch.ops.modelab_quant.int4_gemv(x, w.q, w.s, w.n, norm_weight, float(eps), residual, w.glu, ks, pdl)
+    return torch.ops.modelab_quant.int4_gemv(x, w.q, w.s, w.n, norm_weight, float(eps), residual, w.glu, ks, batch,
+                                             pdl)
 
 
 @torch.library.custom_op("modelab::int4_tile_gemv", mutates_args=())

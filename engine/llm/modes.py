@@ -153,7 +153,7 @@ MODES: dict[str, LLMMode] = {m.name: m for m in (
               "and SwiGLU inside the GEMVs, RoPE and the cache write inside the decode attention); the prefill "
               "(several rows) dequantizes each weight, then F.linear (cuBLAS); on CPU interpreted (correctness "
               "only)." + extra
-              + (" On an H100 the products of K >= 4096 take the tensor-core int4 kernel instead "
+              + (" On an H100 the products of K >= 2048 take the tensor-core int4 kernel instead "
                  "(engine/kernels/cuda_quant.py; $MODELAB_INT4_GEMV: auto, cuda or triton)." if scheme == "int4-wo"
                  else ""),
               prefill="compile", decode="cudagraph", gemv=True, decode_attn=True, fused=True, quant=scheme,

@@ -331,7 +331,7 @@ def tile_copy_fits(nbytes: int, free: int, total: int) -> bool:
 
 def attach_int4_tiles(model: nn.Module) -> tuple[int, int]:
     """For the tensor-core int4 GEMV (engine.kernels.cuda_quant): give every bf16 int4 QuantLinear on CUDA that
-    $MODELAB_INT4_GEMV sends there (cuda_quant.takes: by default K >= 4096 on an H100) a copy of its codes and
+    $MODELAB_INT4_GEMV sends there (cuda_quant.takes: by default K >= 2048 on an H100) a copy of its codes and
     scales in that kernel's tile order (buffers tile_q, tile_s; the fused gate_up's with gate and up rows paired,
     tile_glu), which the decode step's fused products then take (engine.kernels.triton.gemv.FusedDecodeOps). The
     row-major codes stay for the prefill's dequantization, so those weights are held twice in memory (read once per
@@ -371,6 +371,19 @@ def use_tensor_core_int4(model: nn.Module, device: str) -> list[str]:
         notes.append(f"{attached} int4 projections take the tensor-core kernel, their codes also held in its tile "
                      "order (a second copy in memory)" + (f"; {left} left on the Triton kernel: their copy would not "
                                                          "fit beside the device's reserve" if left else ""))
+        forced = cuda_quant.tile_from_env()
+        if forced is not None:
+            notes.append(f"int4 tensor-core GEMV blocks: {forced[0]} warps × {forced[1]}-group batches for every "
+                         f"product (${cuda_quant.TILE_ENV}), not tuned")
+        elif attached:
+            weights = [cuda_quant.TileWeight(m.tile_q, m.tile_s, m.out_features, m.in_features, m.tile_glu)
+                       for m in model.modules() if isinstance(m, QuantLinear)
+                       and getattr(m, "tile_q", None) is not None]
+            tuned = cuda_quant.tune(weights)
+            if tuned:
+                notes.append("int4 tensor-core GEMV blocks per product, the fastest of "
+                             f"{len(cuda_quant.KSLICES) * len(cuda_quant.RING_BATCHES)} timed in a CUDA graph over "
+                             "weight copies that exceed L2: " + "; ".join(tuned))
     return notes
 
 

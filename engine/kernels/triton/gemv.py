@@ -353,7 +353,7 @@ class FusedDecodeOps:
     residual adds after o and down, inside the GEMVs — four kernels fewer per layer than the ops one by one. Each is
     given the projection module: a bf16 nn.Linear takes this module's GEMV; a weight-only quantized one (the
     triton-int8-wo / -fp8-wo / -int4-wo modes) the same fusions in engine.kernels.triton.quant_gemv, dequantizing
-    inside the weight loads; an int4 one holding tile-order codes (by default on an H100 for K >= 4096:
+    inside the weight loads; an int4 one holding tile-order codes (by default on an H100 for K >= 2048:
     $MODELAB_INT4_GEMV) the tensor-core kernel engine.kernels.cuda_quant."""
 
     @staticmethod

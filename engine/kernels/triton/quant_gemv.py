@@ -35,7 +35,7 @@ kernel before it drains. What changes is what a weight load brings in:
   tiles): 4.3–5.3 instructions per weight in the loop, from 6.4–8.2. Symmetric codes (value = (code − 8) · scale).
   Measured on an H100 (benchmarks/quant_gemv_bench.py --fused, 2026-11-25): the five fused GEMVs 1B 38.4 µs,
   7B 84.6 µs at the launched tiles (the kernel before: 61.4, 130.8). On an H100 the decode step's fused int4 products
-  of K >= 4096 take the tensor-core kernel instead (engine/kernels/cuda_quant.py, over a tile-order copy of the
+  of K >= 2048 take the tensor-core kernel instead (engine/kernels/cuda_quant.py, over a tile-order copy of the
   codes; $MODELAB_INT4_GEMV says which, docs/quantization.md why).
 
 Tiles are fixed, not autotuned: per code, fusion and output size (`channel_tile`, `int4_tile`), chosen from the tile

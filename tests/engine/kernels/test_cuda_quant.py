@@ -18,25 +18,27 @@ GPU = torch.cuda.is_available()
 
 
 def test_it_builds_for_sm90a_with_products_on_the_tensor_cores(tmp_path):
-    """No GPU needed: nvcc and ptxas for sm_90a, then the SASS of the norm-fused kernel with 8 warps: 4 HMMA per
-    group of 64 (a batch of BATCH_GROUPS groups, unrolled over the ring's slots), no I2F / I2FP among them (the
-    codes become bf16 by bit operations: four LOP3s per mma, low and high nibbles of both rows), the codes copied by
-    bulk copies (UBLKCP) waited on by mbarriers; no spills in any instantiation."""
+    """No GPU needed: nvcc and ptxas for sm_90a, then the SASS of the norm-fused kernel with 8 warps, for each ring
+    batch: 4 HMMA per group of 64 (a batch of that many groups, unrolled over the ring's slots), no I2F / I2FP among
+    them (the codes become bf16 by bit operations: four LOP3s per mma, low and high nibbles of both rows), the codes
+    copied by bulk copies (UBLKCP) waited on by mbarriers; no spills in any instantiation."""
     report, sass = offline_build("int4_gemv.cu", tmp_path, cuda_quant.SOURCE_DIR)
     kernels = re.findall(r"Compiling entry function '(\S*int4_gemv_kernel\S*)'.*?(\d+) bytes spill stores", report,
                          re.S)
-    assert len(kernels) == 4 * len(cuda_quant.KSLICES) and all(s == "0" for _, s in kernels), report[-4000:]
-    code = _kernel_sass(sass, "int4_gemv_kernelILi8ELb1ELb0ELb0E")  # KSLICES 8, NORM
-    mma = [i for i, op in enumerate(code) if op.startswith("HMMA")]
-    assert len(mma) == 4 * cuda_quant.BATCH_GROUPS * cuda_quant.RING_SLOTS
-    assert all(code[i].startswith("HMMA.16816.F32.BF16") for i in mma)
-    loop = code[mma[0]:mma[-1] + 1]
-    assert not [op for op in loop if op.startswith("I2F")]
-    lop3 = [op for op in loop if op.startswith("LOP3.LUT") and "0xf000f" in op]
-    assert len(lop3) >= 4 * len(mma) - 4  # per mma: low and high nibbles of both rows (the first may sit before)
-    # on sm_90 the codes arrive by bulk copy (TMA) into the ring, a batch per instruction, not through registers
-    assert any("UBLKCP.S.G" in op for op in code) and not any("LDGSTS" in op for op in code)
-    assert any("SYNCS.PHASECHK" in op for op in code)  # each slot waited on by its mbarrier
+    assert len(kernels) == 4 * len(cuda_quant.KSLICES) * len(cuda_quant.RING_BATCHES), report[-4000:]
+    assert all(s == "0" for _, s in kernels), report[-4000:]
+    for batch in cuda_quant.RING_BATCHES:
+        code = _kernel_sass(sass, f"int4_gemv_kernelILi8ELi{batch}ELb1ELb0ELb0E")  # KSLICES 8, BATCH, NORM
+        mma = [i for i, op in enumerate(code) if op.startswith("HMMA")]
+        assert len(mma) == 4 * batch * cuda_quant.RING_SLOTS, (batch, len(mma))
+        assert all(code[i].startswith("HMMA.16816.F32.BF16") for i in mma)
+        loop = code[mma[0]:mma[-1] + 1]
+        assert not [op for op in loop if op.startswith("I2F")]
+        lop3 = [op for op in loop if op.startswith("LOP3.LUT") and "0xf000f" in op]
+        assert len(lop3) >= 4 * len(mma) - 4  # per mma: low and high nibbles of both rows (the first may sit before)
+        # on sm_90 the codes arrive by bulk copy (TMA) into the ring, a batch per instruction, not through registers
+        assert any("UBLKCP.S.G" in op for op in code) and not any("LDGSTS" in op for op in code)
+        assert any("SYNCS.PHASECHK" in op for op in code)  # each slot waited on by its mbarrier
 
 
 @pytest.mark.parametrize("n,k,glu", [(16, 64, False), (38, 300, False), (38, 300, True), (200, 1000, True)])
@@ -103,19 +105,38 @@ def _reference(x, qw, fusion, g, r) -> torch.Tensor:
     return y
 
 
+def test_a_products_block_is_the_environments_then_the_tuned_then_the_default(monkeypatch) -> None:
+    """$MODELAB_INT4_GEMV_TILE (KS,BATCH) wins; else what tune() measured for that product and device; else
+    kslices(k) warps and 4-group batches. Bad values are refused with the choices."""
+    monkeypatch.delenv(cuda_quant.TILE_ENV, raising=False)
+    monkeypatch.setattr(cuda_quant, "_TUNED", {(22016, 4096, True, 0): (8, 8)})
+    assert cuda_quant.block(22016, 4096, True, torch.device("cuda", 0)) == (8, 8)
+    assert cuda_quant.block(22016, 4096, True, torch.device("cuda", 1)) == (16, 4)  # tuned on another device
+    assert cuda_quant.block(3072, 2048, False, torch.device("cuda", 0)) == (8, 4)
+    assert cuda_quant.block(2048, 1000, False, torch.device("cuda", 0)) == (4, 4)
+    monkeypatch.setenv(cuda_quant.TILE_ENV, "16,8")
+    assert cuda_quant.block(22016, 4096, True, torch.device("cuda", 0)) == (16, 8)
+    for bad, match in (("16", "want two integers KS,BATCH"), ("12,4", "KS must be one of"), ("8,6", "BATCH one of")):
+        monkeypatch.setenv(cuda_quant.TILE_ENV, bad)
+        with pytest.raises(ValueError, match=match):
+            cuda_quant.block(64, 64, False, torch.device("cuda", 0))
+
+
 @needs_kernel
+@pytest.mark.parametrize("batch", cuda_quant.RING_BATCHES)
 @pytest.mark.parametrize("ks", cuda_quant.KSLICES)
 @pytest.mark.parametrize("fusion", ["", "norm", "glu", "add"])
 @pytest.mark.parametrize("n,k", [(16, 64), (38, 300), (130, 1000), (4096 + 48, 4096), (200, 11008)])
-def test_every_fusion_and_block_matches_float64(built, n: int, k: int, fusion: str, ks: int) -> None:
+def test_every_fusion_and_block_matches_float64(built, n: int, k: int, fusion: str, ks: int, batch: int) -> None:
     """Ragged N (not a multiple of the 16-row tile; glu: outputs not a multiple of 8) and K (a last group shorter than
-    64), K slices that leave some warps without groups (K = 64 with 16 warps), outputs bf16 (2^-9 rounding)."""
+    64), K slices that leave some warps without groups (K = 64 with 16 warps) or a batch part-filled, either ring
+    batch, outputs bf16 (2^-9 rounding)."""
     x, qw, g, r = _case(n, k)
     dev = [t.cuda() for t in (x, qw.q, qw.scales, g, r)]
     xc, q, s, gc, rc = dev
     w = cuda_quant.tile_major(q, s, k, glu=fusion == "glu")
     y = cuda_quant.int4_gemv(xc, w, gc if fusion in ("norm", "glu") else None, 1e-5, rc if fusion == "add" else None,
-                             ks=ks)
+                             ks=ks, batch=batch)
     ref = _reference(x, qw, fusion, g, r)
     assert y.shape == ref.shape and y.dtype == torch.bfloat16
     err = float((y.double().cpu() - ref).norm() / ref.norm())
@@ -144,8 +165,8 @@ def test_each_code_is_read_where_the_layout_puts_it(built, k: int) -> None:
 def test_the_decode_steps_int4_products_take_it_once_tiles_are_attached(built, monkeypatch) -> None:
     """The triton-int4-wo step's fused products (gemv.FusedDecodeOps, what the decoder calls) run this kernel for one
     bf16 row once engine.llm.quant.attach_int4_tiles gave the projections their tile-order codes (gate_up's paired:
-    with cuda; auto leaves K = 2048 alone), and the Triton kernel without them; all three products within bf16
-    rounding of float64."""
+    with cuda, and with auto on sm_90 from K = 2048), and the Triton kernel without them; all three products within
+    bf16 rounding of float64."""
     from engine.kernels.triton.gemv import FusedDecodeOps
 
     k = 2048
@@ -169,7 +190,10 @@ def test_the_decode_steps_int4_products_take_it_once_tiles_are_attached(built, m
     via_triton = run()
     assert calls == []
     monkeypatch.setenv(cuda_quant.IMPL_ENV, "auto")
-    assert quant.attach_int4_tiles(model) == (0, 0)  # K = 2048: auto leaves these on the Triton kernel
+    sm90 = torch.cuda.get_device_capability() == (9, 0)
+    assert quant.attach_int4_tiles(model) == ((2, 0) if sm90 else (0, 0))  # auto: K >= 2048 on sm_90 only
+    for proj in (model.gate_up_proj, model.o_proj):
+        proj.tile_q = proj.tile_s = None  # back to the Triton kernel for the next step
     monkeypatch.setenv(cuda_quant.IMPL_ENV, "cuda")
     assert quant.attach_int4_tiles(model) == (2, 0) and model.gate_up_proj.tile_glu and not model.o_proj.tile_glu
     via_cuda = run()
@@ -180,6 +204,28 @@ def test_the_decode_steps_int4_products_take_it_once_tiles_are_attached(built, m
 
 
 @needs_kernel
+def test_tuning_times_every_block_once_per_product_and_the_op_then_runs_the_fastest(built, monkeypatch) -> None:
+    """tune() on two products (one glu) times all 6 blocks each, keeps the fastest per (n, k, glu, device), skips a
+    product it has seen; the op's default block is then that one (the kernel called with it, output held to float64)."""
+    monkeypatch.delenv(cuda_quant.TILE_ENV, raising=False)
+    monkeypatch.setattr(cuda_quant, "_TUNED", {})
+    monkeypatch.setattr(cuda_quant, "_TIMES", {})
+    x, qw, g, _ = _case(512, 4096)
+    plain = cuda_quant.tile_major(qw.q.cuda(), qw.scales.cuda(), 4096)
+    glu = cuda_quant.tile_major(qw.q.cuda(), qw.scales.cuda(), 4096, glu=True)
+    lines = cuda_quant.tune([plain, glu, plain], replays=3)
+    assert len(lines) == 2 and lines[1].startswith("512×4096 glu: ")
+    for w in (plain, glu):
+        times = cuda_quant._TIMES[(512, 4096, w.glu, 0)]
+        assert len(times) == 6 and all(t > 0 for t in times.values())
+        assert cuda_quant.block(512, 4096, w.glu, x.cuda().device) == min(times, key=times.get)
+    assert cuda_quant.tune([plain]) == []  # already tuned
+    y = cuda_quant.int4_gemv(x.cuda(), glu, g.cuda(), 1e-5)
+    ref = _reference(x, qw, "glu", g, None)
+    assert float((y.double().cpu() - ref).norm() / ref.norm()) < 8e-3
+
+
+@needs_kernel
 def test_bad_input_is_refused_by_the_op(built) -> None:
     x, qw, g, _ = _case(32, 128)
     w = cuda_quant.tile_major(qw.q.cuda(), qw.scales.cuda(), 128)
@@ -187,6 +233,8 @@ def test_bad_input_is_refused_by_the_op(built) -> None:
         cuda_quant.int4_gemv(x.cuda()[:64], w)
     with pytest.raises(ValueError, match="kslices"):
         cuda_quant.int4_gemv(x.cuda(), w, ks=3)
+    with pytest.raises(ValueError, match="batch must be one of"):
+        cuda_quant.int4_gemv(x.cuda(), w, batch=6)
     with pytest.raises(ValueError, match="one CUDA device"):
         cuda_quant.int4_gemv(x.cuda(), cuda_quant.tile_major(qw.q, qw.scales, 128))
 
@@ -205,12 +253,12 @@ def test_the_decode_step_says_which_int4_gemv_it_runs(monkeypatch) -> None:
         monkeypatch.setenv(cuda_quant.IMPL_ENV, value)
         assert cuda_quant.ensure() == ("int4 GEMV: the Triton kernel (the tensor-core kernel csrc/quant/int4_gemv.cu: "
                                        "needs a CUDA device)")
-    # auto where no product of the model takes the kernel (here: no H100; K = 2048): nothing built, said so
+    # auto where no product of the model takes the kernel (here: no H100; K = 1024): nothing built, said so
     monkeypatch.setattr(cuda_quant, "available", lambda: pytest.fail("built although no product takes it"))
     monkeypatch.setattr(cuda_quant, "takes", lambda k, device=None: k >= cuda_quant.AUTO_MIN_K)  # as on an H100
-    assert cuda_quant.ensure([2048, 2048]) == (
+    assert cuda_quant.ensure([1024, 1024]) == (
         "int4 GEMV: the Triton kernel ($MODELAB_INT4_GEMV=auto: the tensor-core kernel on compute capability 9.0 for "
-        "products of K >= 4096 inputs, the Triton one else; none of this model's products here)")
+        "products of K >= 2048 inputs, the Triton one else; none of this model's products here)")
     monkeypatch.setenv(cuda_quant.IMPL_ENV, "tensor-cores")
     with pytest.raises(ValueError, match="MODELAB_INT4_GEMV='tensor-cores': choose one of auto, cuda, triton"):
         cuda_quant.ensure()
@@ -239,7 +287,7 @@ def test_a_tile_copy_is_made_only_where_it_leaves_the_device_its_reserve() -> No
 
 
 def test_auto_takes_the_tensor_core_kernel_only_where_it_was_measured_faster(monkeypatch) -> None:
-    """auto (also when unset or empty): K >= 4096 on compute capability 9.0 only (the H100 rule); cuda: every K;
+    """auto (also when unset or empty): K >= 2048 on compute capability 9.0 only (the H100 rule); cuda: every K;
     triton: none."""
     hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
     for value in (None, "", "auto", " AUTO "):
@@ -248,8 +296,8 @@ def test_auto_takes_the_tensor_core_kernel_only_where_it_was_measured_faster(mon
         else:
             monkeypatch.setenv(cuda_quant.IMPL_ENV, value)
         assert cuda_quant.impl() == "auto"
-        assert cuda_quant.takes(4096) == cuda_quant.takes(11008) == hopper
-        assert not cuda_quant.takes(2048) and not cuda_quant.takes(4095)
+        assert cuda_quant.takes(2048) == cuda_quant.takes(4096) == cuda_quant.takes(11008) == hopper
+        assert not cuda_quant.takes(1024) and not cuda_quant.takes(2047)
     monkeypatch.setenv(cuda_quant.IMPL_ENV, "cuda")
     assert cuda_quant.takes(64) and cuda_quant.takes(2048)
     monkeypatch.setenv(cuda_quant.IMPL_ENV, "triton")
