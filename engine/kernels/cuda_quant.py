@@ -190,7 +190,13 @@ def tune(weights: Iterable[TileWeight], l2_multiple: float = 3.0, replays: int =
         l2 = torch.cuda.get_device_properties(w.q.device).L2_cache_size or (50 << 20)
         nbytes = w.q.nbytes + w.s.nbytes
         copies = max(2, min(64, int(l2_multiple * l2 // nbytes) + 1))
-        rotating = [w] + [TileWeight(w.q.clone(), w.s.clone(), w.n, w.k, w.glu) for _ in range(copies - 1)]
+        try:
+            rotating = [w] + [TileWeight(w.q.clone(), w.s.clone(), w.n, w.k, w.glu) for _ in range(copies - 1)]
+        except torch.cuda.OutOfMemoryError:  # a model that fills the device: its products keep the untuned block
+            torch.cuda.empty_cache()
+            lines.append(f"{w.n}×{w.k}{' glu' if w.glu else ''}: not tuned, no memory for {copies - 1} copies of "
+                         f"{nbytes / 1e6:.1f} MB (the untuned {kslices(w.k)} warps × 4-group batches)")
+            continue
         reference = int4_gemv(x, w, norm, 1e-5, ks=kslices(w.k), batch=4).float()
         times: dict[tuple[int, int], float] = {}
         with exclusive():

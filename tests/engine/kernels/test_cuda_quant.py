@@ -229,6 +229,22 @@ def test_tuning_times_every_block_once_per_product_and_the_op_then_runs_the_fast
 
 
 @needs_kernel
+def test_tuning_without_memory_for_the_copies_keeps_the_untuned_block_and_says_so(built, monkeypatch) -> None:
+    monkeypatch.delenv(cuda_quant.TILE_ENV, raising=False)
+    monkeypatch.setattr(cuda_quant, "_TUNED", {})
+    _, qw, _, _ = _case(256, 2048)
+    w = cuda_quant.tile_major(qw.q.cuda(), qw.scales.cuda(), 2048)
+
+    def no_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+
+    monkeypatch.setattr(cuda_quant, "TileWeight", no_memory)
+    (line,) = cuda_quant.tune([w])
+    assert line.startswith("256×2048: not tuned, no memory for") and "untuned 8 warps × 4-group" in line
+    assert cuda_quant._TUNED == {} and cuda_quant.block(256, 2048, False, torch.device("cuda", 0)) == (8, 4)
+
+
+@needs_kernel
 def test_bad_input_is_refused_by_the_op(built) -> None:
     x, qw, g, _ = _case(32, 128)
     w = cuda_quant.tile_major(qw.q.cuda(), qw.scales.cuda(), 128)
