@@ -12,7 +12,8 @@ back in one CUDA graph (engine.timing.time_in_graph). GB/s = the bytes the call 
 / median time. --fused launches each GEMV with what the decode step fuses into it (DECODE_FUSION), its reference
 formed the same way in float64. The last table gives, per scheme, the tile with the best total time over the
 preset's shapes and the total of the tiles the module launches (quant_gemv.channel_tile for int8 and fp8, by fusion
-and size; int4: the tensor-core kernel (engine/kernels/cuda_quant.py, "cuda x warps along K") where it builds,
+and size; int4: the tensor-core kernel (engine/kernels/cuda_quant.py, "cuda x warps along K x groups per bulk copy")
+where it builds, at its untuned block — the decode step runs the block cuda_quant.tune keeps while it prepares —
 else int4_tile).
 """
 
@@ -63,7 +64,8 @@ def launcher(scheme: str, tile: tuple[int, int, int, int], fusion: str = "", g: 
     from engine.kernels.triton import quant_gemv as qg
     from engine.kernels.triton._common import pdl_enabled
 
-    if tile[0] == "cuda":  # the tensor-core int4 kernel (engine/kernels/cuda_quant.py), tile[1] warps along K
+    if tile[0] == "cuda":  # the tensor-core int4 kernel (engine/kernels/cuda_quant.py): tile[1] warps along K,
+        # tile[2] groups of 64 per bulk copy (the block cuda_quant.tune chooses among while the mode prepares)
         from engine.kernels import cuda_quant
 
         tiled: dict[int, cuda_quant.TileWeight] = {}  # the weight in the kernel's tile order, made once (not timed)
@@ -72,7 +74,7 @@ def launcher(scheme: str, tile: tuple[int, int, int, int], fusion: str = "", g: 
             if q.data_ptr() not in tiled:
                 tiled[q.data_ptr()] = cuda_quant.tile_major(q, s, x.numel(), glu=fusion == "glu")
             return cuda_quant.int4_gemv(x, tiled[q.data_ptr()], g if fusion in ("norm", "glu") else None, EPS,
-                                        r if fusion == "add" else None, ks=tile[1])
+                                        r if fusion == "add" else None, ks=tile[1], batch=tile[2])
         return tensor_cores
     bn, bk, warps, stages = tile
     flags = {"NORM": fusion in ("norm", "glu"), "ADD": fusion == "add", "GLU": fusion == "glu"}
@@ -100,15 +102,15 @@ def launcher(scheme: str, tile: tuple[int, int, int, int], fusion: str = "", g: 
 
 
 def int4_tiles() -> list[tuple]:
-    """The Triton int4 tiles, then the tensor-core kernel at each of its block shapes where it builds here
-    (("cuda", warps along K, 0, 0))."""
+    """The Triton int4 tiles, then the tensor-core kernel at each of its blocks where it builds here
+    (("cuda", warps along K, groups per bulk copy, 0))."""
     from engine.kernels import cuda_quant
 
     reason = cuda_quant.available()
     if reason:
         print(f"  tensor-core int4 GEMV not timed: {reason}", file=sys.stderr)
         return INT4_TILES
-    return INT4_TILES + [("cuda", ks, 0, 0) for ks in cuda_quant.KSLICES]
+    return INT4_TILES + [("cuda", ks, batch, 0) for ks in cuda_quant.KSLICES for batch in cuda_quant.RING_BATCHES]
 
 
 def bench_shape(scheme: str, n: int, k: int, fusion: str = "") -> dict:
@@ -195,8 +197,9 @@ def main() -> int:
                     continue
                 best = min(r["times"], key=r["times"].get)
                 norm, add = fusion in ("norm", "glu"), fusion == "add"  # glu launches at the norm's tile
-                if scheme == "int4-wo" and cuda_quant.wanted() and cuda_quant.takes(k):  # what the step launches
-                    default = ("cuda", cuda_quant.kslices(k), 0, 0)
+                if scheme == "int4-wo" and cuda_quant.wanted() and cuda_quant.takes(k):
+                    # the untuned block (the step launches the one cuda_quant.tune keeps while the mode prepares)
+                    default = ("cuda", cuda_quant.kslices(k), 4, 0)
                 else:
                     default = (*(int4_tile(n, norm, add, k=k) if scheme == "int4-wo"
                                  else channel_tile(n, norm, add, k=k, fp8=scheme == "fp8-wo")), 1)
