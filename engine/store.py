@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -273,12 +274,45 @@ _BUSY_ERRORS: tuple[type[Exception], ...] = tuple(
 
 def _is_lock_error(exc: Exception) -> bool:
     text = str(exc).lower()
-    # "different configuration": another thread of this process holds the file with the other read_only setting (the
-    # dashboard serves each session from its own thread). "unique file handle conflict": another thread of this
-    # process is attaching or detaching the same file at this instant (DuckDB's ResourceInUse error; two lanes of a
-    # sweep hit it). Both are as temporary as another process's lock.
+    # "different configuration" / "unique file handle conflict": DuckDB's refusals when one process opens a file it
+    # already has open. Store's own connections no longer overlap within a process (_one_thread_at_a_time), but other
+    # DuckDB users of the file in this process (an ATTACH) can still cause them, and they are as temporary as
+    # another process's lock.
     return "lock" in text or "conflicting" in text or "different configuration" in text \
         or "unique file handle conflict" in text
+
+
+# DuckDB's lock between processes is an fcntl lock, which belongs to the process: when a second DuckDB instance of the
+# same file in this process (another thread opening it read-only while one writes) closes its file, the process's
+# write lock goes with it, and a writer in another process then commits beside ours (seen as "Conflicting lock ...
+# .wal" at commit, and as a reader finding blocks past the end of the file). So within one process a store file has
+# one connection at a time: threads take turns here, and DuckDB's lock keeps working between processes.
+_FILE_TURNS: dict[str, threading.RLock] = {}
+_FILE_TURNS_GUARD = threading.Lock()
+
+
+def _forget_turns_after_fork() -> None:
+    # A thread that held a turn at fork() does not exist in the child: start the child with no turns taken.
+    global _FILE_TURNS_GUARD
+    _FILE_TURNS.clear()
+    _FILE_TURNS_GUARD = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_turns_after_fork)
+
+
+@contextmanager
+def _one_thread_at_a_time(path: Path, timeout_s: float) -> Iterator[None]:
+    """This thread's turn at the file (re-entrant: a connection may open its read-only probe inside its turn)."""
+    key = os.path.realpath(path)
+    with _FILE_TURNS_GUARD:
+        turn = _FILE_TURNS.setdefault(key, threading.RLock())
+    if not turn.acquire(timeout=timeout_s):
+        raise StoreBusyError(f"{path} stayed in use by another thread of this process for {timeout_s:.0f} s")
+    try:
+        yield
+    finally:
+        turn.release()
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -312,7 +346,14 @@ class Store:
         """Open, yield, close; retry with backoff while another process holds the file.
 
         A truncated or corrupted file raises StoreDamagedError (one line: which file, nothing changed, what to do),
-        whether it shows on open or in a later read; the file is never written to, moved or replaced."""
+        whether it shows on open or in a later read; the file is never written to, moved or replaced. Threads of one
+        process take turns (_one_thread_at_a_time)."""
+        with _one_thread_at_a_time(self.path, self.busy_timeout_s):
+            with self._connect(read_only) as con:
+                yield con
+
+    @contextmanager
+    def _connect(self, read_only: bool) -> Iterator[duckdb.DuckDBPyConnection]:
         if read_only and not self.path.exists():
             raise StoreError(f"no results database at {self.path} (it is created by the first run)")
         if self.path.exists():

@@ -441,3 +441,63 @@ def test_threads_opening_and_closing_one_store_wait_for_each_other(tmp_path):
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_one_process_holds_one_connection_to_a_store_at_a_time(store):
+    """DuckDB's lock between processes is an fcntl lock, owned by the process: a second instance of the file in this
+    process (another thread's read while one writes) dropped the process's write lock when it closed, and a writer
+    in another process then committed beside ours. So even two reads in two threads take turns."""
+    import threading
+
+    holding, release = threading.Event(), threading.Event()
+    finished: list[float] = []
+
+    def hold_a_read() -> None:
+        with store.connect(read_only=True) as con:
+            con.execute("SELECT count(*) FROM runs").fetchone()
+            holding.set()
+            release.wait(10)
+            finished.append(time.monotonic())
+
+    holder = threading.Thread(target=hold_a_read)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        threading.Timer(0.3, release.set).start()
+        assert store.query("SELECT count(*) AS n FROM runs")["n"].iloc[0] == 0
+        read_at = time.monotonic()
+    finally:
+        release.set()
+        holder.join()
+    assert finished and read_at >= finished[0]  # the second read began only after the first connection closed
+
+
+def test_a_forked_child_can_open_the_store_while_a_parent_thread_holds_it(store, tmp_path):
+    """A thread holding its turn at fork() does not exist in the child: the child starts with no turn taken (it
+    still waits for the file itself, like any other process)."""
+    import threading
+
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_a_read() -> None:
+        with store.connect(read_only=True):
+            holding.set()
+            release.wait(20)
+
+    holder = threading.Thread(target=hold_a_read)
+    holder.start()
+    assert holding.wait(10)
+    out = tmp_path / "child.txt"
+    pid = os.fork()
+    if pid == 0:  # the child: a read-only open beside the parent's read-only connection is allowed by DuckDB
+        try:
+            quick = Store(store.path, busy_timeout_s=5.0)
+            out.write_text(str(int(quick.query("SELECT count(*) AS n FROM runs")["n"].iloc[0])))
+        finally:
+            os._exit(0)
+    try:
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        holder.join()
+    assert os.WEXITSTATUS(status) == 0 and out.read_text() == "0"
