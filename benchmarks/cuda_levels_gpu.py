@@ -5,8 +5,8 @@
 
 1. Builds the extension (cached by source hash under $MODELAB_BUILD_DIR), capturing ninja's output, and prints ptxas's
    registers / stack / spills for every kernel (the full log: DIR/build.log).
-   Attention variants not yet run on a GPU (cl.UNVERIFIED_VARIANTS) are checked first, each in a child process with
-   a timeout; one that hangs, faults or is wrong is left out of the rest of the run.
+   Attention builds not yet run on a GPU (cl.UNVERIFIED: variant, head dim) are checked first, each in a child
+   process with a timeout; one that hangs, faults or is wrong is left out of the rest of the run.
 2. Checks every kernel on fresh random inputs against a float64 reference at small shapes (ragged S, causal and not,
    sum/mean, sorted/unsorted, isolated nodes), then at the real shapes against torch in fp32/fp64.
 3. Times each kernel and its torch baseline with CUDA events (warm-up, then the median of --iters calls; message
@@ -42,26 +42,28 @@ from engine.kernels import cuda_levels as cl  # noqa: E402
 
 ROWS: list[dict] = []
 FAILURES: list[str] = []
-SKIPPED: set[int] = set()  # attention variants that failed their check in a child process: never run in this one
+# attention builds (variant, head dim) that failed their check in a child process: never run in this one
+SKIPPED: set[tuple[int, int]] = set()
 
 
 def variants_for(dtype: torch.dtype, D: int) -> tuple[int, ...]:
-    return tuple(v for v in cl.attention_variants(dtype, D) if v not in SKIPPED)
+    return tuple(v for v in cl.attention_variants(dtype, D) if (v, D) not in SKIPPED)
 
 
 def check_unverified() -> None:
-    """Variants not yet run on a GPU (cl.UNVERIFIED_VARIANTS) run first in a child process with a timeout: one that
-    hangs, faults or is wrong is reported and left out of the rest of this run."""
-    for var in cl.UNVERIFIED_VARIANTS:
-        if var not in cl.attention_variants(torch.bfloat16, 128):
+    """Builds not yet run on a GPU (cl.UNVERIFIED: variant, head dim) run first in a child process with a timeout:
+    one that hangs, faults or is wrong is reported and left out of the rest of this run."""
+    for var, head_dim in cl.UNVERIFIED:
+        if var not in cl.attention_variants(torch.bfloat16, head_dim):
             continue
         start = time.perf_counter()
-        passed, report = cl.check_variant_in_child(var)
-        print(f"variant {var} (not yet run on a GPU), in a child process, {time.perf_counter() - start:.0f} s: "
-              f"{'ok' if passed else 'FAILED'}\n" + "\n".join("  " + line for line in report.splitlines()))
+        passed, report = cl.check_variant_in_child(var, head_dim=head_dim)
+        print(f"variant {var} at D={head_dim} (not yet run on a GPU), in a child process, "
+              f"{time.perf_counter() - start:.0f} s: {'ok' if passed else 'FAILED'}\n"
+              + "\n".join("  " + line for line in report.splitlines()))
         if not passed:
-            SKIPPED.add(var)
-            FAILURES.append(f"variant {var} failed its check in a child process (left out of this run)")
+            SKIPPED.add((var, head_dim))
+            FAILURES.append(f"variant {var} at D={head_dim} failed its check in a child process (left out of this run)")
 
 
 def note_check(name: str, err: float, tol: float) -> None:

@@ -257,8 +257,8 @@ void launch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::T
 // Variants 2 and 3 are built for bf16 with D=128 only (the benchmark shape), to keep the build short.
 //   4..6: the wgmma kernels of attention_sm90.cu (sm_90a builds, D=128): 4 overlaps the next tile's q k^T with this
 //         tile's softmax (bf16, fp16); 5 takes one tile at a time; 6 is 5 with P V as two n64 products (bf16)
-//   7:    attention_ws.cu (sm_90a, D=128, bf16 and fp16): FlashAttention-3's design, a TMA producer warpgroup and two
-//         consumer warpgroups ping-ponging their matrix products, registers moved from producer to consumers
+//   7:    attention_ws.cu (sm_90a, D=128 or 64, bf16 and fp16): FlashAttention-3's design, a TMA producer warpgroup
+//         and two consumer warpgroups ping-ponging their matrix products, registers moved from producer to consumers
 constexpr int kNumVariants = 8;
 
 template <typename T, int D>
@@ -279,7 +279,7 @@ void dispatch_variant(int64_t variant, const at::Tensor& q, const at::Tensor& k,
     default: break;
   }
   TORCH_CHECK(false, "modelab_levels::attention: variant ", variant, " is not built for this dtype / head dim ",
-              "(0..", kNumVariants - 1, "; 2 and 3: bfloat16 with D=128 only; 4..7: D=128 on sm_90a)");
+              "(0..", kNumVariants - 1, "; 2 and 3: bfloat16 with D=128 only; 4..6: D=128 on sm_90a; 7: sm_90a)");
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// L5 attention on Hopper in the FlashAttention-3 manner (variant 7): q, k, v (B, H, S, D), bf16 or fp16, D = 128,
-// causal or not, any S. Built only for sm_90a, like attention_sm90.cu, whose tile layout and wgmma pieces it shares
+// L5 attention on Hopper in the FlashAttention-3 manner (variant 7): q, k, v (B, H, S, D), bf16 or fp16, D = 128
+// or 64 (the ViT's heads), causal or not, any S. Built only for sm_90a, like attention_sm90.cu, whose tile layout and wgmma pieces it shares
 // (wgmma.cuh).
 //
 // A block of 384 threads owns 128 query rows of one (batch, head), as three warpgroups with separate jobs:
@@ -17,7 +17,10 @@
 // the P V of the diagonal tile for the block's lower 64 rows takes its first 64 keys only (they see no more of it).
 //
 // What FlashAttention-3 also does and this kernel does not: a persistent tile scheduler, an output written back
-// through shared memory and TMA, 176-key tiles for the non-causal case, fp8. D = 64 is served by variants 0 and 1.
+// through shared memory and TMA, 176-key tiles for the non-causal case, fp8.
+// D = 64 is the same kernel on tiles of one 64-column half (16 KB): q k^T in 4 k-steps instead of 8, P V as n64
+// products into 32 accumulators per thread, one TMA box per tile. (FlashAttention-3 takes 192 query rows per block
+// at D = 64, three consumer warpgroups; this build keeps 128 and two.)
 #include "wgmma.cuh"
 
 #include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (the driver API, reached through the runtime)
@@ -32,7 +35,8 @@ constexpr int kConsumerWarps = 8; // one arrive per consumer warp releases a sta
 constexpr int kProducerRegs = 24;
 constexpr int kConsumerRegs = 240;  // 128 x 24 + 256 x 240 = 384 x 168, the launch's own count
 // tiles, alignment slack, mbarriers (128 bytes), 8 bytes per consumer thread for keep_before_wait
-constexpr int kWsSmemBytes = (1 + 2 * kStages) * kTileBytes + 1024 + 128 + 256 * 8;
+template <int D>
+constexpr int ws_smem_bytes() { return (1 + 2 * kStages) * tile_bytes<D>() + 1024 + 128 + 256 * 8; }
 constexpr int kTurnBarrier = 1;   // named barriers 1 and 2: the consumers' turns (0 is __syncthreads)
 
 // ---- TMA, named barriers, register reallocation (the mbarriers are common.cuh's) ------------------------------------------------------
@@ -72,21 +76,23 @@ struct Barriers {
   __device__ uint32_t v_empty(int st) const { return base + 8u * (1 + 3 * kStages + st); }
 };
 
-// Rows row0.. row0+127 of one (batch, head) into a tile: two 64-column boxes, one per half.
+// Rows row0.. row0+127 of one (batch, head) into a tile: one 64-column box per half.
+template <int D>
 __device__ __forceinline__ void tma_tile(uint32_t tile, const CUtensorMap* map, uint32_t bar, int row0, int bh) {
-  tma_load_3d(tile, map, bar, 0, row0, bh);
-  tma_load_3d(tile + kHalfBytes, map, bar, 64, row0, bh);
+#pragma unroll
+  for (int half = 0; half < D / 64; ++half) tma_load_3d(tile + half * kHalfBytes, map, bar, half * 64, row0, bh);
 }
 
 // The producer's step for tile n of K or V: wait until its stage is empty, then load it there.
+template <int D>
 __device__ __forceinline__ void produce(const CUtensorMap* map, uint32_t ring, uint32_t full, uint32_t empty, int n,
                                         int bh) {
   mbar_wait(empty, ((n / kStages) & 1) ^ 1);
-  mbar_expect_tx(full, kTileBytes);
-  tma_tile(ring + (n % kStages) * kTileBytes, map, full, n * kRows, bh);
+  mbar_expect_tx(full, tile_bytes<D>());
+  tma_tile<D>(ring + (n % kStages) * tile_bytes<D>(), map, full, n * kRows, bh);
 }
 
-template <typename T>
+template <typename T, int D>
 __global__ void __launch_bounds__(kWsThreads, 1)
     attention_ws_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                         const __grid_constant__ CUtensorMap tm_v, T* __restrict__ o, int S, float scale_log2,
@@ -94,10 +100,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // the 128B swizzle repeats every 1024 bytes
+  constexpr int kTile = tile_bytes<D>();
   const uint32_t sQ = base;
-  const uint32_t sK = base + kTileBytes;                   // K tile n in sK + (n % kStages) * kTileBytes
-  const uint32_t sV = base + (1 + kStages) * kTileBytes;   // V likewise
-  const Barriers bar{base + (1 + 2 * kStages) * kTileBytes};
+  const uint32_t sK = base + kTile;                   // K tile n in sK + (n % kStages) * kTile
+  const uint32_t sV = base + (1 + kStages) * kTile;   // V likewise
+  const Barriers bar{base + (1 + 2 * kStages) * kTile};
 
   const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
   // Head-major grid: the CTAs running at once are a few heads' row blocks, so those heads' K and V (2 MB each at
@@ -125,13 +132,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if (wg == 0) {  // ---- the producer ----
     regs_dealloc<kProducerRegs>();
     if (tid == 0) {
-      mbar_expect_tx(bar.q_full(), kTileBytes);
-      tma_tile(sQ, &tm_q, bar.q_full(), m0, bh);
+      mbar_expect_tx(bar.q_full(), kTile);
+      tma_tile<D>(sQ, &tm_q, bar.q_full(), m0, bh);
       // K runs one tile ahead of V: the consumers need K(n) and V(n-1) together.
-      produce(&tm_k, sK, bar.k_full(0), bar.k_empty(0), 0, bh);
+      produce<D>(&tm_k, sK, bar.k_full(0), bar.k_empty(0), 0, bh);
       for (int n = 1; n <= num_n; ++n) {
-        if (n < num_n) produce(&tm_k, sK, bar.k_full(n % kStages), bar.k_empty(n % kStages), n, bh);
-        produce(&tm_v, sV, bar.v_full((n - 1) % kStages), bar.v_empty((n - 1) % kStages), n - 1, bh);
+        if (n < num_n) produce<D>(&tm_k, sK, bar.k_full(n % kStages), bar.k_empty(n % kStages), n, bh);
+        produce<D>(&tm_v, sV, bar.v_full((n - 1) % kStages), bar.v_empty((n - 1) % kStages), n - 1, bh);
       }
     }
     return;
@@ -148,14 +155,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int half_idx = 1 - c;
   const int wg_row0 = m0 + half_idx * 64;
   const int r_lo = wg_row0 + ((tid >> 5) & 3) * 16 + (lane >> 2);
-  const uint32_t q_rows = sQ + half_idx * 64 * 128;  // this warpgroup's 64 rows of each half of q
+  const uint32_t q_rows = sQ + half_idx * 64 * 128;  // this warpgroup's 64 rows of each half of q (128 B a row)
   const bool releaser = lane == 0;            // one arrive per warp on an "empty" barrier
   const int my_turn = kTurnBarrier + c, their_turn = kTurnBarrier + (c ^ 1);
   const uint32_t sink = bar.base + 128 + (tid - 128) * 8;  // this thread's 8 bytes for keep_before_wait
 
-  float acc[64];
+  float acc[D / 2];  // O: this thread's two rows, D / 8 column pairs each
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}, alpha[2];
   float s[64];
   uint32_t p[8][4];
@@ -176,7 +183,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   mbar_wait(bar.k_full(0), 0);
   named_sync(my_turn, 256);
   wgmma_fence();
-  issue_qk<T>(s, q_rows, sK);
+  issue_qk<T, D>(s, q_rows, sK);
   wgmma_commit();
   if (!(c == 1 && num_n == 1)) named_arrive(their_turn, 256);
   wgmma_wait<0>();
@@ -191,11 +198,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     mbar_wait(bar.v_full(prev), ((n - 1) / kStages) & 1);
     named_sync(my_turn, 256);
     wgmma_fence();
-    issue_qk<T>(s, q_rows, sK + st * kTileBytes);  // S(n) = q K(n)^T
+    issue_qk<T, D>(s, q_rows, sK + st * kTile);  // S(n) = q K(n)^T
     wgmma_commit();
     rescale_o(acc, alpha);  // O to tile n-1's row max, while q K(n)^T runs (P(n-2) V(n-2) has landed)
     wgmma_fence();
-    issue_pv<T, false>(acc, p, sV + prev * kTileBytes);  // O += P(n-1) V(n-1)
+    issue_pv<T, false, kRows / 16, D>(acc, p, sV + prev * kTile);  // O += P(n-1) V(n-1)
     wgmma_commit();
     if (!(c == 1 && n == num_n - 1)) named_arrive(their_turn, 256);
     wgmma_wait<1>();  // S(n) has landed; P V may still run
@@ -218,14 +225,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   rescale_o(acc, alpha);
   wgmma_fence();
   if (half_tile(num_n - 1))
-    issue_pv<T, false, kRows / 32>(acc, p, sV + last * kTileBytes);  // P is zero past key 63
+    issue_pv<T, false, kRows / 32, D>(acc, p, sV + last * kTile);  // P is zero past key 63
   else
-    issue_pv<T, false>(acc, p, sV + last * kTileBytes);
+    issue_pv<T, false, kRows / 16, D>(acc, p, sV + last * kTile);
   wgmma_commit();
   wgmma_wait<0>();
   fence_regs(acc);
 
-  store_o<T>(o + static_cast<int64_t>(bh) * S * kHead, acc, row_sum, r_lo, S, lane);
+  store_o<T>(o + static_cast<int64_t>(bh) * S * D, acc, row_sum, r_lo, S, lane);
 #else
   __trap();  // not reached: the host side launches this only from an sm_90a build
 #endif
@@ -251,15 +258,15 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-// t (B, H, S, 128) as a 3-d tensor (D, S, B * H) read in 64 x 128 x 1 boxes with the 128-byte swizzle; rows past S
+// t (B, H, S, D) as a 3-d tensor (D, S, B * H) read in 64 x 128 x 1 boxes with the 128-byte swizzle; rows past S
 // (of each head) read as zeros.
 CUtensorMap tile_map(const at::Tensor& t, const char* name) {
+  const int64_t D = t.size(3);
   TORCH_CHECK(reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0, "modelab_levels::attention: variant 7 ",
               "needs ", name, " 16-byte aligned (a TMA requirement)");
   const int64_t S = t.size(2), BH = t.size(0) * t.size(1);
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kHead), static_cast<cuuint64_t>(S),
-                              static_cast<cuuint64_t>(BH)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kHead) * 2, static_cast<cuuint64_t>(S) * kHead * 2};
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(S), static_cast<cuuint64_t>(BH)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(D) * 2, static_cast<cuuint64_t>(S) * D * 2};
   const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(kRows), 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   const CUtensorMapDataType dtype = t.scalar_type() == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -273,7 +280,7 @@ CUtensorMap tile_map(const at::Tensor& t, const char* name) {
   return map;
 }
 
-template <typename T>
+template <typename T, int D>
 void launch_ws(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, bool causal,
                double scale, cudaStream_t stream) {
   const int64_t S = q.size(2);
@@ -282,19 +289,25 @@ void launch_ws(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at
   TORCH_CHECK(num_m <= 2147483647, "modelab_levels::attention: S = ", S, " is too long for the grid");
   TORCH_CHECK(BH <= 65535, "modelab_levels::attention: B * H = ", BH, " is too large for the grid (at most 65535)");
   const CUtensorMap tm_q = tile_map(q, "q"), tm_k = tile_map(k, "k"), tm_v = tile_map(v, "v");
-  auto kernel = attention_ws_kernel<T>;
-  allow_dynamic_smem(kernel, kWsSmemBytes);
+  auto kernel = attention_ws_kernel<T, D>;
+  allow_dynamic_smem(kernel, ws_smem_bytes<D>());
   const dim3 grid(static_cast<unsigned>(num_m), static_cast<unsigned>(BH));
-  kernel<<<grid, kWsThreads, kWsSmemBytes, stream>>>(tm_q, tm_k, tm_v, reinterpret_cast<T*>(o.mutable_data_ptr()),
-                                                     static_cast<int>(S),
-                                                     static_cast<float>(scale * 1.4426950408889634), causal);
+  kernel<<<grid, kWsThreads, ws_smem_bytes<D>(), stream>>>(tm_q, tm_k, tm_v, reinterpret_cast<T*>(o.mutable_data_ptr()),
+                                                            static_cast<int>(S),
+                                                            static_cast<float>(scale * 1.4426950408889634), causal);
   CUDA_CHECK_LAUNCH();
+}
+template <typename T>
+void launch_ws_d(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, bool causal,
+                 double scale, cudaStream_t stream) {
+  if (q.size(3) == 64) return launch_ws<T, 64>(q, k, v, o, causal, scale, stream);
+  return launch_ws<T, 128>(q, k, v, o, causal, scale, stream);
 }
 #endif
 
 }  // namespace
 
-// Variant 7 (the variant table in attention.cu): bf16 or fp16, D = 128, compute capability 9.0 only.
+// Variant 7 (the variant table in attention.cu): bf16 or fp16, D = 128 or 64, compute capability 9.0 only.
 void attention_ws(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, bool causal,
                   double scale, cudaStream_t stream) {
 #if defined(MODELAB_SM90A)
@@ -303,10 +316,11 @@ void attention_ws(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q.get_device()));
   TORCH_CHECK(major == 9 && minor == 0, "modelab_levels::attention: variant 7 (TMA, warp-specialised) needs a ",
               "compute capability 9.0 GPU; this one is ", major, ".", minor);
-  TORCH_CHECK(q.size(3) == kHead, "modelab_levels::attention: variant 7 needs D = 128");
-  if (q.scalar_type() == at::kBFloat16) return launch_ws<__nv_bfloat16>(q, k, v, o, causal, scale, stream);
+  TORCH_CHECK(q.size(3) == 128 || q.size(3) == 64, "modelab_levels::attention: variant 7 needs D = 128 or 64, not ",
+              q.size(3));
+  if (q.scalar_type() == at::kBFloat16) return launch_ws_d<__nv_bfloat16>(q, k, v, o, causal, scale, stream);
   TORCH_CHECK(q.scalar_type() == at::kHalf, "modelab_levels::attention: variant 7 is built for bfloat16 and float16");
-  return launch_ws<__half>(q, k, v, o, causal, scale, stream);
+  return launch_ws_d<__half>(q, k, v, o, causal, scale, stream);
 #else
   (void)q, (void)k, (void)v, (void)o, (void)causal, (void)scale, (void)stream;
   TORCH_CHECK(false, "modelab_levels::attention: variant 7 (TMA, warp-specialised) needs an sm_90a build: this ",

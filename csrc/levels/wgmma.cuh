@@ -4,7 +4,9 @@
 //
 // Tiles: 128 rows x D = 128 columns of 16-bit elements, stored in the layout wgmma reads: two 64-column halves of
 // 128 rows x 128 bytes, the 16-byte chunk index XOR (row & 7) (the 128-byte swizzle), every half 1024-byte aligned.
-// This is also the layout a TMA load with CU_TENSOR_MAP_SWIZZLE_128B and a 64 x 128 box writes.
+// This is also the layout a TMA load with CU_TENSOR_MAP_SWIZZLE_128B and a 64 x 128 box writes. With D = 64
+// (variant 7's other build) a tile is one such half. The pieces below take D as a template parameter where it
+// matters (default 128): a thread's O accumulators are D / 2 floats.
 #pragma once
 
 #include "common.cuh"
@@ -20,6 +22,8 @@ constexpr int kRows = 128;                 // query rows per block; also keys pe
 constexpr int kHead = 128;                 // D
 constexpr int kHalfBytes = kRows * 128;    // one 64-column half of a tile: 128 rows x 128 bytes
 constexpr int kTileBytes = 2 * kHalfBytes; // 32 KB
+template <int D>
+constexpr int tile_bytes() { return D / 64 * kHalfBytes; }  // a tile of 128 rows x D columns
 
 // Byte offset of 16-byte chunk `chunk` (0..15) of row `row` inside a tile, in the 128B-swizzled layout above.
 __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
@@ -108,19 +112,21 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
   else WGMMA_RS_M64N128("f16");
 }
 
-template <typename T, int OFF>
-__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+template <typename T, int OFF, int N>
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[N], const uint32_t (&a)[4], uint64_t desc_b) {
+  static_assert(OFF + 32 <= N, "the n64 product writes 32 accumulators per thread");
   if constexpr (std::is_same_v<T, __nv_bfloat16>) WGMMA_RS_M64N64("bf16");
   else WGMMA_RS_M64N64("f16");
 }
 
 // ---- the pieces of one key tile ---------------------------------------------------------------------------------
 
-// S = q K^T for this warpgroup's 64 rows: 8 k-steps of 16 over D (4 per 64-column half; +32 bytes inside a half).
-template <typename T>
+// S = q K^T for this warpgroup's 64 rows: D / 16 k-steps of 16 over D (4 per 64-column half; +32 bytes inside a
+// half).
+template <typename T, int D = kHead>
 __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_rows, uint32_t k_tile) {
 #pragma unroll
-  for (int ks = 0; ks < kHead / 16; ++ks) {
+  for (int ks = 0; ks < D / 16; ++ks) {
     const uint32_t step = (ks >> 2) * kHalfBytes + (ks & 3) * 32;
     // K-major, 128B swizzle: the stride byte offset steps 8 rows (1024 bytes); the leading one is unused.
     wgmma_m64n128k16_ss<T>(s, smem_desc(q_rows + step, 16, 1024), smem_desc(k_tile + step, 16, 1024), ks > 0);
@@ -131,12 +137,16 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_rows, uint32
 // offset steps from columns 0..63 to 64..127 (one half), the stride byte offset 8 keys (1024 bytes).
 // SPLIT issues two n64 halves instead of one n128 (the same product; a check on the leading offset's meaning).
 // KEY_STEPS < 8: only the first 16 · KEY_STEPS keys (the rest of P is zero: masked keys).
-template <typename T, bool SPLIT, int KEY_STEPS = kRows / 16>
-__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[8][4], uint32_t v_tile) {
+// D = 64: one n64 product per k-step into 32 accumulators (a tile is one half).
+template <typename T, bool SPLIT, int KEY_STEPS = kRows / 16, int D = kHead>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[8][4], uint32_t v_tile) {
+  static_assert(D == 64 || D == 128, "head dims 64 and 128");
 #pragma unroll
   for (int kt = 0; kt < KEY_STEPS; ++kt) {
     const uint32_t rows = v_tile + kt * 16 * 128;
-    if constexpr (SPLIT) {
+    if constexpr (D == 64) {
+      wgmma_m64n64k16_rs<T, 0>(o, p[kt], smem_desc(rows, kHalfBytes, 1024));
+    } else if constexpr (SPLIT) {
       wgmma_m64n64k16_rs<T, 0>(o, p[kt], smem_desc(rows, kHalfBytes, 1024));
       wgmma_m64n64k16_rs<T, 32>(o, p[kt], smem_desc(rows + kHalfBytes, kHalfBytes, 1024));
     } else {
@@ -192,10 +202,11 @@ __device__ __forceinline__ void softmax_scores(float (&s)[64], float (&alpha)[2]
   }
 }
 
-// O's rows times the softmax's alpha (after the previous tile's P V has landed in O).
-__device__ __forceinline__ void rescale_o(float (&o)[64], const float (&alpha)[2]) {
+// O's rows times the softmax's alpha (after the previous tile's P V has landed in O); N = D / 2 accumulators.
+template <int N>
+__device__ __forceinline__ void rescale_o(float (&o)[N], const float (&alpha)[2]) {
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < N / 4; ++j) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       o[4 * j + 2 * h] *= alpha[h];
@@ -226,8 +237,9 @@ __device__ __forceinline__ void pack_p(const float (&s)[64], uint32_t (&p)[8][4]
 }
 
 // out = O / rowsum for this thread's two rows of one (batch, head) (ob: its first row); rows >= S are not written.
-template <typename T>
-__device__ __forceinline__ void store_o(T* __restrict__ ob, const float (&acc)[64], const float (&row_sum)[2],
+// N = D / 2 accumulators: rows of D = 2N elements.
+template <typename T, int N>
+__device__ __forceinline__ void store_o(T* __restrict__ ob, const float (&acc)[N], const float (&row_sum)[2],
                                         int r_lo, int S, int lane) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -237,9 +249,9 @@ __device__ __forceinline__ void store_o(T* __restrict__ ob, const float (&acc)[6
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const int row = r_lo + 8 * h;
     if (row < S) {
-      T* orow = ob + static_cast<int64_t>(row) * kHead + 2 * (lane & 3);
+      T* orow = ob + static_cast<int64_t>(row) * (2 * N) + 2 * (lane & 3);
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
+      for (int j = 0; j < N / 4; ++j)
         *reinterpret_cast<uint32_t*>(orow + 8 * j) =
             Elem<T>::pack2(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
     }

@@ -41,7 +41,8 @@ OPS = "modelab_levels"  # the TORCH_LIBRARY namespace (bindings.cpp)
 # Attention variants (the table in csrc/levels/attention.cu). 0..3 are mma.sync (sm_80+); 2 and 3 exist for bf16 with
 # D=128 only. 4..6 are wgmma (csrc/levels/attention_sm90.cu), built for sm_90a on compute capability 9.0 with D=128:
 # 4 for bf16 and fp16, 5 and 6 for bf16. 7 is FlashAttention-3's design (csrc/levels/attention_ws.cu: TMA producer
-# warpgroup, two consumer warpgroups taking turns), sm_90a, D=128, bf16 and fp16: the default where it is built.
+# warpgroup, two consumer warpgroups taking turns), sm_90a, D=128 or 64, bf16 and fp16: the default where it is built
+# and has passed a GPU run (D=64 was added 2026-11-27 without one: see UNVERIFIED).
 # H100, 2026-11-27, bf16 causal S=4096 B=4 H=16 (benchmarks/gpu_check.sh frontier): v0 1104.7 µs, v1 957.4, v2 971.2,
 # v3 1021.6, v4 709.2, v5 883.0, v6 775.7, v7 524.8 (SDPA 472.8); S=1024: v4 68.4, v7 55.6 (SDPA 50.7). v7 with its
 # head-major grid (same day, `levels`): S=4096 484.9 µs per call (SDPA 474.3), S=1024 56.2 in a graph (SDPA 50.1);
@@ -49,10 +50,12 @@ OPS = "modelab_levels"  # the TORCH_LIBRARY namespace (bindings.cpp)
 ATTENTION_VARIANTS = (0, 1)
 ATTENTION_VARIANTS_BF16_D128 = (0, 1, 2, 3)
 WGMMA_VARIANTS = {torch.bfloat16: (4, 5, 6, 7), torch.float16: (4, 7)}
-# Variants not yet run on a GPU. benchmarks/cuda_levels_gpu.py and the GPU tests check them in a child process with a
-# timeout before anything else (`check_variant_in_child`): a hang or a fault there fails that check, not the whole
-# run. A variant leaves this tuple once a GPU run has passed it.
-UNVERIFIED_VARIANTS: tuple[int, ...] = ()  # 7 passed on an H100 on 2026-11-27
+WGMMA_VARIANTS_D64 = (7,)  # bf16 and fp16
+# (variant, head dim) builds not yet run on a GPU. benchmarks/cuda_levels_gpu.py and the GPU tests check them in a
+# child process with a timeout before anything else (`check_variant_in_child`): a hang or a fault there fails that
+# check, not the whole run; `attention` does not pick them by default. A build leaves this tuple once a GPU run has
+# passed it. (7 at D=128 passed on an H100 on 2026-11-27.)
+UNVERIFIED: tuple[tuple[int, int], ...] = ((7, 64),)
 # The error bound of an attention variant against float64 (the GPU tests' ATTN_TOL), per dtype.
 ATTN_TOL = {torch.bfloat16: 1.5e-2, torch.float16: 4e-3}
 
@@ -60,8 +63,11 @@ ATTN_TOL = {torch.bfloat16: 1.5e-2, torch.float16: 4e-3}
 def attention_variants(dtype: torch.dtype, head_dim: int, device: int | None = None) -> tuple[int, ...]:
     """The variants built for this dtype and head dim on this GPU (CUDA device index; the wgmma ones only on 9.0)."""
     built = ATTENTION_VARIANTS_BF16_D128 if (dtype == torch.bfloat16 and head_dim == 128) else ATTENTION_VARIANTS
-    if head_dim == 128 and torch.cuda.is_available() and _arch(device) == (9, 0):
-        built = built + WGMMA_VARIANTS.get(dtype, ())
+    if torch.cuda.is_available() and _arch(device) == (9, 0):
+        if head_dim == 128:
+            built = built + WGMMA_VARIANTS.get(dtype, ())
+        elif head_dim == 64 and dtype in WGMMA_VARIANTS:
+            built = built + WGMMA_VARIANTS_D64
     return built
 
 
@@ -82,7 +88,8 @@ VARIANT_ENV = "MODELAB_L5_ATTENTION_VARIANT"  # names the variant `attention` ru
 
 def default_variant(dtype: torch.dtype, head_dim: int, device: int | None = None) -> int:
     """What `attention` runs: $MODELAB_L5_ATTENTION_VARIANT where set (it must be built here), else the wgmma kernel
-    where it is built (7, FlashAttention-3's design, the fastest measured), else the fastest mma.sync tile measured."""
+    where it is built and has passed a GPU run (7, FlashAttention-3's design, the fastest measured), else the fastest
+    mma.sync tile measured."""
     built = attention_variants(dtype, head_dim, device)
     forced = os.environ.get(VARIANT_ENV)
     if forced:
@@ -90,7 +97,7 @@ def default_variant(dtype: torch.dtype, head_dim: int, device: int | None = None
             raise ValueError(f"${VARIANT_ENV}={forced!r}: not an attention variant built for {dtype} with "
                              f"D={head_dim} on this GPU (built: {', '.join(map(str, built))})")
         return int(forced)
-    return 7 if 7 in built else 2 if 2 in built else 0
+    return 7 if 7 in built and (7, head_dim) not in UNVERIFIED else 2 if 2 in built else 0
 
 ATTN_DTYPES = (torch.bfloat16, torch.float16)
 MP_X_DTYPES = (torch.float32, torch.bfloat16)
@@ -512,27 +519,27 @@ def message_passing(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, w: to
 _CHILD_CHECK = """
 import sys, torch
 from engine.kernels import cuda_levels as cl
-variant, failed, checked = int(sys.argv[1]), 0, 0
+variant, head_dim, failed, checked = int(sys.argv[1]), int(sys.argv[2]), 0, 0
 for dtype in (torch.bfloat16, torch.float16):
-    if variant not in cl.attention_variants(dtype, 128):
+    if variant not in cl.attention_variants(dtype, head_dim):
         continue
     for S in (1, 17, 128, 200, 300, 1024):
         for causal in (False, True):
-            q, k, v = (torch.randn(2, 3, S, 128, device="cuda").to(dtype) for _ in range(3))
+            q, k, v = (torch.randn(2, 3, S, head_dim, device="cuda").to(dtype) for _ in range(3))
             err = cl._rel_l2(cl._attention_variant(q, k, v, causal, None, variant), cl._ref_attention(q, k, v, causal))
             ok = err < cl.ATTN_TOL[dtype]
             failed, checked = failed + (not ok), checked + 1
             print(f"{str(dtype)[6:]:>8} S={S:<5} causal={causal!s:<5} rel L2 {err:.2e} {'ok' if ok else 'FAIL'}",
                   flush=True)
 if not checked:
-    print(f"variant {variant} is not built here (it needs a compute capability 9.0 GPU and D = 128)")
+    print(f"variant {variant} is not built here for D = {head_dim} (it needs a compute capability 9.0 GPU)")
 sys.exit(1 if failed or not checked else 0)
 """
 
 
-def check_variant_in_child(variant: int, timeout_s: float = 300.0) -> tuple[bool, str]:
-    """Run attention `variant` at D=128 on small ragged shapes (S 1 … 1024, causal or not, bf16 and fp16) in a child
-    process and compare it with float64. Returns (passed, report): a wrong result, a fault or no answer within
+def check_variant_in_child(variant: int, timeout_s: float = 300.0, head_dim: int = 128) -> tuple[bool, str]:
+    """Run attention `variant` at `head_dim` on small ragged shapes (S 1 … 1024, causal or not, bf16 and fp16) in a
+    child process and compare it with float64. Returns (passed, report): a wrong result, a fault or no answer within
     timeout_s (a deadlocked kernel) fails with the child's output and why, and this process stays usable."""
     import sys
 
@@ -540,8 +547,8 @@ def check_variant_in_child(variant: int, timeout_s: float = 300.0) -> tuple[bool
 
     env = with_libstdcxx_preloaded(dict(os.environ))
     try:
-        done = subprocess.run([sys.executable, "-c", _CHILD_CHECK, str(variant)], env=env, capture_output=True,
-                              text=True, timeout=timeout_s, cwd=str(native.REPO_ROOT))
+        done = subprocess.run([sys.executable, "-c", _CHILD_CHECK, str(variant), str(head_dim)], env=env,
+                              capture_output=True, text=True, timeout=timeout_s, cwd=str(native.REPO_ROOT))
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         return False, out + f"variant {variant}: no answer within {timeout_s:g} s (a hang: the child was killed)"
