@@ -1,6 +1,6 @@
 // L5 attention on Hopper in the FlashAttention-3 manner (variant 7): q, k, v (B, H, S, D), bf16 or fp16, D = 128
-// or 64 (the ViT's heads), causal or not, any S. Built only for sm_90a, like attention_sm90.cu, whose tile layout and wgmma pieces it shares
-// (wgmma.cuh).
+// or 64 (the ViT's heads), causal or not, any S. Built only for sm_90a, like attention_sm90.cu, whose tile layout
+// and wgmma pieces it shares (wgmma.cuh).
 //
 // A block of 384 threads owns 128 query rows of one (batch, head), as three warpgroups with separate jobs:
 // - the producer (warpgroup 0) gives its registers back (setmaxnreg.dec to 24) and one of its threads issues every
@@ -39,7 +39,7 @@ template <int D>
 constexpr int ws_smem_bytes() { return (1 + 2 * kStages) * tile_bytes<D>() + 1024 + 128 + 256 * 8; }
 constexpr int kTurnBarrier = 1;   // named barriers 1 and 2: the consumers' turns (0 is __syncthreads)
 
-// ---- TMA, named barriers, register reallocation (the mbarriers are common.cuh's) ------------------------------------------------------
+// ---- TMA, named barriers, register reallocation (the mbarriers are common.cuh's) ------------------------------------
 // Box (c0.., c1.., c2) of a 3-d tensor map into shared memory; the barrier counts its bytes.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
                                             int c2) {
