@@ -90,6 +90,18 @@ def jobs(arch: int):
         yield (f"decode_attention combine {preset}", da._combine_kernel, combine_sig,
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLITS_PAD": 1 << (640 // split - 1).bit_length(),
                 "PDL": pdl}, 4)  # the splits of the lab's P + N = 640 cached positions
+    # the next token's argmax (MODELAB_TRITON_ARGMAX=1): a short row in one program, a longer one in chunks
+    from engine.kernels.triton import argmax as am
+
+    chunk_sig = {"x_ptr": "*bf16", "out_ptr": "*i64", "part_val_ptr": "*fp32", "part_at_ptr": "*i32",
+                 "part_nan_ptr": "*i32", "N": "i32", "stride_row": "i32", "CHUNKS": "i32"}
+    yield ("argmax one row", am._chunk_kernel, chunk_sig, {"BLOCK": am.ONE_PROGRAM_MAX, "WHOLE_ROW": True, "PDL": pdl},
+           am._warps(am.ONE_PROGRAM_MAX))
+    yield ("argmax chunks", am._chunk_kernel, chunk_sig, {"BLOCK": am.CHUNK, "WHOLE_ROW": False, "PDL": pdl},
+           am._warps(am.CHUNK))
+    yield ("argmax final", am._final_kernel, {"part_val_ptr": "*fp32", "part_at_ptr": "*i32", "part_nan_ptr": "*i32",
+                                              "out_ptr": "*i64", "CHUNKS": "i32"},
+           {"CHUNKS_PAD": 16, "PDL": pdl}, 1)  # 128256 values: 16 chunks
     gemv_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "g_ptr": "*bf16", "r_ptr": "*bf16", "N": "i32",
                 "K": "i32", "stride_wn": "i32", "eps": "fp32"}
     for n, k, warps in gm.TILES:

@@ -25,11 +25,12 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1, keepdim=True)
 
 
-def step_fn(model: LlamaDecoder) -> StepFn:
-    """(tokens, positions) → (greedy next token, last-position logits): the function prefill and decode compile."""
+def step_fn(model: LlamaDecoder, pick: Callable[[torch.Tensor], torch.Tensor] = greedy) -> StepFn:
+    """(tokens, positions) → (greedy next token, last-position logits): the function prefill and decode compile.
+    `pick` takes the next token from the logits (B, V) → (B, 1): torch's argmax unless a mode says otherwise."""
     def step(tokens: torch.Tensor, input_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = model.forward_cached(tokens, input_pos)
-        return greedy(logits), logits
+        return pick(logits), logits
 
     return step
 

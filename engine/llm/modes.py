@@ -49,11 +49,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from engine.llm.generate import Decoder, GraphDecoder, StepFn, step_fn
+from engine.llm.generate import Decoder, GraphDecoder, StepFn, greedy, step_fn
 from engine.workloads.llama import LlamaDecoder
 
 SDPA_NAMES = ("flash", "efficient", "math")
@@ -382,6 +383,7 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
                      "norm_swiglu / linear_add); RoPE and the KV-cache write inside the decode attention "
                      "kernel (decode_attention_qkv)")
     plain = step_fn(model)
+    pick = _next_token_kernel(mode, notes)
     compile_mode = "max-autotune-no-cudagraphs" if autotune else None
     # the peer line of a quantized mode is gpt-fast's: its decode step compiled with coordinate-descent tuning
     fuse_gemv_loads = bool(mode.quant) and mode.quant_impl == "plain" and device.startswith("cuda")
@@ -395,18 +397,32 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
         notes.append(f"decode not measured: {reason}")
         decoder = None
     elif mode.decode == "eager":
-        decoder = Decoder(_with_sdpa(plain, backend))
+        decoder = Decoder(_with_sdpa(step_fn(model, pick), backend))
     elif mode.decode == "compile":
         # A separate compiled function from the prefill's: each gets its own graph (t = P vs t = 1).
-        decoder = Decoder(_with_sdpa(_compile(step_fn(model), compile_mode), backend))
+        decoder = Decoder(_with_sdpa(_compile(step_fn(model, pick), compile_mode), backend))
     elif mode.decode == "reduce-overhead":
-        decoder = Decoder(_with_sdpa(_compile(step_fn(model), "reduce-overhead"), backend),
+        decoder = Decoder(_with_sdpa(_compile(step_fn(model, pick), "reduce-overhead"), backend),
                           before_step=torch.compiler.cudagraph_mark_step_begin)
     elif mode.decode == "cudagraph":
-        decoder = GraphDecoder(_with_sdpa(_compile(step_fn(model), compile_mode, fuse_gemv_loads), backend))
+        decoder = GraphDecoder(_with_sdpa(_compile(step_fn(model, pick), compile_mode, fuse_gemv_loads), backend))
     else:
         raise ValueError(f"unknown decode kind {mode.decode!r}")
     return Prepared(prefill=_with_sdpa(prefill, backend), decoder=decoder, notes=notes, quantize_s=quantize_s)
+
+
+def _next_token_kernel(mode: LLMMode, notes: list[str]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How the decode step takes its next token: torch's argmax (compiled with the step), or with
+    MODELAB_TRITON_ARGMAX=1 in the lab's own Triton modes engine.kernels.triton.argmax (not yet measured inside the
+    step, so off by default; the peer modes always keep torch's)."""
+    if not (mode.gemv or mode.fused or mode.quant_impl == "triton"):
+        return greedy
+    from engine.kernels.triton import argmax as triton_argmax  # (these modes have imported Triton's kernels already)
+
+    if not triton_argmax.enabled():
+        return greedy
+    notes.append("next token: the Triton argmax (engine/kernels/triton/argmax.py, MODELAB_TRITON_ARGMAX=1)")
+    return torch.ops.modelab.argmax_rows
 
 
 def runnable_modes(device: str, dtype: torch.dtype) -> list[str]:

@@ -412,3 +412,24 @@ def test_the_modes_table_sets_the_lab_gemv_beside_the_plain_way_of_its_scheme() 
     assert bf16["accuracy"] == "logits rel. error 0.004 (≤ 0.05)" and bf16["bytes / token"] == "2.50 GB"
     assert other["vs plain"] == "—" and other["vs unquantized"] == "—"  # no plain run, no bf16 run at B=4
     assert other["bytes / token"] == "200.00 MB" and other["accuracy"] == "accuracy gate: not recorded"
+
+
+def test_the_triton_argmax_switch_takes_the_same_tokens_in_the_labs_modes_only(monkeypatch) -> None:
+    """MODELAB_TRITON_ARGMAX=1: the lab's Triton modes take the next token with engine.kernels.triton.argmax (the
+    same tokens as torch's argmax, and the notes say so); the plain (peer) modes keep torch's."""
+    from engine.kernels.triton.argmax import _chunk_kernel
+    from engine.kernels.triton.quant_gemv import _wo_int4_kernel
+
+    if not (_interpreted(_wo_int4_kernel) and _interpreted(_chunk_kernel)):
+        pytest.skip("the Triton kernels are compiled, not interpreted (TRITON_INTERPRET=1 unset)")
+    runs = {}
+    for name, switch in (("triton-int4-wo", "0"), ("triton-int4-wo", "1"), ("int4-wo", "1")):
+        monkeypatch.setenv("MODELAB_TRITON_ARGMAX", switch)
+        model, prompt, _ = _tiny(seed=4, steps=3)
+        with torch.no_grad():
+            prepared = modes.prepare(modes.get_mode(name), model, "cpu")
+            runs[name, switch] = (generate(prepared.prefill, prepared.decoder, prompt, 3).tokens,
+                                  any("Triton argmax" in n for n in prepared.notes))
+    assert torch.equal(runs["triton-int4-wo", "1"][0], runs["triton-int4-wo", "0"][0])
+    assert [runs[k][1] for k in (("triton-int4-wo", "0"), ("triton-int4-wo", "1"), ("int4-wo", "1"))] == \
+        [False, True, False]
