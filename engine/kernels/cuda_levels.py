@@ -391,10 +391,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     """
     scale = _check_attention(q, k, v, causal, scale)  # first: a bad argument gets its message, not an AttributeError
     # the default is built by definition: no second lookup of the built variants on this per-call path
-    variant = default_variant(q.dtype, q.shape[-1], q.device.index)
-    if variant == 7 and q.shape[0] * q.shape[1] > V7_MAX_HEADS:
-        variant = 4  # built wherever 7 is
+    variant = fit_grid(default_variant(q.dtype, q.shape[-1], q.device.index), q.shape[0] * q.shape[1], q.shape[-1])
     return _ops().attention(q, k, v, causal, scale, variant)
+
+
+def fit_grid(variant: int, heads: int, head_dim: int) -> int:
+    """`variant`, or where B·H = `heads` is past variant 7's grid (V7_MAX_HEADS) one built wherever 7 is: the wgmma
+    variant 4 at D=128, the mma.sync tile 0 at D=64."""
+    if variant == 7 and heads > V7_MAX_HEADS:
+        return 4 if head_dim == 128 else 0
+    return variant
 
 
 def _attention_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,

@@ -139,6 +139,9 @@ def test_hopper_builds_sm90a_with_the_wgmma_variants_and_other_gpus_do_not(monke
     assert cl.default_variant(torch.bfloat16, 64) == 7
     monkeypatch.delenv(cl.VARIANT_ENV)
     assert cl.attention_variants(torch.float32, 64) == (0, 1)  # the wgmma kernels are 16-bit only
+    # more heads than variant 7's grid takes: a variant built wherever 7 is, for that head dim
+    assert [cl.fit_grid(7, cl.V7_MAX_HEADS + 1, d) for d in (128, 64)] == [4, 0]
+    assert cl.fit_grid(7, cl.V7_MAX_HEADS, 64) == 7 and cl.fit_grid(2, 10**6, 128) == 2
     monkeypatch.setattr(cl, "_arch", lambda device=None: (8, 9))
     assert cl.attention_variants(torch.bfloat16, 128) == (0, 1, 2, 3)
     assert [cl.default_variant(torch.bfloat16, 128), cl.default_variant(torch.float16, 128)] == [2, 0]
