@@ -36,11 +36,12 @@ test: lint
 # The tests that need (or select on) a CUDA device, with the machine's own Python: `make test-gpu` on the GPU machine.
 # It takes over 9 minutes on an H100, and tests/engine/levels alone ran past 7 (2026-11-27); in thirds (one 10-minute
 # device call each): GPU_PATHS=tests/engine/kernels, GPU_PATHS=tests/engine/levels, then
-# GPU_PATHS="tests/engine --ignore=tests/engine/kernels --ignore=tests/engine/levels".
+# GPU_PATHS="tests/engine --ignore=tests/engine/kernels --ignore=tests/engine/levels". The 15 slowest tests are listed
+# at the end (where a shorter suite would come from).
 GPU_TESTS ?= cuda or gpu or triton or gemv or decode or levels or llm
 GPU_PATHS ?= tests/engine
 test-gpu:
-	$(PY) -m pytest -q -rfE -p no:cacheprovider $(GPU_PATHS) -k "$(GPU_TESTS)"
+	$(PY) -m pytest -q -rfE -p no:cacheprovider --durations=15 $(GPU_PATHS) -k "$(GPU_TESTS)"
 
 bench: $(STAMP)
 	$(BIN)/python -m engine bench --workload house_price --mode all --device cpu
