@@ -166,6 +166,27 @@ def attention_jobs(arch: int):
                     "USE_DESC": True, "DOT_PREC": None}, (cfg.num_warps, cfg.num_stages))
 
 
+def gluon_jobs(arch: int):
+    """Kernel Levels' L4 attention in Gluon (engine/kernels/triton/attention_ws.py, Hopper only): bf16 and fp16,
+    D 128 and 64, causal and not. Its descriptors' signatures come from descriptors over CPU tensors."""
+    if arch != 90:
+        return
+    import torch
+    from triton.runtime.jit import mangle_type
+
+    from engine.kernels.triton import attention_ws as aw
+
+    for dtype, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+        for d in aw.HEAD_DIMS[::-1]:
+            t = torch.empty(1, 1, 256, d, dtype=dtype)
+            q_desc, k_desc, v_desc = aw.descriptors(t, t, t)
+            sig = {"q_desc": mangle_type(q_desc), "k_desc": mangle_type(k_desc), "v_desc": mangle_type(v_desc),
+                   "o_ptr": f"*{name}", "S": "i32", "qk_scale": "fp32"}
+            for causal in (True, False):
+                yield (f"gluon attention {name} D{d} {'causal' if causal else 'full'}", aw._attn_ws_kernel, sig,
+                       {"HEAD_DIM": d, "BLOCK_N": aw.BLOCK_N, "STAGES": aw.STAGES, "CAUSAL": causal}, 4)
+
+
 def resource_usage(cubin: bytes) -> tuple[str, str]:
     """(registers, stack bytes) per thread from the cubin (Triton's bundled cuobjdump), '?' where it cannot say. A
     stack frame in a kernel without calls is spilled registers."""
@@ -195,6 +216,8 @@ def selected_jobs(arch: int, kernels: str):
         yield from message_passing_jobs(arch)
     if kernels in ("all", "attn"):
         yield from attention_jobs(arch)
+    if kernels in ("all", "gluon"):
+        yield from gluon_jobs(arch)
 
 
 def main() -> int:
@@ -202,10 +225,11 @@ def main() -> int:
     parser.add_argument("--arch", type=int, default=90, help="compute capability × 10 (default 90: H100/H200)")
     # default bf16: the set tests/engine/kernels/test_decode_attention.py counts; the quantized GEMVs are checked by
     # tests/engine/kernels/test_quant_gemv.py (--kernels quant); `all` is both
-    parser.add_argument("--kernels", choices=("all", "bf16", "quant", "mp", "attn"), default="bf16",
+    parser.add_argument("--kernels", choices=("all", "bf16", "quant", "mp", "attn", "gluon"), default="bf16",
                         help="bf16 (default): decode attention and the bf16 GEMVs; quant: the weight-only quantized "
                              "GEMVs; mp: Kernel Levels' L4 message passing (bucketing, segment reduce, scatter); "
-                             "attn: Kernel Levels' L4 attention at every autotune tile; all: every one")
+                             "attn: Kernel Levels' L4 attention at every autotune tile; gluon: its Gluon kernel "
+                             "(sm_90); all: every one")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("TRITON_INTERPRET is set: interpreted kernels cannot be compiled; unset it", file=sys.stderr)
@@ -213,6 +237,7 @@ def main() -> int:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource
 
     target = GPUTarget("cuda", args.arch, 32)
     failed = 0
@@ -224,8 +249,8 @@ def main() -> int:
             options["num_stages"] = stages
         start = time.perf_counter()
         try:
-            src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constants}},
-                            constexprs=constants)
+            source = GluonASTSource if fn.is_gluon() else ASTSource  # a Gluon kernel brings its own layouts
+            src = source(fn=fn, signature={**signature, **{k: "constexpr" for k in constants}}, constexprs=constants)
             kernel = triton.compile(src, target=target, options=options)
             regs, stack = resource_usage(kernel.asm["cubin"])
             rows.append((name, "ok", kernel.metadata.shared, regs, stack, time.perf_counter() - start))

@@ -26,6 +26,7 @@ How it works (Flash-Attention 2, after Triton's 06-fused-attention tutorial):
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -290,8 +291,29 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 
     q, k, v: (B, H, S, D), contiguous, one dtype (bfloat16/float16; float32 too, with 3xTF32 dots, see FP32_DOT),
     D in {32, 64, 128}, any S >= 1. Returns a new (B, H, S, D) tensor of the same dtype. Softmax in fp32.
+    With MODELAB_L4_ATTENTION=gluon, inputs the Gluon kernel takes (attention_ws.py: Hopper, 16-bit, D 64 or 128)
+    run there instead.
     """
+    if l4_kernel() == "gluon" and isinstance(q, torch.Tensor) and q.is_cuda:
+        from engine.kernels.triton import attention_ws
+
+        _check_inputs(q, k, v, causal, scale)
+        if attention_ws.unsupported(q) is None and all(t.data_ptr() % 16 == 0 for t in (q, k, v)):
+            return attention_ws.attention_ws(q, k, v, causal, scale)
     return _attention(q, k, v, causal, scale)
+
+
+L4_ENV = "MODELAB_L4_ATTENTION"
+
+
+def l4_kernel() -> str:
+    """Which kernel `attention` runs: "triton" (this module's, the default) or, with MODELAB_L4_ATTENTION=gluon,
+    the warp-specialised Gluon kernel where it can (attention_ws.py; not yet checked or timed on a GPU)."""
+    raw = os.environ.get(L4_ENV, "triton").strip()
+    if raw not in ("triton", "gluon"):
+        raise ValueError(f"{L4_ENV}={raw!r}: want triton (the default) or gluon (the warp-specialised Gluon kernel, "
+                         "Hopper)")
+    return raw
 
 
 def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,

@@ -389,3 +389,67 @@ def test_the_attention_compiles_for_the_h100_at_every_tile_without_spilling_its_
     assert len(rows) == 2 * len(attn_mod._gpu_configs()) and all(r.endswith("ok") for r in rows), rows
     wide = [r.split() for r in rows if r.startswith("attention D128") and " w8 " in r]
     assert wide and all(cols[-3] == "0" for cols in wide), rows  # columns: ... regs stack seconds result
+
+
+# ---- the Gluon attention (engine/kernels/triton/attention_ws.py, Hopper) -------------------------------------------
+
+def test_the_gluon_attention_compiles_for_the_h100_without_one(aot_check_rows) -> None:
+    """Gluon is never interpreted: each build (bf16 and fp16, D 128 and 64, causal or not) compiles for sm_90 with
+    Triton's own ptxas (benchmarks/triton_aot_check.py --kernels gluon), three partitions in 168 registers a thread
+    on average, nothing spilled."""
+    rows = aot_check_rows("--kernels", "gluon")
+    assert len(rows) == 8 and all(r.endswith("ok") for r in rows), rows
+    assert all(r.split()[-4:-2] == ["168", "0"] for r in rows), rows  # columns: ... regs stack seconds result
+
+
+_GLUON_CHILD = """
+import sys, torch
+from engine.kernels.triton import attention as tl_attn, attention_ws
+if attention_ws.unsupported(torch.empty(1, 1, 1, 128, device="cuda", dtype=torch.bfloat16)):
+    print("SKIP not a Hopper GPU"); sys.exit(0)
+bad = 0
+for dtype, tol in ((torch.bfloat16, 1.5e-2), (torch.float16, 4e-3)):
+    for d in (128, 64):
+        for s in (1, 17, 128, 200, 300, 1024):
+            for causal in (True, False):
+                q, k, v = (torch.randn(2, 3, s, d, device="cuda").to(dtype) for _ in range(3))
+                out = attention_ws.attention_ws(q, k, v, causal)
+                ref = tl_attn._reference(q, k, v, causal)
+                err = float((out.double() - ref).norm() / ref.norm()) if torch.isfinite(out).all() else float("inf")
+                bad += err >= tol
+                print(f"{dtype} D={d} S={s} causal={causal} rel L2 {err:.2e} {'ok' if err < tol else 'FAIL'}",
+                      flush=True)
+sys.exit(1 if bad else 0)
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
+def test_the_gluon_attention_matches_float64_in_its_own_process() -> None:
+    """Ragged S, causal and not, both dtypes and head dims, against float64 — in a child process with a timeout,
+    since a wrong mbarrier phase would hang rather than fail."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    try:
+        done = subprocess.run([sys.executable, "-c", _GLUON_CHILD], cwd=repo, env=env, capture_output=True,
+                              text=True, timeout=300)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"no answer in 300 s (a hang): {exc.stdout!r}")
+    if "SKIP" in done.stdout:
+        pytest.skip(done.stdout.strip())
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+
+def test_the_l4_kernel_switch_takes_triton_or_gluon_and_refuses_the_rest(monkeypatch) -> None:
+    monkeypatch.delenv(attn_mod.L4_ENV, raising=False)
+    assert attn_mod.l4_kernel() == "triton"
+    monkeypatch.setenv(attn_mod.L4_ENV, "gluon")
+    assert attn_mod.l4_kernel() == "gluon"
+    q = torch.randn(1, 2, 5, 32).to(DEVICE)  # not what the Gluon kernel takes (and on CPU: not CUDA): the tl kernel
+    assert torch.allclose(attn_mod.attention(q, q, q, True).double(), attn_mod._reference(q, q, q, True), atol=1e-4)
+    monkeypatch.setenv(attn_mod.L4_ENV, "cutlass")
+    with pytest.raises(ValueError, match="MODELAB_L4_ATTENTION='cutlass'"):
+        attn_mod.attention(q, q, q, True)
