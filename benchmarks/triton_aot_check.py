@@ -168,7 +168,8 @@ def attention_jobs(arch: int):
 
 def gluon_jobs(arch: int):
     """Kernel Levels' L4 attention in Gluon (engine/kernels/triton/attention_ws.py, Hopper only): bf16 and fp16,
-    D 128 and 64, causal and not. Its descriptors' signatures come from descriptors over CPU tensors."""
+    D 128 and 64, causal and not, consumers overlapped or one tile at a time. Its descriptors' signatures come from
+    descriptors over CPU tensors."""
     if arch != 90:
         return
     import torch
@@ -183,8 +184,11 @@ def gluon_jobs(arch: int):
             sig = {"q_desc": mangle_type(q_desc), "k_desc": mangle_type(k_desc), "v_desc": mangle_type(v_desc),
                    "o_ptr": f"*{name}", "S": "i32", "qk_scale": "fp32"}
             for causal in (True, False):
-                yield (f"gluon attention {name} D{d} {'causal' if causal else 'full'}", aw._attn_ws_kernel, sig,
-                       {"HEAD_DIM": d, "BLOCK_N": aw.BLOCK_N, "STAGES": aw.STAGES, "CAUSAL": causal}, 4)
+                for overlap in (True, False):
+                    yield (f"gluon attention {name} D{d} {'causal' if causal else 'full'}"
+                           f"{' overlapped' if overlap else ''}", aw._attn_ws_kernel, sig,
+                           {"HEAD_DIM": d, "BLOCK_N": aw.BLOCK_N, "STAGES": aw.STAGES, "CAUSAL": causal,
+                            "OVERLAP": overlap}, 4)
 
 
 def resource_usage(cubin: bytes) -> tuple[str, str]:

@@ -17,9 +17,13 @@ Causal: key tiles past the block's last row are never loaded; the diagonal tile 
 are read through one flat descriptor each, so a tile crossing S reads the next head's rows (or zeros past the end):
 their scores are masked to -inf and their P is 0. The output is stored through pointers, rows < S only.
 
+OVERLAP (the default; attention_ws(overlap=False) takes one tile at a time): inside each consumer
+FlashAttention-3's order — q K(n)ᵀ issued with O += P(n-1) V(n-1), the softmax of S(n) while that P V runs (in the
+sm_90 SASS all 66 exponentials of a tile sit between the two waits; a test reads them).
+
 Not yet here (what the CUDA variant 7 has): the consumers' turns (ping-pong: one's softmax against the other's
-products) and the overlap of the next tile's q kᵀ with this tile's softmax inside a consumer. Not run on a GPU yet:
-`attention.attention` runs it only with MODELAB_L4_ATTENTION=gluon (docs/kernel-levels.md).
+products). Not run on a GPU yet: `attention.attention` runs it only with MODELAB_L4_ATTENTION=gluon
+(docs/kernel-levels.md).
 """
 
 from __future__ import annotations
@@ -116,6 +120,94 @@ def _consume(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_
 
 
 @gluon.jit
+def _softmax_tile(qk, m_i, l_i, rows, n, S, qk_scale, causal):
+    """Tile n's scores → (P unnormalised, alpha for O's rows, the new row max, the new row sum)."""
+    block_n: gl.constexpr = qk.shape[1]
+    cols = n * block_n + gl.arange(0, block_n, layout=gl.SliceLayout(0, qk.type.layout))
+    keep = gl.expand_dims(cols < S, 0)
+    keep = keep & ((gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1)) | (causal == 0))
+    qk = gl.where(keep, qk * qk_scale, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(qk, axis=1))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row masked so far: keep exp2 finite
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(qk - gl.expand_dims(m_use, 1))
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
+def _consume_overlapped(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr,
+                        head_row0, m0, S, qk_scale, num_n, causal, sink):
+    """Consumer c as _consume, with FlashAttention-3's order inside the warpgroup: q K(n)ᵀ is issued together with
+    O += P(n-1) V(n-1), and the softmax of S(n) runs while that P V is still on the tensor cores."""
+    n_stages: gl.constexpr = k_smem.shape[0]
+    block_n: gl.constexpr = k_smem.shape[1]
+    head_dim: gl.constexpr = k_smem.shape[2]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, block_n, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, head_dim, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    rows = m0 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+    m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([64, head_dim], gl.float32, layout=o_layout)
+    no_scores = gl.zeros([64, block_n], gl.float32, layout=s_layout)
+    mbarrier.wait(q_bar, 0)
+    q = q_smem.index(c)
+    # tile 0: scores only
+    mbarrier.wait(k_full.index(0), 0)
+    qk = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), no_scores, use_acc=False, is_async=True)
+    qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+    mbarrier.arrive(k_empty.index(0))
+    p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, rows, 0, S, qk_scale, causal)
+    p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+    for n in range(1, num_n):
+        slot = n % n_stages
+        prev = (n - 1) % n_stages
+        mbarrier.wait(k_full.index(slot), (n // n_stages) & 1)
+        qk = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), no_scores, use_acc=False, is_async=True)
+        mbarrier.wait(v_full.index(prev), ((n - 1) // n_stages) & 1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # S(n) has landed; P(n-1) V(n-1) may still run
+        mbarrier.arrive(k_empty.index(slot))
+        p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, rows, n, S, qk_scale, causal)
+        # P(n-1) V(n-1) done with P's registers. The row sums, which need every probability of the tile, are stored
+        # to shared memory first: that store stays in order with the wait, so the softmax runs before it (the
+        # compiler otherwise sinks most of the softmax below the wait, and the overlap this order exists for is lost)
+        sink.index(c).store(l_i)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+        mbarrier.arrive(v_empty.index(prev))
+        p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+    last = (num_n - 1) % n_stages
+    mbarrier.wait(v_full.index(last), ((num_n - 1) // n_stages) & 1)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+    acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    mbarrier.arrive(v_empty.index(last))
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    out = acc / gl.expand_dims(gl.where(l_o > 0, l_o, 1.0), 1)
+    o_rows = m0 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
+    o_cols = gl.arange(0, head_dim, layout=gl.SliceLayout(0, o_layout))
+    ptrs = o_ptr + gl.expand_dims((head_row0 + o_rows).to(gl.int64) * head_dim, 1) + gl.expand_dims(o_cols, 0)
+    gl.store(ptrs, out.to(o_ptr.dtype.element_ty), mask=gl.expand_dims(o_rows < S, 1))
+
+
+@gluon.jit
+def _overlapped_0(q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S, qk_scale,
+                  num_n, causal, sink):
+    _consume_overlapped(0, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S,
+                        qk_scale, num_n, causal, sink)
+
+
+@gluon.jit
+def _overlapped_1(q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S, qk_scale,
+                  num_n, causal, sink):
+    _consume_overlapped(1, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S,
+                        qk_scale, num_n, causal, sink)
+
+
+@gluon.jit
 def _consumer_0(q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S, qk_scale,
                 num_n, causal):
     _consume(0, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S, qk_scale,
@@ -131,7 +223,8 @@ def _consumer_1(q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty,
 
 @gluon.jit
 def _attn_ws_kernel(q_desc, k_desc, v_desc, o_ptr, S, qk_scale,
-                    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                    OVERLAP: gl.constexpr = False):
     m_block = gl.num_programs(0) - 1 - gl.program_id(0)  # causal: the longest rows of a head are dispatched first
     bh = gl.program_id(1)  # head-major grid: a few heads' K and V are read from DRAM about once
     m0 = m_block * 128
@@ -161,7 +254,13 @@ def _attn_ws_kernel(q_desc, k_desc, v_desc, o_ptr, S, qk_scale,
                num_n, 1 if CAUSAL else 0)
     produce = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty,
                head_row0 + m0, head_row0, num_n)
-    gl.warp_specialize([(_consumer_0, consume), (_consumer_1, consume), (_producer, produce)], [4, 4], [232, 24])
+    if OVERLAP:
+        sink = gl.allocate_shared_memory(gl.float32, [2, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        consume_sink = consume + (sink, )
+        gl.warp_specialize([(_overlapped_0, consume_sink), (_overlapped_1, consume_sink), (_producer, produce)],
+                           [4, 4], [232, 24])
+    else:
+        gl.warp_specialize([(_consumer_0, consume), (_consumer_1, consume), (_producer, produce)], [4, 4], [232, 24])
 
 
 def _gl_dtype(dtype: torch.dtype):
@@ -192,8 +291,9 @@ def unsupported(q: torch.Tensor) -> str | None:
 
 
 def attention_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                 scale: float | None = None) -> torch.Tensor:
-    """softmax(q kᵀ · scale [+ causal mask]) v for contiguous (B, H, S, D) CUDA tensors (see unsupported)."""
+                 scale: float | None = None, overlap: bool = True) -> torch.Tensor:
+    """softmax(q kᵀ · scale [+ causal mask]) v for contiguous (B, H, S, D) CUDA tensors (see unsupported).
+    overlap: the consumers in FlashAttention-3's order (_consume_overlapped); False: one tile at a time."""
     why = unsupported(q)
     if why:
         raise ValueError(why)
@@ -205,6 +305,6 @@ def attention_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     q_desc, k_desc, v_desc = descriptors(q, k, v)
     grid = (-(-s // BLOCK_M), b * h)
     _attn_ws_kernel[grid](q_desc, k_desc, v_desc, out, s, scale * LOG2E, HEAD_DIM=d, BLOCK_N=BLOCK_N, STAGES=STAGES,
-                          CAUSAL=bool(causal), num_warps=4)
+                          CAUSAL=bool(causal), OVERLAP=bool(overlap), num_warps=4)
     return out
 

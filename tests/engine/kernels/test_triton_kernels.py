@@ -394,12 +394,60 @@ def test_the_attention_compiles_for_the_h100_at_every_tile_without_spilling_its_
 # ---- the Gluon attention (engine/kernels/triton/attention_ws.py, Hopper) -------------------------------------------
 
 def test_the_gluon_attention_compiles_for_the_h100_without_one(aot_check_rows) -> None:
-    """Gluon is never interpreted: each build (bf16 and fp16, D 128 and 64, causal or not) compiles for sm_90 with
-    Triton's own ptxas (benchmarks/triton_aot_check.py --kernels gluon), three partitions in 168 registers a thread
-    on average, nothing spilled."""
+    """Gluon is never interpreted: each build (bf16 and fp16, D 128 and 64, causal or not, consumers overlapped or
+    not) compiles for sm_90 with Triton's own ptxas (benchmarks/triton_aot_check.py --kernels gluon), three
+    partitions in 168 registers a thread on average, nothing spilled."""
     rows = aot_check_rows("--kernels", "gluon")
-    assert len(rows) == 8 and all(r.endswith("ok") for r in rows), rows
+    assert len(rows) == 16 and all(r.endswith("ok") for r in rows), rows
     assert all(r.split()[-4:-2] == ["168", "0"] for r in rows), rows  # columns: ... regs stack seconds result
+
+
+_GLUON_SASS = """
+import re, subprocess, sys
+from pathlib import Path
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
+import triton.backends.nvidia as nvidia
+from engine.kernels.triton import attention_ws as aw
+t = torch.empty(1, 1, 256, 128, dtype=torch.bfloat16)
+descs = dict(zip(("q_desc", "k_desc", "v_desc"), (mangle_type(d) for d in aw.descriptors(t, t, t))))
+consts = {"HEAD_DIM": 128, "BLOCK_N": aw.BLOCK_N, "STAGES": aw.STAGES, "CAUSAL": True, "OVERLAP": True}
+sig = {**descs, "o_ptr": "*bf16", "S": "i32", "qk_scale": "fp32", **{k: "constexpr" for k in consts}}
+kernel = triton.compile(GluonASTSource(fn=aw._attn_ws_kernel, signature=sig, constexprs=consts),
+                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+cubin = Path(sys.argv[1])
+cubin.write_bytes(kernel.asm["cubin"])
+sass = subprocess.run([str(Path(nvidia.__file__).parent / "bin" / "nvdisasm"), str(cubin)], capture_output=True,
+                      text=True, check=True).stdout
+ops = [line.split("*/", 1)[1] for line in sass.splitlines() if re.match(r"\\s+/\\*[0-9a-f]{4,}\\*/", line)]
+print("HGMMA", sum(o.strip().startswith("HGMMA.64x128x16") for o in ops))
+for i in [i for i, o in enumerate(ops) if "DEPBAR.LE gsb0, 0x1" in o]:
+    j = next(k for k in range(i, len(ops)) if "DEPBAR.LE gsb0, 0x0" in ops[k])
+    print("between", sum("MUFU.EX2" in o for o in ops[i:j]))
+"""
+
+
+def test_the_gluon_attention_runs_its_softmax_while_p_v_is_on_the_tensor_cores(tmp_path) -> None:
+    """No GPU needed: the overlapped bf16 build for sm_90, read back as SASS. 64 wgmmas (each consumer: q kᵀ of the
+    first tile, q kᵀ and P v in the loop, the last P v; 8 k-steps each), and in each consumer's loop all 66
+    exponentials of a tile (64 probabilities, 2 row rescales) between the wait for the scores (DEPBAR.LE 1) and the
+    wait for P v (DEPBAR.LE 0) — the overlap; without the row sums stored before the second wait, 5-16 were."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"], env["PYTHONPATH"] = str(tmp_path / "cache"), str(repo)
+    done = subprocess.run([sys.executable, "-c", _GLUON_SASS, str(tmp_path / "k.cubin")], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    lines = done.stdout.split("\n")
+    assert "HGMMA 64" in lines, done.stdout
+    assert [line for line in lines if line.startswith("between")] == ["between 66", "between 66"], done.stdout
 
 
 _GLUON_CHILD = """
@@ -413,12 +461,13 @@ for dtype, tol in ((torch.bfloat16, 1.5e-2), (torch.float16, 4e-3)):
         for s in (1, 17, 128, 200, 300, 1024):
             for causal in (True, False):
                 q, k, v = (torch.randn(2, 3, s, d, device="cuda").to(dtype) for _ in range(3))
-                out = attention_ws.attention_ws(q, k, v, causal)
                 ref = tl_attn._reference(q, k, v, causal)
-                err = float((out.double() - ref).norm() / ref.norm()) if torch.isfinite(out).all() else float("inf")
-                bad += err >= tol
-                print(f"{dtype} D={d} S={s} causal={causal} rel L2 {err:.2e} {'ok' if err < tol else 'FAIL'}",
-                      flush=True)
+                for overlap in (True, False):
+                    out = attention_ws.attention_ws(q, k, v, causal, overlap=overlap)
+                    err = float((out.double() - ref).norm() / ref.norm()) if torch.isfinite(out).all() else 1e9
+                    bad += err >= tol
+                    print(f"{dtype} D={d} S={s} causal={causal} overlap={overlap} rel L2 {err:.2e} "
+                          f"{'ok' if err < tol else 'FAIL'}", flush=True)
 sys.exit(1 if bad else 0)
 """
 
