@@ -70,6 +70,40 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, k_e
 
 
 @gluon.jit
+def _softmax_tile(qk, m_i, l_i, rows, n, S, qk_scale, causal):
+    """Tile n's scores → (P unnormalised, alpha for O's rows, the new row max, the new row sum)."""
+    block_n: gl.constexpr = qk.shape[1]
+    cols = n * block_n + gl.arange(0, block_n, layout=gl.SliceLayout(0, qk.type.layout))
+    keep = gl.expand_dims(cols < S, 0)
+    keep = keep & ((gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1)) | (causal == 0))
+    qk = gl.where(keep, qk * qk_scale, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(qk, axis=1))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row masked so far: keep exp2 finite
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(qk - gl.expand_dims(m_use, 1))
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
+def _rescale(acc, alpha):
+    """O's rows times alpha (the row max grew)."""
+    return acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+
+
+@gluon.jit
+def _store_rows(c: gl.constexpr, acc, l_i, o_ptr, head_row0, m0, S):
+    """O / row sum into consumer c's rows of the output, rows < S only."""
+    head_dim: gl.constexpr = acc.shape[1]
+    o_layout: gl.constexpr = acc.type.layout
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    out = acc / gl.expand_dims(gl.where(l_o > 0, l_o, 1.0), 1)
+    o_rows = m0 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
+    o_cols = gl.arange(0, head_dim, layout=gl.SliceLayout(0, o_layout))
+    ptrs = o_ptr + gl.expand_dims((head_row0 + o_rows).to(gl.int64) * head_dim, 1) + gl.expand_dims(o_cols, 0)
+    gl.store(ptrs, out.to(o_ptr.dtype.element_ty), mask=gl.expand_dims(o_rows < S, 1))
+
+
+@gluon.jit
 def _consume(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr,
              head_row0, m0, S, qk_scale, num_n, causal):
     """Consumer c: query rows m0 + 64c … of the head starting at flat row head_row0, over num_n key tiles."""
@@ -95,43 +129,14 @@ def _consume(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_
         qk = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), no_scores, use_acc=False, is_async=True)
         qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
         mbarrier.arrive(k_empty.index(slot))
-        cols = n * block_n + gl.arange(0, block_n, layout=gl.SliceLayout(0, s_layout))
-        keep = gl.expand_dims(cols < S, 0)
-        keep = keep & ((gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1)) | (causal == 0))
-        qk = gl.where(keep, qk * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(qk, axis=1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row masked so far: keep exp2 finite
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(qk - gl.expand_dims(m_use, 1))
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, rows, n, S, qk_scale, causal)
+        acc = _rescale(acc, alpha)
         p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
         mbarrier.wait(v_full.index(slot), phase)
         acc = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(slot))
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    out = acc / gl.expand_dims(gl.where(l_o > 0, l_o, 1.0), 1)
-    o_rows = m0 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
-    o_cols = gl.arange(0, head_dim, layout=gl.SliceLayout(0, o_layout))
-    ptrs = o_ptr + gl.expand_dims((head_row0 + o_rows).to(gl.int64) * head_dim, 1) + gl.expand_dims(o_cols, 0)
-    gl.store(ptrs, out.to(o_ptr.dtype.element_ty), mask=gl.expand_dims(o_rows < S, 1))
-
-
-@gluon.jit
-def _softmax_tile(qk, m_i, l_i, rows, n, S, qk_scale, causal):
-    """Tile n's scores → (P unnormalised, alpha for O's rows, the new row max, the new row sum)."""
-    block_n: gl.constexpr = qk.shape[1]
-    cols = n * block_n + gl.arange(0, block_n, layout=gl.SliceLayout(0, qk.type.layout))
-    keep = gl.expand_dims(cols < S, 0)
-    keep = keep & ((gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1)) | (causal == 0))
-    qk = gl.where(keep, qk * qk_scale, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(qk, axis=1))
-    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row masked so far: keep exp2 finite
-    alpha = gl.exp2(m_i - m_use)
-    p = gl.exp2(qk - gl.expand_dims(m_use, 1))
-    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+    _store_rows(c, acc, l_i, o_ptr, head_row0, m0, S)
 
 
 @gluon.jit
@@ -167,7 +172,7 @@ def _consume_overlapped(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, 
         mbarrier.wait(k_full.index(slot), (n // n_stages) & 1)
         qk = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), no_scores, use_acc=False, is_async=True)
         mbarrier.wait(v_full.index(prev), ((n - 1) // n_stages) & 1)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        acc = _rescale(acc, alpha)
         acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # S(n) has landed; P(n-1) V(n-1) may still run
         mbarrier.arrive(k_empty.index(slot))
@@ -181,16 +186,11 @@ def _consume_overlapped(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, 
         p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
     last = (num_n - 1) % n_stages
     mbarrier.wait(v_full.index(last), ((num_n - 1) // n_stages) & 1)
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+    acc = _rescale(acc, alpha)
     acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     mbarrier.arrive(v_empty.index(last))
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    out = acc / gl.expand_dims(gl.where(l_o > 0, l_o, 1.0), 1)
-    o_rows = m0 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
-    o_cols = gl.arange(0, head_dim, layout=gl.SliceLayout(0, o_layout))
-    ptrs = o_ptr + gl.expand_dims((head_row0 + o_rows).to(gl.int64) * head_dim, 1) + gl.expand_dims(o_cols, 0)
-    gl.store(ptrs, out.to(o_ptr.dtype.element_ty), mask=gl.expand_dims(o_rows < S, 1))
+    _store_rows(c, acc, l_i, o_ptr, head_row0, m0, S)
 
 
 @gluon.jit
