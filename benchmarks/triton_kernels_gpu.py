@@ -6,6 +6,9 @@ The last lines are a short table: us, TFLOP/s or TB/s, ratio to the baseline.
 
     python benchmarks/triton_kernels_gpu.py                       # everything, autotuned, on CUDA
     python benchmarks/triton_kernels_gpu.py --only attn --sweep   # also time each attention config on its own
+    python benchmarks/triton_kernels_gpu.py --only attn --gluon   # also the Gluon kernel (attention_ws.py) in each
+                                                               # order of its consumers (Hopper; check it first:
+                                                               # gpu_check.sh gluon-l4 does)
     python benchmarks/triton_kernels_gpu.py --only mp             # message passing: sorted; unsorted bucketed
                                                                # (bucketing timed alone too) and atomic; torch
                                                                # index_add_; PyG's scatter where installed
@@ -72,7 +75,29 @@ def report_timings(kernel: object, label: str) -> None:
         print(f"    [{label}] best: {best}")
 
 
-def run_attention(small: bool, sweep: bool) -> None:
+def run_gluon(name: str, q: torch.Tensor, causal: bool, ref: torch.Tensor, flops: int, t_sdpa: float) -> None:
+    """The Gluon attention (engine/kernels/triton/attention_ws.py) in each order of its consumers, checked, timed."""
+    from engine.kernels.triton import attention_ws
+
+    why = attention_ws.unsupported(q)
+    if why:
+        print(f"{name} gluon: {why}")
+        return
+    for label, overlap, pingpong in (("one tile at a time", False, False), ("overlapped", True, False),
+                                     ("ping-pong", True, True)):
+        out = attention_ws.attention_ws(q, q, q, causal, overlap=overlap, pingpong=pingpong)
+        err = rel_err(out, ref)
+        if err >= 1e-2:
+            print(f"{name} gluon {label}: err={err:.1e} FAIL, not timed")
+            continue
+        t = bench_us(lambda: attention_ws.attention_ws(q, q, q, causal, overlap=overlap, pingpong=pingpong))
+        print(f"{name} gluon {label}: {t:.1f} us {flops / t / 1e6:.0f} TFLOP/s | ratio {t_sdpa / t:.2f} to SDPA",
+              flush=True)
+        ROWS.append((f"{name} gluon {label}", t, f"{flops / t / 1e6:.0f} TFLOP/s", t_sdpa,
+                     f"{t_sdpa / t:.2f}x SDPA; err={err:.1e}"))
+
+
+def run_attention(small: bool, sweep: bool, gluon: bool = False) -> None:
     cases = [  # name, B, H, S, D, causal, target ratio vs SDPA
         ("attn causal S=4096", 4, 16, 4096, 128, True, 0.8),
         ("attn causal S=1024", 4, 16, 1024, 128, True, None),
@@ -99,6 +124,9 @@ def run_attention(small: bool, sweep: bool) -> None:
         print(f"{name}: triton {t_tri:.1f} us {tf_tri:.0f} TFLOP/s | SDPA {t_sdpa:.1f} us {tf_sdpa:.0f} TFLOP/s | "
               f"ratio {ratio:.2f} | {verdict}", flush=True)
         ROWS.append((name, t_tri, f"{tf_tri:.0f} TFLOP/s", t_sdpa, f"{ratio:.2f}x SDPA; {verdict}"))
+        if gluon and not small:  # q as k and v too: the reference above was computed on three different tensors
+            ref_self = F.scaled_dot_product_attention(q.float(), q.float(), q.float(), is_causal=causal)
+            run_gluon(name, q, causal, ref_self, flops, t_sdpa)
         if target is not None:  # the target shape: also the pointer (no TMA) path, and each config on its own
             out_p = attn_mod._attention(q, k, v, causal, use_desc=False)
             err_p = rel_err(out_p, ref)
@@ -305,6 +333,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="attn,pe,mp", help="comma list of attn, pe, mp")
     parser.add_argument("--sweep", action="store_true", help="also time fixed attention configs one by one")
+    parser.add_argument("--gluon", action="store_true", help="also the Gluon attention in each consumer order")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU under the interpreter")
     parser.add_argument("--aot", action="store_true", help="compile for sm_90 without a GPU; print resource usage")
     args = parser.parse_args()
@@ -315,8 +344,8 @@ def main() -> int:
         return 2
     name = torch.cuda.get_device_name() if DEV == "cuda" else "cpu (interpreted)"
     print(f"device {name} torch {torch.__version__} triton {triton.__version__}", flush=True)
-    sections = {"attn": lambda: run_attention(args.smoke, args.sweep), "pe": lambda: run_patch_embed(args.smoke),
-                "mp": lambda: run_message_passing(args.smoke)}
+    sections = {"attn": lambda: run_attention(args.smoke, args.sweep, args.gluon),
+                "pe": lambda: run_patch_embed(args.smoke), "mp": lambda: run_message_passing(args.smoke)}
     failed = False
     for key in args.only.split(","):
         try:

@@ -21,9 +21,10 @@ OVERLAP (the default; attention_ws(overlap=False) takes one tile at a time): ins
 FlashAttention-3's order — q K(n)ᵀ issued with O += P(n-1) V(n-1), the softmax of S(n) while that P V runs (in the
 sm_90 SASS all 66 exponentials of a tile sit between the two waits; a test reads them).
 
-Not yet here (what the CUDA variant 7 has): the consumers' turns (ping-pong: one's softmax against the other's
-products). Not run on a GPU yet: `attention.attention` runs it only with MODELAB_L4_ATTENTION=gluon
-(docs/kernel-levels.md).
+PINGPONG (attention_ws(pingpong=True), off by default until timed): the two consumers also take turns to issue
+their products through two mbarriers, so one's softmax meets the other's matrix products (the CUDA variant 7 does
+this with named barriers). Not run on a GPU yet: `attention.attention` runs it only with MODELAB_L4_ATTENTION=gluon
+(docs/kernel-levels.md); `benchmarks/triton_kernels_gpu.py --gluon` times each order beside SDPA.
 """
 
 from __future__ import annotations
@@ -141,9 +142,11 @@ def _consume(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_
 
 @gluon.jit
 def _consume_overlapped(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr,
-                        head_row0, m0, S, qk_scale, num_n, causal, sink):
+                        head_row0, m0, S, qk_scale, num_n, causal, sink, turn, pingpong):
     """Consumer c as _consume, with FlashAttention-3's order inside the warpgroup: q K(n)ᵀ is issued together with
-    O += P(n-1) V(n-1), and the softmax of S(n) runs while that P V is still on the tensor cores."""
+    O += P(n-1) V(n-1), and the softmax of S(n) runs while that P V is still on the tensor cores. pingpong (0 or 1):
+    the two consumers also take turns to issue their products (turn[c] is this one's; consumer 0 starts), so one's
+    softmax meets the other's matrix products. The t-th turn of either waits for phase parity t & 1."""
     n_stages: gl.constexpr = k_smem.shape[0]
     block_n: gl.constexpr = k_smem.shape[1]
     head_dim: gl.constexpr = k_smem.shape[2]
@@ -159,9 +162,12 @@ def _consume_overlapped(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, 
     no_scores = gl.zeros([64, block_n], gl.float32, layout=s_layout)
     mbarrier.wait(q_bar, 0)
     q = q_smem.index(c)
+    take_turns = pingpong != 0
     # tile 0: scores only
     mbarrier.wait(k_full.index(0), 0)
+    mbarrier.wait(turn.index(c), 0, pred=take_turns)
     qk = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), no_scores, use_acc=False, is_async=True)
+    mbarrier.arrive(turn.index(1 - c), pred=take_turns)
     qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
     mbarrier.arrive(k_empty.index(0))
     p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, rows, 0, S, qk_scale, causal)
@@ -170,10 +176,12 @@ def _consume_overlapped(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, 
         slot = n % n_stages
         prev = (n - 1) % n_stages
         mbarrier.wait(k_full.index(slot), (n // n_stages) & 1)
-        qk = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), no_scores, use_acc=False, is_async=True)
         mbarrier.wait(v_full.index(prev), ((n - 1) // n_stages) & 1)
-        acc = _rescale(acc, alpha)
+        mbarrier.wait(turn.index(c), n & 1, pred=take_turns)  # this consumer's n-th turn
+        qk = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), no_scores, use_acc=False, is_async=True)
+        acc = _rescale(acc, alpha)  # O to tile n-1's row max while q K(n)ᵀ runs
         acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        mbarrier.arrive(turn.index(1 - c), pred=take_turns)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # S(n) has landed; P(n-1) V(n-1) may still run
         mbarrier.arrive(k_empty.index(slot))
         p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, rows, n, S, qk_scale, causal)
@@ -187,7 +195,9 @@ def _consume_overlapped(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, 
     last = (num_n - 1) % n_stages
     mbarrier.wait(v_full.index(last), ((num_n - 1) // n_stages) & 1)
     acc = _rescale(acc, alpha)
+    mbarrier.wait(turn.index(c), num_n & 1, pred=take_turns)
     acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    mbarrier.arrive(turn.index(1 - c), pred=take_turns)  # the last hand-over: consumer 1's finds no one waiting
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     mbarrier.arrive(v_empty.index(last))
     _store_rows(c, acc, l_i, o_ptr, head_row0, m0, S)
@@ -195,16 +205,16 @@ def _consume_overlapped(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, 
 
 @gluon.jit
 def _overlapped_0(q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S, qk_scale,
-                  num_n, causal, sink):
+                  num_n, causal, sink, turn, pingpong):
     _consume_overlapped(0, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S,
-                        qk_scale, num_n, causal, sink)
+                        qk_scale, num_n, causal, sink, turn, pingpong)
 
 
 @gluon.jit
 def _overlapped_1(q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S, qk_scale,
-                  num_n, causal, sink):
+                  num_n, causal, sink, turn, pingpong):
     _consume_overlapped(1, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S,
-                        qk_scale, num_n, causal, sink)
+                        qk_scale, num_n, causal, sink, turn, pingpong)
 
 
 @gluon.jit
@@ -224,7 +234,7 @@ def _consumer_1(q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty,
 @gluon.jit
 def _attn_ws_kernel(q_desc, k_desc, v_desc, o_ptr, S, qk_scale,
                     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                    OVERLAP: gl.constexpr = False):
+                    OVERLAP: gl.constexpr = False, PINGPONG: gl.constexpr = False):
     m_block = gl.num_programs(0) - 1 - gl.program_id(0)  # causal: the longest rows of a head are dispatched first
     bh = gl.program_id(1)  # head-major grid: a few heads' K and V are read from DRAM about once
     m0 = m_block * 128
@@ -256,7 +266,12 @@ def _attn_ws_kernel(q_desc, k_desc, v_desc, o_ptr, S, qk_scale,
                head_row0 + m0, head_row0, num_n)
     if OVERLAP:
         sink = gl.allocate_shared_memory(gl.float32, [2, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        consume_sink = consume + (sink, )
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(turn.index(0), count=1)
+        mbarrier.init(turn.index(1), count=1)
+        fence_async_shared()
+        mbarrier.arrive(turn.index(0), pred=PINGPONG)  # consumer 0's first turn is given
+        consume_sink = consume + (sink, turn, 1 if PINGPONG else 0)
         gl.warp_specialize([(_overlapped_0, consume_sink), (_overlapped_1, consume_sink), (_producer, produce)],
                            [4, 4], [232, 24])
     else:
@@ -291,9 +306,12 @@ def unsupported(q: torch.Tensor) -> str | None:
 
 
 def attention_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                 scale: float | None = None, overlap: bool = True) -> torch.Tensor:
+                 scale: float | None = None, overlap: bool = True, pingpong: bool = False) -> torch.Tensor:
     """softmax(q kᵀ · scale [+ causal mask]) v for contiguous (B, H, S, D) CUDA tensors (see unsupported).
-    overlap: the consumers in FlashAttention-3's order (_consume_overlapped); False: one tile at a time."""
+    overlap: the consumers in FlashAttention-3's order (_consume_overlapped); False: one tile at a time.
+    pingpong (with overlap): the consumers also take turns to issue their products."""
+    if pingpong and not overlap:
+        raise ValueError("pingpong takes overlap=True (the turns are the overlapped consumers')")
     why = unsupported(q)
     if why:
         raise ValueError(why)
@@ -305,6 +323,6 @@ def attention_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     q_desc, k_desc, v_desc = descriptors(q, k, v)
     grid = (-(-s // BLOCK_M), b * h)
     _attn_ws_kernel[grid](q_desc, k_desc, v_desc, out, s, scale * LOG2E, HEAD_DIM=d, BLOCK_N=BLOCK_N, STAGES=STAGES,
-                          CAUSAL=bool(causal), OVERLAP=bool(overlap), num_warps=4)
+                          CAUSAL=bool(causal), OVERLAP=bool(overlap), PINGPONG=bool(pingpong), num_warps=4)
     return out
 
