@@ -302,6 +302,8 @@ def unsupported(q: torch.Tensor) -> str | None:
         return f"the Gluon kernel takes bfloat16 or float16, not {q.dtype}"
     if q.shape[-1] not in HEAD_DIMS:
         return f"the Gluon kernel takes D in {HEAD_DIMS}, not {q.shape[-1]}"
+    if q.dim() != 4 or q.shape[0] * q.shape[1] > 65535:
+        return "the Gluon kernel's grid takes (B, H, S, D) with B·H ≤ 65535 (heads on its second axis)"
     return None
 
 
