@@ -295,11 +295,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     run there instead.
     """
     if l4_kernel() == "gluon" and isinstance(q, torch.Tensor) and q.is_cuda:
-        from engine.kernels.triton import attention_ws
+        from engine.kernels.triton.attention_ws import attention_ws, unsupported
 
         _check_inputs(q, k, v, causal, scale)
-        if attention_ws.unsupported(q) is None and all(t.data_ptr() % 16 == 0 for t in (q, k, v)):
-            return attention_ws.attention_ws(q, k, v, causal, scale)
+        if unsupported(q) is None and all(t.data_ptr() % 16 == 0 for t in (q, k, v)):
+            return attention_ws(q, k, v, causal, scale)
     return _attention(q, k, v, causal, scale)
 
 
