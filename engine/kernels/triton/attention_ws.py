@@ -105,22 +105,29 @@ def _store_rows(c: gl.constexpr, acc, l_i, o_ptr, head_row0, m0, S):
 
 
 @gluon.jit
-def _consume(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr,
-             head_row0, m0, S, qk_scale, num_n, causal):
-    """Consumer c: query rows m0 + 64c … of the head starting at flat row head_row0, over num_n key tiles."""
-    n_stages: gl.constexpr = k_smem.shape[0]
+def _consumer_start(c: gl.constexpr, k_smem, m0):
+    """Consumer c's rows and starting state: (its query rows, row max -inf, row sum 0, O = 0, a zero score tile), in
+    the layouts of the wgmma accumulators (scores 64 x BLOCK_N, O 64 x D)."""
     block_n: gl.constexpr = k_smem.shape[1]
     head_dim: gl.constexpr = k_smem.shape[2]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, block_n, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, head_dim, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     rows = m0 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
     m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, s_layout))
     acc = gl.zeros([64, head_dim], gl.float32, layout=o_layout)
-    no_scores = gl.zeros([64, block_n], gl.float32, layout=s_layout)
+    return rows, m_i, l_i, acc, gl.zeros([64, block_n], gl.float32, layout=s_layout)
+
+
+@gluon.jit
+def _consume(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr,
+             head_row0, m0, S, qk_scale, num_n, causal):
+    """Consumer c: query rows m0 + 64c … of the head starting at flat row head_row0, over num_n key tiles."""
+    n_stages: gl.constexpr = k_smem.shape[0]
+    rows, m_i, l_i, acc, no_scores = _consumer_start(c, k_smem, m0)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
     mbarrier.wait(q_bar, 0)
     q = q_smem.index(c)
     for n in range(num_n):
@@ -148,18 +155,8 @@ def _consume_overlapped(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, 
     the two consumers also take turns to issue their products (turn[c] is this one's; consumer 0 starts), so one's
     softmax meets the other's matrix products. The t-th turn of either waits for phase parity t & 1."""
     n_stages: gl.constexpr = k_smem.shape[0]
-    block_n: gl.constexpr = k_smem.shape[1]
-    head_dim: gl.constexpr = k_smem.shape[2]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, block_n, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, head_dim, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    rows = m0 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
-    m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([64, head_dim], gl.float32, layout=o_layout)
-    no_scores = gl.zeros([64, block_n], gl.float32, layout=s_layout)
+    rows, m_i, l_i, acc, no_scores = _consumer_start(c, k_smem, m0)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
     mbarrier.wait(q_bar, 0)
     q = q_smem.index(c)
     take_turns = pingpong != 0
