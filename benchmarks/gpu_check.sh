@@ -33,7 +33,8 @@ quant          weight-only decode (issue 23): 1B and 7B, bf16 triton-fused besid
 frontier       issue 26: L5 attention variants vs SDPA (unverified ones in a child first), attention levels (FRONTIER_DEEP=1:
                with ncu per kernel), 1B/7B MBU (FRONTIER_PRESETS)
 gluon-l4       the L4 attention's Gluon kernel: checked against float64 in a child process, then, if it passed, each
-               consumer order timed beside SDPA and the tl kernel, and the causal-attention L4 level with it
+               consumer order timed beside SDPA and the tl kernel, and the causal-attention L4 level (its per-shape
+               choice between the two kernels in the runs' notes)
 EOF
 }
 [ "$part" = list ] && { parts; exit 0; }
@@ -132,9 +133,10 @@ case $part in
   gluon-l4) if t timeout 320 pytest_q tests/engine/kernels/test_triton_kernels.py -k "gluon or l4_kernel"; then
               t timeout 200 python3 benchmarks/triton_kernels_gpu.py --only attn --gluon >"$out/gluon_attn.log" 2>&1
               grep -E "gluon|SDPA" "$out/gluon_attn.log" | tail -16
-              MODELAB_L4_ATTENTION=gluon t timeout 280 python3 -m engine levels --component causal_attention \
+              t timeout 280 python3 -m engine levels --component causal_attention \
                 --level L1-native,L4-triton --device cuda >"$out/gluon_l4.log" 2>&1
               tail -${FRONTIER_TAIL:-12} "$out/gluon_l4.log"
+              python3 -m engine sql "SELECT id, notes FROM runs WHERE notes LIKE '%L4 attention for%'"
             fi ;;
   frontier) t timeout 300 python3 benchmarks/cuda_levels_gpu.py --only small,attn --out "$out/cl" \
               >"$out/frontier_l5.log" 2>&1; tail -25 "$out/frontier_l5.log"

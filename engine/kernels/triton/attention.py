@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.device_lock import exclusive
 from engine.kernels.triton._common import LaunchCache, check_device, is_hopper_or_newer, is_interpreted
 
 try:  # host-side tensor descriptors (TMA): Triton >= 3.4
@@ -291,29 +292,76 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 
     q, k, v: (B, H, S, D), contiguous, one dtype (bfloat16/float16; float32 too, with 3xTF32 dots, see FP32_DOT),
     D in {32, 64, 128}, any S >= 1. Returns a new (B, H, S, D) tensor of the same dtype. Softmax in fp32.
-    With MODELAB_L4_ATTENTION=gluon, inputs the Gluon kernel takes (attention_ws.py: Hopper, 16-bit, D 64 or 128)
-    run there instead.
+    On Hopper with inputs the warp-specialised Gluon kernel takes (attention_ws.py: 16-bit, D 64 or 128), the first
+    call of each shape times it and this module's kernel and keeps the faster (l4_choices says which);
+    MODELAB_L4_ATTENTION=triton or gluon forces one.
     """
-    if l4_kernel() == "gluon" and isinstance(q, torch.Tensor) and q.is_cuda:
+    kernel = l4_kernel()
+    if kernel != "triton" and isinstance(q, torch.Tensor) and q.is_cuda:
         from engine.kernels.triton.attention_ws import attention_ws, unsupported
 
         _check_inputs(q, k, v, causal, scale)
         if unsupported(q) is None and all(t.data_ptr() % 16 == 0 for t in (q, k, v)):
-            return attention_ws(q, k, v, causal, scale)
+            if kernel == "gluon" or _choose(q, k, v, causal, scale, attention_ws) == "gluon":
+                return attention_ws(q, k, v, causal, scale)
     return _attention(q, k, v, causal, scale)
 
 
 L4_ENV = "MODELAB_L4_ATTENTION"
+# (B, H, S, D, dtype, device index, causal) → {"impl": "triton" | "gluon", "triton_us": …, "gluon_us": …}
+_CHOICES: dict[tuple, dict] = {}
 
 
 def l4_kernel() -> str:
-    """Which kernel `attention` runs: "triton" (this module's, the default) or, with MODELAB_L4_ATTENTION=gluon,
-    the warp-specialised Gluon kernel where it can (attention_ws.py; not yet checked or timed on a GPU)."""
-    raw = os.environ.get(L4_ENV, "triton").strip()
-    if raw not in ("triton", "gluon"):
-        raise ValueError(f"{L4_ENV}={raw!r}: want triton (the default) or gluon (the warp-specialised Gluon kernel, "
-                         "Hopper)")
+    """Which kernel `attention` runs where the Gluon one can: "auto" (the default: the faster of the two, timed per
+    shape), "triton" (this module's) or "gluon" (attention_ws.py), from MODELAB_L4_ATTENTION."""
+    raw = os.environ.get(L4_ENV, "auto").strip()
+    if raw not in ("auto", "triton", "gluon"):
+        raise ValueError(f"{L4_ENV}={raw!r}: want auto (the default: the faster per shape), triton (the tl kernel) "
+                         "or gluon (the warp-specialised Gluon kernel, Hopper)")
     return raw
+
+
+def _choose(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
+            gluon_fn) -> str:  # type: ignore[no-untyped-def]
+    """The faster kernel for this shape: both timed once per process as device time (four calls in a CUDA graph,
+    the device this run's alone — per call from Python the Gluon launch's host cost, ~130 µs measured, hides a short
+    kernel), their outputs checked against each other first. Measured on an H100 (2026-11-27, bf16 D=128 causal):
+    the Gluon kernel 0.97× SDPA at S=4096 where the tl one is 0.82×, but 0.80× at S=1024 (tl 0.87×) and far behind
+    at the ViT's S=197, D=64 — hence a choice per shape, not a rule. Inside a CUDA graph capture nothing can be
+    timed: a shape not yet chosen runs the tl kernel."""
+    key = (*q.shape, q.dtype, q.device.index, causal)
+    if key not in _CHOICES:
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            return "triton"
+        ours = _attention(q, k, v, causal, scale)  # also the tl autotuner's run for this shape, outside the timing
+        theirs = gluon_fn(q, k, v, causal, scale)
+        err = float((theirs.float() - ours.float()).norm() / ours.float().norm().clamp_min(1e-30))
+        if not err < 3e-2:  # two 16-bit kernels, each within 1.5e-2 of float64 where they are right
+            _CHOICES[key] = {"impl": "triton", "why": f"the Gluon kernel's output differs by {err:.1e}: not used"}
+            return "triton"
+        from engine.timing import time_in_graph
+
+        with exclusive():  # its times are shown: the device is this run's alone while they are taken
+            times = {f"{name}_us": time_in_graph([lambda fn=fn: fn(q, k, v, causal, scale)] * 4,
+                                                 replays=10).stats.median
+                     for name, fn in (("triton", _attention), ("gluon", gluon_fn))}
+        _CHOICES[key] = {"impl": "gluon" if times["gluon_us"] < times["triton_us"] else "triton", **times}
+    return _CHOICES[key]["impl"]
+
+
+def l4_choice(S: int, D: int, causal: bool) -> str | None:
+    """The kernel chosen in this process for (S, D, causal), in words with both times; None before any choice."""
+    for key, choice in list(_CHOICES.items()):
+        if (key[2], key[3], key[6]) == (S, D, causal):
+            if "why" in choice:
+                return f"L4 attention for S={S}, D={D}: the tl kernel ({choice['why']})"
+            name = ("the warp-specialised Gluon kernel (attention_ws.py)" if choice["impl"] == "gluon"
+                    else "the tl kernel (attention.py)")
+            return (f"L4 attention for S={S}, D={D}{', causal' if causal else ''}: {name}, the faster of the two "
+                    f"timed on this device (Gluon {choice['gluon_us']:.1f} µs, tl {choice['triton_us']:.1f} µs "
+                    "device time per call, in a CUDA graph)")
+    return None
 
 
 def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,

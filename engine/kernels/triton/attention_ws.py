@@ -21,10 +21,13 @@ OVERLAP (the default; attention_ws(overlap=False) takes one tile at a time): ins
 FlashAttention-3's order — q K(n)ᵀ issued with O += P(n-1) V(n-1), the softmax of S(n) while that P V runs (in the
 sm_90 SASS all 66 exponentials of a tile sit between the two waits; a test reads them).
 
-PINGPONG (attention_ws(pingpong=True), off by default until timed): the two consumers also take turns to issue
-their products through two mbarriers, so one's softmax meets the other's matrix products (the CUDA variant 7 does
-this with named barriers). Not run on a GPU yet: `attention.attention` runs it only with MODELAB_L4_ATTENTION=gluon
-(docs/kernel-levels.md); `benchmarks/triton_kernels_gpu.py --gluon` times each order beside SDPA.
+PINGPONG (attention_ws(pingpong=True), off by default: slower than plain overlap at S = 4096 on the H100): the two
+consumers also take turns to issue their products through two mbarriers, so one's softmax meets the other's matrix
+products (the CUDA variant 7 does this with named barriers).
+
+On the H100 (2026-11-27, docs/kernel-levels.md): overlapped, bf16 causal S = 4096 D = 128, 504.5 µs per call, 0.97×
+SDPA (the tl kernel 0.82×); behind the tl kernel at S = 1024 and on the ViT's short rows. `attention.attention`
+therefore times both once per shape and keeps the faster (MODELAB_L4_ATTENTION forces one).
 """
 
 from __future__ import annotations
@@ -71,17 +74,20 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, k_e
 
 
 @gluon.jit
-def _softmax_tile(qk, m_i, l_i, rows, n, S, qk_scale, causal):
-    """Tile n's scores → (P unnormalised, alpha for O's rows, the new row max, the new row sum)."""
-    block_n: gl.constexpr = qk.shape[1]
-    cols = n * block_n + gl.arange(0, block_n, layout=gl.SliceLayout(0, qk.type.layout))
-    keep = gl.expand_dims(cols < S, 0)
-    keep = keep & ((gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1)) | (causal == 0))
-    qk = gl.where(keep, qk * qk_scale, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(qk, axis=1))
+def _softmax_tile(qk, m_i, l_i, rows, n, S, qk_scale, causal, MASK: gl.constexpr):
+    """Tile n's raw scores → (P unnormalised, alpha for O's rows, the new row max, the new row sum); the row max is
+    kept in scaled units, so each probability is one fused multiply-add and one exp2. MASK: the tile holds keys past
+    S or (causal) past a row — only a block's last tile can; the others skip the mask's compares and selects."""
+    if MASK:
+        block_n: gl.constexpr = qk.shape[1]
+        cols = n * block_n + gl.arange(0, block_n, layout=gl.SliceLayout(0, qk.type.layout))
+        keep = gl.expand_dims(cols < S, 0)
+        keep = keep & ((gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1)) | (causal == 0))
+        qk = gl.where(keep, qk, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(qk, axis=1) * qk_scale)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row masked so far: keep exp2 finite
     alpha = gl.exp2(m_i - m_use)
-    p = gl.exp2(qk - gl.expand_dims(m_use, 1))
+    p = gl.exp2(qk * qk_scale - gl.expand_dims(m_use, 1))
     return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
 
 
@@ -137,7 +143,10 @@ def _consume(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_
         qk = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), no_scores, use_acc=False, is_async=True)
         qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
         mbarrier.arrive(k_empty.index(slot))
-        p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, rows, n, S, qk_scale, causal)
+        if n == num_n - 1:
+            p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, rows, n, S, qk_scale, causal, True)
+        else:
+            p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, rows, n, S, qk_scale, causal, False)
         acc = _rescale(acc, alpha)
         p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
         mbarrier.wait(v_full.index(slot), phase)
@@ -148,12 +157,40 @@ def _consume(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_
 
 
 @gluon.jit
+def _overlapped_step(c: gl.constexpr, n, q, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sink, turn, take_turns,
+                     rows, S, qk_scale, causal, acc, p_op, alpha, m_i, l_i, no_scores, MASK: gl.constexpr):
+    """One tile in FlashAttention-3's order: q K(n)ᵀ issued together with O += P(n-1) V(n-1), the softmax of S(n)
+    while that P V runs. Returns (O, P(n) as the next product's operand, alpha, row max, row sum)."""
+    n_stages: gl.constexpr = k_smem.shape[0]
+    slot = n % n_stages
+    prev = (n - 1) % n_stages
+    mbarrier.wait(k_full.index(slot), (n // n_stages) & 1)
+    mbarrier.wait(v_full.index(prev), ((n - 1) // n_stages) & 1)
+    mbarrier.wait(turn.index(c), n & 1, pred=take_turns)  # this consumer's n-th turn
+    qk = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), no_scores, use_acc=False, is_async=True)
+    acc = _rescale(acc, alpha)  # O to tile n-1's row max while q K(n)ᵀ runs
+    acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+    mbarrier.arrive(turn.index(1 - c), pred=take_turns)
+    qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # S(n) has landed; P(n-1) V(n-1) may still run
+    mbarrier.arrive(k_empty.index(slot))
+    p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, rows, n, S, qk_scale, causal, MASK)
+    # P(n-1) V(n-1) done with P's registers. The row sums, which need every probability of the tile, are stored to
+    # shared memory first: that store stays in order with the wait, so the softmax runs before it (the compiler
+    # otherwise sinks most of the softmax below the wait, and the overlap this order exists for is lost)
+    sink.index(c).store(l_i)
+    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+    mbarrier.arrive(v_empty.index(prev))
+    p_op = gl.convert_layout(p.to(q.dtype), p_op.type.layout)
+    return acc, p_op, alpha, m_i, l_i
+
+
+@gluon.jit
 def _consume_overlapped(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr,
                         head_row0, m0, S, qk_scale, num_n, causal, sink, turn, pingpong):
-    """Consumer c as _consume, with FlashAttention-3's order inside the warpgroup: q K(n)ᵀ is issued together with
-    O += P(n-1) V(n-1), and the softmax of S(n) runs while that P V is still on the tensor cores. pingpong (0 or 1):
-    the two consumers also take turns to issue their products (turn[c] is this one's; consumer 0 starts), so one's
-    softmax meets the other's matrix products. The t-th turn of either waits for phase parity t & 1."""
+    """Consumer c as _consume, with FlashAttention-3's order inside the warpgroup (_overlapped_step). pingpong (0 or
+    1): the two consumers also take turns to issue their products (turn[c] is this one's; consumer 0 starts), so
+    one's softmax meets the other's matrix products. The t-th turn of either waits for phase parity t & 1. Only the
+    last tile is masked: the unmasked tiles run in the loop, the last one after it."""
     n_stages: gl.constexpr = k_smem.shape[0]
     rows, m_i, l_i, acc, no_scores = _consumer_start(c, k_smem, m0)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
@@ -167,28 +204,17 @@ def _consume_overlapped(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, 
     mbarrier.arrive(turn.index(1 - c), pred=take_turns)
     qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
     mbarrier.arrive(k_empty.index(0))
-    p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, rows, 0, S, qk_scale, causal)
+    if num_n == 1:
+        p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, rows, 0, S, qk_scale, causal, True)
+    else:
+        p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, rows, 0, S, qk_scale, causal, False)
     p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
-    for n in range(1, num_n):
-        slot = n % n_stages
-        prev = (n - 1) % n_stages
-        mbarrier.wait(k_full.index(slot), (n // n_stages) & 1)
-        mbarrier.wait(v_full.index(prev), ((n - 1) // n_stages) & 1)
-        mbarrier.wait(turn.index(c), n & 1, pred=take_turns)  # this consumer's n-th turn
-        qk = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), no_scores, use_acc=False, is_async=True)
-        acc = _rescale(acc, alpha)  # O to tile n-1's row max while q K(n)ᵀ runs
-        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        mbarrier.arrive(turn.index(1 - c), pred=take_turns)
-        qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # S(n) has landed; P(n-1) V(n-1) may still run
-        mbarrier.arrive(k_empty.index(slot))
-        p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, rows, n, S, qk_scale, causal)
-        # P(n-1) V(n-1) done with P's registers. The row sums, which need every probability of the tile, are stored
-        # to shared memory first: that store stays in order with the wait, so the softmax runs before it (the
-        # compiler otherwise sinks most of the softmax below the wait, and the overlap this order exists for is lost)
-        sink.index(c).store(l_i)
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-        mbarrier.arrive(v_empty.index(prev))
-        p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+    step = (q, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sink, turn, take_turns, rows, S, qk_scale, causal)
+    for n in range(1, num_n - 1):
+        acc, p_op, alpha, m_i, l_i = _overlapped_step(c, n, *step, acc, p_op, alpha, m_i, l_i, no_scores, False)
+    if num_n > 1:
+        acc, p_op, alpha, m_i, l_i = _overlapped_step(c, num_n - 1, *step, acc, p_op, alpha, m_i, l_i, no_scores,
+                                                      True)
     last = (num_n - 1) % n_stages
     mbarrier.wait(v_full.index(last), ((num_n - 1) // n_stages) & 1)
     acc = _rescale(acc, alpha)

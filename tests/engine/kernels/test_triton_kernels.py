@@ -432,10 +432,11 @@ for i in [i for i, o in enumerate(ops) if "DEPBAR.LE gsb0, 0x1" in o]:
 
 
 def test_the_gluon_attention_runs_its_softmax_while_p_v_is_on_the_tensor_cores(tmp_path) -> None:
-    """No GPU needed: the overlapped bf16 build for sm_90, read back as SASS. 64 wgmmas (each consumer: q kᵀ of the
-    first tile, q kᵀ and P v in the loop, the last P v; 8 k-steps each), and in each consumer's loop all 66
-    exponentials of a tile (64 probabilities, 2 row rescales) between the wait for the scores (DEPBAR.LE 1) and the
-    wait for P v (DEPBAR.LE 0) — the overlap; without the row sums stored before the second wait, 5-16 were."""
+    """No GPU needed: the overlapped bf16 build for sm_90, read back as SASS. 96 wgmmas (each consumer: q kᵀ of the
+    first tile, q kᵀ and P v in the loop of unmasked tiles and again for the masked last tile, the last P v; 8
+    k-steps each), and in each consumer's two overlapped steps all 66 exponentials of a tile (64 probabilities, 2
+    row rescales) between the wait for the scores (DEPBAR.LE 1) and the wait for P v (DEPBAR.LE 0) — the overlap;
+    without the row sums stored before the second wait, 5-16 were."""
     import os
     import subprocess
     import sys
@@ -449,8 +450,8 @@ def test_the_gluon_attention_runs_its_softmax_while_p_v_is_on_the_tensor_cores(t
                               env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout + done.stderr[-4000:]
         lines = done.stdout.split("\n")
-        assert "HGMMA 64" in lines, done.stdout
-        assert [line for line in lines if line.startswith("between")] == ["between 66", "between 66"], done.stdout
+        assert "HGMMA 96" in lines, done.stdout
+        assert [line for line in lines if line.startswith("between")] == ["between 66"] * 4, done.stdout
 
 
 _GLUON_CHILD = """
@@ -495,8 +496,10 @@ def test_the_gluon_attention_matches_float64_in_its_own_process() -> None:
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 
 
-def test_the_l4_kernel_switch_takes_triton_or_gluon_and_refuses_the_rest(monkeypatch) -> None:
+def test_the_l4_kernel_switch_takes_auto_triton_or_gluon_and_refuses_the_rest(monkeypatch) -> None:
     monkeypatch.delenv(attn_mod.L4_ENV, raising=False)
+    assert attn_mod.l4_kernel() == "auto"
+    monkeypatch.setenv(attn_mod.L4_ENV, "triton")
     assert attn_mod.l4_kernel() == "triton"
     monkeypatch.setenv(attn_mod.L4_ENV, "gluon")
     assert attn_mod.l4_kernel() == "gluon"
@@ -505,3 +508,39 @@ def test_the_l4_kernel_switch_takes_triton_or_gluon_and_refuses_the_rest(monkeyp
     monkeypatch.setenv(attn_mod.L4_ENV, "cutlass")
     with pytest.raises(ValueError, match="MODELAB_L4_ATTENTION='cutlass'"):
         attn_mod.attention(q, q, q, True)
+
+
+def test_the_l4_choice_never_takes_a_kernel_whose_output_differs(monkeypatch) -> None:
+    """The per-shape choice checks the two kernels' outputs against each other before it times anything: a Gluon
+    kernel that is wrong for a shape is never chosen, and the level's note says why."""
+    monkeypatch.setattr(attn_mod, "_CHOICES", {})
+    q = torch.randn(1, 2, 40, 32).to(DEVICE)
+
+    def wrong(q, k, v, causal, scale):  # type: ignore[no-untyped-def]
+        return attn_mod._attention(q, k, v, causal, scale).flip(-2)
+
+    assert attn_mod._choose(q, q, q, True, None, wrong) == "triton"
+    note = attn_mod.l4_choice(40, 32, True)
+    assert note is not None and "the Gluon kernel's output differs" in note and "not used" in note
+    assert attn_mod.l4_choice(40, 32, False) is None  # another shape: not chosen yet
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
+def test_the_l4_attention_times_both_kernels_once_per_shape_and_keeps_the_faster(monkeypatch) -> None:
+    from engine.kernels.triton import attention_ws
+
+    q, k, v = (torch.randn(2, 4, 1024, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    if attention_ws.unsupported(q):
+        pytest.skip(attention_ws.unsupported(q))
+    monkeypatch.delenv(attn_mod.L4_ENV, raising=False)
+    monkeypatch.setattr(attn_mod, "_CHOICES", {})
+    out = attn_mod.attention(q, k, v, True)
+    ref = attn_mod._reference(q, k, v, True)
+    assert float((out.double() - ref).norm() / ref.norm()) < 1.5e-2
+    (choice,) = attn_mod._CHOICES.values()
+    assert choice["impl"] == min(("triton", "gluon"), key=lambda name: choice[name + "_us"])
+    assert 0 < choice["triton_us"] < 1e4 and 0 < choice["gluon_us"] < 1e4
+    note = attn_mod.l4_choice(1024, 128, True)
+    assert note is not None and f"{choice['gluon_us']:.1f} µs" in note
+    attn_mod.attention(q, k, v, True)
+    assert len(attn_mod._CHOICES) == 1  # timed once per shape
