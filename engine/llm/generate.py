@@ -35,6 +35,16 @@ def step_fn(model: LlamaDecoder, pick: Callable[[torch.Tensor], torch.Tensor] = 
     return step
 
 
+def pick_after(forward: StepFn, pick: Callable[[torch.Tensor], torch.Tensor]) -> StepFn:
+    """A step whose next token is taken by `pick` from the logits `forward` returns (forward's own token dropped):
+    for a pick kept out of a compiled forward, while a CUDA graph still captures both."""
+    def step(tokens: torch.Tensor, input_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        _, logits = forward(tokens, input_pos)
+        return pick(logits), logits
+
+    return step
+
+
 class Decoder:
     """Calls a decode step function once per token: the eager and compiled (incl. reduce-overhead) modes."""
 

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.llm.generate import Decoder, GraphDecoder, StepFn, greedy, step_fn
+from engine.llm.generate import Decoder, GraphDecoder, StepFn, greedy, pick_after, step_fn
 from engine.workloads.llama import LlamaDecoder
 
 SDPA_NAMES = ("flash", "efficient", "math")
@@ -405,7 +405,11 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
         decoder = Decoder(_with_sdpa(_compile(step_fn(model, pick), "reduce-overhead"), backend),
                           before_step=torch.compiler.cudagraph_mark_step_begin)
     elif mode.decode == "cudagraph":
-        decoder = GraphDecoder(_with_sdpa(_compile(step_fn(model, pick), compile_mode, fuse_gemv_loads), backend))
+        if pick is greedy:
+            decoder = GraphDecoder(_with_sdpa(_compile(step_fn(model), compile_mode, fuse_gemv_loads), backend))
+        else:  # the lab's own argmax after the compiled forward, in the same graph (_next_token_kernel says why)
+            forward = _with_sdpa(_compile(step_fn(model, _no_pick), compile_mode, fuse_gemv_loads), backend)
+            decoder = GraphDecoder(pick_after(forward, pick))
     else:
         raise ValueError(f"unknown decode kind {mode.decode!r}")
     return Prepared(prefill=_with_sdpa(prefill, backend), decoder=decoder, notes=notes, quantize_s=quantize_s)
@@ -413,16 +417,25 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
 
 def _next_token_kernel(mode: LLMMode, notes: list[str]) -> Callable[[torch.Tensor], torch.Tensor]:
     """How the decode step takes its next token: torch's argmax (compiled with the step), or with
-    MODELAB_TRITON_ARGMAX=1 in the lab's own Triton modes engine.kernels.triton.argmax (not yet measured inside the
-    step, so off by default; the peer modes always keep torch's)."""
+    MODELAB_TRITON_ARGMAX=1 in the lab's own Triton modes engine.kernels.triton.argmax — called after the compiled
+    forward, inside the step's CUDA graph: as a custom op inside the compiled step, Inductor's compile of the 1B
+    int4 step had not finished after 130-200 s (H100, torch 2.11, 2026-11-27; the worker was deep in the recursive
+    str() of the step's IR nodes) where without it the whole run took 85 s. Not yet measured inside the step, so off
+    by default; the peer modes always keep torch's."""
     if not (mode.gemv or mode.fused or mode.quant_impl == "triton"):
         return greedy
     from engine.kernels.triton import argmax as triton_argmax  # (these modes have imported Triton's kernels already)
 
     if not triton_argmax.enabled():
         return greedy
-    notes.append("next token: the Triton argmax (engine/kernels/triton/argmax.py, MODELAB_TRITON_ARGMAX=1)")
+    notes.append("next token: the Triton argmax (engine/kernels/triton/argmax.py, MODELAB_TRITON_ARGMAX=1), after "
+                 "the compiled forward in the step's CUDA graph")
     return torch.ops.modelab.argmax_rows
+
+
+def _no_pick(logits: torch.Tensor) -> torch.Tensor:
+    """A compiled forward's stand-in token when the step's pick runs after it (pick_after): nothing computed."""
+    return logits[:, :1]
 
 
 def runnable_modes(device: str, dtype: torch.dtype) -> list[str]:
