@@ -17,9 +17,10 @@ namespace modelab_levels {
 // attention_sm90.cu: the wgmma (Hopper) variants 4..6; refuses with the reason where they are not built.
 void attention_wgmma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, bool causal,
                      double scale, int64_t variant, cudaStream_t stream);
-// attention_ws.cu: variant 7, TMA loads by a producer warpgroup, two consumer warpgroups taking turns (sm_90a).
+// attention_ws.cu: variants 7 and 8, TMA loads by a producer warpgroup, two consumer warpgroups taking turns
+// (sm_90a); 8 also stores O by TMA from shared memory (tma_store).
 void attention_ws(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, bool causal,
-                  double scale, cudaStream_t stream);
+                  double scale, bool tma_store, cudaStream_t stream);
 
 namespace {
 
@@ -259,7 +260,8 @@ void launch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::T
 //         tile's softmax (bf16, fp16); 5 takes one tile at a time; 6 is 5 with P V as two n64 products (bf16)
 //   7:    attention_ws.cu (sm_90a, D=128 or 64, bf16 and fp16): FlashAttention-3's design, a TMA producer warpgroup
 //         and two consumer warpgroups ping-ponging their matrix products, registers moved from producer to consumers
-constexpr int kNumVariants = 8;
+//   8:    7 with O written through shared memory and stored by TMA (FlashAttention-3's epilogue)
+constexpr int kNumVariants = 9;
 
 template <typename T, int D>
 void dispatch_variant(int64_t variant, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
@@ -275,11 +277,11 @@ void dispatch_variant(int64_t variant, const at::Tensor& q, const at::Tensor& k,
       if constexpr (kAll) { launch<T, D, 128, 32, 4, false>(q, k, v, o, causal, scale, stream); return; }
       break;
     case 4: case 5: case 6: attention_wgmma(q, k, v, o, causal, scale, variant, stream); return;
-    case 7: attention_ws(q, k, v, o, causal, scale, stream); return;
+    case 7: case 8: attention_ws(q, k, v, o, causal, scale, variant == 8, stream); return;
     default: break;
   }
   TORCH_CHECK(false, "modelab_levels::attention: variant ", variant, " is not built for this dtype / head dim ",
-              "(0..", kNumVariants - 1, "; 2 and 3: bfloat16 with D=128 only; 4..6: D=128 on sm_90a; 7: sm_90a)");
+              "(0..", kNumVariants - 1, "; 2 and 3: bfloat16 with D=128 only; 4..6: D=128 on sm_90a; 7, 8: sm_90a)");
 }
 
 }  // namespace

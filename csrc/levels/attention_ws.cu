@@ -16,8 +16,11 @@
 // Causal: key tiles past the block's last row are never loaded; the diagonal tile and a ragged tail are masked, and
 // the P V of the diagonal tile for the block's lower 64 rows takes its first 64 keys only (they see no more of it).
 //
-// What FlashAttention-3 also does and this kernel does not: a persistent tile scheduler, an output written back
-// through shared memory and TMA, 176-key tiles for the non-causal case, fp8.
+// Variant 8 is the same kernel with FlashAttention-3's epilogue: each consumer writes O / rowsum into its own 64 rows
+// of q's tile (q is dead after its last q k^T) in the 128-byte-swizzled layout, and one thread stores them with a
+// TMA copy per 64-column half (rows past S clipped by the tensor map), instead of every thread storing 4-byte pairs.
+// What FlashAttention-3 also does and this kernel does not: a persistent tile scheduler, 176-key tiles for the
+// non-causal case, fp8.
 // D = 64 is the same kernel on tiles of one 64-column half (16 KB): q k^T in 4 k-steps instead of 8, P V as n64
 // products into 32 accumulators per thread, one TMA box per tile. (FlashAttention-3 takes 192 query rows per block
 // at D = 64, three consumer warpgroups; this build keeps 128 and two.)
@@ -38,6 +41,7 @@ constexpr int kConsumerRegs = 240;  // 128 x 24 + 256 x 240 = 384 x 168, the lau
 template <int D>
 constexpr int ws_smem_bytes() { return (1 + 2 * kStages) * tile_bytes<D>() + 1024 + 128 + 256 * 8; }
 constexpr int kTurnBarrier = 1;   // named barriers 1 and 2: the consumers' turns (0 is __syncthreads)
+constexpr int kOutBarrier = 3;    // 3 and 4: each consumer's epilogue (variant 8)
 
 // ---- TMA, named barriers, register reallocation (the mbarriers are common.cuh's) ------------------------------------
 // Box (c0.., c1.., c2) of a 3-d tensor map into shared memory; the barrier counts its bytes.
@@ -46,6 +50,12 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
       ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+// Box (c0.., c1.., c2) of a 3-d tensor map from shared memory (a bulk group: commit, then wait before the block's
+// shared memory may go away).
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+               ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
 }
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -92,11 +102,40 @@ __device__ __forceinline__ void produce(const CUtensorMap* map, uint32_t ring, u
   tma_tile<D>(ring + (n % kStages) * tile_bytes<D>(), map, full, n * kRows, bh);
 }
 
+// Variant 8's epilogue for one consumer: out = O / rowsum into its 64 rows of q's tile (q_rows: their first row of
+// the first half; tile_offset's swizzle is the tensor map's), then its first thread stores them by TMA, one box of
+// 64 columns x 64 rows per half. The map clips rows past S.
 template <typename T, int D>
+__device__ __forceinline__ void store_o_tma(const CUtensorMap* map, uint32_t q_rows, const float (&acc)[D / 2],
+                                            const float (&row_sum)[2], int wg_row0, int bh, int S, int tid, int lane,
+                                            int barrier) {
+  const int rr0 = ((tid >> 5) & 3) * 16 + (lane >> 2);  // this thread's first row among the consumer's 64
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float inv = inv_row_sum(row_sum[h]);
+    const int rr = rr0 + 8 * h;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {  // columns 8j + 2 (lane & 3), +1: 16-byte chunk j of the row
+      const uint32_t dst = q_rows + tile_offset(rr, j) + 4 * (lane & 3);
+      const uint32_t pair = Elem<T>::pack2(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst), "r"(pair) : "memory");
+    }
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the generic stores, seen by the TMA's proxy
+  named_sync(barrier, 128);
+  if ((tid & 127) == 0 && wg_row0 < S) {
+#pragma unroll
+    for (int half = 0; half < D / 64; ++half) tma_store_3d(map, q_rows + half * kHalfBytes, half * 64, wg_row0, bh);
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // shared memory read: the block may end
+  }
+}
+
+template <typename T, int D, bool kTmaStore>
 __global__ void __launch_bounds__(kWsThreads, 1)
     attention_ws_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                        const __grid_constant__ CUtensorMap tm_v, T* __restrict__ o, int S, float scale_log2,
-                        bool causal) {
+                        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
+                        T* __restrict__ o, int S, float scale_log2, bool causal) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // the 128B swizzle repeats every 1024 bytes
@@ -232,7 +271,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   wgmma_wait<0>();
   fence_regs(acc);
 
-  store_o<T>(o + static_cast<int64_t>(bh) * S * D, acc, row_sum, r_lo, S, lane);
+  if constexpr (kTmaStore)
+    store_o_tma<T, D>(&tm_o, q_rows, acc, row_sum, wg_row0, bh, S, tid, lane, kOutBarrier + c);
+  else
+    store_o<T>(o + static_cast<int64_t>(bh) * S * D, acc, row_sum, r_lo, S, lane);
 #else
   __trap();  // not reached: the host side launches this only from an sm_90a build
 #endif
@@ -258,16 +300,16 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-// t (B, H, S, D) as a 3-d tensor (D, S, B * H) read in 64 x 128 x 1 boxes with the 128-byte swizzle; rows past S
-// (of each head) read as zeros.
-CUtensorMap tile_map(const at::Tensor& t, const char* name) {
+// t (B, H, S, D) as a 3-d tensor (D, S, B * H) in 64 x box_rows x 1 boxes with the 128-byte swizzle; rows past S
+// (of each head) read as zeros, and are not written by a store.
+CUtensorMap tile_map(const at::Tensor& t, const char* name, int box_rows = kRows) {
   const int64_t D = t.size(3);
   TORCH_CHECK(reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0, "modelab_levels::attention: variant 7 ",
               "needs ", name, " 16-byte aligned (a TMA requirement)");
   const int64_t S = t.size(2), BH = t.size(0) * t.size(1);
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(S), static_cast<cuuint64_t>(BH)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(D) * 2, static_cast<cuuint64_t>(S) * D * 2};
-  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(kRows), 1};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(box_rows), 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   const CUtensorMapDataType dtype = t.scalar_type() == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
@@ -280,7 +322,7 @@ CUtensorMap tile_map(const at::Tensor& t, const char* name) {
   return map;
 }
 
-template <typename T, int D>
+template <typename T, int D, bool kTmaStore>
 void launch_ws(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, bool causal,
                double scale, cudaStream_t stream) {
   const int64_t S = q.size(2);
@@ -289,27 +331,34 @@ void launch_ws(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at
   TORCH_CHECK(num_m <= 2147483647, "modelab_levels::attention: S = ", S, " is too long for the grid");
   TORCH_CHECK(BH <= 65535, "modelab_levels::attention: B * H = ", BH, " is too large for the grid (at most 65535)");
   const CUtensorMap tm_q = tile_map(q, "q"), tm_k = tile_map(k, "k"), tm_v = tile_map(v, "v");
-  auto kernel = attention_ws_kernel<T, D>;
+  const CUtensorMap tm_o = kTmaStore ? tile_map(o, "o", 64) : tm_q;  // one consumer's 64 rows a box; unread by 7
+  auto kernel = attention_ws_kernel<T, D, kTmaStore>;
   allow_dynamic_smem(kernel, ws_smem_bytes<D>());
   const dim3 grid(static_cast<unsigned>(num_m), static_cast<unsigned>(BH));
-  kernel<<<grid, kWsThreads, ws_smem_bytes<D>(), stream>>>(tm_q, tm_k, tm_v, reinterpret_cast<T*>(o.mutable_data_ptr()),
+  kernel<<<grid, kWsThreads, ws_smem_bytes<D>(), stream>>>(tm_q, tm_k, tm_v, tm_o,
+                                                            reinterpret_cast<T*>(o.mutable_data_ptr()),
                                                             static_cast<int>(S),
                                                             static_cast<float>(scale * 1.4426950408889634), causal);
   CUDA_CHECK_LAUNCH();
 }
 template <typename T>
 void launch_ws_d(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, bool causal,
-                 double scale, cudaStream_t stream) {
-  if (q.size(3) == 64) return launch_ws<T, 64>(q, k, v, o, causal, scale, stream);
-  return launch_ws<T, 128>(q, k, v, o, causal, scale, stream);
+                 double scale, bool tma_store, cudaStream_t stream) {
+  if (tma_store) {
+    if (q.size(3) == 64) return launch_ws<T, 64, true>(q, k, v, o, causal, scale, stream);
+    return launch_ws<T, 128, true>(q, k, v, o, causal, scale, stream);
+  }
+  if (q.size(3) == 64) return launch_ws<T, 64, false>(q, k, v, o, causal, scale, stream);
+  return launch_ws<T, 128, false>(q, k, v, o, causal, scale, stream);
 }
 #endif
 
 }  // namespace
 
-// Variant 7 (the variant table in attention.cu): bf16 or fp16, D = 128 or 64, compute capability 9.0 only.
+// Variants 7 and 8 (tma_store; the variant table in attention.cu): bf16 or fp16, D = 128 or 64, compute
+// capability 9.0 only.
 void attention_ws(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, bool causal,
-                  double scale, cudaStream_t stream) {
+                  double scale, bool tma_store, cudaStream_t stream) {
 #if defined(MODELAB_SM90A)
   int major = 0, minor = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.get_device()));
@@ -318,11 +367,12 @@ void attention_ws(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               "compute capability 9.0 GPU; this one is ", major, ".", minor);
   TORCH_CHECK(q.size(3) == 128 || q.size(3) == 64, "modelab_levels::attention: variant 7 needs D = 128 or 64, not ",
               q.size(3));
-  if (q.scalar_type() == at::kBFloat16) return launch_ws_d<__nv_bfloat16>(q, k, v, o, causal, scale, stream);
+  if (q.scalar_type() == at::kBFloat16)
+    return launch_ws_d<__nv_bfloat16>(q, k, v, o, causal, scale, tma_store, stream);
   TORCH_CHECK(q.scalar_type() == at::kHalf, "modelab_levels::attention: variant 7 is built for bfloat16 and float16");
-  return launch_ws_d<__half>(q, k, v, o, causal, scale, stream);
+  return launch_ws_d<__half>(q, k, v, o, causal, scale, tma_store, stream);
 #else
-  (void)q, (void)k, (void)v, (void)o, (void)causal, (void)scale, (void)stream;
+  (void)q, (void)k, (void)v, (void)o, (void)causal, (void)scale, (void)tma_store, (void)stream;
   TORCH_CHECK(false, "modelab_levels::attention: variant 7 (TMA, warp-specialised) needs an sm_90a build: this ",
               "library was built for another GPU architecture");
 #endif

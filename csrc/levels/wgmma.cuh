@@ -236,6 +236,14 @@ __device__ __forceinline__ void pack_p(const float (&s)[64], uint32_t (&p)[8][4]
   }
 }
 
+// 1 / the sum of one of this thread's rows, from its partial sum (the four lanes of a quad hold one row's columns);
+// 0 for a row with nothing in it.
+__device__ __forceinline__ float inv_row_sum(float partial) {
+  partial += __shfl_xor_sync(0xffffffffu, partial, 1);
+  partial += __shfl_xor_sync(0xffffffffu, partial, 2);
+  return partial > 0.f ? 1.f / partial : 0.f;
+}
+
 // out = O / rowsum for this thread's two rows of one (batch, head) (ob: its first row); rows >= S are not written.
 // N = D / 2 accumulators: rows of D = 2N elements.
 template <typename T, int N>
@@ -243,10 +251,7 @@ __device__ __forceinline__ void store_o(T* __restrict__ ob, const float (&acc)[N
                                         int r_lo, int S, int lane) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float l = row_sum[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = inv_row_sum(row_sum[h]);
     const int row = r_lo + 8 * h;
     if (row < S) {
       T* orow = ob + static_cast<int64_t>(row) * (2 * N) + 2 * (lane & 3);

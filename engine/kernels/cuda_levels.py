@@ -50,13 +50,14 @@ OPS = "modelab_levels"  # the TORCH_LIBRARY namespace (bindings.cpp)
 # with the causal diagonal's masked half not multiplied (session 18): 475.1 (SDPA 477.0), 54.3 (SDPA 50.5).
 ATTENTION_VARIANTS = (0, 1)
 ATTENTION_VARIANTS_BF16_D128 = (0, 1, 2, 3)
-WGMMA_VARIANTS = {torch.bfloat16: (4, 5, 6, 7), torch.float16: (4, 7)}
-WGMMA_VARIANTS_D64 = (7,)  # bf16 and fp16
+WGMMA_VARIANTS = {torch.bfloat16: (4, 5, 6, 7, 8), torch.float16: (4, 7, 8)}
+WGMMA_VARIANTS_D64 = (7, 8)  # bf16 and fp16
+# 8 is 7 with FlashAttention-3's epilogue: O through shared memory, stored by TMA (built 2026-11-27, session 21)
 # (variant, head dim) builds not yet run on a GPU. benchmarks/cuda_levels_gpu.py and the GPU tests check them in a
 # child process with a timeout before anything else (`check_variant_in_child`): a hang or a fault there fails that
 # check, not the whole run; `attention` does not pick them by default. A build leaves this tuple once a GPU run has
 # passed it. (7 at D=128 and at D=64 passed on an H100 on 2026-11-27.)
-UNVERIFIED: tuple[tuple[int, int], ...] = ()
+UNVERIFIED: tuple[tuple[int, int], ...] = ((8, 128), (8, 64))
 # The error bound of an attention variant against float64 (the GPU tests' ATTN_TOL), per dtype.
 ATTN_TOL = {torch.bfloat16: 1.5e-2, torch.float16: 4e-3}
 
@@ -74,6 +75,9 @@ def attention_variants(dtype: torch.dtype, head_dim: int, device: int | None = N
 
 def describe_variant(variant: int) -> str:
     """One line naming the attention kernel a variant runs (for a run's notes)."""
+    if variant == 8:
+        return ("attention: TMA + warp-specialised wgmma kernel with a TMA-stored output, variant 8 "
+                "(csrc/levels/attention_ws.cu, built for sm_90a: variant 7 writing O through shared memory)")
     if variant == 7:
         return ("attention: TMA + warp-specialised wgmma kernel, variant 7 (csrc/levels/attention_ws.cu, built for "
                 "sm_90a: a producer warpgroup loading by TMA, two consumer warpgroups taking turns)")
@@ -83,7 +87,7 @@ def describe_variant(variant: int) -> str:
     return f"attention: mma.sync kernel, tile variant {variant} (csrc/levels/attention.cu)"
 
 
-V7_MAX_HEADS = 65535  # variant 7's grid is (row blocks, B · H): heads on its second axis (attention_ws.cu says why)
+V7_MAX_HEADS = 65535  # variants 7 and 8: grid (row blocks, B · H), heads on its second axis (attention_ws.cu says why)
 VARIANT_ENV = "MODELAB_L5_ATTENTION_VARIANT"  # names the variant `attention` runs (e.g. 7 before it is the default)
 
 
@@ -399,7 +403,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 def fit_grid(variant: int, heads: int, head_dim: int) -> int:
     """`variant`, or where B·H = `heads` is past variant 7's grid (V7_MAX_HEADS) one built wherever 7 is: the wgmma
     variant 4 at D=128, the mma.sync tile 0 at D=64."""
-    if variant == 7 and heads > V7_MAX_HEADS:
+    if variant in (7, 8) and heads > V7_MAX_HEADS:
         return 4 if head_dim == 128 else 0
     return variant
 
@@ -412,8 +416,8 @@ def _attention_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     if variant not in allowed:
         raise ValueError(f"attention: variant {variant} is not built for {q.dtype} with D={q.shape[-1]} "
                          f"(built: {allowed})")
-    if variant == 7 and q.shape[0] * q.shape[1] > V7_MAX_HEADS:
-        raise ValueError(f"attention: variant 7 takes at most {V7_MAX_HEADS} heads (B * H), got "
+    if variant in (7, 8) and q.shape[0] * q.shape[1] > V7_MAX_HEADS:
+        raise ValueError(f"attention: variant {variant} takes at most {V7_MAX_HEADS} heads (B * H), got "
                          f"{q.shape[0] * q.shape[1]}")
     return _ops().attention(q, k, v, causal, scale, variant)
 

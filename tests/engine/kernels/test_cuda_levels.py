@@ -7,6 +7,7 @@ input validation and the build key are tested here without a GPU.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import subprocess
@@ -113,9 +114,9 @@ def test_hopper_builds_sm90a_with_the_wgmma_variants_and_other_gpus_do_not(monke
     assert cl.arch_flags(12, 0) == ["-gencode=arch=compute_120,code=sm_120"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cl, "_arch", lambda device=None: (9, 0))
-    assert cl.attention_variants(torch.bfloat16, 128) == (0, 1, 2, 3, 4, 5, 6, 7)
-    assert cl.attention_variants(torch.float16, 128) == (0, 1, 4, 7)
-    assert cl.attention_variants(torch.bfloat16, 64) == cl.attention_variants(torch.float16, 64) == (0, 1, 7)
+    assert cl.attention_variants(torch.bfloat16, 128) == (0, 1, 2, 3, 4, 5, 6, 7, 8)
+    assert cl.attention_variants(torch.float16, 128) == (0, 1, 4, 7, 8)
+    assert cl.attention_variants(torch.bfloat16, 64) == cl.attention_variants(torch.float16, 64) == (0, 1, 7, 8)
     defaults = [cl.default_variant(t, d) for t, d in ((torch.bfloat16, 128), (torch.float16, 128),
                                                       (torch.bfloat16, 64), (torch.float16, 64))]
     assert defaults == [7, 7, 7, 7]
@@ -127,11 +128,12 @@ def test_hopper_builds_sm90a_with_the_wgmma_variants_and_other_gpus_do_not(monke
     assert "wgmma" in cl.describe_variant(4) and "attention_sm90.cu" in cl.describe_variant(4)
     assert "mma.sync" in cl.describe_variant(2) and "attention.cu" in cl.describe_variant(2)
     assert "TMA" in cl.describe_variant(7) and "attention_ws.cu" in cl.describe_variant(7)
+    assert "TMA-stored output" in cl.describe_variant(8) and "attention_ws.cu" in cl.describe_variant(8)
     monkeypatch.setenv(cl.VARIANT_ENV, "4")  # a variant other than the default, run by name
     assert cl.default_variant(torch.bfloat16, 128) == 4
-    for bad in ("8", "seven", "-1"):
+    for bad in ("9", "seven", "-1"):
         monkeypatch.setenv(cl.VARIANT_ENV, bad)
-        with pytest.raises(ValueError, match=f"{cl.VARIANT_ENV}='{bad}'.*built: 0, 1, 2, 3, 4, 5, 6, 7"):
+        with pytest.raises(ValueError, match=f"{cl.VARIANT_ENV}='{bad}'.*built: 0, 1, 2, 3, 4, 5, 6, 7, 8"):
             cl.default_variant(torch.bfloat16, 128)
     monkeypatch.setenv(cl.VARIANT_ENV, "4")
     with pytest.raises(ValueError, match="D=64"):  # 4..6 are D=128 only
@@ -141,7 +143,7 @@ def test_hopper_builds_sm90a_with_the_wgmma_variants_and_other_gpus_do_not(monke
     monkeypatch.delenv(cl.VARIANT_ENV)
     assert cl.attention_variants(torch.float32, 64) == (0, 1)  # the wgmma kernels are 16-bit only
     # more heads than variant 7's grid takes: a variant built wherever 7 is, for that head dim
-    assert [cl.fit_grid(7, cl.V7_MAX_HEADS + 1, d) for d in (128, 64)] == [4, 0]
+    assert [cl.fit_grid(v, cl.V7_MAX_HEADS + 1, d) for v in (7, 8) for d in (128, 64)] == [4, 0, 4, 0]
     assert cl.fit_grid(7, cl.V7_MAX_HEADS, 64) == 7 and cl.fit_grid(2, 10**6, 128) == 2
     monkeypatch.setattr(cl, "_arch", lambda device=None: (8, 9))
     assert cl.attention_variants(torch.bfloat16, 128) == (0, 1, 2, 3)
@@ -292,38 +294,41 @@ def offline_build(name: str, tmp_path: Path, source_dir: Path = cl.SOURCE_DIR) -
     return report, sass
 
 
-def test_variant_7_builds_for_sm90a_and_its_softmax_runs_while_p_v_is_on_the_tensor_cores(tmp_path):
+def test_variants_7_and_8_build_for_sm90a_and_their_softmax_runs_while_p_v_is_on_the_tensor_cores(tmp_path):
     """No GPU needed: csrc/levels/attention_ws.cu through nvcc and ptxas for sm_90a, then its SASS. ptxas's report:
-    no spills, no wgmma serialisation advisory, in each of the four builds (bf16 and fp16, D = 128 and 64). The SASS,
-    per build: in the main loop the softmax's exponentials (64 per tile) sit between the wait for the scores
-    (DEPBAR.LE 1) and the wait for P V (DEPBAR.LE 0), the overlap the kernel exists for — ptxas had hoisted the second
-    wait above them until the row sums were stored before it (keep_before_wait)."""
+    no spills, no wgmma serialisation advisory, in each of the eight builds (bf16 and fp16, D = 128 and 64, variant 7
+    and variant 8 — O stored by TMA). The SASS, per build: in the main loop the softmax's exponentials (64 per tile)
+    sit between the wait for the scores (DEPBAR.LE 1) and the wait for P V (DEPBAR.LE 0), the overlap the kernel
+    exists for — ptxas had hoisted the second wait above them until the row sums were stored before it
+    (keep_before_wait); variant 8 stores O with one TMA store per 64-column half and no global stores."""
     report, sass = offline_build("attention_ws.cu", tmp_path)
     kernels = re.findall(r"Compiling entry function '(\S*attention_ws_kernel\S*)'.*?(\d+) bytes spill stores", report,
                          re.S)
-    assert len(kernels) == 4 and all(spills == "0" for _, spills in kernels), report[-4000:]
+    assert len(kernels) == 8 and all(spills == "0" for _, spills in kernels), report[-4000:]
     # any "wgmma.mma_async instructions are serialized" advisory (C7510-C7520: registers, a branch ptxas cannot
     # prove warp-uniform, ...): a wait after every wgmma, no overlap left
     assert "serialized" not in report, report[-4000:]
-    for dtype in ("I13__nv_bfloat16", "I6__half"):
-        for d in (128, 64):
-            code = _kernel_sass(sass, f"attention_ws_kernel{dtype}Li{d}E")
-            qk = sum(op.startswith("HGMMA.64x128x16.F32") for op in code)
-            pv = sum(op.startswith("HGMMA.64x64x16.F32") for op in code)
-            if d == 128:
-                # 8 k-steps each: first q k^T, loop q k^T and P V, last P V; + 4 for the last P V of a causal
-                # diagonal tile's lower rows (its first 64 keys). (ptxas adds one 64x8 HGMMA on zero registers where
-                # it injects a warpgroup arrive before that branch's products: not counted.)
-                assert (qk, pv) == (36, 0)
-                assert sum("UTMALDG" in op for op in code) == 8  # q, the first K, the loop's K and V: two boxes each
-            else:
-                # q k^T in 4 k-steps (first, loop); P V as n64 products: 8 k-steps (loop, last) + 4 (the half tile)
-                assert (qk, pv) == (8, 20)
-                assert sum("UTMALDG" in op for op in code) == 4  # one box per tile
-            (first,) = [i for i, op in enumerate(code) if "DEPBAR.LE gsb0, 0x1" in op]  # the main loop's one
-            second = next(i for i in range(first, len(code)) if "DEPBAR.LE gsb0, 0x0" in code[i])
-            between = sum("MUFU.EX2" in op for op in code[first:second])
-            assert between >= 64, f"{dtype} D={d}: {between} exponentials between the two waits (softmax after P V)"
+    for dtype, d, tma in itertools.product(("I13__nv_bfloat16", "I6__half"), (128, 64), (0, 1)):
+        code = _kernel_sass(sass, f"attention_ws_kernel{dtype}Li{d}ELb{tma}E")
+        # variant 7: each thread's 4-byte pairs of O to global memory (2 rows x D/8); 8: none, one TMA store a half
+        stores = sum(op.startswith("STG") for op in code), sum("UTMASTG" in op for op in code)
+        assert stores == ((0, d // 64) if tma else (d // 4, 0)), f"{dtype} D={d} variant {7 + tma}: {stores}"
+        qk = sum(op.startswith("HGMMA.64x128x16.F32") for op in code)
+        pv = sum(op.startswith("HGMMA.64x64x16.F32") for op in code)
+        if d == 128:
+            # 8 k-steps each: first q k^T, loop q k^T and P V, last P V; + 4 for the last P V of a causal
+            # diagonal tile's lower rows (its first 64 keys). (ptxas adds one 64x8 HGMMA on zero registers where
+            # it injects a warpgroup arrive before that branch's products: not counted.)
+            assert (qk, pv) == (36, 0)
+            assert sum("UTMALDG" in op for op in code) == 8  # q, the first K, the loop's K and V: two boxes each
+        else:
+            # q k^T in 4 k-steps (first, loop); P V as n64 products: 8 k-steps (loop, last) + 4 (the half tile)
+            assert (qk, pv) == (8, 20)
+            assert sum("UTMALDG" in op for op in code) == 4  # one box per tile
+        (first,) = [i for i, op in enumerate(code) if "DEPBAR.LE gsb0, 0x1" in op]  # the main loop's one
+        second = next(i for i in range(first, len(code)) if "DEPBAR.LE gsb0, 0x0" in code[i])
+        between = sum("MUFU.EX2" in op for op in code[first:second])
+        assert between >= 64, f"{dtype} D={d}: {between} exponentials between the two waits (softmax after P V)"
 
 
 # ---- with a GPU ---------------------------------------------------------------------------------------------------
