@@ -293,7 +293,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     q, k, v: (B, H, S, D), contiguous, one dtype (bfloat16/float16; float32 too, with 3xTF32 dots, see FP32_DOT),
     D in {32, 64, 128}, any S >= 1. Returns a new (B, H, S, D) tensor of the same dtype. Softmax in fp32.
     On Hopper with inputs the warp-specialised Gluon kernel takes (attention_ws.py: 16-bit, D 64 or 128), the first
-    call of each shape times it and this module's kernel and keeps the faster (l4_choices says which);
+    call of each shape times it and this module's kernel and keeps the faster (l4_choice says which);
     MODELAB_L4_ATTENTION=triton or gluon forces one.
     """
     kernel = l4_kernel()
