@@ -297,6 +297,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     MODELAB_L4_ATTENTION=triton or gluon forces one.
     """
     kernel = l4_kernel()
+    if kernel == "auto" and isinstance(q, torch.Tensor) and q.is_cuda:
+        chosen = _CHOICES.get(_choice_key(q, causal))
+        if chosen is not None and chosen["impl"] == "triton":  # the per-call host cost stays the tl kernel's
+            return _attention(q, k, v, causal, scale)
     if kernel != "triton" and isinstance(q, torch.Tensor) and q.is_cuda:
         from engine.kernels.triton.attention_ws import attention_ws, unsupported
 
@@ -322,6 +326,10 @@ def l4_kernel() -> str:
     return raw
 
 
+def _choice_key(q: torch.Tensor, causal: bool) -> tuple:
+    return (*q.shape, q.dtype, q.device.index, causal)
+
+
 def _choose(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
             gluon_fn) -> str:  # type: ignore[no-untyped-def]
     """The faster kernel for this shape: both timed once per process as device time (four calls in a CUDA graph,
@@ -330,7 +338,7 @@ def _choose(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     the Gluon kernel 0.97× SDPA at S=4096 where the tl one is 0.82×, but 0.80× at S=1024 (tl 0.87×) and far behind
     at the ViT's S=197, D=64 — hence a choice per shape, not a rule. Inside a CUDA graph capture nothing can be
     timed: a shape not yet chosen runs the tl kernel."""
-    key = (*q.shape, q.dtype, q.device.index, causal)
+    key = _choice_key(q, causal)
     if key not in _CHOICES:
         if q.is_cuda and torch.cuda.is_current_stream_capturing():
             return "triton"
