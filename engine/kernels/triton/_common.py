@@ -13,9 +13,6 @@ import os
 import torch
 import triton
 import triton.language as tl
-import triton.testing
-
-from engine.device_lock import exclusive
 
 
 def _fix_interpreter_index() -> None:
@@ -65,14 +62,6 @@ def check_device(kernel: object, name: str, *tensors: torch.Tensor) -> torch.dev
             )
         return device
     raise ValueError(f"{name}: unsupported device {device} (Triton kernels run on CUDA, or on CPU interpreted)")
-
-
-def quick_bench(fn, quantiles=None):  # type: ignore[no-untyped-def]
-    """Triton's do_bench (L2 flushed before every call; milliseconds) over 20 ms instead of its default 100 ms (+25
-    ms of warm-up): a 5–100 µs kernel still gets hundreds of calls, and ten configs per shape stay under a second.
-    The autotuners' and the kernel choices' timer."""
-    with exclusive():  # a timing: never beside another run's work (engine.device_lock)
-        return triton.testing.do_bench(fn, warmup=5, rep=20, quantiles=quantiles)
 
 
 def is_hopper_or_newer(device: torch.device) -> bool:
