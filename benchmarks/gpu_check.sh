@@ -130,7 +130,7 @@ case $part in
              >"$out/quant_$preset.log" 2>&1
            echo "== $preset"; tail -12 "$out/quant_$preset.log"
          done ;;
-  gluon-l4) if t timeout 320 pytest_q tests/engine/kernels/test_triton_kernels.py -k "gluon or l4_kernel"; then
+  gluon-l4) if t timeout 320 pytest_q tests/engine/kernels/test_triton_kernels.py -k "gluon or l4_"; then
               t timeout 200 python3 benchmarks/triton_kernels_gpu.py --only attn --gluon >"$out/gluon_attn.log" 2>&1
               grep -E "gluon|SDPA" "$out/gluon_attn.log" | tail -16
               t timeout 280 python3 -m engine levels --component causal_attention \
