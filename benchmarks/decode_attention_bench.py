@@ -23,6 +23,9 @@ import torch  # noqa: E402
 # (SPLIT positions per program, BLOCK_S positions per inner step, num_warps): 39 tiles, ~1 minute per preset on an
 # H100 (a sweep twice as wide, with 16-position splits and 1 warp, did not finish the 7B in 400 s)
 TILES = [(s, b, w) for s, b, w in itertools.product((32, 64, 128, 256), (16, 32, 64, 128), (2, 4, 8)) if b <= s]
+# One split over the whole cache (SPLIT ≥ the cache's length): one program per kv head writes the output itself,
+# no combine kernel (decode_attention._attend); long inner steps and many warps keep its loads in flight.
+WHOLE = [(1024, b, w) for b, w in itertools.product((64, 128, 256, 512), (4, 8, 16))]
 
 
 def bench_preset(name: str, pos: int, max_seq: int) -> tuple[dict, int, tuple]:
@@ -43,7 +46,7 @@ def bench_preset(name: str, pos: int, max_seq: int) -> tuple[dict, int, tuple]:
     input_pos = torch.tensor([pos], device="cuda")
     ref = da.decode_attention_qkv_fwd(qkv, cos, sin, *caches[0], input_pos).double()
     times: dict[tuple, float] = {}
-    for tile in TILES:
+    for tile in TILES + [t for t in WHOLE if t[0] >= max_seq]:
         try:
             out = da.decode_attention_qkv_fwd(qkv, cos, sin, *caches[0], input_pos, tile=tile).double()
         except Exception as err:  # noqa: BLE001 - a tile that does not compile here is skipped with its reason

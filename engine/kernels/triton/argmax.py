@@ -10,8 +10,9 @@ Semantics are torch.argmax's: the first index of the maximum; a NaN counts as la
 wins); a row of -inf gives 0. Each program reduces three things in one pass over its values: the first NaN's index,
 the largest non-NaN value, and the first index holding it.
 
-Whether it beats Inductor's argmax inside the step is not measured yet: the LLM modes use it only with
-MODELAB_TRITON_ARGMAX=1 (engine.llm.modes), and `benchmarks/argmax_bench.py` times both alone.
+The lab's Triton decode modes take their next token with it (engine.llm.modes; MODELAB_TRITON_ARGMAX=0 gives them
+torch's back): inside the 1B step on an H100 (2026-11-28, `benchmarks/gpu_check.sh argmax`) `triton-fused` 866.2 µs
+against 885.4 with torch's, `triton-int4-wo` 415.3 against 416.4. `benchmarks/argmax_bench.py` times both alone.
 """
 
 from __future__ import annotations
@@ -130,11 +131,11 @@ def _(x):
 
 
 def enabled() -> bool:
-    """MODELAB_TRITON_ARGMAX=1: the lab's Triton decode modes take the next token with this kernel (off by default
-    until it is measured inside the step)."""
-    raw = os.environ.get(ENV, "0").strip()
+    """Whether the lab's Triton decode modes take the next token with this kernel: yes unless MODELAB_TRITON_ARGMAX=0
+    (torch's argmax, compiled with the step)."""
+    raw = os.environ.get(ENV, "1").strip()
     if raw not in ("0", "1"):
-        raise ValueError(f"{ENV}={raw!r}: want 0 (torch.argmax, the default) or 1 (engine.kernels.triton.argmax)")
+        raise ValueError(f"{ENV}={raw!r}: want 1 (engine.kernels.triton.argmax, the default) or 0 (torch.argmax)")
     return raw == "1"
 
 

@@ -46,12 +46,14 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
                   REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
                   BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
                   FROM_QKV: tl.constexpr = False, cos_ptr=None, sin_ptr=None, QKV_ROW=0,
-                  USE_DOT: tl.constexpr = False):
+                  USE_DOT: tl.constexpr = False, out_ptr=None, FINAL: tl.constexpr = False):
     """FROM_QKV: q_ptr is the qkv projection's output row per sequence, [q heads | k heads | v heads] before
     RoPE; each program applies RoPE to its q rows, and the program whose split holds the new position also applies it
     to that position's k and writes k and v into the cache (no other program reads that position).
     USE_DOT (compiled, 16-bit cache, REP_PAD ≥ 16): both products on the tensor cores, the query rows padded to 16
-    and P rounded to the cache's dtype for P·V (as flash attention does); else fp32 broadcast-multiply-and-sum."""
+    and P rounded to the cache's dtype for P·V (as flash attention does); else fp32 broadcast-multiply-and-sum.
+    FINAL (one split covers the whole cache): the program normalises its rows and writes the attention output to
+    out_ptr itself, so no combine kernel runs."""
     bk = tl.program_id(0)  # b * KVH + kv head
     split = tl.program_id(1)
     if PDL:  # programmatic dependent launch: the next kernel may start once every program here has
@@ -129,10 +131,14 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
             pv = tl.sum(p[:, :, None] * v_tile.to(tl.float32)[None, :, :], axis=1)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
-    out = (bk * NUM_SPLITS + split) * REP_PAD + rows
-    tl.store(m_ptr + out, m_i)
-    tl.store(l_ptr + out, l_i)
-    tl.store(o_ptr + out[:, None] * D + dims[None, :], acc)
+    if FINAL:  # position 0 is in this (only) split, so every real row has l > 0
+        rows_out = (bk * REP + rows)[:, None] * D + dims[None, :]  # (B, H, 1, D): this kv head's query rows
+        tl.store(out_ptr + rows_out, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        out = (bk * NUM_SPLITS + split) * REP_PAD + rows
+        tl.store(m_ptr + out, m_i)
+        tl.store(l_ptr + out, l_i)
+        tl.store(o_ptr + out[:, None] * D + dims[None, :], acc)
 
 
 @triton.jit
@@ -210,14 +216,17 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     tiles = INTERPRETER if interpreted and tile is None else {"SPLIT": split, "BLOCK_S": block_s}
     num_splits = triton.cdiv(s_max, tiles["SPLIT"])
     pos = input_pos.reshape(-1)[-1:]  # read as it is (int64) by the kernel: no cast kernel per layer
+    out = torch.empty(b, h, 1, d, device=q.device, dtype=q.dtype)
+    pdl = {} if interpreted or not pdl_enabled(q.device) else {"PDL": True, "launch_pdl": True}
+    args = (1.0 / math.sqrt(d), kvh, s_max, num_splits)
+    consts = dict(REP=rep, REP_PAD=rep_pad, D=d, **tiles, num_warps=warps, **pdl, **(rope or {}), USE_DOT=use_dot)
+    if num_splits == 1:  # one program per kv head walks the whole cache and writes the output: no combine
+        _split_kernel[(b * kvh, 1)](q, k_c, v_c, pos, None, None, None, *args, **consts, out_ptr=out, FINAL=True)
+        return out
     m = torch.empty(b * kvh * num_splits * rep_pad, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)  # noqa: E741 - the running sums the split kernel writes
     o = torch.empty(b * kvh * num_splits * rep_pad, d, device=q.device, dtype=torch.float32)
-    pdl = {} if interpreted or not pdl_enabled(q.device) else {"PDL": True, "launch_pdl": True}
-    _split_kernel[(b * kvh, num_splits)](q, k_c, v_c, pos, m, l, o, 1.0 / math.sqrt(d), kvh, s_max, num_splits,
-                                         REP=rep, REP_PAD=rep_pad, D=d, **tiles, num_warps=warps, **pdl, **(rope or {}),
-                                         USE_DOT=use_dot)
-    out = torch.empty(b, h, 1, d, device=q.device, dtype=q.dtype)
+    _split_kernel[(b * kvh, num_splits)](q, k_c, v_c, pos, m, l, o, *args, **consts)
     _combine_kernel[(b * h,)](m, l, o, out, num_splits, REP=rep, REP_PAD=rep_pad, D=d,
                               SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4, **pdl)
     return out

@@ -64,11 +64,11 @@ def test_the_custom_op_traces_with_its_fake_and_runs_inside_torch_compile():
     assert torch.equal(step(x).cpu(), torch.argmax(-x, -1, keepdim=True).cpu())
 
 
-def test_the_switch_is_off_by_default_and_refuses_other_values(monkeypatch):
+def test_the_switch_is_on_by_default_and_refuses_other_values(monkeypatch):
     monkeypatch.delenv(am.ENV, raising=False)
-    assert not am.enabled()
-    monkeypatch.setenv(am.ENV, "1")
     assert am.enabled()
+    monkeypatch.setenv(am.ENV, "0")
+    assert not am.enabled()
     monkeypatch.setenv(am.ENV, "yes")
     with pytest.raises(ValueError, match="MODELAB_TRITON_ARGMAX='yes'"):
         am.enabled()

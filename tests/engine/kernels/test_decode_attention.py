@@ -100,13 +100,14 @@ def _rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     return x * cos + _rotate_half(x) * sin
 
 
-@pytest.mark.parametrize("tile", [None, "16,16,2"], ids=["default-tile", "tile-from-env"])
+@pytest.mark.parametrize("tile", [None, "16,16,2", "64,16,4"], ids=["default-tile", "tile-from-env", "one-split"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("b,h,kvh,d,s", SHAPES)
 def test_qkv_variant_applies_rope_writes_the_cache_and_attends(b, h, kvh, d, s, dtype, tile, monkeypatch) -> None:
     """From the qkv product's raw output: RoPE on q and the new k, k and v written at the position (nothing else of
     the cache touched), attention over positions 0..pos — against the model's own ops in float64; also with a tile
-    set through MODELAB_DECODE_ATTENTION_TILE (16-position splits: two or three over the caches here)."""
+    set through MODELAB_DECODE_ATTENTION_TILE (16-position splits: two or three over the caches here), and with one
+    64-position split (the whole cache: the split kernel writes the output, no combine kernel)."""
     from dataclasses import replace
 
     if tile:
