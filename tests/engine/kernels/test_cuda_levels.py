@@ -119,11 +119,13 @@ def test_hopper_builds_sm90a_with_the_wgmma_variants_and_other_gpus_do_not(monke
     assert cl.attention_variants(torch.bfloat16, 64) == cl.attention_variants(torch.float16, 64) == (0, 1, 7, 8)
     defaults = [cl.default_variant(t, d) for t, d in ((torch.bfloat16, 128), (torch.float16, 128),
                                                       (torch.bfloat16, 64), (torch.float16, 64))]
-    assert defaults == [7, 7, 7, 7]
-    # a build listed as not yet run on a GPU (cl.UNVERIFIED) is never the default: 7 at D=64 was, until 2026-11-27
-    monkeypatch.setattr(cl, "UNVERIFIED", ((7, 64),))
+    assert defaults == [8, 8, 8, 8]
+    # a build listed as not yet run on a GPU (cl.UNVERIFIED) is never the default: 8 was, until 2026-11-28
+    monkeypatch.setattr(cl, "UNVERIFIED", ((8, 64),))
+    assert cl.default_variant(torch.bfloat16, 64) == cl.default_variant(torch.float16, 64) == 7
+    assert cl.default_variant(torch.bfloat16, 128) == 8
+    monkeypatch.setattr(cl, "UNVERIFIED", ((8, 64), (7, 64)))
     assert cl.default_variant(torch.bfloat16, 64) == cl.default_variant(torch.float16, 64) == 0
-    assert cl.default_variant(torch.bfloat16, 128) == 7
     assert "-DMODELAB_SM90A" in cl.cuda_flags()
     assert "wgmma" in cl.describe_variant(4) and "attention_sm90.cu" in cl.describe_variant(4)
     assert "mma.sync" in cl.describe_variant(2) and "attention.cu" in cl.describe_variant(2)
