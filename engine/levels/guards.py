@@ -53,6 +53,11 @@ GUARD_SETS = (GuardSet("seed 101", 101, 1.0), GuardSet("seed 202", 202, 1.0),
               GuardSet("tiny x1e-6", 303, 1e-6, precision=True), GuardSet("sharp x10", 404, 10.0, precision=True))
 BACKGROUND_WINDOW_S = 0.05
 BACKGROUND_CPU_FRACTION = 0.5  # other threads busier than half a core while the caller sleeps: flagged
+# ... beyond the baseline and a quarter of it: the runtime's own pools are noisy where they are busy. On a 32-core GPU
+# host (H200, 2026-11-28, two test processes at once) the lab's L1 left 196 ms of other threads' CPU in the 50 ms
+# pause and an honest kernel 231 ms, which the half-core margin alone flagged.
+BACKGROUND_BASELINE_SLACK = 0.25
+BACKGROUND_TRIES = 3  # the smallest of these pauses counts: spikes pass, work left running does not
 TIMED_SAMPLES = 8
 # device work past the caller's stream: flagged beyond 4 us + 1 % of the work inside its events (an honest call's excess
 # is the lag of one event record and the timers' granularity, ~1 us; see StreamSpan)
@@ -162,9 +167,9 @@ class Guard:
             self.add(name, "fail" if name in found else "pass", found.get(name, ok))
 
     def _after(self, f: Callable[..., object], inputs: tuple) -> float:
-        """Other threads' CPU seconds in a pause right after two calls of f (the smaller of two tries)."""
+        """Other threads' CPU seconds in a pause right after two calls of f (the smallest of BACKGROUND_TRIES)."""
         tries = []
-        for _ in range(2):
+        for _ in range(BACKGROUND_TRIES):
             f(*inputs)
             f(*inputs)
             sync(self.device)
@@ -179,7 +184,7 @@ class Guard:
     def _background(self, fn: Callable[..., torch.Tensor], inputs: tuple, baseline: float) -> None:
         busy = self._after(fn, inputs)
         window_ms = BACKGROUND_WINDOW_S * 1e3
-        if busy - baseline > BACKGROUND_CPU_FRACTION * BACKGROUND_WINDOW_S:
+        if background_flagged(busy, baseline):
             self.add("background_cpu", "flag", f"other threads used {busy * 1e3:.0f} ms of CPU during a "
                                                f"{window_ms:.0f} ms pause after the calls ({baseline * 1e3:.0f} ms "
                                                "after the lab's L1)")
@@ -348,6 +353,13 @@ def watch_threads() -> Iterator[Callable[[], int]]:
     finally:
         after[0] = threading.active_count()
         threading.Thread.start = original  # type: ignore[method-assign]
+
+
+def background_flagged(busy_s: float, baseline_s: float) -> bool:
+    """Other threads' CPU seconds in the pause after a kernel's calls (busy_s) past what they use after the lab's L1
+    (baseline_s) by more than half a core of the window plus a quarter of the baseline."""
+    allowed = BACKGROUND_CPU_FRACTION * BACKGROUND_WINDOW_S + BACKGROUND_BASELINE_SLACK * baseline_s
+    return busy_s - baseline_s > allowed
 
 
 def background_cpu_s(window_s: float) -> float:

@@ -493,7 +493,7 @@ import torch
 from engine.kernels import cuda_levels as cl
 q = torch.randn(1, 1, 16, 64, device="cuda", dtype=torch.float16)
 try:
-    cl._ops().attention(q, q, q, False, 0.125, 8)
+    cl._ops().attention(q, q, q, False, 0.125, 9)
 except RuntimeError as e:
     print("RAISED", str(e).splitlines()[0])
 """
@@ -517,4 +517,4 @@ def test_cuda_errors_surface_as_exceptions():
     done = subprocess.run([sys.executable, "-c", _DIRECT_CALL], env=env, capture_output=True, text=True, timeout=600,
                           cwd=str(native.REPO_ROOT))
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "RAISED" in done.stdout and "variant 8" in done.stdout, done.stdout
+    assert "RAISED" in done.stdout and "variant 9" in done.stdout, done.stdout

@@ -167,18 +167,17 @@ def test_cli_tables_show_graph_time_and_stages(store: Store) -> None:
 
 
 def test_the_cuda_level_names_the_attention_kernel_it_runs() -> None:
-    """L5's notes say which attention kernel this GPU gets: FlashAttention-3's design (TMA, warp-specialised wgmma,
-    variant 7) for D=128 on compute capability 9.0 (where it is built), mma.sync everywhere else (ViT's D=64
-    included); building the level needs no GPU, only running it."""
+    """L5's notes say which attention kernel this GPU gets: FlashAttention-3's design (TMA, warp-specialised wgmma)
+    with its TMA-stored epilogue, variant 8, on compute capability 9.0 (where it is built: D=128 and the ViT's D=64),
+    mma.sync everywhere else; building the level needs no GPU, only running it."""
     import torch
 
     from engine.levels.builders import _cuda
 
     hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-    mma_sync = "mma.sync kernel, tile variant"
-    for name, shape, expected in (("causal_attention", "S=4096",
-                                   "TMA + warp-specialised wgmma kernel, variant 7" if hopper else mma_sync),
-                                  ("vit_patch_attention", "ViT-B/16", mma_sync)):
+    expected = "TMA + warp-specialised wgmma kernel with a TMA-stored output, variant 8" if hopper else \
+        "mma.sync kernel, tile variant"
+    for name, shape in (("causal_attention", "S=4096"), ("vit_patch_attention", "ViT-B/16")):
         component = COMPONENTS[name]
         built = _cuda(component, component.shapes[shape], component.make_naive(component.shapes[shape]), "cuda")
         assert any(n.startswith(f"attention: {expected}") for n in built.notes), built.notes
@@ -186,7 +185,7 @@ def test_the_cuda_level_names_the_attention_kernel_it_runs() -> None:
 
 def test_every_level_names_source_files_that_exist() -> None:
     """The page shows each level's source: every path a level names is in the repository, and the L5 attention's
-    list starts with the kernel it runs on Hopper (variant 7, attention_ws.cu)."""
+    list starts with the kernel it runs on Hopper (variants 7 and 8, attention_ws.cu)."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[3]

@@ -81,6 +81,15 @@ def test_a_planted_cheat_fails_its_run_with_its_verdict(cheat: str) -> None:
     assert str(caught.value).splitlines()[0] == CHEATS[cheat]
 
 
+def test_the_background_guard_allows_for_a_noisy_baseline_but_not_a_spinning_thread() -> None:
+    from engine.levels.guards import BACKGROUND_WINDOW_S, background_flagged
+
+    assert not background_flagged(0.231, 0.196)  # the GPU host's noise (2026-11-28): an honest kernel
+    assert not background_flagged(0.020, 0.0)
+    assert background_flagged(BACKGROUND_WINDOW_S, 0.0)  # one thread spinning through the whole pause
+    assert background_flagged(0.196 + 0.11, 0.196)  # two more cores busy beside the noise
+
+
 def test_work_left_running_on_a_raw_thread_is_flagged() -> None:
     result = _run("user_cheats:spins_after")
     assert {m.name: m.value for m in result.metrics}["guard_background_cpu"] == 0.0
