@@ -13,7 +13,7 @@ part=${1:-list}; out=${2:-${OUT:-/tmp/out}}
 parts() {
   cat <<'EOF'
 env            what the machine has: GPU, driver, torch, Triton, nvcc
-tests          the GPU suite (the selection `make test-gpu` runs)
+tests          the GPU suite (`make test-gpu`'s selection), its three slices spread over the machine's GPUs
 ceilings       the device ceilings every "% of" divides by: copy bandwidth, matmul rates, launch costs
 mlp            house-price MLP in eager, cuda-graph, triton, cuda: per-call and loop (back-to-back) medians
 bench-all      `bench --mode all --device cuda` twice (cold, then warm): each run's seconds
@@ -61,8 +61,28 @@ case $part in
        python3 -c "import torch, triton; print('torch', torch.__version__, '· Triton', triton.__version__, '·',
          torch.cuda.get_device_name(), torch.cuda.get_device_capability())"
        nvcc --version 2>/dev/null | tail -1 ;;
-  tests) t python3 -m pytest -q -p no:cacheprovider tests/engine \
-           -k "${GPU_TESTS:-cuda or gpu or triton or gemv or decode or levels or llm}" 2>&1 | tail -15 ;;
+  tests) # the Makefile's three slices (and its selection), one per GPU at once where the machine has several; each
+         # GPU's slices get their own build dir, device-lock dir and store; SUITE_LIMIT bounds each slice (SIGINT:
+         # pytest still prints what ran)
+         gpus=$(nvidia-smi -L | wc -l); [ "$gpus" -ge 1 ] || gpus=1
+         sel=$(sed -n 's/^GPU_TESTS ?= //p' Makefile)
+         slices=("kernels:tests/engine/kernels" "levels:tests/engine/levels"
+                 "rest:tests/engine --ignore=tests/engine/kernels --ignore=tests/engine/levels")
+         for g in $(seq 0 $((gpus - 1))); do
+           ( for i in "${!slices[@]}"; do
+               [ $((i % gpus)) -eq "$g" ] || continue
+               name=${slices[$i]%%:*}; paths=${slices[$i]#*:}
+               # shellcheck disable=SC2086 - the slice's paths and --ignore options split on purpose
+               CUDA_VISIBLE_DEVICES=$g MODELAB_BUILD_DIR=/tmp/mb$g MODELAB_LOCK_DIR=/tmp/lock$g RESULTS_DB="$out/tests$g.duckdb" \
+                 timeout -s INT "${SUITE_LIMIT:-3000}" python3 -m pytest -q -rfE -p no:cacheprovider --durations=8 \
+                 $paths -k "$sel" >"$out/tests_$name.log" 2>&1
+               echo "rc $?" >>"$out/tests_$name.log"
+             done ) &
+         done
+         wait
+         for s_ in "${slices[@]}"; do
+           echo "== ${s_%%:*}"; grep -E "passed|failed|FAILED|ERROR|^rc " "$out/tests_${s_%%:*}.log" | tail -8
+         done ;;
   ceilings) t python3 -m engine ceilings --device cuda ;;
   mlp) t python3 -m engine ceilings --device cuda >"$out/ceilings.log" 2>&1
        t python3 -m engine bench --mode eager,cuda-graph,triton,cuda --device cuda --iters 200 >"$out/mlp.log" 2>&1
