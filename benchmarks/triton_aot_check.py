@@ -87,6 +87,12 @@ def jobs(arch: int):
                {**split_sig, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32"},
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split, "BLOCK_S": block_s, "PDL": pdl,
                 "FROM_QKV": True, "USE_DOT": dot}, split_warps)
+        # one split over the whole cache (a cache of at most SPLIT positions): the split kernel writes the output
+        final_sig = {k: v for k, v in split_sig.items() if k not in ("m_ptr", "l_ptr", "o_ptr")}
+        yield (f"decode_attention one split+rope {preset}", da._split_kernel,
+               {**final_sig, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32", "out_ptr": "*bf16"},
+               {"m_ptr": None, "l_ptr": None, "o_ptr": None, "REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split,
+                "BLOCK_S": block_s, "PDL": pdl, "FROM_QKV": True, "USE_DOT": dot, "FINAL": True}, split_warps)
         yield (f"decode_attention combine {preset}", da._combine_kernel, combine_sig,
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLITS_PAD": 1 << (640 // split - 1).bit_length(),
                 "PDL": pdl}, 4)  # the splits of the lab's P + N = 640 cached positions
