@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -41,23 +42,47 @@ def _rope(ptr, dims, rot, sign, cos, sin, mask):
 
 
 @triton.jit
+def _prefetch_l2(table_ptr, N_PF: tl.constexpr, program, programs):
+    """This program's share of N_PF regions into L2: the table holds (address, bytes) per region (bytes a multiple
+    of 16); program i of `programs` issues one bulk prefetch (sm_90 TMA, `cp.async.bulk.prefetch.L2`, from thread 0:
+    no registers, no wait) of slice i of each region."""
+    for r in tl.static_range(N_PF):
+        addr = tl.load(table_ptr + 2 * r)
+        size = tl.load(table_ptr + 2 * r + 1)
+        share = ((size + programs - 1) // programs + 15) // 16 * 16
+        start = program.to(tl.int64) * share
+        length = tl.minimum(share, tl.maximum(size - start, 0))
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p, q; .reg .u32 t; mov.u32 t, %tid.x; setp.ne.u32 q, $3, 0; setp.eq.and.u32 p, t, 0, q; "
+            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r,r", [addr + start, length.to(tl.uint32), (length > 0).to(tl.uint32)], dtype=tl.int32,
+            is_pure=False, pack=1)
+
+
+@triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
                   KVH, S_MAX, NUM_SPLITS,
                   REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
                   BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
                   FROM_QKV: tl.constexpr = False, cos_ptr=None, sin_ptr=None, QKV_ROW=0,
-                  USE_DOT: tl.constexpr = False, out_ptr=None, FINAL: tl.constexpr = False):
+                  USE_DOT: tl.constexpr = False, out_ptr=None, FINAL: tl.constexpr = False,
+                  pf_ptr=None, N_PF: tl.constexpr = 0, PF_EARLY: tl.constexpr = True):
     """FROM_QKV: q_ptr is the qkv projection's output row per sequence, [q heads | k heads | v heads] before
     RoPE; each program applies RoPE to its q rows, and the program whose split holds the new position also applies it
     to that position's k and writes k and v into the cache (no other program reads that position).
     USE_DOT (compiled, 16-bit cache, REP_PAD ≥ 16): both products on the tensor cores, the query rows padded to 16
     and P rounded to the cache's dtype for P·V (as flash attention does); else fp32 broadcast-multiply-and-sum.
     FINAL (one split covers the whole cache): the program normalises its rows and writes the attention output to
-    out_ptr itself, so no combine kernel runs."""
+    out_ptr itself, so no combine kernel runs.
+    N_PF > 0 (sm_90, an experiment: benchmarks/decode_prefetch_bench.py): the programs prefetch N_PF regions of
+    memory into L2 (pf_ptr: their (address, bytes) table) — the weights of the products after the attention, while
+    DRAM would otherwise idle through its latency-bound chain — at the start (PF_EARLY) or after their stores."""
     bk = tl.program_id(0)  # b * KVH + kv head
     split = tl.program_id(1)
     if PDL:  # programmatic dependent launch: the next kernel may start once every program here has
         tl.extra.cuda.gdc_launch_dependents()
+    if N_PF and PF_EARLY:  # weights depend on nothing: before the wait
+        _prefetch_l2(pf_ptr, N_PF, bk * NUM_SPLITS + split, tl.num_programs(0) * NUM_SPLITS)
     length = tl.load(pos_ptr) + 1  # positions 0 .. input_pos are valid
     rows = tl.arange(0, REP_PAD)
     dims = tl.arange(0, D)
@@ -139,6 +164,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
         tl.store(m_ptr + out, m_i)
         tl.store(l_ptr + out, l_i)
         tl.store(o_ptr + out[:, None] * D + dims[None, :], acc)
+    if N_PF and not PF_EARLY:
+        _prefetch_l2(pf_ptr, N_PF, bk * NUM_SPLITS + split, tl.num_programs(0) * NUM_SPLITS)
 
 
 @triton.jit
@@ -199,9 +226,11 @@ def decode_attention_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 
 def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: torch.Tensor, b: int, h: int, d: int,
-            rope: dict | None = None, tile: tuple[int, int, int] | None = None) -> torch.Tensor:
+            rope: dict | None = None, tile: tuple[int, int, int] | None = None,
+            prefetch: Prefetch | None = None) -> torch.Tensor:
     """Both kernels over q (B, H·D: q rows, or with `rope` the qkv rows) and the cache → (B, H, 1, D). `tile`
-    (SPLIT, BLOCK_S, num_warps of the split kernel) forces one (benchmarks/decode_attention_bench.py's sweep)."""
+    (SPLIT, BLOCK_S, num_warps of the split kernel) forces one (benchmarks/decode_attention_bench.py's sweep);
+    `prefetch` has the split kernel prefetch memory into L2 on sm_90 (ignored elsewhere: a hint, no result changes)."""
     _, kvh, s_max, _ = k_c.shape
     rep = h // kvh
     interpreted = is_interpreted(_split_kernel)
@@ -220,6 +249,8 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     pdl = {} if interpreted or not pdl_enabled(q.device) else {"PDL": True, "launch_pdl": True}
     args = (1.0 / math.sqrt(d), kvh, s_max, num_splits)
     consts = dict(REP=rep, REP_PAD=rep_pad, D=d, **tiles, num_warps=warps, **pdl, **(rope or {}), USE_DOT=use_dot)
+    if prefetch is not None and prefetch.regions and not interpreted and _major(q.device) >= 9:
+        consts.update(pf_ptr=prefetch.table, N_PF=prefetch.regions, PF_EARLY=prefetch.early)
     if num_splits == 1:  # one program per kv head walks the whole cache and writes the output: no combine
         _split_kernel[(b * kvh, 1)](q, k_c, v_c, pos, None, None, None, *args, **consts, out_ptr=out, FINAL=True)
         return out
@@ -230,6 +261,36 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     _combine_kernel[(b * h,)](m, l, o, out, num_splits, REP=rep, REP_PAD=rep_pad, D=d,
                               SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4, **pdl)
     return out
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    """Memory the split kernel prefetches into L2 (sm_90): `table` (regions, 2) int64 on the device — each region's
+    address and bytes — built once, outside any CUDA graph capture, by `prefetch_table`; `early`: at the programs'
+    start, else after their stores."""
+    table: torch.Tensor
+    regions: int
+    early: bool = True
+
+
+def prefetch_table(tensors: list[torch.Tensor], max_bytes: int | None = None, early: bool = True) -> Prefetch:
+    """The tensors' storage in order, at most `max_bytes` in all (the last one cut short), each region's bytes
+    rounded down to a multiple of 16 (the bulk prefetch's unit)."""
+    rows, left = [], max_bytes if max_bytes is not None else sum(t.numel() * t.element_size() for t in tensors)
+    for t in tensors:
+        if not t.is_contiguous():
+            raise ValueError(f"prefetch: a tensor of shape {tuple(t.shape)} is not contiguous")
+        size = min(t.numel() * t.element_size(), left) // 16 * 16
+        if size > 0:
+            rows.append((t.data_ptr(), size))
+            left -= size
+    device = tensors[0].device if tensors else torch.device("cpu")
+    table = torch.tensor(rows or [(0, 0)], dtype=torch.int64, device=device)
+    return Prefetch(table=table, regions=len(rows), early=early)
+
+
+def _major(device: torch.device) -> int:
+    return torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 0
 
 
 TILE_ENV = "MODELAB_DECODE_ATTENTION_TILE"
@@ -254,8 +315,8 @@ def tile_from_env() -> tuple[int, int, int] | None:
 
 
 def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                             v_cache: torch.Tensor, input_pos: torch.Tensor, tile: tuple[int, int, int] | None = None
-                             ) -> torch.Tensor:
+                             v_cache: torch.Tensor, input_pos: torch.Tensor, tile: tuple[int, int, int] | None = None,
+                             prefetch: Prefetch | None = None) -> torch.Tensor:
     """The decode step's attention from the qkv projection's output (B, 1, (H + 2·KVH)·D), before RoPE: RoPE on q
     and the new k (cos, sin: the rotary tables, (positions ≥ S_max, D), read at input_pos[-1] on the device, so no
     indexing kernel runs per step), k and v written into the cache at input_pos[-1], then
@@ -279,7 +340,7 @@ def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Te
         raise ValueError("the cache must be contiguous: it is written in place")
     rope = {"FROM_QKV": True, "cos_ptr": cos.contiguous(), "sin_ptr": sin.contiguous(),
             "QKV_ROW": qkv.shape[-1]}
-    return _attend(qkv.reshape(b, -1).contiguous(), k_cache, v_cache, input_pos, b, h, d, rope, tile)
+    return _attend(qkv.reshape(b, -1).contiguous(), k_cache, v_cache, input_pos, b, h, d, rope, tile, prefetch)
 
 
 @torch.library.custom_op("modelab::decode_attention_qkv", mutates_args=("k_cache", "v_cache"))

@@ -86,11 +86,12 @@ def test_a_decoder_on_the_kernel_decodes_like_sdpa() -> None:
 def test_the_llm_kernels_compile_for_the_h100_without_one(aot_check_rows) -> None:
     """The interpreter never lowers to the GPU: compile every tile of the GEMV (plain, +norm, +residual,
     +norm +swiglu), the decode-attention kernels (split, split with RoPE and the cache write, the same as one split
-    writing the output, combine) and the argmax's three for sm_90 with Triton's own ptxas
+    writing the output, the same with the L2 prefetch early and late, combine) and the argmax's three for sm_90 with
+    Triton's own ptxas
     (benchmarks/triton_aot_check.py), in a process without TRITON_INTERPRET, cache empty. No kernel spills (a stack
     frame in a kernel without calls)."""
     rows = aot_check_rows()
-    assert len(rows) == 8 + 3 + 4 * 12 and all(line.endswith("ok") for line in rows), rows
+    assert len(rows) == 10 + 3 + 4 * 12 and all(line.endswith("ok") for line in rows), rows
     argmax = [line for line in rows if line.startswith("argmax")]
     assert len(argmax) == 3 and all(line.split()[-3] == "0" for line in argmax), argmax  # stack bytes
 
@@ -186,3 +187,40 @@ def test_a_fused_decoder_with_rope_in_the_kernel_decodes_like_the_original() -> 
     for out in (got, graphed):
         assert torch.equal(out.tokens, ref.tokens)
         assert max(rel_err(a, b.double()) for a, b in zip(out.logits, ref.logits)) < 1e-5
+
+
+def test_the_prefetch_table_lists_each_region_once_cut_to_the_budget_in_16_byte_units() -> None:
+    a = torch.zeros(1003, dtype=torch.bfloat16)  # 2006 bytes: 2000 in 16-byte units
+    b = torch.zeros(64, 64, dtype=torch.bfloat16)  # 8192 bytes
+    whole = da.prefetch_table([a, b])
+    assert whole.regions == 2 and whole.early
+    assert whole.table.tolist() == [[a.data_ptr(), 2000], [b.data_ptr(), 8192]]
+    cut = da.prefetch_table([a, b], max_bytes=3000, early=False)
+    assert cut.table.tolist() == [[a.data_ptr(), 2000], [b.data_ptr(), 992]] and not cut.early
+    assert da.prefetch_table([a, b], max_bytes=1000).table.tolist() == [[a.data_ptr(), 992]]
+    assert da.prefetch_table([a], max_bytes=8).regions == 0
+    with pytest.raises(ValueError, match="not contiguous"):
+        da.prefetch_table([b.t()])
+
+
+def test_a_prefetch_changes_nothing_in_the_result() -> None:
+    """The L2 prefetch is a hint (sm_90 only; skipped by the interpreter and other GPUs): the attention and the cache
+    come out bit for bit the same with it."""
+    from dataclasses import replace
+
+    from engine.workloads.llama import preset, rope_tables
+
+    h, kvh, d, s = 8, 2, 16, 40
+    cos, sin = (t.to(DEVICE, torch.bfloat16) for t in rope_tables(replace(preset("tiny"), dim=h * d, heads=h,
+                                                                            kv_heads=kvh), s))
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(1, 1, (h + 2 * kvh) * d, generator=gen).to(DEVICE, torch.bfloat16)
+    caches = [torch.randn(1, kvh, s, d, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(2)]
+    weights = torch.randn(256, 64, generator=gen).to(DEVICE, torch.bfloat16)
+    pos = torch.tensor([21], device=DEVICE)
+    outs = []
+    for prefetch in (None, da.prefetch_table([weights]), da.prefetch_table([weights], early=False)):
+        k, v = (c.clone() for c in caches)
+        outs.append((da.decode_attention_qkv_fwd(qkv, cos, sin, k, v, pos, prefetch=prefetch), k, v))
+    for out, k, v in outs[1:]:
+        assert torch.equal(out, outs[0][0]) and torch.equal(k, outs[0][1]) and torch.equal(v, outs[0][2])
