@@ -378,6 +378,7 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
 
         for layer in model.layers:
             layer.self_attn.decode_attn_qkv = decode_attention_qkv
+        _prefetch_next_weights(model, notes)
         notes.append("decode step: RMSNorm inside the qkv, gate_up and lm_head GEMVs, SwiGLU in the gate_up GEMV's "
                      "epilogue, residual adds inside the o and down GEMVs (engine.kernels.triton.gemv.norm_linear / "
                      "norm_swiglu / linear_add); RoPE and the KV-cache write inside the decode attention "
@@ -431,6 +432,30 @@ def _next_token_kernel(mode: LLMMode, notes: list[str]) -> Callable[[torch.Tenso
     notes.append("next token: the Triton argmax (engine/kernels/triton/argmax.py; MODELAB_TRITON_ARGMAX=0 for "
                  "torch's), after the compiled forward in the step's CUDA graph")
     return torch.ops.modelab.argmax_rows
+
+
+def _prefetch_next_weights(model: LlamaDecoder, notes: list[str]) -> None:
+    """MODELAB_DECODE_PREFETCH_MB (decode_attention.prefetch_from_env): each layer's decode attention also prefetches
+    up to that many bytes of the layer's o and gate_up weights into L2 (bf16 products only: a quantized one reads
+    its own buffers). An experiment, off by default."""
+    from engine.kernels.triton import decode_attention as da
+
+    wanted = da.prefetch_from_env()
+    if wanted is None:
+        return
+    size, early = wanted
+    wired = 0
+    for layer in model.layers:
+        o, gate_up = layer.self_attn.o_proj, layer.mlp.gate_up_proj
+        if not (isinstance(o, torch.nn.Linear) and isinstance(gate_up, torch.nn.Linear)):
+            continue
+        pf = da.prefetch_table([o.weight, gate_up.weight], size, early)
+        layer.self_attn.decode_attn_qkv = functools.partial(da.decode_attention_qkv_prefetch, table=pf.table,
+                                                            regions=pf.regions, early=pf.early)
+        wired += 1
+    notes.append(f"decode attention: {wired} of {len(model.layers)} layers prefetch up to {size / 2**20:g} MB of "
+                 f"their o and gate_up weights into L2 ({'early' if early else 'after the stores'}; "
+                 f"{da.PREFETCH_ENV}, sm_90 only)")
 
 
 def _no_pick(logits: torch.Tensor) -> torch.Tensor:

@@ -356,6 +356,42 @@ def _(qkv, cos, sin, k_cache, v_cache, input_pos):
     return qkv.new_empty(qkv.shape[0], qkv.shape[-1] // d - 2 * kvh, 1, d)
 
 
+@torch.library.custom_op("modelab::decode_attention_qkv_prefetch", mutates_args=("k_cache", "v_cache"))
+def decode_attention_qkv_prefetch(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                                  v_cache: torch.Tensor, input_pos: torch.Tensor, table: torch.Tensor, regions: int,
+                                  early: bool) -> torch.Tensor:
+    """decode_attention_qkv whose split kernel also prefetches `regions` rows of `table` into L2 (Prefetch)."""
+    return decode_attention_qkv_fwd(qkv, cos, sin, k_cache, v_cache, input_pos,
+                                    prefetch=Prefetch(table=table, regions=regions, early=early))
+
+
+@decode_attention_qkv_prefetch.register_fake
+def _(qkv, cos, sin, k_cache, v_cache, input_pos, table, regions, early):
+    d, kvh = k_cache.shape[3], k_cache.shape[1]
+    return qkv.new_empty(qkv.shape[0], qkv.shape[-1] // d - 2 * kvh, 1, d)
+
+
+PREFETCH_ENV = "MODELAB_DECODE_PREFETCH_MB"
+
+
+def prefetch_from_env() -> tuple[int, bool] | None:
+    """MODELAB_DECODE_PREFETCH_MB=MB[,late]: the triton-fused step's decode attention prefetches up to MB of each
+    layer's o and gate_up weights into L2 (sm_90; early unless ",late"). None where unset or 0 (the default: not
+    yet measured in the step, benchmarks/decode_prefetch_bench.py)."""
+    raw = os.environ.get(PREFETCH_ENV, "").strip()
+    if raw in ("", "0"):
+        return None
+    mb, _, where = raw.partition(",")
+    try:
+        size = float(mb)
+    except ValueError:
+        size = -1.0
+    if not 0 < size <= 1024 or where not in ("", "early", "late"):
+        raise ValueError(f"{PREFETCH_ENV}={raw!r}: want MB (0 < MB ≤ 1024) with an optional ',late' or ',early' "
+                         "(e.g. 24 or 24,late), or 0 for none")
+    return int(size * 2**20), where != "late"
+
+
 @torch.library.custom_op("modelab::decode_attention", mutates_args=())
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, input_pos: torch.Tensor
                      ) -> torch.Tensor:

@@ -224,3 +224,47 @@ def test_a_prefetch_changes_nothing_in_the_result() -> None:
         outs.append((da.decode_attention_qkv_fwd(qkv, cos, sin, k, v, pos, prefetch=prefetch), k, v))
     for out, k, v in outs[1:]:
         assert torch.equal(out, outs[0][0]) and torch.equal(k, outs[0][1]) and torch.equal(v, outs[0][2])
+
+
+def test_the_prefetch_switch_wires_every_layer_and_decodes_the_same_tokens_compiled(monkeypatch) -> None:
+    """MODELAB_DECODE_PREFETCH_MB: triton-fused's layers call the prefetching attention op (its table listing the
+    layer's o and gate_up weights), the notes say so, and the step — eager and compiled with fullgraph — decodes
+    the tokens the plain model does; a malformed value is refused with the form."""
+    import functools
+
+    from engine.llm import modes
+    from engine.llm.generate import Decoder, generate, step_fn
+    from engine.workloads.llama import build_model, preset
+
+    cfg = preset("tiny")
+    model = build_model(cfg, DEVICE, torch.float32, seed=5).eval()
+    model.setup_cache(1, 24)
+    prompt = torch.randint(0, cfg.vocab, (1, 8), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    monkeypatch.setenv(da.PREFETCH_ENV, "0.5,late")
+    with torch.no_grad():
+        ref = generate(step_fn(model), Decoder(step_fn(model)), prompt, 5)
+        model.fuse_projections()
+        model.set_fused_ops(__import__("engine.kernels.triton.gemv", fromlist=["FusedDecodeOps"]).FusedDecodeOps)
+        notes: list[str] = []
+        modes._prefetch_next_weights(model, notes)
+        got = generate(step_fn(model), Decoder(step_fn(model)), prompt, 5)
+        torch._dynamo.reset()
+        compiled = torch.compile(step_fn(model), fullgraph=True, backend="aot_eager")
+        graphed = generate(step_fn(model), Decoder(compiled), prompt, 5)
+    layer = model.layers[0]
+    call = layer.self_attn.decode_attn_qkv
+    assert isinstance(call, functools.partial) and call.func is da.decode_attention_qkv_prefetch
+    o, gate_up = layer.self_attn.o_proj.weight, layer.mlp.gate_up_proj.weight
+    assert call.keywords["table"].tolist() == [[o.data_ptr(), o.numel() * 4],
+                                               [gate_up.data_ptr(), min(gate_up.numel() * 4, 2**19 - o.numel() * 4)]]
+    assert call.keywords["regions"] == 2 and call.keywords["early"] is False
+    assert notes == [f"decode attention: {cfg.layers} of {cfg.layers} layers prefetch up to 0.5 MB of their o and "
+                     f"gate_up weights into L2 (after the stores; {da.PREFETCH_ENV}, sm_90 only)"]
+    for out in (got, graphed):
+        assert torch.equal(out.tokens, ref.tokens)
+    for raw in ("x", "-3", "24,soon", "2000"):
+        monkeypatch.setenv(da.PREFETCH_ENV, raw)
+        with pytest.raises(ValueError, match=da.PREFETCH_ENV):
+            da.prefetch_from_env()
+    monkeypatch.setenv(da.PREFETCH_ENV, "0")
+    assert da.prefetch_from_env() is None
