@@ -436,26 +436,23 @@ def _next_token_kernel(mode: LLMMode, notes: list[str]) -> Callable[[torch.Tenso
 
 def _prefetch_next_weights(model: LlamaDecoder, notes: list[str]) -> None:
     """MODELAB_DECODE_PREFETCH_MB (decode_attention.prefetch_from_env): each layer's decode attention also prefetches
-    up to that many bytes of the layer's o and gate_up weights into L2 (bf16 products only: a quantized one reads
-    its own buffers). An experiment, off by default."""
+    up to that many bytes of what the layer's o and gate_up products read (gemv.read_buffers: weights, or codes and
+    scales) into L2. An experiment, off by default. Called after the mode's quantization (the buffers it lists must
+    be the ones the products read)."""
     from engine.kernels.triton import decode_attention as da
+    from engine.kernels.triton.gemv import read_buffers
 
     wanted = da.prefetch_from_env()
     if wanted is None:
         return
     size, early = wanted
-    wired = 0
     for layer in model.layers:
-        o, gate_up = layer.self_attn.o_proj, layer.mlp.gate_up_proj
-        if not (isinstance(o, torch.nn.Linear) and isinstance(gate_up, torch.nn.Linear)):
-            continue
-        pf = da.prefetch_table([o.weight, gate_up.weight], size, early)
+        regions = read_buffers(layer.self_attn.o_proj) + read_buffers(layer.mlp.gate_up_proj)
+        pf = da.prefetch_table(regions, size, early)
         layer.self_attn.decode_attn_qkv = functools.partial(da.decode_attention_qkv_prefetch, table=pf.table,
                                                             regions=pf.regions, early=pf.early)
-        wired += 1
-    notes.append(f"decode attention: {wired} of {len(model.layers)} layers prefetch up to {size / 2**20:g} MB of "
-                 f"their o and gate_up weights into L2 ({'early' if early else 'after the stores'}; "
-                 f"{da.PREFETCH_ENV}, sm_90 only)")
+    notes.append(f"decode attention: every layer prefetches up to {size / 2**20:g} MB of what its o and gate_up "
+                 f"products read into L2 ({'early' if early else 'after the stores'}; {da.PREFETCH_ENV}, sm_90 only)")
 
 
 def _no_pick(logits: torch.Tensor) -> torch.Tensor:

@@ -258,8 +258,8 @@ def test_the_prefetch_switch_wires_every_layer_and_decodes_the_same_tokens_compi
     assert call.keywords["table"].tolist() == [[o.data_ptr(), o.numel() * 4],
                                                [gate_up.data_ptr(), min(gate_up.numel() * 4, 2**19 - o.numel() * 4)]]
     assert call.keywords["regions"] == 2 and call.keywords["early"] is False
-    assert notes == [f"decode attention: {cfg.layers} of {cfg.layers} layers prefetch up to 0.5 MB of their o and "
-                     f"gate_up weights into L2 (after the stores; {da.PREFETCH_ENV}, sm_90 only)"]
+    assert notes == [f"decode attention: every layer prefetches up to 0.5 MB of what its o and gate_up products read "
+                     f"into L2 (after the stores; {da.PREFETCH_ENV}, sm_90 only)"]
     for out in (got, graphed):
         assert torch.equal(out.tokens, ref.tokens)
     for raw in ("x", "-3", "24,soon", "2000"):
