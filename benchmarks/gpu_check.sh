@@ -25,7 +25,7 @@ argmax         the next token's argmax alone (argmax_bench.py), then 1B and 7B t
                the Triton one (MODELAB_TRITON_ARGMAX=0/1)
 decode-path    1B triton-fused and triton-int4-wo profiled: each decode kernel's time on the critical path per step
 prefetch       the 1B layer loop with the decode attention prefetching the next weights into L2, against without;
-               then the 1B triton-fused step with MODELAB_DECODE_PREFETCH_MB off and on (PREFETCH_MB)
+               then the 1B triton-fused and int4 steps with MODELAB_DECODE_PREFETCH_MB off and on (PREFETCH_MB)
 llm-1b-all     1B, every LLM mode, prepared side by side and timed alone: total seconds and each run's phase timeline
 levels         every kernel level of the three components at their real shapes
 cuda-levels    the L5 CUDA kernels: build (ptxas registers), checks, timings against torch (cuda_levels_gpu.py)
@@ -137,9 +137,9 @@ case $part in
                  WHERE o.device = 'cuda' AND o.phase = 'decode' AND r.kind = 'llm' ORDER BY r.id, o.self_us DESC" ;;
   prefetch) t timeout 300 python3 benchmarks/decode_prefetch_bench.py >"$out/prefetch.log" 2>&1; tail -12 "$out/prefetch.log"
             for mb in ${PREFETCH_MB:-0 24 0 24}; do  # then in the step, interleaved with it off
-              MODELAB_DECODE_PREFETCH_MB=$mb t timeout 150 llm --preset 1B --no-profile --mode triton-fused \
+              MODELAB_DECODE_PREFETCH_MB=$mb t timeout 150 llm --preset 1B --no-profile --mode triton-fused,triton-int4-wo \
                 >"$out/prefetch_step_$mb.log" 2>&1
-              echo "MODELAB_DECODE_PREFETCH_MB=$mb"; tail -4 "$out/prefetch_step_$mb.log" | head -2
+              echo "MODELAB_DECODE_PREFETCH_MB=$mb"; grep -E "^ +[0-9]+ +triton" "$out/prefetch_step_$mb.log"
             done ;;
   llm-1b-all) t timeout 580 python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --mode all \
                 --device cuda >"$out/llm1b_all.log" 2>&1; tail -30 "$out/llm1b_all.log"
