@@ -274,15 +274,17 @@ class Prefetch:
 
 
 def prefetch_table(tensors: list[torch.Tensor], max_bytes: int | None = None, early: bool = True) -> Prefetch:
-    """The tensors' storage in order, at most `max_bytes` in all (the last one cut short), each region's bytes
-    rounded down to a multiple of 16 (the bulk prefetch's unit)."""
+    """The tensors' storage in order, at most `max_bytes` in all (the last one cut short), each region starting at a
+    16-byte boundary and its bytes a multiple of 16 (the bulk prefetch's alignment and unit; a view that starts
+    between boundaries loses its first few bytes)."""
     rows, left = [], max_bytes if max_bytes is not None else sum(t.numel() * t.element_size() for t in tensors)
     for t in tensors:
         if not t.is_contiguous():
             raise ValueError(f"prefetch: a tensor of shape {tuple(t.shape)} is not contiguous")
-        size = min(t.numel() * t.element_size(), left) // 16 * 16
+        start = -(-t.data_ptr() // 16) * 16
+        size = min(t.data_ptr() + t.numel() * t.element_size() - start, left) // 16 * 16
         if size > 0:
-            rows.append((t.data_ptr(), size))
+            rows.append((start, size))
             left -= size
     device = tensors[0].device if tensors else torch.device("cpu")
     table = torch.tensor(rows or [(0, 0)], dtype=torch.int64, device=device)

@@ -199,6 +199,8 @@ def test_the_prefetch_table_lists_each_region_once_cut_to_the_budget_in_16_byte_
     assert cut.table.tolist() == [[a.data_ptr(), 2000], [b.data_ptr(), 992]] and not cut.early
     assert da.prefetch_table([a, b], max_bytes=1000).table.tolist() == [[a.data_ptr(), 992]]
     assert da.prefetch_table([a], max_bytes=8).regions == 0
+    view = b.reshape(-1)[3:]  # 8186 bytes from 6 past a 16-byte boundary: 8176 from the next boundary
+    assert da.prefetch_table([view]).table.tolist() == [[b.data_ptr() + 16, 8176]]
     with pytest.raises(ValueError, match="not contiguous"):
         da.prefetch_table([b.t()])
 
