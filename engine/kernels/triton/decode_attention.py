@@ -81,8 +81,6 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
     split = tl.program_id(1)
     if PDL:  # programmatic dependent launch: the next kernel may start once every program here has
         tl.extra.cuda.gdc_launch_dependents()
-    if N_PF and PF_EARLY:  # weights depend on nothing: before the wait
-        _prefetch_l2(pf_ptr, N_PF, bk * NUM_SPLITS + split, tl.num_programs(0) * NUM_SPLITS)
     length = tl.load(pos_ptr) + 1  # positions 0 .. input_pos are valid
     rows = tl.arange(0, REP_PAD)
     dims = tl.arange(0, D)
@@ -101,6 +99,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
         # the rotary tables' row for the new position: static tables, so also read before the wait
         cos = tl.load(cos_ptr + (length - 1) * D + dims).to(tl.float32)
         sin = tl.load(sin_ptr + (length - 1) * D + dims).to(tl.float32)
+    if N_PF and PF_EARLY:  # weights depend on nothing: before the wait, behind this program's own first loads
+        _prefetch_l2(pf_ptr, N_PF, bk * NUM_SPLITS + split, tl.num_programs(0) * NUM_SPLITS)
     if PDL:
         tl.extra.cuda.gdc_wait()
     if not FROM_QKV:  # the new position was written by the kernels just before: only after the wait
