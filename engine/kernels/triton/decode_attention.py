@@ -10,6 +10,11 @@ of cache in the 1B decode step). Here every (batch, kv head, split of SPLIT posi
                     writes the running max m, the sum l and the unnormalised output o (fp32) of its split;
     combine kernel — per (batch, head): out = Σ exp(m_i − M)·o_i / Σ exp(m_i − M)·l_i over the splits, M = max m_i.
 
+Where one split covers the whole (short) cache, the split kernel writes the output itself and no combine runs (a
+cache of 640 positions in one program per kv head measured 2.4× slower alone than the splits: docs/figures.md).
+Optionally (`Prefetch`, MODELAB_DECODE_PREFETCH_MB, an experiment) the split kernel also hands the TMA unit bulk L2
+prefetches of the next products' weights, so DRAM works while the attention's chain waits on latency.
+
 L = input_pos + 1 is read from a device tensor and the grids depend only on the static cache length, so a CUDA graph
 captures both kernels once for every position. Splits that start at or beyond L write m = −inf, l = 0 and add nothing.
 Compiled with a 16-bit cache, both products run on the tensor cores (tl.dot, the REP rows padded to 16); under the
