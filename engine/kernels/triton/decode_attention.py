@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.triton._common import is_interpreted, pdl_enabled
+from engine.kernels.triton._common import cuda_major, is_interpreted, pdl_enabled
 
 
 @triton.jit
@@ -254,7 +254,7 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     pdl = {} if interpreted or not pdl_enabled(q.device) else {"PDL": True, "launch_pdl": True}
     args = (1.0 / math.sqrt(d), kvh, s_max, num_splits)
     consts = dict(REP=rep, REP_PAD=rep_pad, D=d, **tiles, num_warps=warps, **pdl, **(rope or {}), USE_DOT=use_dot)
-    if prefetch is not None and prefetch.regions and not interpreted and _major(q.device) >= 9:
+    if prefetch is not None and prefetch.regions and not interpreted and cuda_major(q.device) >= 9:
         consts.update(pf_ptr=prefetch.table, N_PF=prefetch.regions, PF_EARLY=prefetch.early)
     if num_splits == 1:  # one program per kv head walks the whole cache and writes the output: no combine
         _split_kernel[(b * kvh, 1)](q, k_c, v_c, pos, None, None, None, *args, **consts, out_ptr=out, FINAL=True)
@@ -294,10 +294,6 @@ def prefetch_table(tensors: list[torch.Tensor], max_bytes: int | None = None, ea
     device = tensors[0].device if tensors else torch.device("cpu")
     table = torch.tensor(rows or [(0, 0)], dtype=torch.int64, device=device)
     return Prefetch(table=table, regions=len(rows), early=early)
-
-
-def _major(device: torch.device) -> int:
-    return torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 0
 
 
 TILE_ENV = "MODELAB_DECODE_ATTENTION_TILE"
