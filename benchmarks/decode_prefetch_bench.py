@@ -92,9 +92,10 @@ def main() -> int:
     x0 = torch.randn(1, shared["dim"], device="cuda", generator=gen).bfloat16()
     variants: dict[str, list | None] = {"off": None}
     for size in sizes:
-        variants[f"early {size >> 20} MB"] = [prefetch_table([b["o"], b["gate_up"]], size, early=True) for b in blocks]
-    variants[f"late {sizes[-1] >> 20} MB"] = [prefetch_table([b["o"], b["gate_up"]], sizes[-1], early=False)
-                                              for b in blocks]
+        variants[f"early {size / 2**20:g} MB"] = [prefetch_table([b["o"], b["gate_up"]], size, early=True)
+                                                 for b in blocks]
+    variants[f"late {sizes[-1] / 2**20:g} MB"] = [prefetch_table([b["o"], b["gate_up"]], sizes[-1], early=False)
+                                                  for b in blocks]
     steps = {name: step_fn(blocks, shared, pos, x0, pf) for name, pf in variants.items()}
     ref = steps["off"]().clone()  # also autotunes every GEMV outside any capture
     for name, step in steps.items():
