@@ -74,15 +74,19 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mb", default="8,24,40", help="bytes prefetched per layer (MB): o first, then gate_up")
     args = parser.parse_args()
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
-        print("needs an sm_90 (Hopper) GPU: the bulk prefetch is a TMA instruction", file=sys.stderr)
-        return 2
     if not 0 <= args.pos < args.max_seq:
         parser.error(f"--pos must be in [0, --max-seq), got {args.pos}")
+    if args.layers < 1 or args.rounds < 1:
+        parser.error(f"--layers and --rounds take at least 1, got {args.layers} and {args.rounds}")
     try:
         sizes = [int(float(mb) * 2**20) for mb in args.mb.split(",")]
     except ValueError:
-        parser.error(f"--mb takes numbers separated by commas, got {args.mb!r}")
+        sizes = []
+    if not sizes or min(sizes) <= 0:
+        parser.error(f"--mb takes positive numbers separated by commas, got {args.mb!r}")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        print("needs an sm_90 (Hopper) GPU: the bulk prefetch is a TMA instruction", file=sys.stderr)
+        return 2
     from engine.kernels.triton.decode_attention import prefetch_table
     from engine.timing import time_in_graph
 
