@@ -294,7 +294,7 @@ EncodeTiled encode_tiled() {
     CUDA_CHECK(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &ptr, cudaEnableDefault, &found));
 #endif
     TORCH_CHECK(found == cudaDriverEntryPointSuccess && ptr != nullptr,
-                "modelab_levels::attention: variant 7 needs cuTensorMapEncodeTiled, which this driver lacks");
+                "modelab_levels::attention: variants 7 and 8 need cuTensorMapEncodeTiled, which this driver lacks");
     return reinterpret_cast<EncodeTiled>(ptr);
   }();
   return fn;
@@ -304,8 +304,8 @@ EncodeTiled encode_tiled() {
 // (of each head) read as zeros, and are not written by a store.
 CUtensorMap tile_map(const at::Tensor& t, const char* name, int box_rows = kRows) {
   const int64_t D = t.size(3);
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0, "modelab_levels::attention: variant 7 ",
-              "needs ", name, " 16-byte aligned (a TMA requirement)");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0, "modelab_levels::attention: variants 7 ",
+              "and 8 need ", name, " 16-byte aligned (a TMA requirement)");
   const int64_t S = t.size(2), BH = t.size(0) * t.size(1);
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(S), static_cast<cuuint64_t>(BH)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(D) * 2, static_cast<cuuint64_t>(S) * D * 2};
@@ -363,17 +363,18 @@ void attention_ws(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   int major = 0, minor = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.get_device()));
   CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q.get_device()));
-  TORCH_CHECK(major == 9 && minor == 0, "modelab_levels::attention: variant 7 (TMA, warp-specialised) needs a ",
+  TORCH_CHECK(major == 9 && minor == 0, "modelab_levels::attention: variants 7 and 8 (TMA, warp-specialised) need a ",
               "compute capability 9.0 GPU; this one is ", major, ".", minor);
-  TORCH_CHECK(q.size(3) == 128 || q.size(3) == 64, "modelab_levels::attention: variant 7 needs D = 128 or 64, not ",
-              q.size(3));
+  TORCH_CHECK(q.size(3) == 128 || q.size(3) == 64, "modelab_levels::attention: variants 7 and 8 need D = 128 or ",
+              "64, not ", q.size(3));
   if (q.scalar_type() == at::kBFloat16)
     return launch_ws_d<__nv_bfloat16>(q, k, v, o, causal, scale, tma_store, stream);
-  TORCH_CHECK(q.scalar_type() == at::kHalf, "modelab_levels::attention: variant 7 is built for bfloat16 and float16");
+  TORCH_CHECK(q.scalar_type() == at::kHalf, "modelab_levels::attention: variants 7 and 8 are built for bfloat16 ",
+              "and float16");
   return launch_ws_d<__half>(q, k, v, o, causal, scale, tma_store, stream);
 #else
   (void)q, (void)k, (void)v, (void)o, (void)causal, (void)scale, (void)tma_store, (void)stream;
-  TORCH_CHECK(false, "modelab_levels::attention: variant 7 (TMA, warp-specialised) needs an sm_90a build: this ",
+  TORCH_CHECK(false, "modelab_levels::attention: variants 7 and 8 (TMA, warp-specialised) need an sm_90a build: this ",
               "library was built for another GPU architecture");
 #endif
 }
