@@ -24,8 +24,6 @@ pdl            1B and 7B triton-fused with programmatic dependent launch off and
 argmax         the next token's argmax alone (argmax_bench.py), then 1B and 7B triton-int4-wo with torch's argmax and
                the Triton one (MODELAB_TRITON_ARGMAX=0/1)
 decode-path    1B triton-fused and triton-int4-wo profiled: each decode kernel's time on the critical path per step
-prefetch       the 1B layer loop with the decode attention prefetching the next weights into L2, against without;
-               then the 1B triton-fused and int4 steps with MODELAB_DECODE_PREFETCH_MB off and on (PREFETCH_MB)
 llm-1b-all     1B, every LLM mode, prepared side by side and timed alone: total seconds and each run's phase timeline
 levels         every kernel level of the three components at their real shapes
 cuda-levels    the L5 CUDA kernels: build (ptxas registers), checks, timings against torch (cuda_levels_gpu.py)
@@ -66,7 +64,10 @@ case $part in
   tests) # the Makefile's three slices (and its selection), one per GPU at once where the machine has several; each
          # GPU's slices get their own build dir, device-lock dir and store; SUITE_LIMIT bounds each slice (SIGINT:
          # pytest still prints what ran); SLICES picks some (e.g. "kernels levels" on two GPUs in one 10-minute
-         # call, then "rest": on two H200s kernels and levels each took ~8 minutes, the rest ~7)
+         # call, then "rest": on two H200s kernels and levels each took ~8 minutes, the rest ~7; NAME=A,B runs
+         # pytest on A B (commas for spaces), e.g. on four GPUs the kernels in two: "levels rest
+         # kc=tests/engine/kernels/test_cuda_levels.py,tests/engine/kernels/test_cuda_quant.py
+         # kt=tests/engine/kernels,--ignore=tests/engine/kernels/test_cuda_levels.py,--ignore=…")
          gpus=$(nvidia-smi -L | wc -l); [ "$gpus" -ge 1 ] || gpus=1
          sel=$(sed -n 's/^GPU_TESTS ?= //p' Makefile)
          slices=()
@@ -74,13 +75,14 @@ case $part in
            case $name in
              kernels|levels) slices+=("$name:tests/engine/$name") ;;
              rest) slices+=("rest:tests/engine --ignore=tests/engine/kernels --ignore=tests/engine/levels") ;;
-             *) echo "unknown slice '$name' (kernels, levels, rest)"; exit 2 ;;
+             *=*) slices+=("${name%%=*}:${name#*=}") ;;  # NAME=PATH,PATH…: a slice of one's own
+             *) echo "unknown slice '$name' (kernels, levels, rest, or NAME=PATH,PATH…)"; exit 2 ;;
            esac
          done
          for g in $(seq 0 $((gpus - 1))); do
            ( for i in "${!slices[@]}"; do
                [ $((i % gpus)) -eq "$g" ] || continue
-               name=${slices[$i]%%:*}; paths=${slices[$i]#*:}
+               name=${slices[$i]%%:*}; paths=${slices[$i]#*:}; paths=${paths//,/ }
                # shellcheck disable=SC2086 - the slice's paths and --ignore options split on purpose
                CUDA_VISIBLE_DEVICES=$g MODELAB_BUILD_DIR=/tmp/mb$g MODELAB_LOCK_DIR=/tmp/lock$g RESULTS_DB="$out/tests$g.duckdb" \
                  timeout -s INT "${SUITE_LIMIT:-3000}" python3 -m pytest -q -rfE -p no:cacheprovider --durations=8 \
@@ -142,12 +144,6 @@ case $part in
                  FROM op_stats o JOIN runs r ON r.id = o.run_id
                  JOIN metrics s ON s.run_id = r.id AND s.name = 'prof_steps' AND s.phase = 'decode'
                  WHERE o.device = 'cuda' AND o.phase = 'decode' AND r.kind = 'llm' ORDER BY r.id, o.self_us DESC" ;;
-  prefetch) t timeout 300 python3 benchmarks/decode_prefetch_bench.py >"$out/prefetch.log" 2>&1; tail -12 "$out/prefetch.log"
-            for mb in ${PREFETCH_MB:-0 24 0 24}; do  # then in the step, interleaved with it off
-              MODELAB_DECODE_PREFETCH_MB=$mb t timeout 150 llm --preset 1B --no-profile --mode triton-fused,triton-int4-wo \
-                >"$out/prefetch_step_$mb.log" 2>&1
-              echo "MODELAB_DECODE_PREFETCH_MB=$mb"; grep -E "^ +[0-9]+ +triton" "$out/prefetch_step_$mb.log"
-            done ;;
   llm-1b-all) t timeout 580 python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --mode all \
                 --device cuda >"$out/llm1b_all.log" 2>&1; tail -30 "$out/llm1b_all.log"
               python3 benchmarks/run_timelines.py --kind llm ;;

@@ -93,12 +93,6 @@ def jobs(arch: int):
                {**final_sig, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32", "out_ptr": "*bf16"},
                {"m_ptr": None, "l_ptr": None, "o_ptr": None, "REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split,
                 "BLOCK_S": block_s, "PDL": pdl, "FROM_QKV": True, "USE_DOT": dot, "FINAL": True}, split_warps)
-        if dot:  # the L2 prefetch experiment (benchmarks/decode_prefetch_bench.py): early and late, two regions
-            for early in (True, False):
-                yield (f"decode_attention split+rope+prefetch{'' if early else ' late'} {preset}", da._split_kernel,
-                       {**split_sig, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32", "pf_ptr": "*i64"},
-                       {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split, "BLOCK_S": block_s, "PDL": pdl,
-                        "FROM_QKV": True, "USE_DOT": dot, "N_PF": 2, "PF_EARLY": early}, split_warps)
         yield (f"decode_attention combine {preset}", da._combine_kernel, combine_sig,
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLITS_PAD": 1 << (640 // split - 1).bit_length(),
                 "PDL": pdl}, 4)  # the splits of the lab's P + N = 640 cached positions

@@ -378,7 +378,6 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
 
         for layer in model.layers:
             layer.self_attn.decode_attn_qkv = decode_attention_qkv
-        _prefetch_next_weights(model, notes)
         notes.append("decode step: RMSNorm inside the qkv, gate_up and lm_head GEMVs, SwiGLU in the gate_up GEMV's "
                      "epilogue, residual adds inside the o and down GEMVs (engine.kernels.triton.gemv.norm_linear / "
                      "norm_swiglu / linear_add); RoPE and the KV-cache write inside the decode attention "
@@ -432,27 +431,6 @@ def _next_token_kernel(mode: LLMMode, notes: list[str]) -> Callable[[torch.Tenso
     notes.append("next token: the Triton argmax (engine/kernels/triton/argmax.py; MODELAB_TRITON_ARGMAX=0 for "
                  "torch's), after the compiled forward in the step's CUDA graph")
     return torch.ops.modelab.argmax_rows
-
-
-def _prefetch_next_weights(model: LlamaDecoder, notes: list[str]) -> None:
-    """MODELAB_DECODE_PREFETCH_MB (decode_attention.prefetch_from_env): each layer's decode attention also prefetches
-    up to that many bytes of what the layer's o and gate_up products read (gemv.read_buffers: weights, or codes and
-    scales) into L2. An experiment, off by default. Called after the mode's quantization (the buffers it lists must
-    be the ones the products read)."""
-    from engine.kernels.triton import decode_attention as da
-    from engine.kernels.triton.gemv import read_buffers
-
-    wanted = da.prefetch_from_env()
-    if wanted is None:
-        return
-    size, early = wanted
-    for layer in model.layers:
-        regions = read_buffers(layer.self_attn.o_proj) + read_buffers(layer.mlp.gate_up_proj)
-        pf = da.prefetch_table(regions, size, early)
-        layer.self_attn.decode_attn_qkv = functools.partial(da.decode_attention_qkv_prefetch, table=pf.table,
-                                                            regions=pf.regions, early=pf.early)
-    notes.append(f"decode attention: every layer prefetches up to {size / 2**20:g} MB of what its o and gate_up "
-                 f"products read into L2 ({'early' if early else 'after the stores'}; {da.PREFETCH_ENV}, sm_90 only)")
 
 
 def _no_pick(logits: torch.Tensor) -> torch.Tensor:

@@ -154,14 +154,7 @@ def pdl_enabled(device: torch.device) -> bool:
     kernel wrote, so it is as correct as a plain launch after any kernel."""
     if os.environ.get("MODELAB_TRITON_PDL", "1") == "0" or device.type != "cuda":
         return False
-    return cuda_major(device) >= 9
-
-
-def cuda_major(device: torch.device) -> int:
-    """The compute capability major of a CUDA device (asked once per index), 0 for any other device."""
-    if device.type != "cuda":
-        return 0
-    return _major(device.index if device.index is not None else torch.cuda.current_device())
+    return _major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
 
 
 @functools.lru_cache(maxsize=None)

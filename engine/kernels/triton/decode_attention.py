@@ -12,8 +12,8 @@ of cache in the 1B decode step). Here every (batch, kv head, split of SPLIT posi
 
 Where one split covers the whole (short) cache, the split kernel writes the output itself and no combine runs (a
 cache of 640 positions in one program per kv head measured 2.4× slower alone than the splits: docs/figures.md).
-Optionally (`Prefetch`, MODELAB_DECODE_PREFETCH_MB, an experiment) the split kernel also hands the TMA unit bulk L2
-prefetches of the next products' weights, so DRAM works while the attention's chain waits on latency.
+(Tried and dropped, docs/figures.md: the split kernel handing the TMA unit bulk L2 prefetches of the layer's next
+weights — every size made the step slower.)
 
 L = input_pos + 1 is read from a device tensor and the grids depend only on the static cache length, so a CUDA graph
 captures both kernels once for every position. Splits that start at or beyond L write m = −inf, l = 0 and add nothing.
@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.triton._common import cuda_major, is_interpreted, pdl_enabled
+from engine.kernels.triton._common import is_interpreted, pdl_enabled
 
 
 @triton.jit
@@ -47,41 +46,19 @@ def _rope(ptr, dims, rot, sign, cos, sin, mask):
 
 
 @triton.jit
-def _prefetch_l2(table_ptr, N_PF: tl.constexpr, program, programs):
-    """This program's share of N_PF regions into L2: the table holds (address, bytes) per region (bytes a multiple
-    of 16); program i of `programs` issues one bulk prefetch (sm_90 TMA, `cp.async.bulk.prefetch.L2`, from thread 0:
-    no registers, no wait) of slice i of each region."""
-    for r in tl.static_range(N_PF):
-        addr = tl.load(table_ptr + 2 * r)
-        size = tl.load(table_ptr + 2 * r + 1)
-        share = ((size + programs - 1) // programs + 15) // 16 * 16
-        start = program.to(tl.int64) * share
-        length = tl.minimum(share, tl.maximum(size - start, 0))
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p, q; .reg .u32 t; mov.u32 t, %tid.x; setp.ne.u32 q, $3, 0; setp.eq.and.u32 p, t, 0, q; "
-            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r,r", [addr + start, length.to(tl.uint32), (length > 0).to(tl.uint32)], dtype=tl.int32,
-            is_pure=False, pack=1)
-
-
-@triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
                   KVH, S_MAX, NUM_SPLITS,
                   REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
                   BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
                   FROM_QKV: tl.constexpr = False, cos_ptr=None, sin_ptr=None, QKV_ROW=0,
-                  USE_DOT: tl.constexpr = False, out_ptr=None, FINAL: tl.constexpr = False,
-                  pf_ptr=None, N_PF: tl.constexpr = 0, PF_EARLY: tl.constexpr = True):
+                  USE_DOT: tl.constexpr = False, out_ptr=None, FINAL: tl.constexpr = False):
     """FROM_QKV: q_ptr is the qkv projection's output row per sequence, [q heads | k heads | v heads] before
     RoPE; each program applies RoPE to its q rows, and the program whose split holds the new position also applies it
     to that position's k and writes k and v into the cache (no other program reads that position).
     USE_DOT (compiled, 16-bit cache, REP_PAD ≥ 16): both products on the tensor cores, the query rows padded to 16
     and P rounded to the cache's dtype for P·V (as flash attention does); else fp32 broadcast-multiply-and-sum.
     FINAL (one split covers the whole cache): the program normalises its rows and writes the attention output to
-    out_ptr itself, so no combine kernel runs.
-    N_PF > 0 (sm_90, an experiment: benchmarks/decode_prefetch_bench.py): the programs prefetch N_PF regions of
-    memory into L2 (pf_ptr: their (address, bytes) table) — the weights of the products after the attention, while
-    DRAM would otherwise idle through its latency-bound chain — at the start (PF_EARLY) or after their stores."""
+    out_ptr itself, so no combine kernel runs."""
     bk = tl.program_id(0)  # b * KVH + kv head
     split = tl.program_id(1)
     if PDL:  # programmatic dependent launch: the next kernel may start once every program here has
@@ -104,8 +81,6 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
         # the rotary tables' row for the new position: static tables, so also read before the wait
         cos = tl.load(cos_ptr + (length - 1) * D + dims).to(tl.float32)
         sin = tl.load(sin_ptr + (length - 1) * D + dims).to(tl.float32)
-    if N_PF and PF_EARLY:  # weights depend on nothing: before the wait, behind this program's own first loads
-        _prefetch_l2(pf_ptr, N_PF, bk * NUM_SPLITS + split, tl.num_programs(0) * NUM_SPLITS)
     if PDL:
         tl.extra.cuda.gdc_wait()
     if not FROM_QKV:  # the new position was written by the kernels just before: only after the wait
@@ -169,8 +144,6 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
         tl.store(m_ptr + out, m_i)
         tl.store(l_ptr + out, l_i)
         tl.store(o_ptr + out[:, None] * D + dims[None, :], acc)
-    if N_PF and not PF_EARLY:
-        _prefetch_l2(pf_ptr, N_PF, bk * NUM_SPLITS + split, tl.num_programs(0) * NUM_SPLITS)
 
 
 @triton.jit
@@ -231,11 +204,9 @@ def decode_attention_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 
 def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: torch.Tensor, b: int, h: int, d: int,
-            rope: dict | None = None, tile: tuple[int, int, int] | None = None,
-            prefetch: Prefetch | None = None) -> torch.Tensor:
+            rope: dict | None = None, tile: tuple[int, int, int] | None = None) -> torch.Tensor:
     """Both kernels over q (B, H·D: q rows, or with `rope` the qkv rows) and the cache → (B, H, 1, D). `tile`
-    (SPLIT, BLOCK_S, num_warps of the split kernel) forces one (benchmarks/decode_attention_bench.py's sweep);
-    `prefetch` has the split kernel prefetch memory into L2 on sm_90 (ignored elsewhere: a hint, no result changes)."""
+    (SPLIT, BLOCK_S, num_warps of the split kernel) forces one (benchmarks/decode_attention_bench.py's sweep)."""
     _, kvh, s_max, _ = k_c.shape
     rep = h // kvh
     interpreted = is_interpreted(_split_kernel)
@@ -254,8 +225,6 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     pdl = {} if interpreted or not pdl_enabled(q.device) else {"PDL": True, "launch_pdl": True}
     args = (1.0 / math.sqrt(d), kvh, s_max, num_splits)
     consts = dict(REP=rep, REP_PAD=rep_pad, D=d, **tiles, num_warps=warps, **pdl, **(rope or {}), USE_DOT=use_dot)
-    if prefetch is not None and prefetch.regions and not interpreted and cuda_major(q.device) >= 9:
-        consts.update(pf_ptr=prefetch.table, N_PF=prefetch.regions, PF_EARLY=prefetch.early)
     if num_splits == 1:  # one program per kv head walks the whole cache and writes the output: no combine
         _split_kernel[(b * kvh, 1)](q, k_c, v_c, pos, None, None, None, *args, **consts, out_ptr=out, FINAL=True)
         return out
@@ -266,34 +235,6 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     _combine_kernel[(b * h,)](m, l, o, out, num_splits, REP=rep, REP_PAD=rep_pad, D=d,
                               SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4, **pdl)
     return out
-
-
-@dataclass(frozen=True)
-class Prefetch:
-    """Memory the split kernel prefetches into L2 (sm_90): `table` (regions, 2) int64 on the device — each region's
-    address and bytes — built once, outside any CUDA graph capture, by `prefetch_table`; `early`: at the programs'
-    start, else after their stores."""
-    table: torch.Tensor
-    regions: int
-    early: bool = True
-
-
-def prefetch_table(tensors: list[torch.Tensor], max_bytes: int | None = None, early: bool = True) -> Prefetch:
-    """The tensors' storage in order, at most `max_bytes` in all (the last one cut short), each region starting at a
-    16-byte boundary and its bytes a multiple of 16 (the bulk prefetch's alignment and unit; a view that starts
-    between boundaries loses its first few bytes)."""
-    rows, left = [], max_bytes if max_bytes is not None else sum(t.numel() * t.element_size() for t in tensors)
-    for t in tensors:
-        if not t.is_contiguous():
-            raise ValueError(f"prefetch: a tensor of shape {tuple(t.shape)} is not contiguous")
-        start = -(-t.data_ptr() // 16) * 16
-        size = min(t.data_ptr() + t.numel() * t.element_size() - start, left) // 16 * 16
-        if size > 0:
-            rows.append((start, size))
-            left -= size
-    device = tensors[0].device if tensors else torch.device("cpu")
-    table = torch.tensor(rows or [(0, 0)], dtype=torch.int64, device=device)
-    return Prefetch(table=table, regions=len(rows), early=early)
 
 
 TILE_ENV = "MODELAB_DECODE_ATTENTION_TILE"
@@ -318,8 +259,8 @@ def tile_from_env() -> tuple[int, int, int] | None:
 
 
 def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                             v_cache: torch.Tensor, input_pos: torch.Tensor, tile: tuple[int, int, int] | None = None,
-                             prefetch: Prefetch | None = None) -> torch.Tensor:
+                             v_cache: torch.Tensor, input_pos: torch.Tensor, tile: tuple[int, int, int] | None = None
+                             ) -> torch.Tensor:
     """The decode step's attention from the qkv projection's output (B, 1, (H + 2·KVH)·D), before RoPE: RoPE on q
     and the new k (cos, sin: the rotary tables, (positions ≥ S_max, D), read at input_pos[-1] on the device, so no
     indexing kernel runs per step), k and v written into the cache at input_pos[-1], then
@@ -343,7 +284,7 @@ def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Te
         raise ValueError("the cache must be contiguous: it is written in place")
     rope = {"FROM_QKV": True, "cos_ptr": cos.contiguous(), "sin_ptr": sin.contiguous(),
             "QKV_ROW": qkv.shape[-1]}
-    return _attend(qkv.reshape(b, -1).contiguous(), k_cache, v_cache, input_pos, b, h, d, rope, tile, prefetch)
+    return _attend(qkv.reshape(b, -1).contiguous(), k_cache, v_cache, input_pos, b, h, d, rope, tile)
 
 
 @torch.library.custom_op("modelab::decode_attention_qkv", mutates_args=("k_cache", "v_cache"))
@@ -357,42 +298,6 @@ def decode_attention_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 def _(qkv, cos, sin, k_cache, v_cache, input_pos):
     d, kvh = k_cache.shape[3], k_cache.shape[1]
     return qkv.new_empty(qkv.shape[0], qkv.shape[-1] // d - 2 * kvh, 1, d)
-
-
-@torch.library.custom_op("modelab::decode_attention_qkv_prefetch", mutates_args=("k_cache", "v_cache"))
-def decode_attention_qkv_prefetch(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                                  v_cache: torch.Tensor, input_pos: torch.Tensor, table: torch.Tensor, regions: int,
-                                  early: bool) -> torch.Tensor:
-    """decode_attention_qkv whose split kernel also prefetches `regions` rows of `table` into L2 (Prefetch)."""
-    return decode_attention_qkv_fwd(qkv, cos, sin, k_cache, v_cache, input_pos,
-                                    prefetch=Prefetch(table=table, regions=regions, early=early))
-
-
-@decode_attention_qkv_prefetch.register_fake
-def _(qkv, cos, sin, k_cache, v_cache, input_pos, table, regions, early):
-    d, kvh = k_cache.shape[3], k_cache.shape[1]
-    return qkv.new_empty(qkv.shape[0], qkv.shape[-1] // d - 2 * kvh, 1, d)
-
-
-PREFETCH_ENV = "MODELAB_DECODE_PREFETCH_MB"
-
-
-def prefetch_from_env() -> tuple[int, bool] | None:
-    """MODELAB_DECODE_PREFETCH_MB=MB[,late]: the triton-fused step's decode attention prefetches up to MB of each
-    layer's o and gate_up weights into L2 (sm_90; early unless ",late"). None where unset or 0 (the default: not
-    yet measured in the step, benchmarks/decode_prefetch_bench.py)."""
-    raw = os.environ.get(PREFETCH_ENV, "").strip()
-    if raw in ("", "0"):
-        return None
-    mb, _, where = raw.partition(",")
-    try:
-        size = float(mb)
-    except ValueError:
-        size = -1.0
-    if not 0 < size <= 1024 or where not in ("", "early", "late"):
-        raise ValueError(f"{PREFETCH_ENV}={raw!r}: want MB (0 < MB ≤ 1024) with an optional ',late' or ',early' "
-                         "(e.g. 24 or 24,late), or 0 for none")
-    return int(size * 2**20), where != "late"
 
 
 @torch.library.custom_op("modelab::decode_attention", mutates_args=())

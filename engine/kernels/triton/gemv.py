@@ -347,17 +347,6 @@ def _tiled(proj: torch.nn.Module, x: torch.Tensor, glu: bool) -> bool:
             and x.numel() == x.shape[-1])
 
 
-def read_buffers(proj: torch.nn.Module) -> list[torch.Tensor]:
-    """What a projection's one-row product reads on the GPU, largest first: the tile-order codes and scales of an
-    int4 projection that holds them (the tensor-core kernel's), else a quantized one's codes and scales, else the
-    weight (for MODELAB_DECODE_PREFETCH_MB: engine.llm.modes)."""
-    if getattr(proj, "tile_q", None) is not None:
-        return [proj.tile_q, proj.tile_s]
-    if _quantized(proj):
-        return [proj.q, proj.scales]
-    return [proj.weight]
-
-
 class FusedDecodeOps:
     """What the decoder calls for its one-row products when the LLM lab's triton-fused mode sets it
     (LlamaDecoder.set_fused_ops): the RMSNorm in front of qkv, gate_up and lm_head, SwiGLU after gate_up, the

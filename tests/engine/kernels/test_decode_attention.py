@@ -86,12 +86,11 @@ def test_a_decoder_on_the_kernel_decodes_like_sdpa() -> None:
 def test_the_llm_kernels_compile_for_the_h100_without_one(aot_check_rows) -> None:
     """The interpreter never lowers to the GPU: compile every tile of the GEMV (plain, +norm, +residual,
     +norm +swiglu), the decode-attention kernels (split, split with RoPE and the cache write, the same as one split
-    writing the output, the same with the L2 prefetch early and late, combine) and the argmax's three for sm_90 with
-    Triton's own ptxas
+    writing the output, combine) and the argmax's three for sm_90 with Triton's own ptxas
     (benchmarks/triton_aot_check.py), in a process without TRITON_INTERPRET, cache empty. No kernel spills (a stack
     frame in a kernel without calls)."""
     rows = aot_check_rows()
-    assert len(rows) == 10 + 3 + 4 * 12 and all(line.endswith("ok") for line in rows), rows
+    assert len(rows) == 8 + 3 + 4 * 12 and all(line.endswith("ok") for line in rows), rows
     argmax = [line for line in rows if line.startswith("argmax")]
     assert len(argmax) == 3 and all(line.split()[-3] == "0" for line in argmax), argmax  # stack bytes
 
@@ -187,86 +186,3 @@ def test_a_fused_decoder_with_rope_in_the_kernel_decodes_like_the_original() -> 
     for out in (got, graphed):
         assert torch.equal(out.tokens, ref.tokens)
         assert max(rel_err(a, b.double()) for a, b in zip(out.logits, ref.logits)) < 1e-5
-
-
-def test_the_prefetch_table_lists_each_region_once_cut_to_the_budget_in_16_byte_units() -> None:
-    a = torch.zeros(1003, dtype=torch.bfloat16)  # 2006 bytes: 2000 in 16-byte units
-    b = torch.zeros(64, 64, dtype=torch.bfloat16)  # 8192 bytes
-    whole = da.prefetch_table([a, b])
-    assert whole.regions == 2 and whole.early
-    assert whole.table.tolist() == [[a.data_ptr(), 2000], [b.data_ptr(), 8192]]
-    cut = da.prefetch_table([a, b], max_bytes=3000, early=False)
-    assert cut.table.tolist() == [[a.data_ptr(), 2000], [b.data_ptr(), 992]] and not cut.early
-    assert da.prefetch_table([a, b], max_bytes=1000).table.tolist() == [[a.data_ptr(), 992]]
-    assert da.prefetch_table([a], max_bytes=8).regions == 0
-    view = b.reshape(-1)[3:]  # 8186 bytes from 6 past a 16-byte boundary: 8176 from the next boundary
-    assert da.prefetch_table([view]).table.tolist() == [[b.data_ptr() + 16, 8176]]
-    with pytest.raises(ValueError, match="not contiguous"):
-        da.prefetch_table([b.t()])
-
-
-def test_a_prefetch_changes_nothing_in_the_result() -> None:
-    """The L2 prefetch is a hint (sm_90 only; skipped by the interpreter and other GPUs): the attention and the cache
-    come out bit for bit the same with it."""
-    from dataclasses import replace
-
-    from engine.workloads.llama import preset, rope_tables
-
-    h, kvh, d, s = 8, 2, 16, 40
-    cos, sin = (t.to(DEVICE, torch.bfloat16) for t in rope_tables(replace(preset("tiny"), dim=h * d, heads=h,
-                                                                            kv_heads=kvh), s))
-    gen = torch.Generator().manual_seed(3)
-    qkv = torch.randn(1, 1, (h + 2 * kvh) * d, generator=gen).to(DEVICE, torch.bfloat16)
-    caches = [torch.randn(1, kvh, s, d, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(2)]
-    weights = torch.randn(256, 64, generator=gen).to(DEVICE, torch.bfloat16)
-    pos = torch.tensor([21], device=DEVICE)
-    outs = []
-    for prefetch in (None, da.prefetch_table([weights]), da.prefetch_table([weights], early=False)):
-        k, v = (c.clone() for c in caches)
-        outs.append((da.decode_attention_qkv_fwd(qkv, cos, sin, k, v, pos, prefetch=prefetch), k, v))
-    for out, k, v in outs[1:]:
-        assert torch.equal(out, outs[0][0]) and torch.equal(k, outs[0][1]) and torch.equal(v, outs[0][2])
-
-
-def test_the_prefetch_switch_wires_every_layer_and_decodes_the_same_tokens_compiled(monkeypatch) -> None:
-    """MODELAB_DECODE_PREFETCH_MB: triton-fused's layers call the prefetching attention op (its table listing the
-    layer's o and gate_up weights), the notes say so, and the step — eager and compiled with fullgraph — decodes
-    the tokens the plain model does; a malformed value is refused with the form."""
-    import functools
-
-    from engine.llm import modes
-    from engine.llm.generate import Decoder, generate, step_fn
-    from engine.workloads.llama import build_model, preset
-
-    cfg = preset("tiny")
-    model = build_model(cfg, DEVICE, torch.float32, seed=5).eval()
-    model.setup_cache(1, 24)
-    prompt = torch.randint(0, cfg.vocab, (1, 8), generator=torch.Generator().manual_seed(2)).to(DEVICE)
-    monkeypatch.setenv(da.PREFETCH_ENV, "0.5,late")
-    with torch.no_grad():
-        ref = generate(step_fn(model), Decoder(step_fn(model)), prompt, 5)
-        model.fuse_projections()
-        model.set_fused_ops(__import__("engine.kernels.triton.gemv", fromlist=["FusedDecodeOps"]).FusedDecodeOps)
-        notes: list[str] = []
-        modes._prefetch_next_weights(model, notes)
-        got = generate(step_fn(model), Decoder(step_fn(model)), prompt, 5)
-        torch._dynamo.reset()
-        compiled = torch.compile(step_fn(model), fullgraph=True, backend="aot_eager")
-        graphed = generate(step_fn(model), Decoder(compiled), prompt, 5)
-    layer = model.layers[0]
-    call = layer.self_attn.decode_attn_qkv
-    assert isinstance(call, functools.partial) and call.func is da.decode_attention_qkv_prefetch
-    o, gate_up = layer.self_attn.o_proj.weight, layer.mlp.gate_up_proj.weight
-    assert call.keywords["table"].tolist() == [[o.data_ptr(), o.numel() * 4],
-                                               [gate_up.data_ptr(), min(gate_up.numel() * 4, 2**19 - o.numel() * 4)]]
-    assert call.keywords["regions"] == 2 and call.keywords["early"] is False
-    assert notes == [f"decode attention: every layer prefetches up to 0.5 MB of what its o and gate_up products read "
-                     f"into L2 (after the stores; {da.PREFETCH_ENV}, sm_90 only)"]
-    for out in (got, graphed):
-        assert torch.equal(out.tokens, ref.tokens)
-    for raw in ("x", "-3", "24,soon", "2000"):
-        monkeypatch.setenv(da.PREFETCH_ENV, raw)
-        with pytest.raises(ValueError, match=da.PREFETCH_ENV):
-            da.prefetch_from_env()
-    monkeypatch.setenv(da.PREFETCH_ENV, "0")
-    assert da.prefetch_from_env() is None
