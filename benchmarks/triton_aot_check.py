@@ -93,7 +93,7 @@ def jobs(arch: int):
                {**final_sig, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32", "out_ptr": "*bf16"},
                {"m_ptr": None, "l_ptr": None, "o_ptr": None, "REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split,
                 "BLOCK_S": block_s, "PDL": pdl, "FROM_QKV": True, "USE_DOT": dot, "FINAL": True}, split_warps)
-        # the default: the last split program of each kv head combines (MODELAB_DECODE_COMBINE=split)
+        # MODELAB_DECODE_COMBINE=split: the last split program of each kv head combines
         rep_c = 1 << (rep - 1).bit_length()
         splits_pad = 1 << (640 // split - 1).bit_length()
         yield (f"decode_attention split+rope+combine {preset}", da._split_kernel,

@@ -12,8 +12,10 @@ of cache in the 1B decode step). Here every (batch, kv head, split of SPLIT posi
 
 Where one split covers the whole (short) cache, the split kernel writes the output itself and no combine runs (a
 cache of 640 positions in one program per kv head measured 2.4× slower alone than the splits: docs/figures.md).
-(Tried and dropped, docs/figures.md: the split kernel handing the TMA unit bulk L2 prefetches of the layer's next
-weights — every size made the step slower.)
+With MODELAB_DECODE_COMBINE=split the last split program of each kv head to finish combines the splits itself (an
+arrival count per kv head), one kernel per layer instead of two: correct on the GPU, not shown faster, off by default
+(`combine_in_split`). (Tried and dropped, docs/figures.md: the split kernel handing the TMA unit bulk L2 prefetches
+of the layer's next weights — every size made the step slower.)
 
 L = input_pos + 1 is read from a device tensor and the grids depend only on the static cache length, so a CUDA graph
 captures both kernels once for every position. Splits that start at or beyond L write m = −inf, l = 0 and add nothing.
@@ -297,9 +299,13 @@ _COUNTS: dict[int, list[torch.Tensor]] = {}
 
 
 def combine_in_split() -> bool:
-    """MODELAB_DECODE_COMBINE: `split` (the last split program of each kv head combines: one kernel) or `kernel`
-    (a combine kernel after the split kernel)."""
-    raw = os.environ.get(COMBINE_ENV, "split").strip()
+    """MODELAB_DECODE_COMBINE: `kernel` (the default: a combine kernel after the split kernel) or `split` (the last
+    split program of each kv head combines: one kernel per layer). `split` is correct on the GPU (the CUDA-graph test
+    passed on an H100) but not shown faster: its one step measurement, 1B on an H100, triton-fused 924.0 and
+    triton-int4-wo 436.3 µs, had no baseline on that machine (another H100 the same day: 903.8 and 414.2–416.2 with
+    the combine kernel). The last program combines four heads alone after its own split, where the combine kernel
+    spreads the heads over 32 programs — a longer tail, perhaps."""
+    raw = os.environ.get(COMBINE_ENV, "kernel").strip()
     if raw not in ("split", "kernel"):
         raise ValueError(f"{COMBINE_ENV}={raw!r}: want 'split' or 'kernel'")
     return raw == "split"

@@ -148,8 +148,8 @@ def test_qkv_variant_applies_rope_writes_the_cache_and_attends(b, h, kvh, d, s, 
 @pytest.mark.parametrize("b,h,kvh,d,s", SHAPES)
 def test_the_last_split_program_combines_as_the_combine_kernel_does(b, h, kvh, d, s, chunk_of_one,
                                                                     monkeypatch) -> None:
-    """MODELAB_DECODE_COMBINE=split (the default: the last of a kv head's split programs to finish combines the
-    splits itself) against SDPA's math in float64 and against =kernel (a combine kernel), at positions that leave
+    """MODELAB_DECODE_COMBINE=split (the last of a kv head's split programs to finish combines the splits itself)
+    against SDPA's math in float64 and against =kernel (the default: a combine kernel), at positions that leave
     splits empty or fill them all — also with the combine walking the splits one at a time (its running max over
     chunks). Every arrival count is back at zero after each launch."""
     gen = torch.Generator().manual_seed(b + h + d + s)
