@@ -24,6 +24,8 @@ pdl            1B and 7B triton-fused with programmatic dependent launch off and
 argmax         the next token's argmax alone (argmax_bench.py), then 1B and 7B triton-int4-wo with torch's argmax and
                the Triton one (MODELAB_TRITON_ARGMAX=0/1)
 decode-path    1B triton-fused and triton-int4-wo profiled: each decode kernel's time on the critical path per step
+combine        the decode attention's combine as its own kernel or in the split kernel's last program
+               (MODELAB_DECODE_COMBINE=kernel/split), interleaved twice: the 1B triton-fused and int4 steps
 llm-1b-all     1B, every LLM mode, prepared side by side and timed alone: total seconds and each run's phase timeline
 levels         every kernel level of the three components at their real shapes
 cuda-levels    the L5 CUDA kernels: build (ptxas registers), checks, timings against torch (cuda_levels_gpu.py)
@@ -49,8 +51,9 @@ export RESULTS_DB="$out/gpu.duckdb" ARTIFACTS_DIR=${ARTIFACTS_DIR:-/tmp/art}
 export MODELAB_BUILD_DIR=${MODELAB_BUILD_DIR:-/tmp/mb}
 export PYTHONUNBUFFERED=1
 t() { local s=$SECONDS; "$@"; local rc=$?; echo "[$((SECONDS - s)) s, rc $rc] $*"; return $rc; }
-pytest_q() { python3 -m pytest -q -x -p no:cacheprovider "$@" 2>&1 | tail -3; }
-llm() { python3 -m engine llm --prompt-len 512 --new-tokens 128 --device cuda "$@"; }
+# functions, so `timeout` cannot run them: PYTEST_LIMIT / LLM_LIMIT bound them instead
+pytest_q() { timeout "${PYTEST_LIMIT:-1800}" python3 -m pytest -q -x -p no:cacheprovider "$@" 2>&1 | tail -3; }
+llm() { timeout "${LLM_LIMIT:-1800}" python3 -m engine llm --prompt-len 512 --new-tokens 128 --device cuda "$@"; }
 seconds_per_run() {
   python3 -m engine sql "SELECT id, mode, status, round(epoch(finished_at) - epoch(started_at), 1) AS s FROM runs
     WHERE kind = '$1' ORDER BY id"
@@ -135,7 +138,7 @@ case $part in
               >"$out/llm${preset}_argmax$on.log" 2>&1
             echo "$preset MODELAB_TRITON_ARGMAX=$on"; tail -4 "$out/llm${preset}_argmax$on.log" | head -2
           done; done ;;
-  decode-path) t timeout 300 llm --preset 1B --mode triton-fused,triton-int4-wo >"$out/decode_path.log" 2>&1
+  decode-path) LLM_LIMIT=300 t llm --preset 1B --mode triton-fused,triton-int4-wo >"$out/decode_path.log" 2>&1
                grep -E "^ +[0-9]+ triton" "$out/decode_path.log"
                # op_stats' device self time: what each kernel adds after the one before it ends (under PDL a
                # kernel's whole duration also counts its wait for the one before: total_us)
@@ -144,6 +147,13 @@ case $part in
                  FROM op_stats o JOIN runs r ON r.id = o.run_id
                  JOIN metrics s ON s.run_id = r.id AND s.name = 'prof_steps' AND s.phase = 'decode'
                  WHERE o.device = 'cuda' AND o.phase = 'decode' AND r.kind = 'llm' ORDER BY r.id, o.self_us DESC" ;;
+  combine) i=0
+           for c in kernel split kernel split; do  # the first run also compiles: 70-100 s on an H100
+             i=$((i + 1))
+             MODELAB_DECODE_COMBINE=$c LLM_LIMIT=200 t llm --preset 1B --no-profile --mode triton-fused,triton-int4-wo \
+               >"$out/combine_${i}_$c.log" 2>&1
+             echo "MODELAB_DECODE_COMBINE=$c"; grep -E "^ +[0-9]+ +triton|^\[[0-9]+ s, rc" "$out/combine_${i}_$c.log"
+           done ;;
   llm-1b-all) t timeout 580 python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --mode all \
                 --device cuda >"$out/llm1b_all.log" 2>&1; tail -30 "$out/llm1b_all.log"
               python3 benchmarks/run_timelines.py --kind llm ;;
@@ -161,7 +171,7 @@ case $part in
              >"$out/quant_$preset.log" 2>&1
            echo "== $preset"; tail -12 "$out/quant_$preset.log"
          done ;;
-  gluon-l4) if t timeout 320 pytest_q tests/engine/kernels/test_triton_kernels.py -k "gluon or l4_"; then
+  gluon-l4) if PYTEST_LIMIT=320 t pytest_q tests/engine/kernels/test_triton_kernels.py -k "gluon or l4_"; then
               t timeout 200 python3 benchmarks/triton_kernels_gpu.py --only attn --gluon >"$out/gluon_attn.log" 2>&1
               grep -E "gluon|SDPA" "$out/gluon_attn.log" | tail -16
               t timeout 280 python3 -m engine levels --component causal_attention \
