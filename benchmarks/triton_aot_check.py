@@ -93,15 +93,6 @@ def jobs(arch: int):
                {**final_sig, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32", "out_ptr": "*bf16"},
                {"m_ptr": None, "l_ptr": None, "o_ptr": None, "REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split,
                 "BLOCK_S": block_s, "PDL": pdl, "FROM_QKV": True, "USE_DOT": dot, "FINAL": True}, split_warps)
-        # MODELAB_DECODE_COMBINE=split: the last split program of each kv head combines
-        rep_c = 1 << (rep - 1).bit_length()
-        splits_pad = 1 << (640 // split - 1).bit_length()
-        yield (f"decode_attention split+rope+combine {preset}", da._split_kernel,
-               {**split_sig, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32", "out_ptr": "*bf16",
-                "count_ptr": "*i32"},
-               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split, "BLOCK_S": block_s, "PDL": pdl,
-                "FROM_QKV": True, "USE_DOT": dot, "LAST_COMBINES": True, "REP_C": rep_c,
-                "CHUNK": min(splits_pad, da.COMBINE_VALUES // (rep_c * d))}, split_warps)
         yield (f"decode_attention combine {preset}", da._combine_kernel, combine_sig,
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLITS_PAD": 1 << (640 // split - 1).bit_length(),
                 "PDL": pdl}, 4)  # the splits of the lab's P + N = 640 cached positions

@@ -141,4 +141,19 @@ inline void allow_dynamic_smem(Kernel kernel, int bytes) {
   }
 }
 
+// ---- programmatic dependent launch (sm_90; no-ops before) -------------------------------------------------------
+// Wait until the kernel before has finished and its writes are visible (read nothing it wrote before this).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Let the kernel after this one launch (its blocks start as this one's retire, and run until their own wait).
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 }  // namespace modelab_levels

@@ -32,6 +32,8 @@
 namespace modelab_quant {
 
 using modelab_levels::Mma;
+using modelab_levels::pdl_launch_dependents;
+using modelab_levels::pdl_wait;
 using modelab_levels::cp_async_16;
 using modelab_levels::cp_async_commit;
 using modelab_levels::cp_async_wait;
@@ -57,18 +59,6 @@ __device__ __forceinline__ uint32_t nibbles_to_bf16x2(uint32_t w) {
   uint32_t d;
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(w), "n"(0x000F000F), "n"(0x43004300));
   return d;
-}
-
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
 }
 
 // sm_90: a batch of codes (contiguous in tile order) arrives by one bulk copy (TMA) per warp and batch, issued by

@@ -297,6 +297,25 @@ class CudaLibrary:
             raise
         return self.path
 
+    def reason(self) -> str | None:
+        """None when the library loads here (building it, cached, where a GPU and nvcc exist), else why not. Never
+        raises."""
+        try:
+            self.load()
+            return None
+        except native.NativeBuildError as exc:
+            return str(exc).strip().splitlines()[0]
+        except Exception as exc:  # noqa: BLE001 — the contract is a reason string, never an exception
+            return f"build failed: {type(exc).__name__}: {exc}"[:300]
+
+
+def env_choice(name: str, choices: dict[str, str], default: str = "auto") -> str:
+    """$name, lower-cased, one of `choices`' keys (unset or empty: `default`); ValueError naming the choices."""
+    value = os.environ.get(name, default).strip().lower() or default
+    if value not in choices:
+        raise ValueError(f"${name}={value!r}: choose one of {', '.join(choices)}")
+    return value
+
 
 _library = CudaLibrary("cuda_levels", SOURCE_DIR, SOURCES, HEADERS)
 

@@ -69,21 +69,12 @@ def load(verbose: bool = False) -> str:
 
 def available() -> str | None:
     """None when the kernel can run here (building it, cached, where a GPU and nvcc exist), else why not."""
-    try:
-        load()
-        return None
-    except native.NativeBuildError as exc:
-        return str(exc).strip().splitlines()[0]
-    except Exception as exc:  # noqa: BLE001 — the contract is a reason string, never an exception
-        return f"build failed: {type(exc).__name__}: {exc}"[:300]
+    return _library.reason()
 
 
 def impl() -> str:
     """$MODELAB_INT4_GEMV: auto (default), cuda or triton. ValueError naming the choices for anything else."""
-    value = os.environ.get(IMPL_ENV, "auto").strip().lower() or "auto"
-    if value not in IMPLS:
-        raise ValueError(f"${IMPL_ENV}={value!r}: choose one of {', '.join(IMPLS)}")
-    return value
+    return cuda_levels.env_choice(IMPL_ENV, IMPLS)
 
 
 def chosen() -> bool:

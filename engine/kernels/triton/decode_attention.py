@@ -12,10 +12,10 @@ of cache in the 1B decode step). Here every (batch, kv head, split of SPLIT posi
 
 Where one split covers the whole (short) cache, the split kernel writes the output itself and no combine runs (a
 cache of 640 positions in one program per kv head measured 2.4× slower alone than the splits: docs/figures.md).
-With MODELAB_DECODE_COMBINE=split the last split program of each kv head to finish combines the splits itself (an
-arrival count per kv head), one kernel per layer instead of two: correct on the GPU, not shown faster, off by default
-(`combine_in_split`). (Tried and dropped, docs/figures.md: the split kernel handing the TMA unit bulk L2 prefetches
-of the layer's next weights — every size made the step slower.)
+(Tried and dropped, docs/figures.md: the split kernel handing the TMA unit bulk L2 prefetches
+of the layer's next weights — every size made the step slower; the last split program of each kv head combining the
+splits, counted by an atomic — one kernel per layer, but 434.9 / 436.0 against 413.8 / 411.2 µs for the 1B int4 step,
+interleaved on one H100. On sm_90 engine/kernels/cuda_decode.py's cluster kernel does both in one kernel.)
 
 L = input_pos + 1 is read from a device tensor and the grids depend only on the static cache length, so a CUDA graph
 captures both kernels once for every position. Splits that start at or beyond L write m = −inf, l = 0 and add nothing.
@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels import cuda_decode
 from engine.kernels.triton._common import is_interpreted, pdl_enabled
 
 
@@ -53,19 +54,14 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
                   REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
                   BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
                   FROM_QKV: tl.constexpr = False, cos_ptr=None, sin_ptr=None, QKV_ROW=0,
-                  USE_DOT: tl.constexpr = False, out_ptr=None, FINAL: tl.constexpr = False,
-                  count_ptr=None, LAST_COMBINES: tl.constexpr = False, REP_C: tl.constexpr = 1,
-                  CHUNK: tl.constexpr = 1):
+                  USE_DOT: tl.constexpr = False, out_ptr=None, FINAL: tl.constexpr = False):
     """FROM_QKV: q_ptr is the qkv projection's output row per sequence, [q heads | k heads | v heads] before
     RoPE; each program applies RoPE to its q rows, and the program whose split holds the new position also applies it
     to that position's k and writes k and v into the cache (no other program reads that position).
     USE_DOT (compiled, 16-bit cache, REP_PAD ≥ 16): both products on the tensor cores, the query rows padded to 16
     and P rounded to the cache's dtype for P·V (as flash attention does); else fp32 broadcast-multiply-and-sum.
     FINAL (one split covers the whole cache): the program normalises its rows and writes the attention output to
-    out_ptr itself, so no combine kernel runs.
-    LAST_COMBINES: after writing its split's m, l and o, each program counts itself in at count_ptr[bk] (zero
-    before the launch); the last of the kv head's NUM_SPLITS programs combines them (_combine_rows) into out_ptr and
-    sets the count back to zero — one kernel per layer instead of two."""
+    out_ptr itself, so no combine kernel runs."""
     bk = tl.program_id(0)  # b * KVH + kv head
     split = tl.program_id(1)
     if PDL:  # programmatic dependent launch: the next kernel may start once every program here has
@@ -151,46 +147,6 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
         tl.store(m_ptr + out, m_i)
         tl.store(l_ptr + out, l_i)
         tl.store(o_ptr + out[:, None] * D + dims[None, :], acc)
-        if LAST_COMBINES:
-            # Every thread's stores come before the count (the barrier), and the count's release at GPU scope
-            # publishes them; the last program's acquire makes the other programs' stores visible to it (CUTLASS's
-            # semaphore does the same: barrier, then one thread's release; one thread's acquire, then barrier).
-            tl.debug_barrier()
-            arrived = tl.atomic_add(count_ptr + bk, 1, sem="acq_rel", scope="gpu")
-            if arrived == NUM_SPLITS - 1:
-                tl.debug_barrier()
-                _combine_rows(m_ptr, l_ptr, o_ptr, out_ptr, bk, NUM_SPLITS, REP, REP_PAD, D, REP_C, CHUNK)
-                tl.store(count_ptr + bk, 0)  # for the next launch: nothing else touches it before this one ends
-
-
-@triton.jit
-def _combine_rows(m_ptr, l_ptr, o_ptr, out_ptr, bk, NUM_SPLITS, REP: tl.constexpr, REP_PAD: tl.constexpr,
-                  D: tl.constexpr, REP_C: tl.constexpr, CHUNK: tl.constexpr):
-    """out rows of kv head bk's REP query heads = Σ exp(m_i − M)·o_i / Σ exp(m_i − M)·l_i over the splits, CHUNK
-    splits at a time with a running max (REP_C = REP rounded up to a power of two). The loads skip L1 (.cg): the
-    other programs wrote these lines from other SMs."""
-    rows = tl.arange(0, REP_C)
-    dims = tl.arange(0, D)
-    m_run = tl.full((REP_C,), float("-inf"), tl.float32)
-    l_run = tl.zeros((REP_C,), tl.float32)
-    o_run = tl.zeros((REP_C, D), tl.float32)
-    for c0 in range(0, NUM_SPLITS, CHUNK):
-        splits = c0 + tl.arange(0, CHUNK)
-        ok = (splits < NUM_SPLITS)[:, None]
-        idx = (bk * NUM_SPLITS + splits)[:, None] * REP_PAD + rows[None, :]  # (CHUNK, REP_C)
-        m = tl.load(m_ptr + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        l = tl.load(l_ptr + idx, mask=ok, other=0.0, cache_modifier=".cg")  # noqa: E741 - softmax's running sum
-        o = tl.load(o_ptr + idx[:, :, None] * D + dims[None, None, :], mask=ok[:, :, None], other=0.0,
-                    cache_modifier=".cg")
-        m_new = tl.maximum(m_run, tl.max(m, axis=0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # splits past the length: m = -inf, weight 0
-        alpha = tl.exp(m_run - m_safe)
-        w = tl.exp(m - m_safe[None, :])
-        l_run = l_run * alpha + tl.sum(w * l, axis=0)
-        o_run = o_run * alpha[:, None] + tl.sum(w[:, :, None] * o, axis=0)
-        m_run = m_new
-    out = (bk * REP + rows)[:, None] * D + dims[None, :]
-    tl.store(out_ptr + out, (o_run / l_run[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < REP)[:, None])
 
 
 @triton.jit
@@ -278,53 +234,10 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     m = torch.empty(b * kvh * num_splits * rep_pad, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)  # noqa: E741 - the running sums the split kernel writes
     o = torch.empty(b * kvh * num_splits * rep_pad, d, device=q.device, dtype=torch.float32)
-    counts = _counts(q.device, b * kvh) if combine_in_split() else None
-    if counts is not None:
-        rep_c = triton.next_power_of_2(rep)
-        chunk = min(triton.next_power_of_2(num_splits), max(1, COMBINE_VALUES // (rep_c * d)))
-        _split_kernel[(b * kvh, num_splits)](q, k_c, v_c, pos, m, l, o, *args, **consts, out_ptr=out,
-                                             count_ptr=counts, LAST_COMBINES=True, REP_C=rep_c, CHUNK=chunk)
-        return out
     _split_kernel[(b * kvh, num_splits)](q, k_c, v_c, pos, m, l, o, *args, **consts)
     _combine_kernel[(b * h,)](m, l, o, out, num_splits, REP=rep, REP_PAD=rep_pad, D=d,
                               SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4, **pdl)
     return out
-
-
-# The last program's combine loads at most this many partial outputs (fp32) at a time: 4096 = the 1B's 16 split
-# slots × 4 rows × 64 dims, or the 7B's 32 × 1 × 128, in one pass (32 or 64 registers a thread at 4 or 2 warps).
-COMBINE_VALUES = 4096
-COMBINE_ENV = "MODELAB_DECODE_COMBINE"
-_COUNTS: dict[int, list[torch.Tensor]] = {}
-
-
-def combine_in_split() -> bool:
-    """MODELAB_DECODE_COMBINE: `kernel` (the default: a combine kernel after the split kernel) or `split` (the last
-    split program of each kv head combines: one kernel per layer). `split` is correct on the GPU (the CUDA-graph test
-    passed on an H100) but not shown faster: its one step measurement, 1B on an H100, triton-fused 924.0 and
-    triton-int4-wo 436.3 µs, had no baseline on that machine (another H100 the same day: 903.8 and 414.2–416.2 with
-    the combine kernel). The last program combines four heads alone after its own split, where the combine kernel
-    spreads the heads over 32 programs — a longer tail, perhaps."""
-    raw = os.environ.get(COMBINE_ENV, "kernel").strip()
-    if raw not in ("split", "kernel"):
-        raise ValueError(f"{COMBINE_ENV}={raw!r}: want 'split' or 'kernel'")
-    return raw == "split"
-
-
-def _counts(device: torch.device, n: int) -> torch.Tensor | None:
-    """n int32 arrival counts on the device, zero between launches (each launch's last programs reset theirs). Made
-    once per device, outside any CUDA graph capture (a capture records the zero fill but does not run it): during a
-    capture without them this returns None and the combine kernel runs instead. Never freed, as graphs keep their
-    address; so two launches must not run at once on one device (one timing run per device: the device lock)."""
-    cuda = device.type == "cuda"  # else the interpreter's CPU tensors
-    index = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else -1
-    have = _COUNTS.setdefault(index, [])
-    if have and have[-1].numel() >= n:
-        return have[-1]
-    if cuda and torch.cuda.is_current_stream_capturing():
-        return None
-    have.append(torch.zeros(max(n, 1024), device=device, dtype=torch.int32))
-    return have[-1]
 
 
 TILE_ENV = "MODELAB_DECODE_ATTENTION_TILE"
@@ -355,10 +268,8 @@ def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     and the new k (cos, sin: the rotary tables, (positions ≥ S_max, D), read at input_pos[-1] on the device, so no
     indexing kernel runs per step), k and v written into the cache at input_pos[-1], then
     flash-decoding → (B, H, 1, D). One kernel does what RoPE, the cache writes and a copy of q did in four.
-    (Tried and dropped: the split kernel's last program per kv head doing the combine too, counted by an atomic —
-    one kernel per layer, but measured slower on the H100, 1040 against 985–990 µs per 1B decode step, both twice
-    on one machine: the fence, the atomic's round trip and eight combining programs cost more than a combine kernel
-    that programmatic dependent launch has already resident.)"""
+    Where engine.kernels.cuda_decode is loaded and asked for on this device (its `wanted`, `fits`) and no tile is
+    forced, its cluster kernel takes the call: the same work and the combine in one kernel."""
     _, kvh, s_max, d = k_cache.shape
     b = qkv.shape[0]
     if qkv.numel() != b * qkv.shape[-1] or qkv.shape[-1] % d or qkv.shape[-1] // d <= 2 * kvh:
@@ -372,6 +283,9 @@ def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Te
                          "fit together")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("the cache must be contiguous: it is written in place")
+    if tile is None and qkv.is_cuda and cuda_decode.wanted(qkv.device) and cuda_decode.fits(qkv, cos, sin, k_cache,
+                                                                                         v_cache, input_pos):
+        return cuda_decode.attend_qkv(qkv, cos, sin, k_cache, v_cache, input_pos, pdl=pdl_enabled(qkv.device))
     rope = {"FROM_QKV": True, "cos_ptr": cos.contiguous(), "sin_ptr": sin.contiguous(),
             "QKV_ROW": qkv.shape[-1]}
     return _attend(qkv.reshape(b, -1).contiguous(), k_cache, v_cache, input_pos, b, h, d, rope, tile)

@@ -15,6 +15,15 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and not is_interpreted(da._split_kernel):
     pytest.skip("the kernel was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
 
+
+
+@pytest.fixture(autouse=True)
+def _triton_kernels(monkeypatch) -> None:
+    """These tests are the Triton kernels' (on an H100 the qkv variant's calls would go to engine.kernels.cuda_decode's
+    cluster kernel, which tests/engine/kernels/test_cuda_decode.py checks)."""
+    monkeypatch.setenv("MODELAB_DECODE_ATTENTION", "triton")
+
+
 TOL = {torch.float32: 1e-6, torch.bfloat16: 8e-3}  # relative L2; bf16 outputs are rounded (2^-9 per element)
 
 
@@ -86,13 +95,11 @@ def test_a_decoder_on_the_kernel_decodes_like_sdpa() -> None:
 def test_the_llm_kernels_compile_for_the_h100_without_one(aot_check_rows) -> None:
     """The interpreter never lowers to the GPU: compile every tile of the GEMV (plain, +norm, +residual,
     +norm +swiglu), the decode-attention kernels (split, split with RoPE and the cache write, the same as one split
-    writing the output, the same whose last program combines, combine) and the argmax's three for sm_90 with
-    Triton's own ptxas (benchmarks/triton_aot_check.py), in a process without TRITON_INTERPRET, cache empty. No
-    kernel spills (a stack frame in a kernel without calls)."""
+    writing the output, combine) and the argmax's three for sm_90 with Triton's own ptxas
+    (benchmarks/triton_aot_check.py), in a process without TRITON_INTERPRET, cache empty. No kernel spills (a stack
+    frame in a kernel without calls)."""
     rows = aot_check_rows()
-    assert len(rows) == 10 + 3 + 4 * 12 and all(line.endswith("ok") for line in rows), rows
-    combining = [line for line in rows if "split+rope+combine" in line]
-    assert len(combining) == 2 and all(line.split()[-3] == "0" for line in combining), combining  # stack bytes
+    assert len(rows) == 8 + 3 + 4 * 12 and all(line.endswith("ok") for line in rows), rows
     argmax = [line for line in rows if line.startswith("argmax")]
     assert len(argmax) == 3 and all(line.split()[-3] == "0" for line in argmax), argmax  # stack bytes
 
@@ -142,69 +149,6 @@ def test_qkv_variant_applies_rope_writes_the_cache_and_attends(b, h, kvh, d, s, 
         assert torch.equal(v_cache[:, :, pos], v_ref[:, :, pos].to(dtype))
         want = da._reference(q, k_ref, v_ref, input_pos)
         assert out.shape == (b, h, 1, d) and rel_err(out, want) < 2 * TOL[dtype], (pos, rel_err(out, want))
-
-
-@pytest.mark.parametrize("chunk_of_one", [False, True], ids=["one-pass", "split-by-split"])
-@pytest.mark.parametrize("b,h,kvh,d,s", SHAPES)
-def test_the_last_split_program_combines_as_the_combine_kernel_does(b, h, kvh, d, s, chunk_of_one,
-                                                                    monkeypatch) -> None:
-    """MODELAB_DECODE_COMBINE=split (the last of a kv head's split programs to finish combines the splits itself)
-    against SDPA's math in float64 and against =kernel (the default: a combine kernel), at positions that leave
-    splits empty or fill them all — also with the combine walking the splits one at a time (its running max over
-    chunks). Every arrival count is back at zero after each launch."""
-    gen = torch.Generator().manual_seed(b + h + d + s)
-    q = torch.randn(b, h, 1, d, generator=gen).to(DEVICE)
-    k = torch.randn(b, kvh, s, d, generator=gen).to(DEVICE)
-    v = torch.randn(b, kvh, s, d, generator=gen).to(DEVICE)
-    if chunk_of_one:
-        monkeypatch.setattr(da, "COMBINE_VALUES", 1)
-    for pos in (0, s // 2, s - 1):
-        p = torch.tensor([pos], device=DEVICE)
-        monkeypatch.setenv(da.COMBINE_ENV, "kernel")
-        by_kernel = da.decode_attention_fwd(q, k, v, p)
-        monkeypatch.setenv(da.COMBINE_ENV, "split")
-        in_split = da.decode_attention_fwd(q, k, v, p)
-        assert rel_err(in_split, da._reference(q, k, v, p)) < TOL[torch.float32], pos
-        assert torch.allclose(in_split, by_kernel, rtol=1e-5, atol=1e-6), pos
-        assert all(int(c.abs().sum()) == 0 for counts in da._COUNTS.values() for c in counts)
-
-
-def test_a_bad_combine_choice_is_refused_with_the_choices(monkeypatch) -> None:
-    monkeypatch.setenv(da.COMBINE_ENV, "last")
-    with pytest.raises(ValueError, match="MODELAB_DECODE_COMBINE='last': want 'split' or 'kernel'"):
-        da.decode_attention_fwd(*(torch.zeros(1, 2, n, 16, device=DEVICE) for n in (1, 40, 40)), torch.tensor([3]))
-
-
-@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
-def test_in_a_cuda_graph_the_counts_reset_on_every_replay(monkeypatch) -> None:
-    """The 1B's shape (32 heads over 8 kv heads, 640 cached positions, bf16) captured in CUDA graphs: one captured
-    before any count existed (the capture cannot zero them, so it takes the combine kernel) and one after; each
-    replayed at positions across the cache, against the eager combine kernel's output."""
-    monkeypatch.setattr(da, "_COUNTS", {})
-    gen = torch.Generator().manual_seed(3)
-    q = torch.randn(1, 32, 1, 64, generator=gen).to(DEVICE, torch.bfloat16)
-    k, v = (torch.randn(1, 8, 640, 64, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(2))
-    pos = torch.zeros(1, dtype=torch.int64, device=DEVICE)
-    monkeypatch.setenv(da.COMBINE_ENV, "kernel")
-    da.decode_attention_fwd(q, k, v, pos)  # compiles the kernels before any capture
-    monkeypatch.setenv(da.COMBINE_ENV, "split")
-    graphs = []
-    for _ in range(2):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = da.decode_attention_fwd(q, k, v, pos)
-        graphs.append((g, out))
-        assert any(da._COUNTS.values()) == (len(graphs) == 2)
-        da.decode_attention_fwd(q, k, v, pos)  # eager: makes the counts (and compiles the combining kernel)
-    for at in (0, 63, 64, 300, 639):
-        pos.fill_(at)
-        monkeypatch.setenv(da.COMBINE_ENV, "kernel")
-        want = da.decode_attention_fwd(q, k, v, pos)
-        for g, out in graphs:
-            g.replay()
-            torch.cuda.synchronize()
-            assert torch.allclose(out.float(), want.float(), rtol=1e-2, atol=1e-2), at
-        assert int(da._COUNTS[torch.cuda.current_device()][-1].abs().sum()) == 0
 
 
 @pytest.mark.parametrize("raw", ["64,64", "a,b,c", "64,48,4", "64,64,32", "16,64,4", "-64,64,4", "0,64,4",
