@@ -24,8 +24,6 @@ pdl            1B and 7B triton-fused with programmatic dependent launch off and
 argmax         the next token's argmax alone (argmax_bench.py), then 1B and 7B triton-int4-wo with torch's argmax and
                the Triton one (MODELAB_TRITON_ARGMAX=0/1)
 decode-path    1B triton-fused and triton-int4-wo profiled: each decode kernel's time on the critical path per step
-attention      the decode attention on the Triton split and combine kernels or the cluster kernel
-               (MODELAB_DECODE_ATTENTION=triton/auto), interleaved twice: the 1B triton-fused and int4 steps
 llm-1b-all     1B, every LLM mode, prepared side by side and timed alone: total seconds and each run's phase timeline
 levels         every kernel level of the three components at their real shapes
 cuda-levels    the L5 CUDA kernels: build (ptxas registers), checks, timings against torch (cuda_levels_gpu.py)
@@ -147,13 +145,6 @@ case $part in
                  FROM op_stats o JOIN runs r ON r.id = o.run_id
                  JOIN metrics s ON s.run_id = r.id AND s.name = 'prof_steps' AND s.phase = 'decode'
                  WHERE o.device = 'cuda' AND o.phase = 'decode' AND r.kind = 'llm' ORDER BY r.id, o.self_us DESC" ;;
-  attention) i=0
-             for c in triton auto triton auto; do  # the first run also compiles: 70-100 s on an H100
-               i=$((i + 1))
-               MODELAB_DECODE_ATTENTION=$c LLM_LIMIT=200 t llm --preset 1B --no-profile \
-                 --mode triton-fused,triton-int4-wo >"$out/attention_${i}_$c.log" 2>&1
-               echo "MODELAB_DECODE_ATTENTION=$c"; grep -E "^ +[0-9]+ +triton|^\[[0-9]+ s, rc" "$out/attention_${i}_$c.log"
-             done ;;
   llm-1b-all) t timeout 580 python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --mode all \
                 --device cuda >"$out/llm1b_all.log" 2>&1; tail -30 "$out/llm1b_all.log"
               python3 benchmarks/run_timelines.py --kind llm ;;

@@ -378,10 +378,6 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
 
         for layer in model.layers:
             layer.self_attn.decode_attn_qkv = decode_attention_qkv
-        if device.startswith("cuda"):
-            from engine.kernels import cuda_decode
-
-            notes.append(cuda_decode.ensure(device))  # the cluster kernel where asked for and it builds, or why not
         notes.append("decode step: RMSNorm inside the qkv, gate_up and lm_head GEMVs, SwiGLU in the gate_up GEMV's "
                      "epilogue, residual adds inside the o and down GEMVs (engine.kernels.triton.gemv.norm_linear / "
                      "norm_swiglu / linear_add); RoPE and the KV-cache write inside the decode attention "

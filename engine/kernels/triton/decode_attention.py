@@ -15,7 +15,8 @@ cache of 640 positions in one program per kv head measured 2.4× slower alone th
 (Tried and dropped, docs/figures.md: the split kernel handing the TMA unit bulk L2 prefetches
 of the layer's next weights — every size made the step slower; the last split program of each kv head combining the
 splits, counted by an atomic — one kernel per layer, but 434.9 / 436.0 against 413.8 / 411.2 µs for the 1B int4 step,
-interleaved on one H100. On sm_90 engine/kernels/cuda_decode.py's cluster kernel does both in one kernel.)
+interleaved on one H100; and a CUDA kernel doing both with the splits as the CTAs of a thread-block cluster,
+combined through distributed shared memory — 412.7 / 413.6 against 390.7 / 391.1 µs, H200.)
 
 L = input_pos + 1 is read from a device tensor and the grids depend only on the static cache length, so a CUDA graph
 captures both kernels once for every position. Splits that start at or beyond L write m = −inf, l = 0 and add nothing.
@@ -34,7 +35,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels import cuda_decode
 from engine.kernels.triton._common import is_interpreted, pdl_enabled
 
 
@@ -268,8 +268,8 @@ def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     and the new k (cos, sin: the rotary tables, (positions ≥ S_max, D), read at input_pos[-1] on the device, so no
     indexing kernel runs per step), k and v written into the cache at input_pos[-1], then
     flash-decoding → (B, H, 1, D). One kernel does what RoPE, the cache writes and a copy of q did in four.
-    Where engine.kernels.cuda_decode is loaded and asked for on this device (its `wanted`, `fits`) and no tile is
-    forced, its cluster kernel takes the call: the same work and the combine in one kernel."""
+    (Tried and dropped: the same work and the combine in one CUDA kernel, the splits of each kv head the CTAs of
+    a thread-block cluster combining through distributed shared memory — slower, docs/quantization.md.)"""
     _, kvh, s_max, d = k_cache.shape
     b = qkv.shape[0]
     if qkv.numel() != b * qkv.shape[-1] or qkv.shape[-1] % d or qkv.shape[-1] // d <= 2 * kvh:
@@ -283,9 +283,6 @@ def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Te
                          "fit together")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("the cache must be contiguous: it is written in place")
-    if tile is None and qkv.is_cuda and cuda_decode.wanted(qkv.device) and cuda_decode.fits(qkv, cos, sin, k_cache,
-                                                                                         v_cache, input_pos):
-        return cuda_decode.attend_qkv(qkv, cos, sin, k_cache, v_cache, input_pos, pdl=pdl_enabled(qkv.device))
     rope = {"FROM_QKV": True, "cos_ptr": cos.contiguous(), "sin_ptr": sin.contiguous(),
             "QKV_ROW": qkv.shape[-1]}
     return _attend(qkv.reshape(b, -1).contiguous(), k_cache, v_cache, input_pos, b, h, d, rope, tile)

@@ -17,13 +17,6 @@ if DEVICE == "cpu" and not is_interpreted(da._split_kernel):
 
 
 
-@pytest.fixture(autouse=True)
-def _triton_kernels(monkeypatch) -> None:
-    """These tests are the Triton kernels' (on an H100 the qkv variant's calls would go to engine.kernels.cuda_decode's
-    cluster kernel, which tests/engine/kernels/test_cuda_decode.py checks)."""
-    monkeypatch.setenv("MODELAB_DECODE_ATTENTION", "triton")
-
-
 TOL = {torch.float32: 1e-6, torch.bfloat16: 8e-3}  # relative L2; bf16 outputs are rounded (2^-9 per element)
 
 

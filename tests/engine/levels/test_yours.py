@@ -171,7 +171,8 @@ def test_cli_runs_several_kernels_beside_the_levels(child_env: dict[str, str]) -
                           "user_cheats:fp16", "--impl-path", KERNELS, "--iters", "2", "--warmup", "0"],
                          capture_output=True, text=True, env=child_env, timeout=300)
     assert ran.returncode == 1, ran.stderr  # the fp16 kernel fails its run
-    assert "yours:user_attention:attention" in ran.stdout and "guards: pass" in ran.stdout
+    # (the whole output on failure: which guard flagged, with its note on stderr)
+    assert "yours:user_attention:attention" in ran.stdout and "guards: pass" in ran.stdout, ran.stdout + ran.stderr
     assert "guard precision: FAIL" in ran.stderr
     bad = subprocess.run([sys.executable, "-m", "engine", "levels", "--component", "causal_attention", "--shape",
                           "small", "--impl", "user_cheats:raises", "--impl-path", KERNELS], capture_output=True,
