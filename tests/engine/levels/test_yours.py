@@ -90,10 +90,58 @@ def test_the_background_guard_allows_for_a_noisy_baseline_but_not_a_spinning_thr
     assert background_flagged(0.196 + 0.11, 0.196)  # two more cores busy beside the noise
 
 
+def test_the_background_guard_flags_busy_threads_the_calls_started_whatever_the_baseline() -> None:
+    from engine.levels.guards import BACKGROUND_WINDOW_S, started_flagged
+
+    assert started_flagged(BACKGROUND_WINDOW_S) and started_flagged(0.6 * BACKGROUND_WINDOW_S)
+    assert not started_flagged(0.0) and not started_flagged(0.01)  # one 10 ms tick
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="per-thread CPU from /proc (Linux)")
+def test_a_pause_counts_the_threads_started_after_the_snapshot_apart() -> None:
+    import threading
+
+    from engine.levels.guards import background_cpu_s, thread_ids
+
+    def spin(stop: threading.Event) -> None:
+        while not stop.is_set():  # pure Python: runs while the caller sleeps (the GIL is free then)
+            pass
+
+    stop = threading.Event()
+    old = threading.Thread(target=spin, args=(stop,), daemon=True)
+    old.start()
+    try:
+        before = thread_ids()
+        assert old.native_id in before
+        busy, started = background_cpu_s(0.1, before)  # only the old thread runs
+        assert busy >= 0.04 and started <= 0.01, (busy, started)  # (at most one stray 10 ms tick)
+        threading.Thread(target=spin, args=(stop,), daemon=True).start()  # the old one keeps running beside it
+        busy, started = background_cpu_s(0.1, before)
+        assert started >= 0.02 and busy >= started, (busy, started)
+        assert background_cpu_s(0.05)[1] == 0.0  # without a snapshot nothing is counted apart
+    finally:
+        stop.set()
+
+
 def test_work_left_running_on_a_raw_thread_is_flagged() -> None:
     result = _run("user_cheats:spins_after")
     assert {m.name: m.value for m in result.metrics}["guard_background_cpu"] == 0.0
     assert any(n.startswith("guard background_cpu: FLAG — other threads used ") for n in result.notes), result.notes
+
+
+@pytest.mark.parametrize("busy,started,status", [(0.50, 0.20, "flag"), (0.50, 0.0, "pass"), (0.02, 0.0, "pass"),
+                                                 (0.60, 0.0, "flag")])
+def test_threads_the_calls_started_are_flagged_beside_a_noisy_pool(busy, started, status, monkeypatch) -> None:
+    """The pause's two figures as a many-core host under load gave them: a 450 ms baseline (the pools' own noise) hides
+    four threads left computing from the baseline rule; counted apart, threads the calls started flag it."""
+    from engine.levels.guards import Guard
+
+    guard = Guard(ATTN, ATTN.shape("small"), torch.nn.Identity(), 1e-3, "cpu")
+    monkeypatch.setattr(guard, "_after", lambda f, inputs: (busy, started))
+    guard._background(None, (), baseline=0.45)
+    (verdict,) = guard.verdicts
+    assert verdict.guard == "background_cpu" and verdict.status == status, verdict.line()
+    assert f"{started * 1e3:.0f} ms of it threads the calls started" in verdict.line()
 
 
 CUDA = torch.cuda.is_available()
