@@ -12,11 +12,11 @@ of cache in the 1B decode step). Here every (batch, kv head, split of SPLIT posi
 
 Where one split covers the whole (short) cache, the split kernel writes the output itself and no combine runs (a
 cache of 640 positions in one program per kv head measured 2.4× slower alone than the splits: docs/figures.md).
-(Tried and dropped, docs/figures.md: the split kernel handing the TMA unit bulk L2 prefetches
-of the layer's next weights — every size made the step slower; the last split program of each kv head combining the
-splits, counted by an atomic — one kernel per layer, but 434.9 / 436.0 against 413.8 / 411.2 µs for the 1B int4 step,
-interleaved on one H100; and a CUDA kernel doing both with the splits as the CTAs of a thread-block cluster,
-combined through distributed shared memory — 412.7 / 413.6 against 390.7 / 391.1 µs, H200.)
+Tried and dropped (docs/figures.md, docs/quantization.md): the split kernel handing the TMA unit bulk L2 prefetches of
+the layer's next weights (every size made the step slower); the last split program of each kv head combining the
+splits, counted by an atomic (one kernel per layer, but the 1B int4 step 434.9 / 436.0 against 413.8 / 411.2 µs,
+interleaved on one H100); a CUDA kernel doing both, the splits the CTAs of a thread-block cluster combined through
+distributed shared memory (412.7 / 413.6 against 390.7 / 391.1 µs on one H200; its code is in commit c314902).
 
 L = input_pos + 1 is read from a device tensor and the grids depend only on the static cache length, so a CUDA graph
 captures both kernels once for every position. Splits that start at or beyond L write m = −inf, l = 0 and add nothing.
