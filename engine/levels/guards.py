@@ -397,7 +397,11 @@ def thread_cpu_s() -> dict[int, float]:
 
 
 def thread_ids() -> set[int]:
-    return set(thread_cpu_s())
+    """This process's thread ids (empty where /proc has no per-thread entries)."""
+    try:
+        return {int(tid) for tid in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
 
 
 def background_cpu_s(window_s: float, before: set[int] | None = None) -> tuple[float, float]:
