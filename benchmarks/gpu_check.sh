@@ -66,12 +66,17 @@ case $part in
          # GPU's slices get their own build dir, device-lock dir and store; SUITE_LIMIT bounds each slice (SIGINT:
          # pytest still prints what ran); SLICES picks some (e.g. "kernels levels" on two GPUs in one 10-minute
          # call, then "rest": on two H200s kernels and levels each took ~8 minutes, the rest ~7; NAME=A,B runs
-         # pytest on A B (commas for spaces), e.g. on four GPUs the kernels in two: "levels rest
-         # kc=tests/engine/kernels/test_cuda_levels.py,tests/engine/kernels/test_cuda_quant.py
-         # kt=tests/engine/kernels,--ignore=tests/engine/kernels/test_cuda_levels.py,--ignore=…")
+         # pytest on A B (commas for spaces). SLICES=four: four slices of under ~8 minutes each on four H200s
+         # (2026-11-28: the levels without their two slowest files ~5 min, the rest ~8.5, the CUDA kernels with those
+         # two files ~8, the other kernel files ~7.5; three slices there ran past 9 minutes).
          gpus=$(nvidia-smi -L | wc -l); [ "$gpus" -ge 1 ] || gpus=1
          sel=$(sed -n 's/^GPU_TESTS ?= //p' Makefile)
          slices=()
+         k=tests/engine/kernels lv=tests/engine/levels
+         four="lv=$lv,--ignore=$lv/test_yours.py,--ignore=$lv/test_user_triton_kernel.py rest
+               kc=$k/test_cuda_levels.py,$k/test_cuda_quant.py,$lv/test_yours.py,$lv/test_user_triton_kernel.py
+               kt=$k,--ignore=$k/test_cuda_levels.py,--ignore=$k/test_cuda_quant.py"
+         [ "${SLICES:-}" = four ] && SLICES=$four
          for name in ${SLICES:-kernels levels rest}; do
            case $name in
              kernels|levels) slices+=("$name:tests/engine/$name") ;;
