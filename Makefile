@@ -41,6 +41,7 @@ test: lint
 # (2026-11-28, two H200s, a slice per GPU): kernels ran past 540 s (545 of its 550), levels past 480 s (106 of 110),
 # the rest 413 s. Without them, four H200s (session 23): levels 108 of 110 in 544 s (its last file, test_yours.py,
 # 69 s alone), the rest 468 s, the kernels in two slices 122 s (test_cuda_levels, test_cuda_quant) and 439 s.
+# Session 24 found levels' two slowest files belong beside the CUDA kernels: SLICES=four in gpu_check.sh.
 # The 15 slowest tests are listed at the end (where a shorter suite would come from).
 GPU_TESTS ?= (cuda or gpu or triton or gemv or decode or levels or llm) and not (without_one or sm90a or sm90_offline or without_spilling)
 GPU_PATHS ?= tests/engine
