@@ -406,16 +406,18 @@ def thread_ids() -> set[int]:
 
 def background_cpu_s(window_s: float, before: set[int] | None = None) -> tuple[float, float]:
     """CPU seconds other threads of this process used while this one slept for window_s, and of those the threads
-    not in `before` (started since; 0.0 without `before` or without per-thread figures)."""
+    not in `before` (started since; 0.0 without `before` or without per-thread figures). Both figures cover the same
+    span — the per-thread snapshots lie inside it, and reading /proc can take a while when busy threads hold the GIL
+    — and are scaled to window_s, so the threads started since never count more than all of them (up to one 10 ms
+    tick a thread: /proc's resolution)."""
+    wall, proc, mine = time.perf_counter(), time.process_time(), time.thread_time()
     start = thread_cpu_s() if before is not None else {}
-    proc, mine = time.process_time(), time.thread_time()
     time.sleep(window_s)
+    end = thread_cpu_s() if before is not None else {}
     busy = max(0.0, (time.process_time() - proc) - (time.thread_time() - mine))
-    if before is None:
-        return busy, 0.0
-    end = thread_cpu_s()
-    started = sum(cpu - start.get(tid, 0.0) for tid, cpu in end.items() if tid not in before)
-    return busy, max(0.0, started)
+    scale = window_s / max(window_s, time.perf_counter() - wall)
+    started = sum(cpu - start.get(tid, 0.0) for tid, cpu in end.items() if before is not None and tid not in before)
+    return busy * scale, max(0.0, started) * scale
 
 
 def sync(device: str) -> None:
