@@ -164,6 +164,58 @@ def test_qkv_variant_refuses_shapes_it_does_not_handle() -> None:
         da.decode_attention_qkv_fwd(torch.zeros(1, 1, 8 * 16, device=DEVICE), cos[:4], cos[:4], k, k, pos)
 
 
+@pytest.mark.parametrize("tile", [None, "64,16,4"], ids=["default-tile", "one-split"])
+@pytest.mark.parametrize("b,h,kvh,d,s", SHAPES)
+def test_the_splits_partials_combine_to_the_attention_output(b, h, kvh, d, s, tile, monkeypatch) -> None:
+    """decode_attention_qkv_split (the path whose combine happens inside the o product) returns the split kernel's
+    m, l, o in the layout split_layout names — also where one split covers the cache and the split kernel would
+    otherwise write the output itself — and combine_splits of them is decode_attention_qkv's output; both write
+    the same cache."""
+    from dataclasses import replace
+
+    from engine.workloads.llama import preset, rope_tables
+
+    if tile:
+        monkeypatch.setenv(da.TILE_ENV, tile)
+    gen = torch.Generator().manual_seed(5)
+    cos_t, sin_t = (t.to(DEVICE) for t in rope_tables(replace(preset("tiny"), dim=h * d, heads=h, kv_heads=kvh), s))
+    for pos in (0, s // 2, s - 1):
+        qkv = torch.randn(b, 1, (h + 2 * kvh) * d, generator=gen).to(DEVICE)
+        k_cache = torch.randn(b, kvh, s, d, generator=gen).to(DEVICE)
+        v_cache = torch.randn(b, kvh, s, d, generator=gen).to(DEVICE)
+        k2, v2 = k_cache.clone(), v_cache.clone()
+        input_pos = torch.tensor([pos], device=DEVICE)
+        out = da.decode_attention_qkv(qkv, cos_t, sin_t, k_cache, v_cache, input_pos)
+        m, l, o = da.decode_attention_qkv_split(qkv, cos_t, sin_t, k2, v2, input_pos)  # noqa: E741
+        splits, rep_pad = da.split_layout(h, k_cache)
+        assert splits == (1 if tile else -(-s // da.INTERPRETER["SPLIT"]))
+        assert m.shape == l.shape == (b * kvh, splits, rep_pad) and o.shape == (b * kvh, splits, rep_pad, d)
+        assert torch.equal(k2, k_cache) and torch.equal(v2, v_cache)
+        live = torch.arange(splits) * (s // splits if tile else da.INTERPRETER["SPLIT"]) <= pos
+        assert bool(torch.isinf(m[:, ~live.to(m.device)]).all()) and bool((l[:, ~live.to(m.device)] == 0).all())
+        got = da.combine_splits(m, l, o, h // kvh, batch=b)
+        assert got.shape == (b, h * d) and rel_err(got, out.reshape(b, h * d).double()) < 1e-6
+
+
+def test_the_combine_is_chosen_in_the_environment(monkeypatch) -> None:
+    """$MODELAB_DECODE_COMBINE: kernel by default (unset or empty), o on request; anything else refused with the
+    choices. On the CPU (no tensor-core o product) the fused ops leave the attention to the decoder either way."""
+    from engine.kernels.triton.gemv import FusedDecodeOps
+
+    monkeypatch.delenv(da.COMBINE_ENV, raising=False)
+    assert da.combine_choice() == "kernel"
+    for value, want in (("", "kernel"), ("O", "o"), ("kernel", "kernel")):
+        monkeypatch.setenv(da.COMBINE_ENV, value)
+        assert da.combine_choice() == want
+    proj = torch.nn.Linear(16, 16, bias=False)
+    qkv, cache, pos = torch.zeros(1, 1, 48), torch.zeros(1, 1, 8, 16), torch.tensor([0])
+    assert FusedDecodeOps.attend_linear_add(qkv, cache[0, 0], cache[0, 0], cache, cache, pos, proj,
+                                            torch.zeros(1, 1, 16)) is None
+    monkeypatch.setenv(da.COMBINE_ENV, "split")
+    with pytest.raises(ValueError, match="MODELAB_DECODE_COMBINE='split': choose one of kernel, o"):
+        da.combine_choice()
+
+
 def test_a_fused_decoder_with_rope_in_the_kernel_decodes_like_the_original() -> None:
     """triton-fused's decode step: GEMVs with norms and residuals, RoPE and the cache write inside the attention
     kernel; eager and compiled (fullgraph: the cache-writing custom op traces) give the original tokens."""
