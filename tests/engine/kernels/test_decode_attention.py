@@ -197,6 +197,23 @@ def test_the_splits_partials_combine_to_the_attention_output(b, h, kvh, d, s, ti
         assert got.shape == (b, h * d) and rel_err(got, out.reshape(b, h * d).double()) < 1e-6
 
 
+def test_the_split_op_passes_torch_opcheck() -> None:
+    """modelab::decode_attention_qkv_split as torch.compile sees it: its schema (the cache mutated), its fake kernel's
+    three partials against the real ones (shapes, dtypes), AOT dispatch with dynamic shapes."""
+    from dataclasses import replace
+
+    from engine.workloads.llama import preset, rope_tables
+
+    h, kvh, d, s = 8, 2, 16, 40
+    cos, sin = (t.to(DEVICE) for t in rope_tables(replace(preset("tiny"), dim=h * d, heads=h, kv_heads=kvh), s))
+    gen = torch.Generator().manual_seed(2)
+    qkv = torch.randn(1, 1, (h + 2 * kvh) * d, generator=gen).to(DEVICE)
+    k, v = (torch.randn(1, kvh, s, d, generator=gen).to(DEVICE) for _ in range(2))
+    result = torch.library.opcheck(da.decode_attention_qkv_split, (qkv, cos, sin, k, v, torch.tensor([20],
+                                                                                                      device=DEVICE)))
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
 def test_the_combine_is_chosen_in_the_environment(monkeypatch) -> None:
     """$MODELAB_DECODE_COMBINE: kernel by default (unset or empty), o on request; anything else refused with the
     choices. On the CPU (no tensor-core o product) the fused ops leave the attention to the decoder either way."""
