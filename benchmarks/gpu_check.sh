@@ -71,7 +71,8 @@ case $part in
          # call, then "rest": on two H200s kernels and levels each took ~8 minutes, the rest ~7; NAME=A,B runs
          # pytest on A B (commas for spaces). SLICES=four: four slices of under ~8 minutes each on four H200s
          # (2026-11-28: the levels without their two slowest files ~5 min, the rest ~8.5, the CUDA kernels with those
-         # two files ~8, the other kernel files ~7.5; three slices there ran past 9 minutes).
+         # two files ~8, the other kernel files ~7.5; three slices there ran past 9 minutes). On two GPUs:
+         # SLICES=four-1, then SLICES=four-2 in a second call.
          gpus=$(nvidia-smi -L | wc -l); [ "$gpus" -ge 1 ] || gpus=1
          sel=$(sed -n 's/^GPU_TESTS ?= //p' Makefile)
          slices=()
@@ -79,7 +80,12 @@ case $part in
          four="lv=$lv,--ignore=$lv/test_yours.py,--ignore=$lv/test_user_triton_kernel.py rest
                kc=$k/test_cuda_levels.py,$k/test_cuda_quant.py,$lv/test_yours.py,$lv/test_user_triton_kernel.py
                kt=$k,--ignore=$k/test_cuda_levels.py,--ignore=$k/test_cuda_quant.py"
-         [ "${SLICES:-}" = four ] && SLICES=$four
+         read -r -a four_ <<<"$(echo $four)"
+         case ${SLICES:-} in  # four-1, four-2: its first two, its last two (two GPUs: one 10-minute call each)
+           four) SLICES=$four ;;
+           four-1) SLICES="${four_[0]} ${four_[1]}" ;;
+           four-2) SLICES="${four_[2]} ${four_[3]}" ;;
+         esac
          for name in ${SLICES:-kernels levels rest}; do
            case $name in
              kernels|levels) slices+=("$name:tests/engine/$name") ;;

@@ -68,6 +68,15 @@ def test_four_slices_cover_every_gpu_test_file_once(tmp_path: Path) -> None:
             covered += [f for f in files if f not in ignored and not any(i in f.parents for i in ignored)]
     everything = sorted((REPO / "tests/engine").rglob("test_*.py"))
     assert sorted(covered) == everything and len(covered) == len(set(covered))
+    # four-1 and four-2 (two GPUs, two calls): the same four pytest runs, two each
+    halves = []
+    for half in ("four-1", "four-2"):
+        (tmp_path / "calls.log").unlink()
+        done = run("tests", tmp_path, SLICES=half)
+        assert done.returncode == 0, done.stdout + done.stderr
+        halves += [line.split()[1:] for line in (tmp_path / "calls.log").read_text().splitlines()
+                   if line.startswith("python3 -m pytest")]
+    assert halves == runs
 
 
 @pytest.mark.parametrize("part", ["nonsense", "prefetch"])
