@@ -94,12 +94,12 @@ struct Args {
   float eps;
   // COMBINE: x is not given but formed from the decode attention's splits (engine/kernels/triton/decode_attention.py,
   // decode_attention_qkv_split): per split s of kv head j and query row r of its group, the running max m, the sum l
-  // (each [j][s][rep_pad]) and the unnormalised output o ([j][s][rep_pad][head_dim], all fp32); query head
+  // (each [j][s][rep_pad], fp32) and the unnormalised output o ([j][s][rep_pad][head_dim], bf16); query head
   // h = j·rep + r, x[h·head_dim + d] = Σ_s e^(m_s − M)·o_s[d] / Σ_s e^(m_s − M)·l_s, M = max_s m_s — what the
   // combine kernel writes, here staged straight into shared memory (one kernel fewer per layer).
   const float* pm = nullptr;
   const float* pl = nullptr;
-  const float* po = nullptr;
+  const __nv_bfloat16* po = nullptr;
   int splits = 0, rep = 0, rep_pad = 0, head_dim = 0;
 };
 
@@ -120,16 +120,14 @@ __device__ __forceinline__ void combine_splits(const Args& a, int i0, float (&v)
     const int idx = first + sp * a.rep_pad;
     const float w = __expf(__ldg(a.pm + idx) - top);
     den = fmaf(w, __ldg(a.pl + idx), den);
-    const float4* o4 = reinterpret_cast<const float4*>(a.po + static_cast<size_t>(idx) * a.head_dim + d0);
-    const float4 lo = __ldg(o4), hi = __ldg(o4 + 1);
-    v[0] = fmaf(w, lo.x, v[0]);
-    v[1] = fmaf(w, lo.y, v[1]);
-    v[2] = fmaf(w, lo.z, v[2]);
-    v[3] = fmaf(w, lo.w, v[3]);
-    v[4] = fmaf(w, hi.x, v[4]);
-    v[5] = fmaf(w, hi.y, v[5]);
-    v[6] = fmaf(w, hi.z, v[6]);
-    v[7] = fmaf(w, hi.w, v[7]);
+    const uint4 ov = __ldg(reinterpret_cast<const uint4*>(a.po + static_cast<size_t>(idx) * a.head_dim + d0));
+    const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&ov);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = __bfloat1622float2(o2[e]);
+      v[2 * e] = fmaf(w, f.x, v[2 * e]);
+      v[2 * e + 1] = fmaf(w, f.y, v[2 * e + 1]);
+    }
   }
   const float inv = 1.f / den;
 #pragma unroll
@@ -517,12 +515,12 @@ at::Tensor int4_gemv_combine_cuda(const at::Tensor& m, const at::Tensor& l, cons
                                   int64_t kslices, int64_t batch, bool pdl) {
   TORCH_CHECK(m.is_cuda() && l.is_cuda() && o.is_cuda() && q.is_cuda() && s.is_cuda() && residual.is_cuda(),
               "int4_gemv_combine: CUDA tensors only");
-  // m, l (KVH, splits, rep_pad) and o (KVH, splits, rep_pad, head_dim), fp32: decode_attention_qkv_split's partials
-  TORCH_CHECK(m.scalar_type() == at::kFloat && l.scalar_type() == at::kFloat && o.scalar_type() == at::kFloat &&
+  // m, l (KVH, splits, rep_pad) fp32 and o (KVH, splits, rep_pad, head_dim) bf16: decode_attention_qkv_split's
+  TORCH_CHECK(m.scalar_type() == at::kFloat && l.scalar_type() == at::kFloat && o.scalar_type() == at::kBFloat16 &&
               m.is_contiguous() && l.is_contiguous() && o.is_contiguous() && m.dim() == 3 && o.dim() == 4 &&
               l.sizes() == m.sizes() && o.size(0) == m.size(0) && o.size(1) == m.size(1) && o.size(2) == m.size(2),
-              "int4_gemv_combine: m, l must be contiguous float32 (KVH, splits, rep_pad) and o (KVH, splits, rep_pad, "
-              "head_dim)");
+              "int4_gemv_combine: m, l must be contiguous float32 (KVH, splits, rep_pad) and o bfloat16 (KVH, splits, "
+              "rep_pad, head_dim)");
   const int64_t kvh = m.size(0), splits = m.size(1), rep_pad = m.size(2), head_dim = o.size(3);
   TORCH_CHECK(rep >= 1 && rep <= rep_pad && splits >= 1 && head_dim % 8 == 0 &&
               reinterpret_cast<uintptr_t>(o.data_ptr()) % 16 == 0,
@@ -539,7 +537,7 @@ at::Tensor int4_gemv_combine_cuda(const at::Tensor& m, const at::Tensor& l, cons
             static_cast<int>(groups), 0.f};
   args.pm = m.data_ptr<float>();
   args.pl = l.data_ptr<float>();
-  args.po = o.data_ptr<float>();
+  args.po = reinterpret_cast<const __nv_bfloat16*>(o.data_ptr());
   args.splits = static_cast<int>(splits);
   args.rep = static_cast<int>(rep);
   args.rep_pad = static_cast<int>(rep_pad);

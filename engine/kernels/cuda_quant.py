@@ -310,10 +310,12 @@ def int4_gemv(x: torch.Tensor, w: TileWeight, norm_weight: torch.Tensor | None =
 def _check_partials(m: torch.Tensor, l: torch.Tensor, o: torch.Tensor, rep: int, w: TileWeight,  # noqa: E741
                     residual: torch.Tensor) -> None:
     """ValueError before any launch for partials the combining kernel does not take (C++ checks them again)."""
-    if any(t.dtype != torch.float32 or not t.is_contiguous() for t in (m, l, o)) or m.dim() != 3 or o.dim() != 4 \
-            or l.shape != m.shape or o.shape[:3] != m.shape:
-        raise ValueError(f"int4_gemv_combine: m, l must be contiguous float32 (KVH, splits, rep_pad) and o (KVH, "
-                         f"splits, rep_pad, head_dim), got {tuple(m.shape)}, {tuple(l.shape)}, {tuple(o.shape)}")
+    if m.dtype != torch.float32 or l.dtype != torch.float32 or o.dtype != torch.bfloat16 \
+            or not all(t.is_contiguous() for t in (m, l, o)) or m.dim() != 3 or o.dim() != 4 or l.shape != m.shape \
+            or o.shape[:3] != m.shape:
+        raise ValueError(f"int4_gemv_combine: m, l must be contiguous float32 (KVH, splits, rep_pad) and o bfloat16 "
+                         f"(KVH, splits, rep_pad, head_dim), got {m.dtype} {tuple(m.shape)}, {l.dtype} "
+                         f"{tuple(l.shape)}, {o.dtype} {tuple(o.shape)}")
     kvh, _, rep_pad = m.shape
     head_dim = o.shape[3]
     if not 1 <= rep <= rep_pad or head_dim % 8:
@@ -332,9 +334,9 @@ def int4_gemv_combine(m: torch.Tensor, l: torch.Tensor, o: torch.Tensor, rep: in
                       residual: torch.Tensor, ks: int | None = None, pdl: bool = True,
                       batch: int | None = None) -> torch.Tensor:
     """y (N,) bf16 = residual + x · Wᵀ with x (heads · head_dim) combined from the decode attention's splits
-    (engine.kernels.triton.decode_attention.decode_attention_qkv_split: m, l (KVH, splits, rep_pad), o (…, head_dim),
-    fp32) inside the kernel's x staging — what the combine kernel and then int4_gemv(x, w, residual=…) compute, one
-    kernel fewer. ks, batch as int4_gemv's (the product's tuned block)."""
+    (engine.kernels.triton.decode_attention.decode_attention_qkv_split: m, l (KVH, splits, rep_pad) fp32, o (…,
+    head_dim) bf16) inside the kernel's x staging — what the combine kernel and then int4_gemv(x, w, residual=…)
+    compute, one kernel fewer. ks, batch as int4_gemv's (the product's tuned block)."""
     default_ks, default_batch = block(w.n, w.k, w.glu, m.device)
     ks = default_ks if ks is None else ks
     batch = default_batch if batch is None else batch

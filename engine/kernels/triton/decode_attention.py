@@ -212,8 +212,9 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Both kernels over q (B, H·D: q rows, or with `rope` the qkv rows) and the cache → (B, H, 1, D). `tile`
     (SPLIT, BLOCK_S, num_warps of the split kernel) forces one (benchmarks/decode_attention_bench.py's sweep).
-    `partials`: the split kernel alone (even where one split covers the cache), its m, l (B·KVH, splits, rep_pad) and
-    o (B·KVH, splits, rep_pad, D) returned for the next kernel to combine (`combine_splits` says how)."""
+    `partials`: the split kernel alone (even where one split covers the cache), its m, l (B·KVH, splits, rep_pad,
+    fp32) and o (B·KVH, splits, rep_pad, D, in q's dtype: half the bytes for the kernel that combines them to read
+    at bf16, which rounds each split's o once more) returned for the next kernel to combine (`combine_splits`)."""
     _, kvh, s_max, _ = k_c.shape
     rep = h // kvh
     interpreted = is_interpreted(_split_kernel)
@@ -230,7 +231,7 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
         return out
     m = torch.empty(b * kvh * num_splits * rep_pad, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)  # noqa: E741 - the running sums the split kernel writes
-    o = torch.empty(b * kvh * num_splits * rep_pad, d, device=q.device, dtype=torch.float32)
+    o = torch.empty(b * kvh * num_splits * rep_pad, d, device=q.device, dtype=q.dtype if partials else torch.float32)
     _split_kernel[(b * kvh, num_splits)](q, k_c, v_c, pos, m, l, o, *args, **consts)
     if partials:
         return (m.view(b * kvh, num_splits, rep_pad), l.view(b * kvh, num_splits, rep_pad),
@@ -337,9 +338,9 @@ def _(qkv, cos, sin, k_cache, v_cache, input_pos):
 def decode_attention_qkv_split(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                                v_cache: torch.Tensor, input_pos: torch.Tensor
                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """decode_attention_qkv without the combine: the splits' m, l (B·KVH, splits, rep_pad) and o (…, D), fp32, for
-    the o product to combine as it stages its input (engine.kernels.cuda_quant.tile_gemv_combine, one kernel fewer
-    a layer; `combine_splits` is the same in PyTorch). Writes the cache."""
+    """decode_attention_qkv without the combine: the splits' m, l (B·KVH, splits, rep_pad, fp32) and o (…, D, in
+    qkv's dtype), for the o product to combine as it stages its input (engine.kernels.cuda_quant.tile_gemv_combine,
+    one kernel fewer a layer; `combine_splits` is the same in PyTorch). Writes the cache."""
     out = decode_attention_qkv_fwd(qkv, cos, sin, k_cache, v_cache, input_pos, partials=True)
     assert isinstance(out, tuple)
     return out
@@ -350,7 +351,7 @@ def _(qkv, cos, sin, k_cache, v_cache, input_pos):
     b, kvh, s_max, d = k_cache.shape
     splits, rep_pad = split_layout(qkv.shape[-1] // d - 2 * kvh, k_cache)
     m = qkv.new_empty(b * kvh, splits, rep_pad, dtype=torch.float32)
-    return m, torch.empty_like(m), qkv.new_empty(b * kvh, splits, rep_pad, d, dtype=torch.float32)
+    return m, torch.empty_like(m), qkv.new_empty(b * kvh, splits, rep_pad, d)
 
 
 def split_layout(heads: int, k_cache: torch.Tensor, tile: tuple[int, int, int] | None = None) -> tuple[int, int]:
@@ -361,9 +362,9 @@ def split_layout(heads: int, k_cache: torch.Tensor, tile: tuple[int, int, int] |
 
 def combine_splits(m: torch.Tensor, l: torch.Tensor, o: torch.Tensor, rep: int, batch: int = 1  # noqa: E741
                    ) -> torch.Tensor:
-    """The combine kernel's arithmetic in PyTorch (fp32): partials (B·KVH, splits, rep_pad[, D]) → (B, H·D), query
-    head j·rep + r from row r of kv head j. Splits that start past the last position (m = −inf) add nothing."""
-    m, l, o = m[:, :, :rep], l[:, :, :rep], o[:, :, :rep]  # noqa: E741
+    """The combine kernel's arithmetic in PyTorch (in m's dtype): partials (B·KVH, splits, rep_pad[, D]) → (B, H·D),
+    query head j·rep + r from row r of kv head j. Splits that start past the last position (m = −inf) add nothing."""
+    m, l, o = m[:, :, :rep], l[:, :, :rep], o[:, :, :rep].to(m.dtype)  # noqa: E741
     top = m.amax(dim=1, keepdim=True)
     w = torch.where(m == float("-inf"), torch.zeros_like(m), torch.exp(m - top))
     out = (w[..., None] * o).sum(1) / (w * l).sum(1)[..., None]  # (B·KVH, rep, D)
