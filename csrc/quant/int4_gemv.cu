@@ -103,30 +103,32 @@ struct Args {
   int splits = 0, rep = 0, rep_pad = 0, head_dim = 0;
 };
 
-// COMBINE: the 8 inputs i0 .. i0 + 7 of x (one head's: head_dim is a multiple of 8) combined from the splits.
+// COMBINE: the 8 inputs i0 .. i0 + 7 of x (one head's: head_dim is a multiple of 8) combined from the splits in one
+// pass, rescaling as the max grows (online softmax), so every split's m, l and o load issues without waiting for the
+// max of all of them (a first pass for the max would put a round trip to L2 before the o loads). Split 0 is always
+// live (position 0 is in it), so the max is finite from the first split on; a split past the last position wrote
+// m = −inf, l = 0, o = 0 and weighs e^(−inf) = 0. Branch-free: the unrolled splits' loads issue together.
 __device__ __forceinline__ void combine_splits(const Args& a, int i0, float (&v)[8]) {
   const int head = i0 / a.head_dim, d0 = i0 - head * a.head_dim;
   const int first = (head / a.rep) * a.splits * a.rep_pad + head % a.rep;  // split s: first + s·rep_pad
-  float top = -INFINITY;
-#pragma unroll 4
-  for (int sp = 0; sp < a.splits; ++sp) top = fmaxf(top, __ldg(a.pm + first + sp * a.rep_pad));
-  float den = 0.f;
+  float top = -INFINITY, den = 0.f;
 #pragma unroll
   for (int e = 0; e < 8; ++e) v[e] = 0.f;
-  // Branch-free: a split past the last position wrote m = −inf, l = 0, o = 0, so its weight e^(−inf) is 0 (M is
-  // finite: position 0's split is live) — its loads are wasted, but the unrolled splits' loads all issue up front.
 #pragma unroll 4
   for (int sp = 0; sp < a.splits; ++sp) {
     const int idx = first + sp * a.rep_pad;
-    const float w = __expf(__ldg(a.pm + idx) - top);
-    den = fmaf(w, __ldg(a.pl + idx), den);
+    const float m = __ldg(a.pm + idx), l = __ldg(a.pl + idx);
     const uint4 ov = __ldg(reinterpret_cast<const uint4*>(a.po + static_cast<size_t>(idx) * a.head_dim + d0));
+    const float top_new = fmaxf(top, m);
+    const float rescale = __expf(top - top_new), w = __expf(m - top_new);  // (split 0: e^(−inf) = 0, e^0 = 1)
+    top = top_new;
+    den = fmaf(w, l, den * rescale);
     const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&ov);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float2 f = __bfloat1622float2(o2[e]);
-      v[2 * e] = fmaf(w, f.x, v[2 * e]);
-      v[2 * e + 1] = fmaf(w, f.y, v[2 * e + 1]);
+      v[2 * e] = fmaf(w, f.x, v[2 * e] * rescale);
+      v[2 * e + 1] = fmaf(w, f.y, v[2 * e + 1] * rescale);
     }
   }
   const float inv = 1.f / den;
