@@ -2,7 +2,7 @@
 // as engine/kernels/int4_layout.py packs each row and then re-ordered into tiles of 16 rows (Args below), products
 // on the tensor cores (mma.sync m16n8k16, fp32 accumulation). Built and called by engine/kernels/cuda_quant.py; the
 // decode step's fused int4 products (engine/kernels/triton/gemv.py, FusedDecodeOps) take it where
-// $MODELAB_INT4_GEMV says (by default on sm_90 for K >= 4096: cuda_quant.takes, docs/quantization.md).
+// $MODELAB_INT4_GEMV says (by default on sm_90 for K >= 2048: cuda_quant.takes, docs/quantization.md).
 // sm_80+ (bulk copies on sm_90).
 //
 // Why tensor cores at batch 1: the Triton kernel beside it multiplies on the CUDA cores, one FMA per weight after
@@ -23,7 +23,8 @@
 // A tile is 16 output rows; a block has KSLICES warps, each a contiguous slice of the groups, and walks tiles
 // (persistent); the warps' sums meet in shared memory. x (with the RMSNorm weight, NORM) is staged once per warp
 // slice in shared memory as bf16; the norm's 1/rms multiplies the row sums at the end, as the Triton kernel does.
-// ADD: the residual added; GLU: the tile's rows are gate j..j+7 and up j..j+7 and silu(gate)·up is stored. Under
+// ADD: the residual added; GLU: the tile's rows are gate j..j+7 and up j..j+7 and silu(gate)·up is stored; COMBINE
+// (with ADD, the o product): x formed from the decode attention's splits as it is staged (Args). Under
 // PDL (sm_90) a block's first batches of codes are in flight before it waits for the kernel before it.
 #include "common.cuh"
 

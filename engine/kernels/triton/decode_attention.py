@@ -274,7 +274,6 @@ def combine_choice() -> str:
     return env_choice(COMBINE_ENV, COMBINES, default="kernel")
 
 
-
 def tile_from_env() -> tuple[int, int, int] | None:
     """The split kernel's tile from MODELAB_DECODE_ATTENTION_TILE ("SPLIT,BLOCK_S,WARPS"), for measuring a tile inside
     the real decode step (benchmarks/decode_attention_bench.py times tiles alone); None where unset."""

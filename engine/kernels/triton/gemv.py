@@ -396,6 +396,7 @@ class FusedDecodeOps:
         default: not yet timed against the combine kernel (docs/quantization.md, session 25)."""
         from engine.kernels.triton import decode_attention as da
 
+        # (the residual stands in for o's input row in _tiled: one CUDA row, as o's input would be)
         if da.combine_choice() != "o" or not _tiled(proj, residual, glu=False) or qkv.shape[0] != 1:
             return None
         kvh, d = k_cache.shape[1], k_cache.shape[3]
