@@ -83,10 +83,11 @@ def jobs(arch: int):
         yield (f"decode_attention split {preset}", da._split_kernel, split_sig,
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split, "BLOCK_S": block_s, "PDL": pdl,
                 "USE_DOT": dot}, split_warps)
-        yield (f"decode_attention split+rope {preset}", da._split_kernel,
-               {**split_sig, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32"},
-               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split, "BLOCK_S": block_s, "PDL": pdl,
-                "FROM_QKV": True, "USE_DOT": dot}, split_warps)
+        for o_type, tag in (("*fp32", ""), ("*bf16", " partials")):  # partials: o in bf16 for the o product to combine
+            yield (f"decode_attention split+rope{tag} {preset}", da._split_kernel,
+                   {**split_sig, "o_ptr": o_type, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32"},
+                   {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split, "BLOCK_S": block_s, "PDL": pdl,
+                    "FROM_QKV": True, "USE_DOT": dot}, split_warps)
         # one split over the whole cache (a cache of at most SPLIT positions): the split kernel writes the output
         final_sig = {k: v for k, v in split_sig.items() if k not in ("m_ptr", "l_ptr", "o_ptr")}
         yield (f"decode_attention one split+rope {preset}", da._split_kernel,
@@ -105,9 +106,14 @@ def jobs(arch: int):
            am._warps(am.ONE_PROGRAM_MAX))
     yield ("argmax chunks", am._chunk_kernel, chunk_sig, {"BLOCK": am.CHUNK, "WHOLE_ROW": False, "PDL": pdl},
            am._warps(am.CHUNK))
-    yield ("argmax final", am._final_kernel, {"part_val_ptr": "*fp32", "part_at_ptr": "*i32", "part_nan_ptr": "*i32",
-                                              "out_ptr": "*i64", "CHUNKS": "i32"},
-           {"CHUNKS_PAD": 16, "PDL": pdl}, 1)  # 128256 values: 16 chunks
+    final_sig = {"part_val_ptr": "*fp32", "part_at_ptr": "*i32", "part_nan_ptr": "*i32", "out_ptr": "*i64",
+                 "CHUNKS": "i32"}
+    yield ("argmax final", am._final_kernel, final_sig, {"CHUNKS_PAD": 16, "PDL": pdl}, 1)  # 128256 values: 16 chunks
+    # in place (the graph-decoded step: the token into the decoder's buffer, the position one on)
+    yield ("argmax one row in place", am._chunk_kernel, {**chunk_sig, "pos_ptr": "*i64"},
+           {"BLOCK": am.ONE_PROGRAM_MAX, "WHOLE_ROW": True, "PDL": pdl, "ADVANCE": True}, am._warps(am.ONE_PROGRAM_MAX))
+    yield ("argmax final in place", am._final_kernel, {**final_sig, "pos_ptr": "*i64"},
+           {"CHUNKS_PAD": 4, "PDL": pdl, "ADVANCE": True}, 1)  # 32000 values: 4 chunks
     gemv_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "g_ptr": "*bf16", "r_ptr": "*bf16", "N": "i32",
                 "K": "i32", "stride_wn": "i32", "eps": "fp32"}
     for n, k, warps in gm.TILES:

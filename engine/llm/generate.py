@@ -35,22 +35,30 @@ def step_fn(model: LlamaDecoder, pick: Callable[[torch.Tensor], torch.Tensor] = 
     return step
 
 
-def pick_after(forward: StepFn, pick: Callable[[torch.Tensor], torch.Tensor]) -> StepFn:
-    """A step whose next token is taken by `pick` from the logits `forward` returns (forward's own token dropped):
-    for a pick kept out of a compiled forward, while a CUDA graph still captures both."""
+def pick_into_after(forward: StepFn, pick_into: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
+                    ) -> StepFn:
+    """A step whose next token is taken from the logits `forward` returns (forward's own token dropped) by a pick
+    kept out of a compiled forward, while a CUDA graph still captures both; the pick writes it into the step's own
+    token buffer and moves its position one on (pick_into(logits, tokens, input_pos):
+    engine.kernels.triton.argmax.argmax_rows_into), for a decoder built with advances=True — the token copy and the
+    position add are then no kernels of their own."""
     def step(tokens: torch.Tensor, input_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         _, logits = forward(tokens, input_pos)
-        return pick(logits), logits
+        pick_into(logits, tokens, input_pos)
+        return tokens, logits
 
     return step
 
 
 class Decoder:
-    """Calls a decode step function once per token: the eager and compiled (incl. reduce-overhead) modes."""
+    """Calls a decode step function once per token: the eager and compiled (incl. reduce-overhead) modes.
+    advances: the step function itself writes the next token into the token buffer it is given and moves the
+    position one on (pick_into_after); otherwise the decoder copies the token it returns and adds one."""
 
-    def __init__(self, fn: StepFn, before_step: Callable[[], None] | None = None):
+    def __init__(self, fn: StepFn, before_step: Callable[[], None] | None = None, advances: bool = False):
         self.fn = fn
         self.before_step = before_step
+        self.advances = advances
         self.token: torch.Tensor | None = None
         self.pos: torch.Tensor | None = None
 
@@ -68,9 +76,14 @@ class Decoder:
             self.before_step()  # reduce-overhead: a new iteration of the CUDA graph tree
         nxt, logits = self.fn(self.token, self.pos)
         # Into our own buffers, not the step's outputs: a CUDA graph tree reuses its output memory on the next replay.
-        self.token.copy_(nxt)
-        self.pos.add_(1)
+        self._advance(nxt)
         return self.token, logits
+
+    def _advance(self, nxt: torch.Tensor) -> None:
+        """The next token into the token buffer and the position one on, unless the step did both (advances)."""
+        if not self.advances:
+            self.token.copy_(nxt)
+            self.pos.add_(1)
 
     def recapture(self) -> None:
         """Nothing recorded here to drop (GraphDecoder's graph is)."""
@@ -80,16 +93,15 @@ class GraphDecoder(Decoder):
     """gpt-fast's decode loop: the whole step (forward, argmax, token and position update) captured once into one
     CUDA graph over static buffers, then replayed once per token. No Python runs per step but `replay()`."""
 
-    def __init__(self, fn: StepFn, warmup: int = 3):
-        super().__init__(fn)
+    def __init__(self, fn: StepFn, warmup: int = 3, advances: bool = False):
+        super().__init__(fn, advances=advances)
         self.warmup = warmup
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
 
     def _body(self) -> torch.Tensor:
         nxt, logits = self.fn(self.token, self.pos)
-        self.token.copy_(nxt)
-        self.pos.add_(1)
+        self._advance(nxt)
         return logits
 
     def reset(self, token: torch.Tensor, pos: int) -> None:

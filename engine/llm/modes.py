@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.llm.generate import Decoder, GraphDecoder, StepFn, greedy, pick_after, step_fn
+from engine.llm.generate import Decoder, GraphDecoder, StepFn, greedy, pick_into_after, step_fn
 from engine.workloads.llama import LlamaDecoder
 
 SDPA_NAMES = ("flash", "efficient", "math")
@@ -407,9 +407,12 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
     elif mode.decode == "cudagraph":
         if pick is greedy:
             decoder = GraphDecoder(_with_sdpa(_compile(step_fn(model), compile_mode, fuse_gemv_loads), backend))
-        else:  # the lab's own argmax after the compiled forward, in the same graph (_next_token_kernel says why)
+        else:  # the lab's own argmax after the compiled forward, in the same graph (_next_token_kernel says why),
+            # in its in-place form: the token into the graph's token buffer and the position on, in its own kernel
+            from engine.kernels.triton.argmax import argmax_rows_into
+
             forward = _with_sdpa(_compile(step_fn(model, _no_pick), compile_mode, fuse_gemv_loads), backend)
-            decoder = GraphDecoder(pick_after(forward, pick))
+            decoder = GraphDecoder(pick_into_after(forward, argmax_rows_into), advances=True)
     else:
         raise ValueError(f"unknown decode kind {mode.decode!r}")
     return Prepared(prefill=_with_sdpa(prefill, backend), decoder=decoder, notes=notes, quantize_s=quantize_s)
@@ -434,7 +437,7 @@ def _next_token_kernel(mode: LLMMode, notes: list[str]) -> Callable[[torch.Tenso
 
 
 def _no_pick(logits: torch.Tensor) -> torch.Tensor:
-    """A compiled forward's stand-in token when the step's pick runs after it (pick_after): nothing computed."""
+    """A compiled forward's stand-in token when the step's pick runs after it (pick_into_after): nothing computed."""
     return logits[:, :1]
 
 

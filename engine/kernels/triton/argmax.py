@@ -13,6 +13,9 @@ the largest non-NaN value, and the first index holding it.
 The lab's Triton decode modes take their next token with it (engine.llm.modes; MODELAB_TRITON_ARGMAX=0 gives them
 torch's back): inside the 1B step on an H100 (2026-11-28, `benchmarks/gpu_check.sh argmax`) `triton-fused` 866.2 µs
 against 885.4 with torch's, `triton-int4-wo` 415.3 against 416.4. `benchmarks/argmax_bench.py` times both alone.
+In the CUDA-graphed step they run in place (`argmax_rows_into`, since session 25): the token straight into the
+decoder's token buffer and its position one on, in the last kernel — where a copy and an add, two more kernels a
+step, did it before (not yet timed on a GPU).
 """
 
 from __future__ import annotations
@@ -45,10 +48,19 @@ def _reduce(x, offs, ok):
 
 
 @triton.jit
+def _advance(pos_ptr, row):
+    """The decode position one on (row 0's program only): the step's last kernel, every reader of it done."""
+    if row == 0:
+        tl.store(pos_ptr, tl.load(pos_ptr) + 1)
+
+
+@triton.jit
 def _chunk_kernel(x_ptr, out_ptr, part_val_ptr, part_at_ptr, part_nan_ptr, N, stride_row, CHUNKS,
-                  BLOCK: tl.constexpr, WHOLE_ROW: tl.constexpr, PDL: tl.constexpr = False):
-    """Program (row, c): values c·BLOCK … of the row. WHOLE_ROW (one program per row): the answer into out_ptr;
-    else the chunk's (max, its first index, first NaN's index) into the partials at row · CHUNKS + c."""
+                  BLOCK: tl.constexpr, WHOLE_ROW: tl.constexpr, PDL: tl.constexpr = False, pos_ptr=None,
+                  ADVANCE: tl.constexpr = False):
+    """Program (row, c): values c·BLOCK … of the row. WHOLE_ROW (one program per row): the answer into out_ptr
+    (and with ADVANCE the position at pos_ptr one on); else the chunk's (max, its first index, first NaN's index)
+    into the partials at row · CHUNKS + c."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     if PDL:  # the step's next kernel may start; the logits are the kernel before's: wait for them
@@ -60,6 +72,8 @@ def _chunk_kernel(x_ptr, out_ptr, part_val_ptr, part_at_ptr, part_nan_ptr, N, st
     nan_at, best, at = _reduce(x, offs, ok)
     if WHOLE_ROW:
         tl.store(out_ptr + row, tl.where(nan_at < 2147483647, nan_at, at).to(tl.int64))
+        if ADVANCE:
+            _advance(pos_ptr, row)
     else:
         part = row * CHUNKS + c
         tl.store(part_val_ptr + part, best)
@@ -69,8 +83,9 @@ def _chunk_kernel(x_ptr, out_ptr, part_val_ptr, part_at_ptr, part_nan_ptr, N, st
 
 @triton.jit
 def _final_kernel(part_val_ptr, part_at_ptr, part_nan_ptr, out_ptr, CHUNKS, CHUNKS_PAD: tl.constexpr,
-                  PDL: tl.constexpr = False):
-    """Program row: the row's answer from its CHUNKS partials (indices are the row's, so the smallest wins ties)."""
+                  PDL: tl.constexpr = False, pos_ptr=None, ADVANCE: tl.constexpr = False):
+    """Program row: the row's answer from its CHUNKS partials (indices are the row's, so the smallest wins ties);
+    with ADVANCE the position at pos_ptr one on."""
     row = tl.program_id(0)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -85,6 +100,8 @@ def _final_kernel(part_val_ptr, part_at_ptr, part_nan_ptr, out_ptr, CHUNKS, CHUN
     best = tl.max(vals, axis=0)
     at = tl.min(tl.where((vals == best) & ok, ats, 2147483647), axis=0)
     tl.store(out_ptr + row, tl.where(nan_at < 2147483647, nan_at, at).to(tl.int64))
+    if ADVANCE:
+        _advance(pos_ptr, row)
 
 
 def _warps(block: int) -> int:
@@ -94,6 +111,30 @@ def _warps(block: int) -> int:
 def argmax_rows_fwd(x: torch.Tensor) -> torch.Tensor:
     """x (B, V) → (B, 1) int64: each row's argmax, as torch.argmax(x, -1, keepdim=True)."""
     check_device(_chunk_kernel, "argmax_rows", x)
+    out = torch.empty(x.shape[0] if x.dim() == 2 else 0, 1, device=x.device, dtype=torch.int64)
+    _launch(x, out, None)
+    return out
+
+
+def argmax_rows_into(x: torch.Tensor, token: torch.Tensor, pos: torch.Tensor) -> None:
+    """The decode step's last work in place: each row's argmax of x (B, V) into token (B, 1) int64, and the
+    position pos (1,) int64 one on — what argmax_rows, a copy into the decoder's token buffer and an add to its
+    position did in four kernels, in two (one for rows up to ONE_PROGRAM_MAX values). The kernel that writes them
+    runs after every reader of token and pos in the step (it waits for the kernel before it, which waited for its
+    own before it)."""
+    check_device(_chunk_kernel, "argmax_rows_into", x)
+    b = x.shape[0] if x.dim() == 2 else -1
+    if token.shape != (b, 1) or token.dtype != torch.int64 or not token.is_contiguous():
+        raise ValueError(f"argmax_rows_into: token must be ({b}, 1) contiguous int64 for logits {tuple(x.shape)}, "
+                         f"got {token.dtype} {tuple(token.shape)}")
+    if pos.shape != (1,) or pos.dtype != torch.int64 or len({x.device, token.device, pos.device}) != 1:
+        raise ValueError(f"argmax_rows_into: pos must be one int64 on the logits' device, got {pos.dtype} "
+                         f"{tuple(pos.shape)} on {pos.device}")
+    _launch(x, token, pos)
+
+
+def _launch(x: torch.Tensor, out: torch.Tensor, pos: torch.Tensor | None) -> None:
+    """The kernels over x's rows into out (B, 1) int64; with pos, the last of them moves it one on."""
     if x.dim() != 2 or x.shape[1] == 0:
         raise ValueError(f"argmax_rows takes rows (B, V) with V > 0, got {tuple(x.shape)}")
     if x.shape[1] >= _NONE:
@@ -101,13 +142,13 @@ def argmax_rows_fwd(x: torch.Tensor) -> torch.Tensor:
     if x.stride(1) != 1:
         x = x.contiguous()
     b, n = x.shape
-    out = torch.empty(b, 1, device=x.device, dtype=torch.int64)
     pdl = {} if is_interpreted(_chunk_kernel) or not pdl_enabled(x.device) else {"PDL": True, "launch_pdl": True}
+    advance = {} if pos is None else {"pos_ptr": pos, "ADVANCE": True}
     if n <= ONE_PROGRAM_MAX:
         block = triton.next_power_of_2(n)
         _chunk_kernel[(b, 1)](x, out, out, out, out, n, x.stride(0), 1, BLOCK=block, WHOLE_ROW=True,
-                              num_warps=_warps(block), **pdl)
-        return out
+                              num_warps=_warps(block), **pdl, **advance)
+        return
     chunks = triton.cdiv(n, CHUNK)
     part_val = torch.empty(b * chunks, device=x.device, dtype=torch.float32)
     part_at = torch.empty(b * chunks, device=x.device, dtype=torch.int32)
@@ -115,8 +156,7 @@ def argmax_rows_fwd(x: torch.Tensor) -> torch.Tensor:
     _chunk_kernel[(b, chunks)](x, out, part_val, part_at, part_nan, n, x.stride(0), chunks, BLOCK=CHUNK,
                                WHOLE_ROW=False, num_warps=_warps(CHUNK), **pdl)
     _final_kernel[(b,)](part_val, part_at, part_nan, out, chunks, CHUNKS_PAD=triton.next_power_of_2(chunks),
-                        num_warps=1, **pdl)
-    return out
+                        num_warps=1, **pdl, **advance)
 
 
 @torch.library.custom_op("modelab::argmax_rows", mutates_args=())

@@ -54,6 +54,35 @@ def test_bad_shapes_are_refused_with_the_shape():
         am.argmax_rows_fwd(torch.randn(2, 0).to(DEVICE))
 
 
+@pytest.mark.parametrize("b,n", [(1, 32000), (3, 500), (2, am.ONE_PROGRAM_MAX + 100)])
+def test_in_place_the_token_lands_in_the_buffer_and_the_position_moves_one(b, n):
+    """argmax_rows_into (the graph-decoded step's last kernels): each row's argmax into the decoder's token buffer,
+    and its position one on — once, whatever the rows or chunks — with one kernel (a short row) or two."""
+    torch.manual_seed(b + n)
+    x = torch.randn(b, n).to(torch.bfloat16).to(DEVICE)
+    x[0, 7] = 100.0  # row 0 also has a known answer
+    token = torch.full((b, 1), -1, dtype=torch.int64, device=DEVICE)
+    pos = torch.tensor([41], device=DEVICE)
+    for step in range(2):
+        am.argmax_rows_into(x, token, pos)
+        assert torch.equal(token.cpu(), torch.argmax(x, -1, keepdim=True).cpu()) and int(token[0, 0]) == 7
+        assert pos.tolist() == [42 + step]
+
+
+def test_in_place_refuses_buffers_that_do_not_fit():
+    x = torch.randn(2, 300).to(DEVICE)
+    pos = torch.tensor([0], device=DEVICE)
+    for token in (torch.zeros(2, 1, device=DEVICE), torch.zeros(1, 1, dtype=torch.int64, device=DEVICE),
+                  torch.zeros(2, 2, dtype=torch.int64, device=DEVICE)[:, :1]):  # (2, 1), rows 2 apart
+        with pytest.raises(ValueError, match=r"token must be \(2, 1\) contiguous int64"):
+            am.argmax_rows_into(x, token, pos)
+    token = torch.zeros(2, 1, dtype=torch.int64, device=DEVICE)
+    for bad in (torch.tensor([0, 1], device=DEVICE), torch.tensor([0], dtype=torch.int32, device=DEVICE)):
+        with pytest.raises(ValueError, match="pos must be one int64"):
+            am.argmax_rows_into(x, token, bad)
+    assert pos.tolist() == [0] and not token.any()  # nothing written by a refused call
+
+
 def test_the_custom_op_traces_with_its_fake_and_runs_inside_torch_compile():
     x = torch.randn(2, 1500).to(DEVICE)
     assert torch.equal(torch.ops.modelab.argmax_rows(x).cpu(), torch.argmax(x, -1, keepdim=True).cpu())

@@ -416,18 +416,21 @@ def test_the_modes_table_sets_the_lab_gemv_beside_the_plain_way_of_its_scheme() 
 
 def test_the_triton_argmax_runs_after_the_compiled_forward_and_takes_its_tokens() -> None:
     """The lab's graph-decoded modes keep the Triton argmax out of Inductor (modes._next_token_kernel says why): the
-    compiled forward's own token is a stand-in, pick_after takes the token from its logits — the same tokens as
-    torch's argmax compiled with the step."""
-    from engine.kernels.triton.argmax import _chunk_kernel
-    from engine.llm.generate import pick_after
+    compiled forward's own token is a stand-in, pick_into_after's argmax takes the token from its logits straight
+    into the decoder's buffer and moves the position (the decoder's own copy and add skipped: advances) — the same
+    tokens as torch's argmax compiled with the step, the position one past the last."""
+    from engine.kernels.triton.argmax import _chunk_kernel, argmax_rows_into
+    from engine.llm.generate import pick_into_after
 
     if not _interpreted(_chunk_kernel):
         pytest.skip("the Triton kernels are compiled, not interpreted (TRITON_INTERPRET=1 unset)")
     model, prompt, ref = _tiny(seed=5, steps=4)
     forward = torch.compile(step_fn(model, modes._no_pick), dynamic=False, fullgraph=True)
+    decoder = Decoder(pick_into_after(forward, argmax_rows_into), advances=True)
     with torch.no_grad():
-        got = generate(step_fn(model), Decoder(pick_after(forward, torch.ops.modelab.argmax_rows)), prompt, 4)
+        got = generate(step_fn(model), decoder, prompt, 4)
     assert torch.equal(got.tokens, ref.tokens)
+    assert decoder.pos.tolist() == [prompt.shape[1] + 4]
 
 
 def test_the_triton_argmax_switch_takes_the_same_tokens_in_the_labs_modes_only(monkeypatch) -> None:
