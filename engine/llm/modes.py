@@ -413,6 +413,8 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
 
             forward = _with_sdpa(_compile(step_fn(model, _no_pick), compile_mode, fuse_gemv_loads), backend)
             decoder = GraphDecoder(pick_into_after(forward, argmax_rows_into), advances=True)
+            notes.append("the argmax writes the next token into the graph's token buffer and moves the position in "
+                         "its last kernel (argmax_rows_into): no copy or add kernels in the step")
     else:
         raise ValueError(f"unknown decode kind {mode.decode!r}")
     return Prepared(prefill=_with_sdpa(prefill, backend), decoder=decoder, notes=notes, quantize_s=quantize_s)
