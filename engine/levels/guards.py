@@ -29,6 +29,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import torch
@@ -377,9 +378,9 @@ def started_flagged(started_s: float) -> bool:
     return started_s > BACKGROUND_CPU_FRACTION * BACKGROUND_WINDOW_S
 
 
-def thread_cpu_s() -> dict[int, float]:
-    """CPU seconds (user + system) of each thread of this process, by thread id; empty where /proc has no per-thread
-    stat (not Linux). Resolution: one clock tick (10 ms)."""
+def thread_cpu_s(skip: AbstractSet[int] = frozenset()) -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of this process but those in `skip`, by thread id; empty where /proc
+    has no per-thread stat (not Linux). Resolution: one clock tick (10 ms)."""
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     out: dict[int, float] = {}
     try:
@@ -387,6 +388,8 @@ def thread_cpu_s() -> dict[int, float]:
     except OSError:
         return out
     for tid in tids:
+        if int(tid) in skip:
+            continue
         try:
             with open(f"/proc/self/task/{tid}/stat") as fh:
                 fields = fh.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
@@ -411,12 +414,13 @@ def background_cpu_s(window_s: float, before: set[int] | None = None) -> tuple[f
     — and are scaled to window_s, so the threads started since never count more than all of them (up to one 10 ms
     tick a thread: /proc's resolution)."""
     wall, proc, mine = time.perf_counter(), time.process_time(), time.thread_time()
-    start = thread_cpu_s() if before is not None else {}
+    # only the threads started since are read (each read may wait for the GIL while other threads spin)
+    start = thread_cpu_s(skip=before) if before is not None else {}
     time.sleep(window_s)
-    end = thread_cpu_s() if before is not None else {}
+    end = thread_cpu_s(skip=before) if before is not None else {}
     busy = max(0.0, (time.process_time() - proc) - (time.thread_time() - mine))
     scale = window_s / max(window_s, time.perf_counter() - wall)
-    started = sum(cpu - start.get(tid, 0.0) for tid, cpu in end.items() if before is not None and tid not in before)
+    started = sum(cpu - start.get(tid, 0.0) for tid, cpu in end.items())
     return busy * scale, max(0.0, started) * scale
 
 

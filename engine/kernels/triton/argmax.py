@@ -111,7 +111,8 @@ def _warps(block: int) -> int:
 def argmax_rows_fwd(x: torch.Tensor) -> torch.Tensor:
     """x (B, V) → (B, 1) int64: each row's argmax, as torch.argmax(x, -1, keepdim=True)."""
     check_device(_chunk_kernel, "argmax_rows", x)
-    out = torch.empty(x.shape[0] if x.dim() == 2 else 0, 1, device=x.device, dtype=torch.int64)
+    _check_rows(x)
+    out = torch.empty(x.shape[0], 1, device=x.device, dtype=torch.int64)
     _launch(x, out, None)
     return out
 
@@ -123,7 +124,8 @@ def argmax_rows_into(x: torch.Tensor, token: torch.Tensor, pos: torch.Tensor) ->
     runs after every reader of token and pos in the step (it waits for the kernel before it, which waited for its
     own before it)."""
     check_device(_chunk_kernel, "argmax_rows_into", x)
-    b = x.shape[0] if x.dim() == 2 else -1
+    _check_rows(x)
+    b = x.shape[0]
     if token.shape != (b, 1) or token.dtype != torch.int64 or not token.is_contiguous():
         raise ValueError(f"argmax_rows_into: token must be ({b}, 1) contiguous int64 for logits {tuple(x.shape)}, "
                          f"got {token.dtype} {tuple(token.shape)}")
@@ -133,12 +135,15 @@ def argmax_rows_into(x: torch.Tensor, token: torch.Tensor, pos: torch.Tensor) ->
     _launch(x, token, pos)
 
 
-def _launch(x: torch.Tensor, out: torch.Tensor, pos: torch.Tensor | None) -> None:
-    """The kernels over x's rows into out (B, 1) int64; with pos, the last of them moves it one on."""
+def _check_rows(x: torch.Tensor) -> None:
     if x.dim() != 2 or x.shape[1] == 0:
         raise ValueError(f"argmax_rows takes rows (B, V) with V > 0, got {tuple(x.shape)}")
     if x.shape[1] >= _NONE:
         raise ValueError(f"argmax_rows: rows of {x.shape[1]} values are too long (at most {_NONE - 1})")
+
+
+def _launch(x: torch.Tensor, out: torch.Tensor, pos: torch.Tensor | None) -> None:
+    """The kernels over x's rows (checked: _check_rows) into out (B, 1) int64; with pos, the last moves it one on."""
     if x.stride(1) != 1:
         x = x.contiguous()
     b, n = x.shape

@@ -34,6 +34,7 @@ import triton.testing
 
 from engine.device_lock import exclusive
 from engine.kernels import cuda_quant
+from engine.kernels.triton import decode_attention as da
 from engine.kernels.triton._common import is_interpreted, load_fused_x, output_rows, pdl_enabled, store_output
 from engine.workloads.llama import rms_norm  # the decoder's own RMSNorm: the unfused fallbacks compute exactly it
 
@@ -394,8 +395,6 @@ class FusedDecodeOps:
         product's tensor-core int4 GEMV (no combine kernel) — where $MODELAB_DECODE_COMBINE=o asks for it and o takes
         that kernel for one sequence; None otherwise (the caller runs the attention, then linear_add). Off by
         default: not yet timed against the combine kernel (docs/quantization.md, session 25)."""
-        from engine.kernels.triton import decode_attention as da
-
         # (the residual stands in for o's input row in _tiled: one CUDA row, as o's input would be)
         if da.combine_choice() != "o" or not _tiled(proj, residual, glu=False) or qkv.shape[0] != 1:
             return None
