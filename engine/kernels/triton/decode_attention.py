@@ -9,6 +9,9 @@ of cache in the 1B decode step). Here every (batch, kv head, split of SPLIT posi
                     positions [s·SPLIT, min((s+1)·SPLIT, L)) of the cache, in BLOCK_S chunks with an online softmax;
                     writes the running max m, the sum l and the unnormalised output o (fp32) of its split;
     combine kernel — per (batch, head): out = Σ exp(m_i − M)·o_i / Σ exp(m_i − M)·l_i over the splits, M = max m_i.
+                    (MODELAB_DECODE_COMBINE=o: none; the int4 o product combines the splits' partials as it stages
+                    its input — decode_attention_qkv_split, engine.kernels.cuda_quant.int4_gemv_combine — not yet
+                    timed.)
 
 Where one split covers the whole (short) cache, the split kernel writes the output itself and no combine runs (a
 cache of 640 positions in one program per kv head measured 2.4× slower alone than the splits: docs/figures.md).
