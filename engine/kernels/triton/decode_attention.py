@@ -338,22 +338,38 @@ def _(qkv, cos, sin, k_cache, v_cache, input_pos):
 
 @torch.library.custom_op("modelab::decode_attention_qkv_split", mutates_args=("k_cache", "v_cache"))
 def decode_attention_qkv_split(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                               v_cache: torch.Tensor, input_pos: torch.Tensor
+                               v_cache: torch.Tensor, input_pos: torch.Tensor, tile: list[int]
                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """decode_attention_qkv without the combine: the splits' m, l (B·KVH, splits, rep_pad, fp32) and o (…, D, in
     qkv's dtype), for the o product to combine as it stages its input (engine.kernels.cuda_quant.tile_gemv_combine,
-    one kernel fewer a layer; `combine_splits` is the same in PyTorch). Writes the cache."""
-    out = decode_attention_qkv_fwd(qkv, cos, sin, k_cache, v_cache, input_pos, partials=True)
+    one kernel fewer a layer; `combine_splits` is the same in PyTorch). Writes the cache. `tile` (SPLIT, BLOCK_S,
+    WARPS; `split_tile` picks it) is an argument, not read here from the environment: the partials' shape follows
+    SPLIT, and a compiled graph holds that shape — with the tile a constant of the graph, Inductor's cache cannot
+    hand a graph traced for one tile to a run with another (it did: `MODELAB_DECODE_ATTENTION_TILE` after a run
+    without it failed the size check, 5 splits where the cached graph wanted 10)."""
+    out = decode_attention_qkv_fwd(qkv, cos, sin, k_cache, v_cache, input_pos, tile=_tile3(tile), partials=True)
     assert isinstance(out, tuple)
     return out
 
 
 @decode_attention_qkv_split.register_fake
-def _(qkv, cos, sin, k_cache, v_cache, input_pos):
+def _(qkv, cos, sin, k_cache, v_cache, input_pos, tile):
     b, kvh, s_max, d = k_cache.shape
-    splits, rep_pad = split_layout(qkv.shape[-1] // d - 2 * kvh, k_cache)
+    splits, rep_pad = split_layout(qkv.shape[-1] // d - 2 * kvh, k_cache, _tile3(tile))
     m = qkv.new_empty(b * kvh, splits, rep_pad, dtype=torch.float32)
     return m, torch.empty_like(m), qkv.new_empty(b * kvh, splits, rep_pad, d)
+
+
+def _tile3(tile: list[int]) -> tuple[int, int, int]:
+    if len(tile) != 3:
+        raise ValueError(f"tile {tile}: want SPLIT, BLOCK_S, WARPS")
+    return tile[0], tile[1], tile[2]
+
+
+def split_tile(heads: int, k_cache: torch.Tensor) -> list[int]:
+    """The split kernel's tile (SPLIT, BLOCK_S, WARPS) for `heads` query heads over this cache, as _attend would
+    pick it now (the environment's, else the measured one): decode_attention_qkv_split's `tile`."""
+    return list(_layout(heads, k_cache, None)[2])
 
 
 def split_layout(heads: int, k_cache: torch.Tensor, tile: tuple[int, int, int] | None = None) -> tuple[int, int]:

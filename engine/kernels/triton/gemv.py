@@ -399,8 +399,10 @@ class FusedDecodeOps:
         if da.combine_choice() != "o" or not _tiled(proj, residual, glu=False) or qkv.shape[0] != 1:
             return None
         kvh, d = k_cache.shape[1], k_cache.shape[3]
-        m, l, o = da.decode_attention_qkv_split(qkv, cos, sin, k_cache, v_cache, input_pos)  # noqa: E741
-        rep = (qkv.shape[-1] // d - 2 * kvh) // kvh
+        heads = qkv.shape[-1] // d - 2 * kvh
+        tile = da.split_tile(heads, k_cache)  # picked while tracing: a constant of the compiled graph
+        m, l, o = da.decode_attention_qkv_split(qkv, cos, sin, k_cache, v_cache, input_pos, tile)  # noqa: E741
+        rep = heads // kvh
         return cuda_quant.tile_gemv_combine(m, l, o, rep, proj.tile_q, proj.tile_s, proj.out_features, residual)
 
 

@@ -188,13 +188,15 @@ def test_the_splits_partials_combine_to_the_attention_output(b, h, kvh, d, s, dt
         k2, v2 = k_cache.clone(), v_cache.clone()
         input_pos = torch.tensor([pos], device=DEVICE)
         out = da.decode_attention_qkv(qkv, cos_t.to(dtype), sin_t.to(dtype), k_cache, v_cache, input_pos)
-        m, l, o = da.decode_attention_qkv_split(qkv, cos_t.to(dtype), sin_t.to(dtype), k2, v2, input_pos)  # noqa: E741
-        splits, rep_pad = da.split_layout(h, k_cache)
-        assert splits == (1 if tile else -(-s // da.INTERPRETER["SPLIT"]))
+        chosen = da.split_tile(h, k_cache)  # the interpreter's small tile, the measured one on a GPU, or the forced
+        m, l, o = da.decode_attention_qkv_split(qkv, cos_t.to(dtype), sin_t.to(dtype), k2, v2, input_pos,  # noqa: E741
+                                                chosen)
+        splits, rep_pad = da.split_layout(h, k_cache, tuple(chosen))
+        assert splits == -(-s // chosen[0]) and (splits == 1 or not tile)
         assert m.shape == l.shape == (b * kvh, splits, rep_pad) and o.shape == (b * kvh, splits, rep_pad, d)
         assert m.dtype == l.dtype == torch.float32 and o.dtype == dtype
         assert torch.equal(k2, k_cache) and torch.equal(v2, v_cache)
-        live = torch.arange(splits) * (s // splits if tile else da.INTERPRETER["SPLIT"]) <= pos
+        live = torch.arange(splits) * chosen[0] <= pos
         assert bool(torch.isinf(m[:, ~live.to(m.device)]).all()) and bool((l[:, ~live.to(m.device)] == 0).all())
         got = da.combine_splits(m, l, o, h // kvh, batch=b)
         err = rel_err(got, out.reshape(b, h * d).double())
@@ -213,9 +215,39 @@ def test_the_split_op_passes_torch_opcheck() -> None:
     gen = torch.Generator().manual_seed(2)
     qkv = torch.randn(1, 1, (h + 2 * kvh) * d, generator=gen).to(DEVICE)
     k, v = (torch.randn(1, kvh, s, d, generator=gen).to(DEVICE) for _ in range(2))
-    result = torch.library.opcheck(da.decode_attention_qkv_split, (qkv, cos, sin, k, v, torch.tensor([20],
-                                                                                                      device=DEVICE)))
-    assert set(result.values()) == {"SUCCESS"}, result
+    pos = torch.tensor([20], device=DEVICE)
+    for tile in ([16, 16, 2], [32, 16, 2]):  # 3 splits, then 2: the fake follows the tile it is given
+        result = torch.library.opcheck(da.decode_attention_qkv_split, (qkv, cos, sin, k, v, pos, tile))
+        assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_a_compiled_split_op_follows_the_tile_of_its_own_trace(monkeypatch) -> None:
+    """The partials' shape follows the split kernel's tile, and a compiled graph holds that shape: compiling the
+    same function under one tile, then another ($MODELAB_DECODE_ATTENTION_TILE, fresh dynamo, Inductor's on-disk
+    cache left on) must give each its own splits — with the tile read inside the op, the second compile took the
+    first's cached graph and failed its size check (5 splits where the graph wanted 10)."""
+    from dataclasses import replace
+
+    from engine.workloads.llama import preset, rope_tables
+
+    h, kvh, d, s = 8, 2, 16, 40
+    cos, sin = (t.to(DEVICE) for t in rope_tables(replace(preset("tiny"), dim=h * d, heads=h, kv_heads=kvh), s))
+    gen = torch.Generator().manual_seed(4)
+    qkv = torch.randn(1, 1, (h + 2 * kvh) * d, generator=gen).to(DEVICE)
+    cache = [torch.randn(1, kvh, s, d, generator=gen).to(DEVICE) for _ in range(2)]
+
+    def partials(qkv, k, v, pos):
+        return da.decode_attention_qkv_split(qkv, cos, sin, k, v, pos, da.split_tile(h, k))
+
+    for raw, splits in (("16,16,2", 3), ("32,16,2", 2), ("16,16,2", 3)):
+        monkeypatch.setenv(da.TILE_ENV, raw)
+        torch._dynamo.reset()
+        k, v = (c.clone() for c in cache)
+        m, l, o = torch.compile(partials, fullgraph=True)(qkv, k, v, torch.tensor([25], device=DEVICE))  # noqa: E741
+        assert m.shape[1] == l.shape[1] == o.shape[1] == splits, (raw, m.shape)
+        got = da.combine_splits(m, l, o, h // kvh)
+        want = da.decode_attention_qkv(qkv, cos, sin, *(c.clone() for c in cache), torch.tensor([25], device=DEVICE))
+        assert rel_err(got, want.reshape(1, h * d).double()) < 1e-6
 
 
 def test_the_combine_is_chosen_in_the_environment(monkeypatch) -> None:
