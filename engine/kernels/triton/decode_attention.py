@@ -221,7 +221,7 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     _, kvh, s_max, _ = k_c.shape
     rep = h // kvh
     interpreted = is_interpreted(_split_kernel)
-    use_dot, rep_pad, (split, block_s, warps) = _layout(h, k_c, tile)
+    use_dot, rep_pad, (split, block_s, warps) = _layout(h, kvh, k_c.dtype, tile)
     tiles = {"SPLIT": split, "BLOCK_S": block_s}
     num_splits = triton.cdiv(s_max, split)
     pos = input_pos.reshape(-1)[-1:]  # read as it is (int64) by the kernel: no cast kernel per layer
@@ -244,17 +244,18 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     return out
 
 
-def _layout(heads: int, k_c: torch.Tensor, tile: tuple[int, int, int] | None) -> tuple[bool, int, tuple[int, int, int]]:
+def _layout(heads: int, kv_heads: int, cache_dtype: torch.dtype, tile: tuple[int, int, int] | None
+            ) -> tuple[bool, int, tuple[int, int, int]]:
     """(whether the products are tl.dot, the query rows per kv head padded, the split kernel's (SPLIT, BLOCK_S,
-    num_warps)) for `heads` query heads over the cache k_c: a forced or environment tile, else the measured one (the
-    interpreter's small tiles where nothing is forced)."""
-    rep = heads // k_c.shape[1]
+    num_warps)) for `heads` query heads over a cache of kv_heads heads: a forced or environment tile, else the
+    measured one (the interpreter's small tiles where nothing is forced)."""
+    rep = heads // kv_heads
     interpreted = is_interpreted(_split_kernel)
     # Compiled, with a 16-bit cache and GQA groups: tl.dot on rows padded to 16 (the broadcast products of a
     # 4 × 32 × 64 tile needed 255 registers per thread, 113 with the dot, and the split took 9.4 µs per 1B layer on
     # the H100). The interpreter keeps the broadcast form (it mishandles bf16 dot operands), as do float32 caches (a
     # dot would round them to tf32) and one query row per kv head (the 7B: 15 of 16 padded rows would be waste).
-    use_dot = not interpreted and k_c.dtype in (torch.bfloat16, torch.float16) and rep >= 2
+    use_dot = not interpreted and cache_dtype in (torch.bfloat16, torch.float16) and rep >= 2
     rep_pad = max(16, triton.next_power_of_2(rep)) if use_dot else triton.next_power_of_2(rep)
     tile = tile or tile_from_env()
     if tile is None:
@@ -366,15 +367,17 @@ def _tile3(tile: list[int]) -> tuple[int, int, int]:
     return tile[0], tile[1], tile[2]
 
 
-def split_tile(heads: int, k_cache: torch.Tensor) -> list[int]:
-    """The split kernel's tile (SPLIT, BLOCK_S, WARPS) for `heads` query heads over this cache, as _attend would
-    pick it now (the environment's, else the measured one): decode_attention_qkv_split's `tile`."""
-    return list(_layout(heads, k_cache, None)[2])
+@torch.compiler.assume_constant_result  # called, not traced, by dynamo: the tile becomes a constant of the graph
+def split_tile(heads: int, kv_heads: int, cache_dtype: torch.dtype) -> list[int]:
+    """The split kernel's tile (SPLIT, BLOCK_S, WARPS) for `heads` query heads over a cache of kv_heads heads, as
+    _attend would pick it now (the environment's, else the measured one): decode_attention_qkv_split's `tile`.
+    (Dynamo cannot trace the choice itself: it looks at the Triton kernel object.)"""
+    return list(_layout(heads, kv_heads, cache_dtype, None)[2])
 
 
 def split_layout(heads: int, k_cache: torch.Tensor, tile: tuple[int, int, int] | None = None) -> tuple[int, int]:
     """(splits, rep_pad) of the split kernel's partials for `heads` query heads over this cache (_layout)."""
-    _, rep_pad, (split, _, _) = _layout(heads, k_cache, tile)
+    _, rep_pad, (split, _, _) = _layout(heads, k_cache.shape[1], k_cache.dtype, tile)
     return triton.cdiv(k_cache.shape[2], split), rep_pad
 
 

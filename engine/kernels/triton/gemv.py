@@ -400,7 +400,7 @@ class FusedDecodeOps:
             return None
         kvh, d = k_cache.shape[1], k_cache.shape[3]
         heads = qkv.shape[-1] // d - 2 * kvh
-        tile = da.split_tile(heads, k_cache)  # picked while tracing: a constant of the compiled graph
+        tile = da.split_tile(heads, kvh, k_cache.dtype)  # picked while tracing: a constant of the compiled graph
         m, l, o = da.decode_attention_qkv_split(qkv, cos, sin, k_cache, v_cache, input_pos, tile)  # noqa: E741
         rep = heads // kvh
         return cuda_quant.tile_gemv_combine(m, l, o, rep, proj.tile_q, proj.tile_s, proj.out_features, residual)

@@ -188,7 +188,7 @@ def test_the_splits_partials_combine_to_the_attention_output(b, h, kvh, d, s, dt
         k2, v2 = k_cache.clone(), v_cache.clone()
         input_pos = torch.tensor([pos], device=DEVICE)
         out = da.decode_attention_qkv(qkv, cos_t.to(dtype), sin_t.to(dtype), k_cache, v_cache, input_pos)
-        chosen = da.split_tile(h, k_cache)  # the interpreter's small tile, the measured one on a GPU, or the forced
+        chosen = da.split_tile(h, kvh, dtype)  # the interpreter's small tile, the measured one on a GPU, or the forced
         m, l, o = da.decode_attention_qkv_split(qkv, cos_t.to(dtype), sin_t.to(dtype), k2, v2, input_pos,  # noqa: E741
                                                 chosen)
         splits, rep_pad = da.split_layout(h, k_cache, tuple(chosen))
@@ -237,7 +237,7 @@ def test_a_compiled_split_op_follows_the_tile_of_its_own_trace(monkeypatch) -> N
     cache = [torch.randn(1, kvh, s, d, generator=gen).to(DEVICE) for _ in range(2)]
 
     def partials(qkv, k, v, pos):
-        return da.decode_attention_qkv_split(qkv, cos, sin, k, v, pos, da.split_tile(h, k))
+        return da.decode_attention_qkv_split(qkv, cos, sin, k, v, pos, da.split_tile(h, kvh, k.dtype))
 
     for raw, splits in (("16,16,2", 3), ("32,16,2", 2), ("16,16,2", 3)):
         monkeypatch.setenv(da.TILE_ENV, raw)
