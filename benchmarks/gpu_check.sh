@@ -23,9 +23,6 @@ decode         decode-attention and GEMV tests, the sm_90 compile check, 1B and 
 pdl            1B and 7B triton-fused with programmatic dependent launch off and on (MODELAB_TRITON_PDL=0/1)
 argmax         the next token's argmax alone (argmax_bench.py), then 1B and 7B triton-int4-wo with torch's argmax and
                the Triton one (MODELAB_TRITON_ARGMAX=0/1)
-combine        the decode attention's splits combined inside the o product (MODELAB_DECODE_COMBINE=o; o-half: with
-               half the splits) against the combine kernel: its GPU tests, then 1B and 7B triton-int4-wo with each,
-               interleaved (COMBINE_PRESETS, COMBINE_ROUNDS, COMBINE_VARIANTS)
 decode-path    1B triton-fused and triton-int4-wo profiled: each decode kernel's time on the critical path per step
 llm-1b-all     1B, every LLM mode, prepared side by side and timed alone: total seconds and each run's phase timeline
 levels         every kernel level of the three components at their real shapes
@@ -150,20 +147,6 @@ case $part in
               >"$out/llm${preset}_argmax$on.log" 2>&1
             echo "$preset MODELAB_TRITON_ARGMAX=$on"; tail -4 "$out/llm${preset}_argmax$on.log" | head -2
           done; done ;;
-  combine) PYTEST_LIMIT=300 t pytest_q tests/engine/kernels/test_cuda_quant.py -k "combin or splits" \
-             tests/engine/kernels/test_decode_attention.py
-           # o-half: the combine in o with half the splits (twice the positions a split: half the partials to read)
-           for preset in ${COMBINE_PRESETS:-1B 7B}; do for round in $(seq "${COMBINE_ROUNDS:-2}"); do
-             for where in ${COMBINE_VARIANTS:-kernel o o-half}; do
-               half=$([ "$preset" = 7B ] && echo 64,32,2 || echo 128,64,4)  # the default tiles' SPLIT doubled
-               MODELAB_DECODE_COMBINE=${where%-half} \
-                 MODELAB_DECODE_ATTENTION_TILE=$([ "$where" = o-half ] && echo "$half") LLM_LIMIT=280 \
-                 t llm --preset $preset --no-profile --mode triton-int4-wo \
-                 >"$out/combine_${preset}_${where}_$round.log" 2>&1
-               echo "$preset $where (round $round)"
-               grep -E "^ +[0-9]+ triton-int4-wo" "$out/combine_${preset}_${where}_$round.log" | head -2
-             done
-           done; done ;;
   decode-path) LLM_LIMIT=300 t llm --preset 1B --mode triton-fused,triton-int4-wo >"$out/decode_path.log" 2>&1
                grep -E "^ +[0-9]+ triton" "$out/decode_path.log"
                # op_stats' device self time: what each kernel adds after the one before it ends (under PDL a

@@ -83,11 +83,10 @@ def jobs(arch: int):
         yield (f"decode_attention split {preset}", da._split_kernel, split_sig,
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split, "BLOCK_S": block_s, "PDL": pdl,
                 "USE_DOT": dot}, split_warps)
-        for o_type, tag in (("*fp32", ""), ("*bf16", " partials")):  # partials: o in bf16 for the o product to combine
-            yield (f"decode_attention split+rope{tag} {preset}", da._split_kernel,
-                   {**split_sig, "o_ptr": o_type, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32"},
-                   {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split, "BLOCK_S": block_s, "PDL": pdl,
-                    "FROM_QKV": True, "USE_DOT": dot}, split_warps)
+        yield (f"decode_attention split+rope {preset}", da._split_kernel,
+               {**split_sig, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32"},
+               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split, "BLOCK_S": block_s, "PDL": pdl,
+                "FROM_QKV": True, "USE_DOT": dot}, split_warps)
         # one split over the whole cache (a cache of at most SPLIT positions): the split kernel writes the output
         final_sig = {k: v for k, v in split_sig.items() if k not in ("m_ptr", "l_ptr", "o_ptr")}
         yield (f"decode_attention one split+rope {preset}", da._split_kernel,

@@ -23,8 +23,7 @@
 // A tile is 16 output rows; a block has KSLICES warps, each a contiguous slice of the groups, and walks tiles
 // (persistent); the warps' sums meet in shared memory. x (with the RMSNorm weight, NORM) is staged once per warp
 // slice in shared memory as bf16; the norm's 1/rms multiplies the row sums at the end, as the Triton kernel does.
-// ADD: the residual added; GLU: the tile's rows are gate j..j+7 and up j..j+7 and silu(gate)·up is stored; COMBINE
-// (with ADD, the o product): x formed from the decode attention's splits as it is staged (Args). Under
+// ADD: the residual added; GLU: the tile's rows are gate j..j+7 and up j..j+7 and silu(gate)·up is stored. Under
 // PDL (sm_90) a block's first batches of codes are in flight before it waits for the kernel before it.
 #include "common.cuh"
 
@@ -93,49 +92,7 @@ struct Args {
   __nv_bfloat16* y;        // (N,) or (N / 2,) with GLU
   int n, k, groups;
   float eps;
-  // COMBINE: x is not given but formed from the decode attention's splits (engine/kernels/triton/decode_attention.py,
-  // decode_attention_qkv_split): per split s of kv head j and query row r of its group, the running max m, the sum l
-  // (each [j][s][rep_pad], fp32) and the unnormalised output o ([j][s][rep_pad][head_dim], bf16); query head
-  // h = j·rep + r, x[h·head_dim + d] = Σ_s e^(m_s − M)·o_s[d] / Σ_s e^(m_s − M)·l_s, M = max_s m_s — what the
-  // combine kernel writes, here staged straight into shared memory (one kernel fewer per layer).
-  const float* pm = nullptr;
-  const float* pl = nullptr;
-  const __nv_bfloat16* po = nullptr;
-  int splits = 0, rep = 0, rep_pad = 0, head_dim = 0;
 };
-
-// COMBINE: the 8 inputs i0 .. i0 + 7 of x (one head's: head_dim is a multiple of 8) combined from the splits in one
-// pass, rescaling as the max grows (online softmax), so every split's m, l and o load issues without waiting for the
-// max of all of them (a first pass for the max would put a round trip to L2 before the o loads). Split 0 is always
-// live (position 0 is in it), so the max is finite from the first split on; a split past the last position wrote
-// m = −inf, l = 0, o = 0 and weighs e^(−inf) = 0. Branch-free: the unrolled splits' loads issue together.
-__device__ __forceinline__ void combine_splits(const Args& a, int i0, float (&v)[8]) {
-  const int head = i0 / a.head_dim, d0 = i0 - head * a.head_dim;
-  const int first = (head / a.rep) * a.splits * a.rep_pad + head % a.rep;  // split s: first + s·rep_pad
-  float top = -INFINITY, den = 0.f;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) v[e] = 0.f;
-#pragma unroll 4
-  for (int sp = 0; sp < a.splits; ++sp) {
-    const int idx = first + sp * a.rep_pad;
-    const float m = __ldg(a.pm + idx), l = __ldg(a.pl + idx);
-    const uint4 ov = __ldg(reinterpret_cast<const uint4*>(a.po + static_cast<size_t>(idx) * a.head_dim + d0));
-    const float top_new = fmaxf(top, m);
-    const float rescale = __expf(top - top_new), w = __expf(m - top_new);  // (split 0: e^(−inf) = 0, e^0 = 1)
-    top = top_new;
-    den = fmaf(w, l, den * rescale);
-    const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&ov);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 f = __bfloat1622float2(o2[e]);
-      v[2 * e] = fmaf(w, f.x, v[2 * e] * rescale);
-      v[2 * e + 1] = fmaf(w, f.y, v[2 * e + 1] * rescale);
-    }
-  }
-  const float inv = 1.f / den;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) v[e] *= inv;
-}
 
 // Where x[i] sits in shared memory: within each group, the bf16 pair p = (i mod 64) / 2 (p = 8·step + 4·h + c:
 // k = 16·step + 8·h + 2c) goes to pair slot 8c + 2·step + h, so that lane c's eight pairs for a group's four mmas
@@ -151,7 +108,7 @@ __device__ __forceinline__ int x_slot(int i) {
 // no registers (the register double buffer before it kept one batch, 2 KB a warp, in flight and reached 1.7–2.1
 // TB/s), and no ramp or drain per tile. The scales (2 bytes a row and group) are loaded into registers when their
 // batch is issued, so they too arrive DEPTH batches early.
-template <int KSLICES, int BATCH, bool NORM, bool ADD, bool GLU, bool COMBINE>
+template <int KSLICES, int BATCH, bool NORM, bool ADD, bool GLU>
 __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(const Args a, const int tiles) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -246,14 +203,7 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
     const int i0 = base + lane * 8;
     const bool mine = i0 < g_end * GROUP;  // a last pass may reach past the slice: those inputs are another warp's
     float v[8];
-    if (COMBINE) {  // (K = heads · head_dim: a lane's 8 inputs are whole and in one head)
-      if (mine) {
-        combine_splits(a, i0, v);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = 0.f;
-      }
-    } else if (vec && mine && i0 + 8 <= a.k) {
+    if (vec && mine && i0 + 8 <= a.k) {
       const uint4 xv = __ldg(reinterpret_cast<const uint4*>(a.x + i0));
       const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&xv);
 #pragma unroll
@@ -404,9 +354,9 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
 #endif
 }
 
-template <int KSLICES, int BATCH, bool NORM, bool ADD, bool GLU, bool COMBINE = false>
+template <int KSLICES, int BATCH, bool NORM, bool ADD, bool GLU>
 void launch(const Args& args, int tiles, bool pdl, cudaStream_t stream) {
-  auto kernel = int4_gemv_kernel<KSLICES, BATCH, NORM, ADD, GLU, COMBINE>;
+  auto kernel = int4_gemv_kernel<KSLICES, BATCH, NORM, ADD, GLU>;
   const int smem = KSLICES * DEPTH * BATCH * ROWS * 32 + (args.groups + BATCH) * (GROUP * 2 + 4) +
                    2 * KSLICES * ROWS * 4;
   modelab_levels::allow_dynamic_smem(kernel, smem);
@@ -432,9 +382,7 @@ void launch(const Args& args, int tiles, bool pdl, cudaStream_t stream) {
 
 template <int KSLICES, int BATCH>
 void dispatch(const Args& args, int tiles, bool norm, bool add, bool glu, bool pdl, cudaStream_t stream) {
-  if (args.po != nullptr) {  // x from the attention's splits: the o product, with its residual
-    launch<KSLICES, BATCH, false, true, false, true>(args, tiles, pdl, stream);
-  } else if (glu) {
+  if (glu) {
     launch<KSLICES, BATCH, true, false, true>(args, tiles, pdl, stream);
   } else if (norm) {
     launch<KSLICES, BATCH, true, false, false>(args, tiles, pdl, stream);
@@ -455,9 +403,13 @@ void dispatch_batch(const Args& args, int tiles, bool norm, bool add, bool glu, 
   }
 }
 
-// The tile-order weight's checks for N outputs and K inputs; returns the number of tiles.
-int64_t check_weight(const at::Tensor& q, const at::Tensor& s, int64_t n, int64_t k, bool glu) {
-  const int64_t groups = (k + GROUP - 1) / GROUP;
+at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, int64_t n,
+                          const c10::optional<at::Tensor>& norm_weight, double eps,
+                          const c10::optional<at::Tensor>& residual, bool glu, int64_t kslices, int64_t batch,
+                          bool pdl) {
+  TORCH_CHECK(x.is_cuda() && q.is_cuda() && s.is_cuda(), "int4_gemv: CUDA tensors only");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "int4_gemv: x must be contiguous bfloat16");
+  const int64_t k = x.numel(), groups = (k + GROUP - 1) / GROUP;
   TORCH_CHECK(n > 0 && k > 0 && (!glu || n % 2 == 0), "int4_gemv: empty, or an odd N with glu");
   const int64_t tiles = glu ? (n / 2 + ROWS / 2 - 1) / (ROWS / 2) : (n + ROWS - 1) / ROWS;
   TORCH_CHECK(q.scalar_type() == at::kInt && q.is_contiguous() && q.dim() == 4 && q.size(0) == tiles &&
@@ -469,31 +421,6 @@ int64_t check_weight(const at::Tensor& q, const at::Tensor& s, int64_t n, int64_
               "int4_gemv: s must be contiguous bfloat16 (", tiles, ", ", groups, ", 8, 2) in tile order");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(s.data_ptr()) % 4 == 0,
               "int4_gemv: q must be 16-byte aligned, s 4-byte aligned");
-  return tiles;
-}
-
-void run(const Args& args, int64_t tiles, int64_t kslices, int64_t batch, bool norm, bool add, bool glu, bool pdl,
-         const at::Device& device) {
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-  int major = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index()));
-  pdl = pdl && major >= 9;
-  switch (kslices) {
-    case 4: dispatch_batch<4>(args, static_cast<int>(tiles), norm, add, glu, batch, pdl, stream); break;
-    case 8: dispatch_batch<8>(args, static_cast<int>(tiles), norm, add, glu, batch, pdl, stream); break;
-    case 16: dispatch_batch<16>(args, static_cast<int>(tiles), norm, add, glu, batch, pdl, stream); break;
-    default: TORCH_CHECK(false, "int4_gemv: kslices must be 4, 8 or 16, got ", kslices);
-  }
-}
-
-at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, int64_t n,
-                          const c10::optional<at::Tensor>& norm_weight, double eps,
-                          const c10::optional<at::Tensor>& residual, bool glu, int64_t kslices, int64_t batch,
-                          bool pdl) {
-  TORCH_CHECK(x.is_cuda() && q.is_cuda() && s.is_cuda(), "int4_gemv: CUDA tensors only");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "int4_gemv: x must be contiguous bfloat16");
-  const int64_t k = x.numel(), groups = (k + GROUP - 1) / GROUP;
-  const int64_t tiles = check_weight(q, s, n, k, glu);
   const bool norm = norm_weight.has_value(), add = residual.has_value();
   TORCH_CHECK(!(add && (norm || glu)), "int4_gemv: the residual fuses alone");
   if (norm) TORCH_CHECK(norm_weight->numel() == k && norm_weight->scalar_type() == at::kBFloat16 &&
@@ -509,43 +436,16 @@ at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Te
             add ? reinterpret_cast<const __nv_bfloat16*>(residual->data_ptr()) : nullptr,
             reinterpret_cast<__nv_bfloat16*>(y.data_ptr()), static_cast<int>(n), static_cast<int>(k),
             static_cast<int>(groups), static_cast<float>(eps)};
-  run(args, tiles, kslices, batch, norm, add, glu, pdl, x.device());
-  return y;
-}
-
-at::Tensor int4_gemv_combine_cuda(const at::Tensor& m, const at::Tensor& l, const at::Tensor& o, int64_t rep,
-                                  const at::Tensor& q, const at::Tensor& s, int64_t n, const at::Tensor& residual,
-                                  int64_t kslices, int64_t batch, bool pdl) {
-  TORCH_CHECK(m.is_cuda() && l.is_cuda() && o.is_cuda() && q.is_cuda() && s.is_cuda() && residual.is_cuda(),
-              "int4_gemv_combine: CUDA tensors only");
-  // m, l (KVH, splits, rep_pad) fp32 and o (KVH, splits, rep_pad, head_dim) bf16: decode_attention_qkv_split's
-  TORCH_CHECK(m.scalar_type() == at::kFloat && l.scalar_type() == at::kFloat && o.scalar_type() == at::kBFloat16 &&
-              m.is_contiguous() && l.is_contiguous() && o.is_contiguous() && m.dim() == 3 && o.dim() == 4 &&
-              l.sizes() == m.sizes() && o.size(0) == m.size(0) && o.size(1) == m.size(1) && o.size(2) == m.size(2),
-              "int4_gemv_combine: m, l must be contiguous float32 (KVH, splits, rep_pad) and o bfloat16 (KVH, splits, "
-              "rep_pad, head_dim)");
-  const int64_t kvh = m.size(0), splits = m.size(1), rep_pad = m.size(2), head_dim = o.size(3);
-  TORCH_CHECK(rep >= 1 && rep <= rep_pad && splits >= 1 && head_dim % 8 == 0 &&
-              reinterpret_cast<uintptr_t>(o.data_ptr()) % 16 == 0,
-              "int4_gemv_combine: want 1 <= rep <= rep_pad, a head dim that is a multiple of 8, o 16-byte aligned");
-  const int64_t k = kvh * rep * head_dim, groups = (k + GROUP - 1) / GROUP;
-  const int64_t tiles = check_weight(q, s, n, k, false);
-  TORCH_CHECK(residual.numel() == n && residual.scalar_type() == at::kBFloat16 && residual.is_contiguous(),
-              "int4_gemv_combine: residual must be (N,) contiguous bfloat16");
-  const c10::cuda::CUDAGuard guard(m.device());
-  at::Tensor y = at::empty({n}, residual.options());
-  Args args{nullptr, reinterpret_cast<const uint32_t*>(q.data_ptr()), reinterpret_cast<const uint32_t*>(s.data_ptr()),
-            nullptr, reinterpret_cast<const __nv_bfloat16*>(residual.data_ptr()),
-            reinterpret_cast<__nv_bfloat16*>(y.data_ptr()), static_cast<int>(n), static_cast<int>(k),
-            static_cast<int>(groups), 0.f};
-  args.pm = m.data_ptr<float>();
-  args.pl = l.data_ptr<float>();
-  args.po = reinterpret_cast<const __nv_bfloat16*>(o.data_ptr());
-  args.splits = static_cast<int>(splits);
-  args.rep = static_cast<int>(rep);
-  args.rep_pad = static_cast<int>(rep_pad);
-  args.head_dim = static_cast<int>(head_dim);
-  run(args, tiles, kslices, batch, false, true, false, pdl, m.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
+  int major = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device()));
+  pdl = pdl && major >= 9;
+  switch (kslices) {
+    case 4: dispatch_batch<4>(args, static_cast<int>(tiles), norm, add, glu, batch, pdl, stream); break;
+    case 8: dispatch_batch<8>(args, static_cast<int>(tiles), norm, add, glu, batch, pdl, stream); break;
+    case 16: dispatch_batch<16>(args, static_cast<int>(tiles), norm, add, glu, batch, pdl, stream); break;
+    default: TORCH_CHECK(false, "int4_gemv: kslices must be 4, 8 or 16, got ", kslices);
+  }
   return y;
 }
 

@@ -26,9 +26,6 @@ graph the 7B's products together ran faster with it (docs/quantization.md has th
     tune(weights) -> lines   time the 6 blocks per distinct product, keep the fastest (`block` reads it)
     int4_gemv(x, w, norm_weight, eps, residual, ks, pdl, batch) -> y
     tile_gemv(x, q, s, n, glu, norm_weight, eps, residual)   the same as a custom op (modelab::int4_tile_gemv)
-    int4_gemv_combine(m, l, o, rep, w, residual) -> y   the o product, its x combined from the decode attention's
-                                                        splits as it is staged (no combine kernel)
-    tile_gemv_combine(m, l, o, rep, q, s, n, residual)  the same as a custom op (modelab::int4_tile_gemv_combine)
 """
 
 from __future__ import annotations
@@ -305,62 +302,6 @@ def int4_gemv(x: torch.Tensor, w: TileWeight, norm_weight: torch.Tensor | None =
     load()
     return torch.ops.modelab_quant.int4_gemv(x, w.q, w.s, w.n, norm_weight, float(eps), residual, w.glu, ks, batch,
                                              pdl)
-
-
-def _check_partials(m: torch.Tensor, l: torch.Tensor, o: torch.Tensor, rep: int, w: TileWeight,  # noqa: E741
-                    residual: torch.Tensor) -> None:
-    """ValueError before any launch for partials the combining kernel does not take (C++ checks them again)."""
-    if m.dtype != torch.float32 or l.dtype != torch.float32 or o.dtype != torch.bfloat16 \
-            or not all(t.is_contiguous() for t in (m, l, o)) or m.dim() != 3 or o.dim() != 4 or l.shape != m.shape \
-            or o.shape[:3] != m.shape:
-        raise ValueError(f"int4_gemv_combine: m, l must be contiguous float32 (KVH, splits, rep_pad) and o bfloat16 "
-                         f"(KVH, splits, rep_pad, head_dim), got {m.dtype} {tuple(m.shape)}, {l.dtype} "
-                         f"{tuple(l.shape)}, {o.dtype} {tuple(o.shape)}")
-    kvh, _, rep_pad = m.shape
-    head_dim = o.shape[3]
-    if not 1 <= rep <= rep_pad or head_dim % 8:
-        raise ValueError(f"int4_gemv_combine: {rep} query rows per kv head with {rep_pad} padded rows and head dim "
-                         f"{head_dim} (want 1 <= rep <= rep_pad, a head dim that is a multiple of 8)")
-    if kvh * rep * head_dim != w.k or w.glu:
-        raise ValueError(f"int4_gemv_combine: the splits give {kvh * rep * head_dim} inputs, the weight takes {w.k}"
-                         f"{' (and is a gate_up weight)' if w.glu else ''}")
-    if residual.numel() != w.n or residual.dtype != torch.bfloat16 or not residual.is_contiguous():
-        raise ValueError(f"int4_gemv_combine: the residual must be {w.n} contiguous bfloat16 values")
-    if len({m.device, l.device, o.device, w.q.device, w.s.device, residual.device}) != 1 or m.device.type != "cuda":
-        raise ValueError("int4_gemv_combine: the partials, the weight and the residual must be on one CUDA device")
-
-
-def int4_gemv_combine(m: torch.Tensor, l: torch.Tensor, o: torch.Tensor, rep: int, w: TileWeight,  # noqa: E741
-                      residual: torch.Tensor, ks: int | None = None, pdl: bool = True,
-                      batch: int | None = None) -> torch.Tensor:
-    """y (N,) bf16 = residual + x · Wᵀ with x (heads · head_dim) combined from the decode attention's splits
-    (engine.kernels.triton.decode_attention.decode_attention_qkv_split: m, l (KVH, splits, rep_pad) fp32, o (…,
-    head_dim) bf16) inside the kernel's x staging — what the combine kernel and then int4_gemv(x, w, residual=…)
-    compute, one kernel fewer. ks, batch as int4_gemv's (the product's tuned block)."""
-    default_ks, default_batch = block(w.n, w.k, w.glu, m.device)
-    ks = default_ks if ks is None else ks
-    batch = default_batch if batch is None else batch
-    if ks not in KSLICES or batch not in RING_BATCHES:
-        raise ValueError(f"kslices must be one of {KSLICES} and batch one of {RING_BATCHES}, got {ks}, {batch}")
-    _check_partials(m, l, o, rep, w, residual)
-    load()
-    return torch.ops.modelab_quant.int4_gemv_combine(m, l, o, rep, w.q, w.s, w.n, residual.reshape(-1), ks, batch,
-                                                     pdl)
-
-
-@torch.library.custom_op("modelab::int4_tile_gemv_combine", mutates_args=())
-def tile_gemv_combine(m: torch.Tensor, l: torch.Tensor, o: torch.Tensor, rep: int, q: torch.Tensor,  # noqa: E741
-                      s: torch.Tensor, n: int, residual: torch.Tensor) -> torch.Tensor:
-    """int4_gemv_combine as a torch custom op over the tile-order buffers: (1, 1, N) like the residual it adds."""
-    k = m.shape[0] * rep * o.shape[3]
-    y = int4_gemv_combine(m, l, o, rep, TileWeight(q, s, n, k, False), residual.reshape(-1))
-    return y.reshape(residual.shape)
-
-
-@tile_gemv_combine.register_fake
-def _(m: torch.Tensor, l: torch.Tensor, o: torch.Tensor, rep: int, q: torch.Tensor, s: torch.Tensor,  # noqa: E741
-      n: int, residual: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(residual)
 
 
 @torch.library.custom_op("modelab::int4_tile_gemv", mutates_args=())

@@ -375,13 +375,7 @@ def use_tensor_core_int4(model: nn.Module, device: str) -> list[str]:
         if forced is not None:
             notes.append(f"int4 tensor-core GEMV blocks: {forced[0]} warps × {forced[1]}-group batches for every "
                          f"product (${cuda_quant.TILE_ENV}), not tuned")
-        if attached:
-            from engine.kernels.triton import decode_attention
-
-            if decode_attention.combine_choice() == "o":
-                notes.append("the decode attention's splits combined inside the o product's tensor-core GEMV "
-                             f"(${decode_attention.COMBINE_ENV}=o): no combine kernel where o takes it")
-        if forced is None and attached:
+        elif attached:
             weights = [cuda_quant.TileWeight(m.tile_q, m.tile_s, m.out_features, m.in_features, m.tile_glu)
                        for m in model.modules() if isinstance(m, QuantLinear)
                        and getattr(m, "tile_q", None) is not None]

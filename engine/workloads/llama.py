@@ -168,9 +168,8 @@ class Attention(nn.Module):
         # The decode step's one-row products with the norm before them / the residual after them inside the product
         # (norm_linear(x, norm_w, eps, proj), norm_swiglu(x, norm_w, eps, gate_up_proj) = silu(gate) · up,
         # linear_add(x, proj, residual), each given the projection module, so a quantized one brings its codes and
-        # scales; optionally attend_linear_add(qkv, cos, sin, k_cache, v_cache, input_pos, o_proj, residual): the
-        # attention and o in one go where it returns a tensor, else None); None: the plain modules. Set through
-        # LlamaDecoder.set_fused_ops (the LLM lab's triton-fused mode: engine.kernels.triton.gemv.FusedDecodeOps).
+        # scales); None: the plain modules. Set through LlamaDecoder.set_fused_ops (the LLM lab's triton-fused mode:
+        # engine.kernels.triton.gemv.FusedDecodeOps).
         self.fused_ops: Any = None
 
     def fuse(self) -> None:
@@ -244,11 +243,6 @@ class Attention(nn.Module):
         if t == 1 and self.decode_attn_qkv is not None and self.fused_ops is not None and norm is not None \
                 and self.qkv_proj is not None:
             qkv = self.fused_ops.norm_linear(x, norm.weight, norm.eps, self.qkv_proj)
-            attend_out = getattr(self.fused_ops, "attend_linear_add", None)  # the attention's last step inside o's
-            if attend_out is not None and residual is not None:
-                y = attend_out(qkv, cos, sin, self.kv_cache.k, self.kv_cache.v, input_pos, self.o_proj, residual)
-                if y is not None:
-                    return y
             out = self.decode_attn_qkv(qkv, cos, sin, self.kv_cache.k, self.kv_cache.v, input_pos)
             return self._out(out, residual)
         q, k, v = self._heads(x, cos, sin, norm)

@@ -9,9 +9,6 @@ of cache in the 1B decode step). Here every (batch, kv head, split of SPLIT posi
                     positions [s·SPLIT, min((s+1)·SPLIT, L)) of the cache, in BLOCK_S chunks with an online softmax;
                     writes the running max m, the sum l and the unnormalised output o (fp32) of its split;
     combine kernel — per (batch, head): out = Σ exp(m_i − M)·o_i / Σ exp(m_i − M)·l_i over the splits, M = max m_i.
-                    (MODELAB_DECODE_COMBINE=o: none; the int4 o product combines the splits' partials as it stages
-                    its input — decode_attention_qkv_split, engine.kernels.cuda_quant.int4_gemv_combine — not yet
-                    timed.)
 
 Where one split covers the whole (short) cache, the split kernel writes the output itself and no combine runs (a
 cache of 640 positions in one program per kv head measured 2.4× slower alone than the splits: docs/figures.md).
@@ -38,7 +35,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.cuda_levels import env_choice
 from engine.kernels.triton._common import is_interpreted, pdl_enabled
 
 
@@ -211,71 +207,40 @@ def decode_attention_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 
 def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: torch.Tensor, b: int, h: int, d: int,
-            rope: dict | None = None, tile: tuple[int, int, int] | None = None, partials: bool = False
-            ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            rope: dict | None = None, tile: tuple[int, int, int] | None = None) -> torch.Tensor:
     """Both kernels over q (B, H·D: q rows, or with `rope` the qkv rows) and the cache → (B, H, 1, D). `tile`
-    (SPLIT, BLOCK_S, num_warps of the split kernel) forces one (benchmarks/decode_attention_bench.py's sweep).
-    `partials`: the split kernel alone (even where one split covers the cache), its m, l (B·KVH, splits, rep_pad,
-    fp32) and o (B·KVH, splits, rep_pad, D, in q's dtype: half the bytes for the kernel that combines them to read
-    at bf16, which rounds each split's o once more) returned for the next kernel to combine (`combine_splits`)."""
+    (SPLIT, BLOCK_S, num_warps of the split kernel) forces one (benchmarks/decode_attention_bench.py's sweep)."""
     _, kvh, s_max, _ = k_c.shape
     rep = h // kvh
-    interpreted = is_interpreted(_split_kernel)
-    use_dot, rep_pad, (split, block_s, warps) = _layout(h, kvh, k_c.dtype, tile)
-    tiles = {"SPLIT": split, "BLOCK_S": block_s}
-    num_splits = triton.cdiv(s_max, split)
-    pos = input_pos.reshape(-1)[-1:]  # read as it is (int64) by the kernel: no cast kernel per layer
-    out = torch.empty(b, h, 1, d, device=q.device, dtype=q.dtype)
-    pdl = {} if interpreted or not pdl_enabled(q.device) else {"PDL": True, "launch_pdl": True}
-    args = (1.0 / math.sqrt(d), kvh, s_max, num_splits)
-    consts = dict(REP=rep, REP_PAD=rep_pad, D=d, **tiles, num_warps=warps, **pdl, **(rope or {}), USE_DOT=use_dot)
-    if num_splits == 1 and not partials:  # one program per kv head walks the whole cache, writes the output
-        _split_kernel[(b * kvh, 1)](q, k_c, v_c, pos, None, None, None, *args, **consts, out_ptr=out, FINAL=True)
-        return out
-    m = torch.empty(b * kvh * num_splits * rep_pad, device=q.device, dtype=torch.float32)
-    l = torch.empty_like(m)  # noqa: E741 - the running sums the split kernel writes
-    o = torch.empty(b * kvh * num_splits * rep_pad, d, device=q.device, dtype=q.dtype if partials else torch.float32)
-    _split_kernel[(b * kvh, num_splits)](q, k_c, v_c, pos, m, l, o, *args, **consts)
-    if partials:
-        return (m.view(b * kvh, num_splits, rep_pad), l.view(b * kvh, num_splits, rep_pad),
-                o.view(b * kvh, num_splits, rep_pad, d))
-    _combine_kernel[(b * h,)](m, l, o, out, num_splits, REP=rep, REP_PAD=rep_pad, D=d,
-                              SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4, **pdl)
-    return out
-
-
-def _layout(heads: int, kv_heads: int, cache_dtype: torch.dtype, tile: tuple[int, int, int] | None
-            ) -> tuple[bool, int, tuple[int, int, int]]:
-    """(whether the products are tl.dot, the query rows per kv head padded, the split kernel's (SPLIT, BLOCK_S,
-    num_warps)) for `heads` query heads over a cache of kv_heads heads: a forced or environment tile, else the
-    measured one (the interpreter's small tiles where nothing is forced)."""
-    rep = heads // kv_heads
     interpreted = is_interpreted(_split_kernel)
     # Compiled, with a 16-bit cache and GQA groups: tl.dot on rows padded to 16 (the broadcast products of a
     # 4 × 32 × 64 tile needed 255 registers per thread, 113 with the dot, and the split took 9.4 µs per 1B layer on
     # the H100). The interpreter keeps the broadcast form (it mishandles bf16 dot operands), as do float32 caches (a
     # dot would round them to tf32) and one query row per kv head (the 7B: 15 of 16 padded rows would be waste).
-    use_dot = not interpreted and cache_dtype in (torch.bfloat16, torch.float16) and rep >= 2
+    use_dot = not interpreted and k_c.dtype in (torch.bfloat16, torch.float16) and rep >= 2
     rep_pad = max(16, triton.next_power_of_2(rep)) if use_dot else triton.next_power_of_2(rep)
     tile = tile or tile_from_env()
-    if tile is None:
-        default = TILE_DOT if use_dot else TILE_ROWS if rep == 1 else TILE_GROUPS
-        tile = (INTERPRETER["SPLIT"], INTERPRETER["BLOCK_S"], default[2]) if interpreted else default
-    return use_dot, rep_pad, tile
+    split, block_s, warps = tile or (TILE_DOT if use_dot else TILE_ROWS if rep == 1 else TILE_GROUPS)
+    tiles = INTERPRETER if interpreted and tile is None else {"SPLIT": split, "BLOCK_S": block_s}
+    num_splits = triton.cdiv(s_max, tiles["SPLIT"])
+    pos = input_pos.reshape(-1)[-1:]  # read as it is (int64) by the kernel: no cast kernel per layer
+    out = torch.empty(b, h, 1, d, device=q.device, dtype=q.dtype)
+    pdl = {} if interpreted or not pdl_enabled(q.device) else {"PDL": True, "launch_pdl": True}
+    args = (1.0 / math.sqrt(d), kvh, s_max, num_splits)
+    consts = dict(REP=rep, REP_PAD=rep_pad, D=d, **tiles, num_warps=warps, **pdl, **(rope or {}), USE_DOT=use_dot)
+    if num_splits == 1:  # one program per kv head walks the whole cache and writes the output: no combine
+        _split_kernel[(b * kvh, 1)](q, k_c, v_c, pos, None, None, None, *args, **consts, out_ptr=out, FINAL=True)
+        return out
+    m = torch.empty(b * kvh * num_splits * rep_pad, device=q.device, dtype=torch.float32)
+    l = torch.empty_like(m)  # noqa: E741 - the running sums the split kernel writes
+    o = torch.empty(b * kvh * num_splits * rep_pad, d, device=q.device, dtype=torch.float32)
+    _split_kernel[(b * kvh, num_splits)](q, k_c, v_c, pos, m, l, o, *args, **consts)
+    _combine_kernel[(b * h,)](m, l, o, out, num_splits, REP=rep, REP_PAD=rep_pad, D=d,
+                              SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4, **pdl)
+    return out
 
 
 TILE_ENV = "MODELAB_DECODE_ATTENTION_TILE"
-COMBINE_ENV = "MODELAB_DECODE_COMBINE"  # where the splits are combined: COMBINES' keys (default kernel)
-COMBINES = {
-    "kernel": "the combine kernel after the split kernel",
-    "o": "inside the o product's tensor-core int4 GEMV as it stages its input, where o takes that kernel (no "
-         "combine kernel; elsewhere the combine kernel)",
-}
-
-
-def combine_choice() -> str:
-    """$MODELAB_DECODE_COMBINE: kernel (default) or o. ValueError naming the choices for anything else."""
-    return env_choice(COMBINE_ENV, COMBINES, default="kernel")
 
 
 def tile_from_env() -> tuple[int, int, int] | None:
@@ -297,13 +262,12 @@ def tile_from_env() -> tuple[int, int, int] | None:
 
 
 def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                             v_cache: torch.Tensor, input_pos: torch.Tensor, tile: tuple[int, int, int] | None = None,
-                             partials: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                             v_cache: torch.Tensor, input_pos: torch.Tensor, tile: tuple[int, int, int] | None = None
+                             ) -> torch.Tensor:
     """The decode step's attention from the qkv projection's output (B, 1, (H + 2·KVH)·D), before RoPE: RoPE on q
     and the new k (cos, sin: the rotary tables, (positions ≥ S_max, D), read at input_pos[-1] on the device, so no
     indexing kernel runs per step), k and v written into the cache at input_pos[-1], then
     flash-decoding → (B, H, 1, D). One kernel does what RoPE, the cache writes and a copy of q did in four.
-    `partials`: the splits' m, l, o instead, uncombined (_attend).
     (Tried and dropped: the same work and the combine in one CUDA kernel, the splits of each kv head the CTAs of
     a thread-block cluster combining through distributed shared memory — slower, docs/quantization.md.)"""
     _, kvh, s_max, d = k_cache.shape
@@ -321,7 +285,7 @@ def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Te
         raise ValueError("the cache must be contiguous: it is written in place")
     rope = {"FROM_QKV": True, "cos_ptr": cos.contiguous(), "sin_ptr": sin.contiguous(),
             "QKV_ROW": qkv.shape[-1]}
-    return _attend(qkv.reshape(b, -1).contiguous(), k_cache, v_cache, input_pos, b, h, d, rope, tile, partials)
+    return _attend(qkv.reshape(b, -1).contiguous(), k_cache, v_cache, input_pos, b, h, d, rope, tile)
 
 
 @torch.library.custom_op("modelab::decode_attention_qkv", mutates_args=("k_cache", "v_cache"))
@@ -335,61 +299,6 @@ def decode_attention_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 def _(qkv, cos, sin, k_cache, v_cache, input_pos):
     d, kvh = k_cache.shape[3], k_cache.shape[1]
     return qkv.new_empty(qkv.shape[0], qkv.shape[-1] // d - 2 * kvh, 1, d)
-
-
-@torch.library.custom_op("modelab::decode_attention_qkv_split", mutates_args=("k_cache", "v_cache"))
-def decode_attention_qkv_split(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                               v_cache: torch.Tensor, input_pos: torch.Tensor, tile: list[int]
-                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """decode_attention_qkv without the combine: the splits' m, l (B·KVH, splits, rep_pad, fp32) and o (…, D, in
-    qkv's dtype), for the o product to combine as it stages its input (engine.kernels.cuda_quant.tile_gemv_combine,
-    one kernel fewer a layer; `combine_splits` is the same in PyTorch). Writes the cache. `tile` (SPLIT, BLOCK_S,
-    WARPS; `split_tile` picks it) is an argument, not read here from the environment: the partials' shape follows
-    SPLIT, and a compiled graph holds that shape — with the tile a constant of the graph, Inductor's cache cannot
-    hand a graph traced for one tile to a run with another (it did: `MODELAB_DECODE_ATTENTION_TILE` after a run
-    without it failed the size check, 5 splits where the cached graph wanted 10)."""
-    out = decode_attention_qkv_fwd(qkv, cos, sin, k_cache, v_cache, input_pos, tile=_tile3(tile), partials=True)
-    assert isinstance(out, tuple)
-    return out
-
-
-@decode_attention_qkv_split.register_fake
-def _(qkv, cos, sin, k_cache, v_cache, input_pos, tile):
-    b, kvh, s_max, d = k_cache.shape
-    splits, rep_pad = split_layout(qkv.shape[-1] // d - 2 * kvh, k_cache, _tile3(tile))
-    m = qkv.new_empty(b * kvh, splits, rep_pad, dtype=torch.float32)
-    return m, torch.empty_like(m), qkv.new_empty(b * kvh, splits, rep_pad, d)
-
-
-def _tile3(tile: list[int]) -> tuple[int, int, int]:
-    if len(tile) != 3:
-        raise ValueError(f"tile {tile}: want SPLIT, BLOCK_S, WARPS")
-    return tile[0], tile[1], tile[2]
-
-
-@torch.compiler.assume_constant_result  # called, not traced, by dynamo: the tile becomes a constant of the graph
-def split_tile(heads: int, kv_heads: int, cache_dtype: torch.dtype) -> list[int]:
-    """The split kernel's tile (SPLIT, BLOCK_S, WARPS) for `heads` query heads over a cache of kv_heads heads, as
-    _attend would pick it now (the environment's, else the measured one): decode_attention_qkv_split's `tile`.
-    (Dynamo cannot trace the choice itself: it looks at the Triton kernel object.)"""
-    return list(_layout(heads, kv_heads, cache_dtype, None)[2])
-
-
-def split_layout(heads: int, k_cache: torch.Tensor, tile: tuple[int, int, int] | None = None) -> tuple[int, int]:
-    """(splits, rep_pad) of the split kernel's partials for `heads` query heads over this cache (_layout)."""
-    _, rep_pad, (split, _, _) = _layout(heads, k_cache.shape[1], k_cache.dtype, tile)
-    return triton.cdiv(k_cache.shape[2], split), rep_pad
-
-
-def combine_splits(m: torch.Tensor, l: torch.Tensor, o: torch.Tensor, rep: int, batch: int = 1  # noqa: E741
-                   ) -> torch.Tensor:
-    """The combine kernel's arithmetic in PyTorch (in m's dtype): partials (B·KVH, splits, rep_pad[, D]) → (B, H·D),
-    query head j·rep + r from row r of kv head j. Splits that start past the last position (m = −inf) add nothing."""
-    m, l, o = m[:, :, :rep], l[:, :, :rep], o[:, :, :rep].to(m.dtype)  # noqa: E741
-    top = m.amax(dim=1, keepdim=True)
-    w = torch.where(m == float("-inf"), torch.zeros_like(m), torch.exp(m - top))
-    out = (w[..., None] * o).sum(1) / (w * l).sum(1)[..., None]  # (B·KVH, rep, D)
-    return out.reshape(batch, -1)
 
 
 @torch.library.custom_op("modelab::decode_attention", mutates_args=())

@@ -34,7 +34,6 @@ import triton.testing
 
 from engine.device_lock import exclusive
 from engine.kernels import cuda_quant
-from engine.kernels.triton import decode_attention as da
 from engine.kernels.triton._common import is_interpreted, load_fused_x, output_rows, pdl_enabled, store_output
 from engine.workloads.llama import rms_norm  # the decoder's own RMSNorm: the unfused fallbacks compute exactly it
 
@@ -386,24 +385,6 @@ class FusedDecodeOps:
 
             return quant_gemv.linear_add(x, proj.q, proj.scales, residual)
         return linear_add(x, proj.weight, residual)
-
-    @staticmethod
-    def attend_linear_add(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                          v_cache: torch.Tensor, input_pos: torch.Tensor, proj: torch.nn.Module,
-                          residual: torch.Tensor) -> torch.Tensor | None:
-        """The decode attention and the o product with its residual, the attention's splits combined inside the o
-        product's tensor-core int4 GEMV (no combine kernel) — where $MODELAB_DECODE_COMBINE=o asks for it and o takes
-        that kernel for one sequence; None otherwise (the caller runs the attention, then linear_add). Off by
-        default: not yet timed against the combine kernel (docs/quantization.md, session 25)."""
-        # (the residual stands in for o's input row in _tiled: one CUDA row, as o's input would be)
-        if da.combine_choice() != "o" or not _tiled(proj, residual, glu=False) or qkv.shape[0] != 1:
-            return None
-        kvh, d = k_cache.shape[1], k_cache.shape[3]
-        heads = qkv.shape[-1] // d - 2 * kvh
-        tile = da.split_tile(heads, kvh, k_cache.dtype)  # picked while tracing: a constant of the compiled graph
-        m, l, o = da.decode_attention_qkv_split(qkv, cos, sin, k_cache, v_cache, input_pos, tile)  # noqa: E741
-        rep = heads // kvh
-        return cuda_quant.tile_gemv_combine(m, l, o, rep, proj.tile_q, proj.tile_s, proj.out_features, residual)
 
 
 def _reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

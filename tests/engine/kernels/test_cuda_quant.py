@@ -21,12 +21,11 @@ def test_it_builds_for_sm90a_with_products_on_the_tensor_cores(tmp_path):
     """No GPU needed: nvcc and ptxas for sm_90a, then the SASS of the norm-fused kernel with 8 warps, for each ring
     batch: 4 HMMA per group of 64 (a batch of that many groups, unrolled over the ring's slots), no I2F / I2FP among
     them (the codes become bf16 by bit operations: four LOP3s per mma, low and high nibbles of both rows), the codes
-    copied by bulk copies (UBLKCP) waited on by mbarriers; no spills in any instantiation (five fusions: none, norm,
-    norm + SwiGLU, residual, residual with x combined from the attention's splits)."""
+    copied by bulk copies (UBLKCP) waited on by mbarriers; no spills in any instantiation."""
     report, sass = offline_build("int4_gemv.cu", tmp_path, cuda_quant.SOURCE_DIR)
     kernels = re.findall(r"Compiling entry function '(\S*int4_gemv_kernel\S*)'.*?(\d+) bytes spill stores", report,
                          re.S)
-    assert len(kernels) == 5 * len(cuda_quant.KSLICES) * len(cuda_quant.RING_BATCHES), report[-4000:]  # 5 fusions
+    assert len(kernels) == 4 * len(cuda_quant.KSLICES) * len(cuda_quant.RING_BATCHES), report[-4000:]
     assert all(s == "0" for _, s in kernels), report[-4000:]
     for batch in cuda_quant.RING_BATCHES:
         code = _kernel_sass(sass, f"int4_gemv_kernelILi8ELi{batch}ELb1ELb0ELb0E")  # KSLICES 8, BATCH, NORM
@@ -40,13 +39,6 @@ def test_it_builds_for_sm90a_with_products_on_the_tensor_cores(tmp_path):
         # on sm_90 the codes arrive by bulk copy (TMA) into the ring, a batch per instruction, not through registers
         assert any("UBLKCP.S.G" in op for op in code) and not any("LDGSTS" in op for op in code)
         assert any("SYNCS.PHASECHK" in op for op in code)  # each slot waited on by its mbarrier
-    # COMBINE (the o product forming x from the attention's splits, with the residual): the same products, x from
-    # the partials (a lane's 8 bf16 of o one 16-byte load a split, 4 splits unrolled, twice over: the staging loop's
-    # unroll), their weights by MUFU.EX2; no bf16 x read
-    code = _kernel_sass(sass, "int4_gemv_kernelILi8ELi4ELb0ELb1ELb0ELb1E")
-    assert sum(op.startswith("HMMA.16816.F32.BF16") for op in code) == 4 * 4 * cuda_quant.RING_SLOTS
-    assert sum(op.startswith("LDG.E.128") for op in code) >= 8 and any(op.startswith("MUFU.EX2") for op in code)
-    assert sum(op.startswith("LDG.E.U16") for op in code) <= 2  # the residual's (one row each for the two halves)
 
 
 @pytest.mark.parametrize("n,k,glu", [(16, 64, False), (38, 300, False), (38, 300, True), (200, 1000, True)])
@@ -265,109 +257,6 @@ def test_bad_input_is_refused_by_the_op(built) -> None:
     with pytest.raises(ValueError, match="one CUDA device"):
         cuda_quant.int4_gemv(x.cuda(), cuda_quant.tile_major(qw.q, qw.scales, 128))
 
-
-
-def _partials(kvh: int, splits: int, rep: int, rep_pad: int, d: int, dead: int, seed: int = 0):
-    """Split-kernel-like partials: per (kv head, split, row) a max m, a sum l > 0 (fp32) and an unnormalised o of
-    that scale (bf16); the last `dead` splits as a split past the position writes them (m = −inf, l = 0, o = 0)."""
-    gen = torch.Generator().manual_seed(seed)
-    m = 3 * torch.randn(kvh, splits, rep_pad, generator=gen)
-    l = 1 + 20 * torch.rand(kvh, splits, rep_pad, generator=gen)  # noqa: E741
-    o = l[..., None] * torch.randn(kvh, splits, rep_pad, d, generator=gen)
-    if dead:
-        m[:, splits - dead:], l[:, splits - dead:], o[:, splits - dead:] = float("-inf"), 0.0, 0.0
-    return m, l, o.bfloat16()  # o in the model's dtype, as the split kernel leaves it for this path
-
-
-def _combined(m, l, o, rep: int) -> torch.Tensor:  # noqa: E741
-    """x as the combine kernel forms it (float64), rounded to bf16 as both kernels stage it."""
-    from engine.kernels.triton.decode_attention import combine_splits
-
-    return combine_splits(m.double(), l.double(), o.double(), rep).reshape(-1).bfloat16()
-
-
-def test_the_combining_o_product_refuses_partials_it_does_not_take() -> None:
-    """Checked before the library loads (so on any machine): the partials' dtype and layout, rep against the
-    padding, the inputs they make against the weight's K, the residual; CPU tensors last."""
-    _, qw, _, r = _case(64, 512)
-    w = cuda_quant.tile_major(qw.q, qw.scales, 512)
-    m, l, o = _partials(2, 3, 4, 4, 64, dead=0)  # noqa: E741
-    with pytest.raises(ValueError, match="m, l must be contiguous float32"):
-        cuda_quant.int4_gemv_combine(m.double(), l, o, 4, w, r)
-    with pytest.raises(ValueError, match="o bfloat16"):
-        cuda_quant.int4_gemv_combine(m, l, o.float(), 4, w, r)
-    with pytest.raises(ValueError, match="m, l must be contiguous float32"):
-        cuda_quant.int4_gemv_combine(m, l, o[:, :2], 4, w, r)
-    with pytest.raises(ValueError, match="want 1 <= rep <= rep_pad"):
-        cuda_quant.int4_gemv_combine(m, l, o, 5, w, r)
-    with pytest.raises(ValueError, match="the splits give 256 inputs, the weight takes 512"):
-        cuda_quant.int4_gemv_combine(m, l, o, 2, w, r)
-    with pytest.raises(ValueError, match="the residual must be 64 contiguous bfloat16"):
-        cuda_quant.int4_gemv_combine(m, l, o, 4, w, r[:32])
-    with pytest.raises(ValueError, match="on one CUDA device"):
-        cuda_quant.int4_gemv_combine(m, l, o, 4, w, r)
-
-
-@needs_kernel
-@pytest.mark.parametrize("batch", cuda_quant.RING_BATCHES)
-@pytest.mark.parametrize("ks", cuda_quant.KSLICES)
-@pytest.mark.parametrize("kvh,splits,rep,rep_pad,d,dead,n", [
-    (8, 10, 4, 16, 64, 1, 2048),   # the 1B's o: GQA groups of 4 padded to 16 rows (tl.dot), a split past the position
-    (32, 20, 1, 1, 128, 3, 200),   # the 7B's heads (one row per kv head), ragged N
-    (4, 3, 8, 8, 64, 0, 130),      # every split live
-    (2, 1, 2, 16, 64, 0, 48),      # one split
-])
-def test_the_o_product_combines_the_splits_as_it_stages_x(built, kvh, splits, rep, rep_pad, d, dead, n, ks,
-                                                          batch) -> None:
-    """int4_gemv_combine against float64: x combined from the partials (the combine kernel's arithmetic, rounded to
-    bf16 as the kernel stages it), times the dequantized weight, plus the residual; and against the two kernels it
-    replaces (the same x through int4_gemv with the residual): equal within a bf16 rounding of the output."""
-    k = kvh * rep * d
-    _, qw, _, r = _case(n, k)
-    m, l, o = _partials(kvh, splits, rep, rep_pad, d, dead)  # noqa: E741
-    x = _combined(m, l, o, rep)
-    w = cuda_quant.tile_major(qw.q.cuda(), qw.scales.cuda(), k)
-    y = cuda_quant.int4_gemv_combine(m.cuda(), l.cuda(), o.cuda(), rep, w, r.cuda(), ks=ks, batch=batch)
-    ref = _reference(x, qw, "add", None, r)
-    assert y.shape == (n,) and y.dtype == torch.bfloat16
-    assert float((y.double().cpu() - ref).norm() / ref.norm()) < 8e-3
-    two_kernels = cuda_quant.int4_gemv(x.cuda(), w, residual=r.cuda(), ks=ks, batch=batch)
-    assert float((y.double() - two_kernels.double()).norm() / two_kernels.double().norm()) < 4e-3
-
-
-@needs_kernel
-def test_the_decode_steps_attention_and_o_with_the_combine_inside_o(built, monkeypatch) -> None:
-    """gemv.FusedDecodeOps.attend_linear_add (what the decoder calls for the attention and o when it exists) with
-    $MODELAB_DECODE_COMBINE=o and tile-order o codes: the split kernel, then the combining o product — the same cache
-    writes and, within bf16 rounding, the same output as decode_attention_qkv then linear_add; None (the decoder's
-    own path) with the default, or for two sequences."""
-    from engine.kernels.triton import decode_attention as da
-    from engine.kernels.triton.gemv import FusedDecodeOps
-    from engine.workloads.llama import preset, rope_tables
-
-    h, kvh, d, s_max, pos = 32, 8, 64, 640, 575
-    cos, sin = (t.cuda().bfloat16() for t in rope_tables(preset("1B"), s_max))
-    gen = torch.Generator().manual_seed(3)
-    qkv = torch.randn(1, 1, (h + 2 * kvh) * d, generator=gen).cuda().bfloat16()
-    cache = [torch.randn(1, kvh, s_max, d, generator=gen).cuda().bfloat16() for _ in range(2)]
-    _, o_w, _, r = _case(2048, h * d)
-    o_proj = quant.QuantLinear(o_w, "triton").cuda()
-    monkeypatch.setenv(cuda_quant.IMPL_ENV, "cuda")
-    assert quant.attach_int4_tiles(o_proj) == (1, 0)
-    residual, input_pos = r.cuda()[None, None], torch.tensor([pos], device="cuda")
-    monkeypatch.delenv(da.COMBINE_ENV, raising=False)
-    assert FusedDecodeOps.attend_linear_add(qkv, cos, sin, *cache, input_pos, o_proj, residual) is None
-    plain_cache = [c.clone() for c in cache]
-    out = da.decode_attention_qkv(qkv, cos, sin, *plain_cache, input_pos)
-    plain = FusedDecodeOps.linear_add(out.transpose(1, 2).reshape(1, 1, h * d), o_proj, residual)
-    monkeypatch.setenv(da.COMBINE_ENV, "o")
-    assert FusedDecodeOps.attend_linear_add(qkv.expand(2, 1, -1), cos, sin, *cache, input_pos, o_proj,
-                                            residual.expand(2, 1, -1)) is None
-    folded = FusedDecodeOps.attend_linear_add(qkv, cos, sin, *cache, input_pos, o_proj, residual)
-    assert folded.shape == plain.shape == (1, 1, 2048)
-    assert all(torch.equal(a, b) for a, b in zip(cache, plain_cache))
-    # within a bf16 rounding of the output and one more of each split's o
-    assert float((folded.double() - plain.double()).norm() / plain.double().norm()) < 8e-3
 
 
 def test_the_decode_step_says_which_int4_gemv_it_runs(monkeypatch) -> None:

@@ -87,13 +87,13 @@ def test_a_decoder_on_the_kernel_decodes_like_sdpa() -> None:
 
 def test_the_llm_kernels_compile_for_the_h100_without_one(aot_check_rows) -> None:
     """The interpreter never lowers to the GPU: compile every tile of the GEMV (plain, +norm, +residual,
-    +norm +swiglu), the decode-attention kernels (split, split with RoPE and the cache write — also writing bf16
-    partials for the o product to combine —, the same as one split writing the output, combine) and the argmax's
-    five (one row, chunks, final; one row and final in place) for sm_90 with Triton's own ptxas
+    +norm +swiglu), the decode-attention kernels (split, split with RoPE and the cache write, the same as one split
+    writing the output, combine) and the argmax's five (one row, chunks, final; one row and final in place) for
+    sm_90 with Triton's own ptxas
     (benchmarks/triton_aot_check.py), in a process without TRITON_INTERPRET, cache empty. No kernel spills (a stack
     frame in a kernel without calls)."""
     rows = aot_check_rows()
-    assert len(rows) == 10 + 5 + 4 * 12 and all(line.endswith("ok") for line in rows), rows
+    assert len(rows) == 8 + 5 + 4 * 12 and all(line.endswith("ok") for line in rows), rows
     argmax = [line for line in rows if line.startswith("argmax")]
     assert len(argmax) == 5 and all(line.split()[-3] == "0" for line in argmax), argmax  # stack bytes
 
@@ -163,110 +163,6 @@ def test_qkv_variant_refuses_shapes_it_does_not_handle() -> None:
         da.decode_attention_qkv_fwd(torch.zeros(1, 1, 8 * 16, device=DEVICE), cos[:, :8], cos, k, k, pos)
     with pytest.raises(ValueError, match=r"want at least 8 × 16"):  # a table shorter than the cache
         da.decode_attention_qkv_fwd(torch.zeros(1, 1, 8 * 16, device=DEVICE), cos[:4], cos[:4], k, k, pos)
-
-
-@pytest.mark.parametrize("tile", [None, "64,16,4"], ids=["default-tile", "one-split"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("b,h,kvh,d,s", SHAPES)
-def test_the_splits_partials_combine_to_the_attention_output(b, h, kvh, d, s, dtype, tile, monkeypatch) -> None:
-    """decode_attention_qkv_split (the path whose combine happens inside the o product) returns the split kernel's
-    m, l (fp32) and o (the model's dtype) in the layout split_layout names — also where one split covers the cache
-    and the split kernel would otherwise write the output itself — and combine_splits of them is
-    decode_attention_qkv's output (bf16: within two roundings, o's and the output's); both write the same cache."""
-    from dataclasses import replace
-
-    from engine.workloads.llama import preset, rope_tables
-
-    if tile:
-        monkeypatch.setenv(da.TILE_ENV, tile)
-    gen = torch.Generator().manual_seed(5)
-    cos_t, sin_t = (t.to(DEVICE) for t in rope_tables(replace(preset("tiny"), dim=h * d, heads=h, kv_heads=kvh), s))
-    for pos in (0, s // 2, s - 1):
-        qkv = torch.randn(b, 1, (h + 2 * kvh) * d, generator=gen).to(DEVICE, dtype)
-        k_cache = torch.randn(b, kvh, s, d, generator=gen).to(DEVICE, dtype)
-        v_cache = torch.randn(b, kvh, s, d, generator=gen).to(DEVICE, dtype)
-        k2, v2 = k_cache.clone(), v_cache.clone()
-        input_pos = torch.tensor([pos], device=DEVICE)
-        out = da.decode_attention_qkv(qkv, cos_t.to(dtype), sin_t.to(dtype), k_cache, v_cache, input_pos)
-        chosen = da.split_tile(h, kvh, dtype)  # the interpreter's small tile, the measured one on a GPU, or the forced
-        m, l, o = da.decode_attention_qkv_split(qkv, cos_t.to(dtype), sin_t.to(dtype), k2, v2, input_pos,  # noqa: E741
-                                                chosen)
-        splits, rep_pad = da.split_layout(h, k_cache, tuple(chosen))
-        assert splits == -(-s // chosen[0]) and (splits == 1 or not tile)
-        assert m.shape == l.shape == (b * kvh, splits, rep_pad) and o.shape == (b * kvh, splits, rep_pad, d)
-        assert m.dtype == l.dtype == torch.float32 and o.dtype == dtype
-        assert torch.equal(k2, k_cache) and torch.equal(v2, v_cache)
-        live = torch.arange(splits) * chosen[0] <= pos
-        assert bool(torch.isinf(m[:, ~live.to(m.device)]).all()) and bool((l[:, ~live.to(m.device)] == 0).all())
-        got = da.combine_splits(m, l, o, h // kvh, batch=b)
-        err = rel_err(got, out.reshape(b, h * d).double())
-        assert got.shape == (b, h * d) and err < (1e-6 if dtype == torch.float32 else 2 * TOL[dtype]), err
-
-
-def test_the_split_op_passes_torch_opcheck() -> None:
-    """modelab::decode_attention_qkv_split as torch.compile sees it: its schema (the cache mutated), its fake kernel's
-    three partials against the real ones (shapes, dtypes), AOT dispatch with dynamic shapes."""
-    from dataclasses import replace
-
-    from engine.workloads.llama import preset, rope_tables
-
-    h, kvh, d, s = 8, 2, 16, 40
-    cos, sin = (t.to(DEVICE) for t in rope_tables(replace(preset("tiny"), dim=h * d, heads=h, kv_heads=kvh), s))
-    gen = torch.Generator().manual_seed(2)
-    qkv = torch.randn(1, 1, (h + 2 * kvh) * d, generator=gen).to(DEVICE)
-    k, v = (torch.randn(1, kvh, s, d, generator=gen).to(DEVICE) for _ in range(2))
-    pos = torch.tensor([20], device=DEVICE)
-    for tile in ([16, 16, 2], [32, 16, 2]):  # 3 splits, then 2: the fake follows the tile it is given
-        result = torch.library.opcheck(da.decode_attention_qkv_split, (qkv, cos, sin, k, v, pos, tile))
-        assert set(result.values()) == {"SUCCESS"}, result
-
-
-def test_a_compiled_split_op_follows_the_tile_of_its_own_trace(monkeypatch) -> None:
-    """The partials' shape follows the split kernel's tile, and a compiled graph holds that shape: compiling the
-    same function under one tile, then another ($MODELAB_DECODE_ATTENTION_TILE, fresh dynamo, Inductor's on-disk
-    cache left on) must give each its own splits — with the tile read inside the op, the second compile took the
-    first's cached graph and failed its size check (5 splits where the graph wanted 10)."""
-    from dataclasses import replace
-
-    from engine.workloads.llama import preset, rope_tables
-
-    h, kvh, d, s = 8, 2, 16, 40
-    cos, sin = (t.to(DEVICE) for t in rope_tables(replace(preset("tiny"), dim=h * d, heads=h, kv_heads=kvh), s))
-    gen = torch.Generator().manual_seed(4)
-    qkv = torch.randn(1, 1, (h + 2 * kvh) * d, generator=gen).to(DEVICE)
-    cache = [torch.randn(1, kvh, s, d, generator=gen).to(DEVICE) for _ in range(2)]
-
-    def partials(qkv, k, v, pos):
-        return da.decode_attention_qkv_split(qkv, cos, sin, k, v, pos, da.split_tile(h, kvh, k.dtype))
-
-    for raw, splits in (("16,16,2", 3), ("32,16,2", 2), ("16,16,2", 3)):
-        monkeypatch.setenv(da.TILE_ENV, raw)
-        torch._dynamo.reset()
-        k, v = (c.clone() for c in cache)
-        m, l, o = torch.compile(partials, fullgraph=True)(qkv, k, v, torch.tensor([25], device=DEVICE))  # noqa: E741
-        assert m.shape[1] == l.shape[1] == o.shape[1] == splits, (raw, m.shape)
-        got = da.combine_splits(m, l, o, h // kvh)
-        want = da.decode_attention_qkv(qkv, cos, sin, *(c.clone() for c in cache), torch.tensor([25], device=DEVICE))
-        assert rel_err(got, want.reshape(1, h * d).double()) < 1e-6
-
-
-def test_the_combine_is_chosen_in_the_environment(monkeypatch) -> None:
-    """$MODELAB_DECODE_COMBINE: kernel by default (unset or empty), o on request; anything else refused with the
-    choices. On the CPU (no tensor-core o product) the fused ops leave the attention to the decoder either way."""
-    from engine.kernels.triton.gemv import FusedDecodeOps
-
-    monkeypatch.delenv(da.COMBINE_ENV, raising=False)
-    assert da.combine_choice() == "kernel"
-    for value, want in (("", "kernel"), ("O", "o"), ("kernel", "kernel")):
-        monkeypatch.setenv(da.COMBINE_ENV, value)
-        assert da.combine_choice() == want
-    proj = torch.nn.Linear(16, 16, bias=False)
-    qkv, cache, pos = torch.zeros(1, 1, 48), torch.zeros(1, 1, 8, 16), torch.tensor([0])
-    assert FusedDecodeOps.attend_linear_add(qkv, cache[0, 0], cache[0, 0], cache, cache, pos, proj,
-                                            torch.zeros(1, 1, 16)) is None
-    monkeypatch.setenv(da.COMBINE_ENV, "split")
-    with pytest.raises(ValueError, match="MODELAB_DECODE_COMBINE='split': choose one of kernel, o"):
-        da.combine_choice()
 
 
 def test_a_fused_decoder_with_rope_in_the_kernel_decodes_like_the_original() -> None:
