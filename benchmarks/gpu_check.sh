@@ -71,7 +71,8 @@ case $part in
          # two files ~8, the other kernel files ~7.5; three slices there ran past 9 minutes). On two GPUs:
          # SLICES=four-1, then SLICES=four-2 in a second call (two H200s, 2026-11-28 session 26: levels 4.2 min, rest
          # 6.8, CUDA kernels 7.9, the other kernel files 9 min for 228 of their 232 tests — the last four, the Gluon
-         # and L4-choice tests of test_triton_kernels.py, took 2.4 min alone: that slice needs SUITE_LIMIT ≥ 700).
+         # and L4-choice tests of test_triton_kernels.py, took 2.4 min alone in the next call: on two GPUs that
+         # slice does not fit one 10-minute call; no per-file times yet to rebalance the four by).
          gpus=$(nvidia-smi -L | wc -l); [ "$gpus" -ge 1 ] || gpus=1
          sel=$(sed -n 's/^GPU_TESTS ?= //p' Makefile)
          slices=()
