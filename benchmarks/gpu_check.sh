@@ -72,7 +72,8 @@ case $part in
          # SLICES=four-1, then SLICES=four-2 in a second call (two H200s, 2026-11-28 session 26: levels 4.2 min, rest
          # 6.8, CUDA kernels 7.9, the other kernel files 9 min for 228 of their 232 tests — the last four, the Gluon
          # and L4-choice tests of test_triton_kernels.py, took 2.4 min alone in the next call: on two GPUs that
-         # slice does not fit one 10-minute call; no per-file times yet to rebalance the four by).
+         # slice does not fit one 10-minute call; each slice's log now lists every test of 2 s or more, to
+         # rebalance the four by).
          gpus=$(nvidia-smi -L | wc -l); [ "$gpus" -ge 1 ] || gpus=1
          sel=$(sed -n 's/^GPU_TESTS ?= //p' Makefile)
          slices=()
@@ -100,7 +101,7 @@ case $part in
                name=${slices[$i]%%:*}; paths=${slices[$i]#*:}; paths=${paths//,/ }
                # shellcheck disable=SC2086 - the slice's paths and --ignore options split on purpose
                CUDA_VISIBLE_DEVICES=$g MODELAB_BUILD_DIR=/tmp/mb$g MODELAB_LOCK_DIR=/tmp/lock$g RESULTS_DB="$out/tests$g.duckdb" \
-                 timeout -s INT "${SUITE_LIMIT:-3000}" python3 -m pytest -q -rfE -p no:cacheprovider --durations=8 \
+                 timeout -s INT "${SUITE_LIMIT:-3000}" python3 -m pytest -q -rfE -p no:cacheprovider --durations=0 --durations-min=2 \
                  $paths -k "$sel" >"$out/tests_$name.log" 2>&1
                echo "rc $?" >>"$out/tests_$name.log"
              done ) &
