@@ -465,11 +465,12 @@ def _after_timing(run: _Run, compiled: _Compiled) -> None:
     if mode.gemv:
         from engine.kernels.triton.gemv import choices
 
-        picked = [f"{c['N']}×{c['K']} {c['impl']} (Triton {c['triton_us']:.1f} µs, cuBLAS {c['cublas_us']:.1f} "
-                  "µs)" for c in choices()]
+        picked = [f"{c['N']}×{c['K']}{' ' + c['fusion'] if c['fusion'] else ''} {c['impl']} (Triton "
+                  f"{c['triton_us']:.1f} µs, cuBLAS{' with the ops unfused' if c['fusion'] else ''} "
+                  f"{c['cublas_us']:.1f} µs)" for c in choices()]
         if picked:
-            result.notes.append("GEMV per weight shape, timed in a CUDA graph over weight copies that exceed L2 "
-                                "(their memory is in peak_memory_bytes): " + "; ".join(picked))
+            result.notes.append("GEMV per weight shape and fusion, timed in a CUDA graph over weight copies that "
+                                "exceed L2 (their memory is in peak_memory_bytes): " + "; ".join(picked))
 
 
 def _profile_phases(run: _Run, ref: _Reference, prepared: Prepared) -> list[dict]:

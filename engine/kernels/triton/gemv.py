@@ -9,9 +9,12 @@ buffer or cast kernel inside the decode graph).
 
 `linear(x, w)` is a torch custom op (`modelab::gemv_linear`): torch.compile treats it as one opaque kernel (no graph
 break), CUDA graphs capture it. Rows other than one (B > 1, prefill) take F.linear: this kernel re-reading W per row
-would lose to a GEMM. For one row it picks, per weight shape and once per process, whichever of this kernel and
-cuBLAS (F.linear) is faster here, both timed the way the decode step runs them (`time_choice`): like Inductor's
-max-autotune, which keeps cuBLAS among its candidates. `choices()` lists what was picked, with both times.
+would lose to a GEMM. For one row it picks, per weight shape and fusion and once per process, whichever of this
+kernel and cuBLAS (F.linear) is faster here, both timed the way the decode step runs them (`time_choice`): like
+Inductor's max-autotune, which keeps cuBLAS among its candidates. A fused op's cuBLAS side is timed with the ops it
+then runs one by one (`_unfused`: the norm, the SwiGLU, the add): a 1B triton-fused step whose gate_up took cuBLAS
+on a tie of the bare products (18.9 against 18.9 µs, H200, 2026-11-28) ran at 982.9 µs a token against ~690 with
+the fused kernel. `choices()` lists what was picked, with both times.
 `norm_linear`, `norm_swiglu` and `linear_add` (custom ops `modelab::gemv_norm_linear` / `gemv_norm_swiglu` /
 `gemv_linear_add`, the `triton-fused` mode) run the same kernel with an RMSNorm in its prologue, SwiGLU in the gate_up
 product's epilogue, or a residual in its epilogue: at B=1 the norms, the adds and the SwiGLU are kernels of their own
@@ -108,7 +111,7 @@ DEFAULT_CONFIG = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 8}
 _DEFERRED = False
 _TUNED: set[tuple] = set()  # (N, K, dtype, device, flags) that went through the autotuner in this process
 _PENDING_TILES: set[tuple] = set()  # ... that ran the stand-in tile instead
-_PENDING_CHOICES: dict[tuple, tuple[torch.Size, torch.dtype]] = {}  # choice key → (x shape, x dtype) to time later
+_PENDING_CHOICES: set[tuple] = set()  # choice keys (N, K, dtype, device, flags) to time later
 
 
 def _kernel_args(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None, residual: torch.Tensor | None,
@@ -165,26 +168,46 @@ def gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = No
     return y.reshape(*x.shape[:-1], y.numel())
 
 
-# (N, K, dtype, device) → {"impl": "triton" | "cublas", "triton_us": …, "cublas_us": …}
+# (N, K, dtype, device, (norm, add, glu)) → {"impl": "triton" | "cublas", "triton_us": …, "cublas_us": …}
 _CHOICES: dict[tuple, dict] = {}
 
 
-def time_choice(x: torch.Tensor, w: torch.Tensor, l2_multiple: float = 3.0) -> dict:
-    """Device time per call of cuBLAS and of the Triton GEMV for this shape: calls on rotating copies of W (more
-    bytes than L2 holds, so W comes from HBM as in a decode step) captured in one CUDA graph (no launch cost)."""
+def _unfused(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+             residual: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
+    """What a fused op runs when cuBLAS is the choice: the decoder's RMSNorm, F.linear, then SwiGLU or the residual
+    add, one op after another (each its own kernels)."""
+    y = F.linear(rms_norm(x, norm_weight, eps) if norm_weight is not None else x, w)
+    if glu:
+        gate, up = y.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    return y if residual is None else residual + y
+
+
+def time_choice(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-5,
+                residual: torch.Tensor | None = None, glu: bool = False, l2_multiple: float = 3.0) -> dict:
+    """Device time per call of the two ways a one-row op can run: cuBLAS with the op's unfused norm / SwiGLU / add
+    (`_unfused`) and the Triton GEMV with them fused: calls on rotating copies of W (more bytes than L2 holds, so W
+    comes from HBM as in a decode step) captured in one CUDA graph (no launch cost)."""
     from engine.timing import time_in_graph
 
     l2 = torch.cuda.get_device_properties(x.device).L2_cache_size or (50 << 20)
     copies = max(2, min(32, int(l2_multiple * l2 // (w.numel() * w.element_size())) + 1))
     weights = [w.clone() for _ in range(copies)]
-    gemv(x, w)  # autotune outside the capture
+    fusions = dict(norm_weight=norm_weight, eps=eps, residual=residual, glu=glu)
+    gemv(x, w, **fusions)  # autotune outside the capture
     times = {}
     with exclusive():  # its times are shown: the device is this run's alone while they are taken
-        for impl, fn in (("cublas", F.linear), ("triton", gemv)):
-            calls = [lambda ww=ww, fn=fn: fn(x, ww) for ww in weights]
+        for impl, fn in (("cublas", _unfused), ("triton", gemv)):
+            calls = [lambda ww=ww, fn=fn: fn(x, ww, **fusions) for ww in weights]
             times[impl + "_us"] = time_in_graph(calls, replays=10).stats.median
     del weights
     return times
+
+
+def _choose(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None, eps: float,
+            residual: torch.Tensor | None, glu: bool) -> dict:
+    times = time_choice(x, w, norm_weight, eps, residual, glu)
+    return {"impl": "triton" if times["triton_us"] < times["cublas_us"] else "cublas", **times}
 
 
 def defer_tuning(on: bool = True) -> None:
@@ -223,9 +246,9 @@ def compile_pending() -> int:
 
 
 def tune_pending() -> list[str]:
-    """Autotune every (shape, fusion) that ran a stand-in tile and time cuBLAS against the Triton GEMV for every
-    weight shape decided provisionally; returns what was tuned (empty: nothing was pending). Call it with the
-    device to oneself (engine.device_lock.exclusive) and outside any CUDA graph capture."""
+    """Autotune every (shape, fusion) that ran a stand-in tile and time cuBLAS (with the op's unfused ops) against
+    the Triton GEMV for every (shape, fusion) decided provisionally; returns what was tuned (empty: nothing was
+    pending). Call it with the device to oneself (engine.device_lock.exclusive) and outside any CUDA graph capture."""
     done: list[str] = []
     gen = torch.Generator().manual_seed(0)
     was = _DEFERRED
@@ -233,49 +256,48 @@ def tune_pending() -> list[str]:
     try:
         with exclusive():
             for spec in sorted(_PENDING_TILES, key=str):
-                n, k, _, _, (norm, add, glu) = spec
                 x, w, norm_weight, residual = _example(spec, gen)
-                gemv(x, w, norm_weight=norm_weight, eps=1e-5, residual=residual, glu=glu)  # autotunes
-                done.append(f"tiles {n}×{k}" + (" +norm" if norm else "") + (" +glu" if glu else "")
-                            + (" +residual" if add else ""))
+                gemv(x, w, norm_weight=norm_weight, eps=1e-5, residual=residual, glu=spec[4][2])  # autotunes
+                done.append(f"tiles {spec[0]}×{spec[1]}{_fusion_name(spec[4])}")
             _PENDING_TILES.clear()
-            for key, (shape, dtype) in sorted(_PENDING_CHOICES.items(), key=str):
-                n, k, w_dtype, device = key
-                x = torch.randn(*shape[:-1], k, generator=gen).to(device=device, dtype=dtype)
-                w = torch.randn(n, k, generator=gen).to(device=device, dtype=w_dtype)
-                times = time_choice(x, w)
-                _CHOICES[key] = {"impl": "triton" if times["triton_us"] < times["cublas_us"] else "cublas", **times}
-                done.append(f"choice {n}×{k}: {_CHOICES[key]['impl']}")
+            for key in sorted(_PENDING_CHOICES, key=str):
+                x, w, norm_weight, residual = _example(key, gen)
+                _CHOICES[key] = _choose(x, w, norm_weight, 1e-5, residual, key[4][2])
+                done.append(f"choice {key[0]}×{key[1]}{_fusion_name(key[4])}: {_CHOICES[key]['impl']}")
             _PENDING_CHOICES.clear()
     finally:
         defer_tuning(was)
     return done
 
 
+def _fusion_name(flags: tuple[bool, bool, bool]) -> str:
+    norm, add, glu = flags
+    return (" +norm" if norm else "") + (" +glu" if glu else "") + (" +residual" if add else "")
+
+
 def choices() -> list[dict]:
-    """What `linear` picked per weight shape in this process, with the times it compared."""
-    return [{"N": k[0], "K": k[1], "dtype": str(k[2]).replace("torch.", ""), **v} for k, v in _CHOICES.items()]
+    """What the one-row ops picked per weight shape and fusion in this process, with the times they compared."""
+    return [{"N": k[0], "K": k[1], "dtype": str(k[2]).replace("torch.", ""), "fusion": _fusion_name(k[4]).strip(),
+             **v} for k, v in _CHOICES.items()]
 
 
-def _one_row_impl(x: torch.Tensor, w: torch.Tensor) -> str:
+def _gemv_takes(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                residual: torch.Tensor | None = None, glu: bool = False) -> bool:
+    """One row, on CUDA (or interpreted), and the Triton GEMV with these fusions the faster choice for this weight
+    shape (timed once per process: `time_choice`)."""
+    if x.numel() != x.shape[-1]:
+        return False
     if not x.is_cuda:
-        return "triton"  # the interpreter (CPU tests)
-    key = (w.shape[0], w.shape[1], w.dtype, str(x.device))
+        return is_interpreted(_gemv_kernel)  # the interpreter (CPU tests)
+    key = (w.shape[0], w.shape[1], w.dtype, str(x.device), (norm_weight is not None, residual is not None, glu))
     if key not in _CHOICES:
         if _DEFERRED:  # the Triton GEMV, untimed, until tune_pending()
-            _PENDING_CHOICES[key] = (x.shape, x.dtype)
-            return "triton"
+            _PENDING_CHOICES.add(key)
+            return True
         if torch.cuda.is_current_stream_capturing():
-            return "triton"  # no timing inside someone's capture; decided at the next call outside one
-        times = time_choice(x, w)
-        _CHOICES[key] = {"impl": "triton" if times["triton_us"] < times["cublas_us"] else "cublas", **times}
-    return _CHOICES[key]["impl"]
-
-
-def _gemv_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """One row, on CUDA (or interpreted), and the Triton GEMV the faster choice for this weight shape."""
-    return x.numel() == x.shape[-1] and (x.is_cuda or is_interpreted(_gemv_kernel)) \
-        and _one_row_impl(x, weight) == "triton"
+            return True  # no timing inside someone's capture; decided at the next call outside one
+        _CHOICES[key] = _choose(x, w, norm_weight, eps, residual, glu)
+    return _CHOICES[key]["impl"] == "triton"
 
 
 @torch.library.custom_op("modelab::gemv_linear", mutates_args=())
@@ -295,9 +317,9 @@ def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
     """F.linear(rms_norm(x, norm_weight, eps), weight): for one row, the norm inside the GEMV (one kernel instead of
     a norm kernel and a GEMV) where the GEMV is the faster choice for this shape; else the two ops."""
-    if _gemv_takes(x, weight):
+    if _gemv_takes(x, weight, norm_weight, eps):
         return gemv(x, weight, norm_weight=norm_weight, eps=eps)
-    return F.linear(rms_norm(x, norm_weight, eps), weight)
+    return _unfused(x, weight, norm_weight, eps)
 
 
 @norm_linear.register_fake
@@ -310,10 +332,9 @@ def norm_swiglu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: 
     """silu(gate) · up for [gate, up] = F.linear(rms_norm(x, norm_weight, eps), weight): for one row, the norm in
     the gate_up GEMV's prologue and the SwiGLU in its epilogue (half as many outputs as rows) where the GEMV is the
     faster choice for this shape; else the ops one by one."""
-    if _gemv_takes(x, weight) and weight.shape[0] % 2 == 0:
+    if weight.shape[0] % 2 == 0 and _gemv_takes(x, weight, norm_weight, eps, glu=True):
         return gemv(x, weight, norm_weight=norm_weight, eps=eps, glu=True)
-    gate, up = F.linear(rms_norm(x, norm_weight, eps), weight).chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return _unfused(x, weight, norm_weight, eps, glu=True)
 
 
 @norm_swiglu.register_fake
@@ -324,9 +345,9 @@ def _(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tens
 @torch.library.custom_op("modelab::gemv_linear_add", mutates_args=())
 def linear_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """residual + F.linear(x, weight): for one row, the residual added in the GEMV's epilogue."""
-    if _gemv_takes(x, weight) and residual.shape == (*x.shape[:-1], weight.shape[0]):
+    if residual.shape == (*x.shape[:-1], weight.shape[0]) and _gemv_takes(x, weight, residual=residual):
         return gemv(x, weight, residual=residual)
-    return residual + F.linear(x, weight)
+    return _unfused(x, weight, residual=residual)
 
 
 @linear_add.register_fake

@@ -157,6 +157,7 @@ def test_a_decoder_with_fused_ops_decodes_like_the_original() -> None:
         model.fuse_projections()
         ref = generate(step_fn(model), Decoder(step_fn(model)), prompt, 5)
         model.set_fused_ops(gemv_mod.FusedDecodeOps)
+        generate(step_fn(model), Decoder(step_fn(model)), prompt, 1)  # on CUDA the choices are timed here, once
         calls = []
         real = gemv_mod.gemv
         gemv_mod.gemv = lambda *a, **kw: (calls.append(sorted(kw)), real(*a, **kw))[1]
@@ -191,7 +192,7 @@ def test_deferred_tuning_runs_stand_ins_then_tunes_what_they_stood_in_for() -> N
     try:
         got = gemv_mod.linear_add(x, w, r)
         assert rel_err(got, ref) < TOL[torch.bfloat16]
-        key = (n, k, torch.bfloat16, str(x.device))
+        key = (n, k, torch.bfloat16, str(x.device), (False, True, False))  # the residual fused
         assert key in gemv_mod._PENDING_CHOICES and key not in gemv_mod._CHOICES
         assert any(s[:2] == (n, k) for s in gemv_mod._PENDING_TILES)
         assert gemv_mod.compile_pending() == len(gemv_mod.TILES) * sum(s[:2] == (n, k)
@@ -199,7 +200,36 @@ def test_deferred_tuning_runs_stand_ins_then_tunes_what_they_stood_in_for() -> N
         done = gemv_mod.tune_pending()
     finally:
         gemv_mod.defer_tuning(False)
-    assert f"tiles {n}×{k} +residual" in done and any(d.startswith(f"choice {n}×{k}: ") for d in done)
+    assert f"tiles {n}×{k} +residual" in done and any(d.startswith(f"choice {n}×{k} +residual: ") for d in done)
     assert not gemv_mod._PENDING_TILES and not gemv_mod._PENDING_CHOICES
     assert gemv_mod._CHOICES[key]["triton_us"] > 0 and gemv_mod._CHOICES[key]["cublas_us"] > 0
     assert rel_err(gemv_mod.linear_add(x, w, r), ref) < TOL[torch.bfloat16]
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the cuBLAS-or-Triton choice is made on CUDA only")
+def test_a_fused_op_weighs_cublas_with_its_unfused_ops_per_shape_and_fusion(monkeypatch) -> None:
+    """The choice is kept per (shape, fusion) and timed as the op would run: cuBLAS with the norm and SwiGLU one by
+    one against the fused GEMV (a 1B step whose gate_up took cuBLAS on a tie of the bare products ran 40 % slower).
+    Where cuBLAS wins, the op's output is the unfused ops'; the bare product of the same shape is its own choice."""
+    n, k = 98, 352  # a shape no other test uses
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(1, k, generator=gen).to(DEVICE, torch.bfloat16)
+    g = (1 + 0.5 * torch.randn(k, generator=gen)).to(DEVICE, torch.bfloat16)
+    w = torch.randn(n, k, generator=gen).to(DEVICE, torch.bfloat16)
+    timed = []
+
+    def fake_time(x_, w_, norm_weight=None, eps=1e-5, residual=None, glu=False, l2_multiple=3.0):
+        timed.append((norm_weight is not None, residual is not None, glu))
+        return {"cublas_us": 1.0, "triton_us": 2.0} if glu else {"cublas_us": 2.0, "triton_us": 1.0}
+
+    monkeypatch.setattr(gemv_mod, "time_choice", fake_time)
+    monkeypatch.setattr(gemv_mod, "_CHOICES", {})
+    got = gemv_mod.norm_swiglu(x, g, 1e-5, w)
+    assert timed == [(True, False, True)]
+    assert torch.equal(got, gemv_mod._unfused(x, w, g, 1e-5, glu=True))  # cuBLAS and the ops, as timed
+    assert rel_err(gemv_mod.linear(x, w), gemv_mod._reference(x, w)) < TOL[torch.bfloat16]
+    assert timed == [(True, False, True), (False, False, False)]
+    picked = {c["fusion"]: c["impl"] for c in gemv_mod.choices()}
+    assert picked == {"+norm +glu": "cublas", "": "triton"}
+    gemv_mod.norm_swiglu(x, g, 1e-5, w)
+    assert len(timed) == 2  # once per (shape, fusion) and process
