@@ -61,6 +61,10 @@ def quant_jobs(arch: int):
                    {**sig, "q_ptr": "*i32", "stride_sn": "i32", "eps": "fp32"},
                    {"BLOCK_N": n, "GROUPS": groups, "NORM": norm, "ADD": add, "GLU": glu, "PDL": pdl,
                     "ASM": True}, warps)
+    n, groups, warps = qg.TILE_DEQUANT  # the several-row products' (prefill's) int4 dequantization, one kernel
+    yield (f"dequant int4 {n}x{groups}g w{warps}", qg._dequant_int4_kernel,
+           {"q_ptr": "*i32", "s_ptr": "*bf16", "w_ptr": "*bf16", "N": "i32", "K": "i32", "stride_qn": "i32",
+            "stride_sn": "i32", "stride_wn": "i32"}, {"BLOCK_N": n, "GROUPS": groups}, warps)
 
 
 def quant_job_count(arch: int = 90) -> int:

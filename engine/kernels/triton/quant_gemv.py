@@ -44,7 +44,8 @@ under the interpreter.
 
 `channel_linear(x, q, scales)` and `int4_linear(x, q, scales, k)` are torch custom ops (`modelab::quant_gemv_channel`,
 `modelab::quant_gemv_int4`): opaque single kernels to torch.compile, captured by CUDA graphs. Several rows (prefill,
-B > 1) take dequantize-then-F.linear (engine.llm.quant's plain dequantization). The references are float64
+B > 1) take dequantize-then-F.linear: int8 and fp8 by the torch ops of the plain way, int4 by one Triton kernel
+(`dequantize_int4_fused`: the same values, one pass instead of six over N × K). The references are float64
 dequantize-then-matmul (`_reference_channel`, `_reference_int4`); the checks sit in
 tests/engine/kernels/test_quant_gemv.py, the offline sm_90 compile in benchmarks/triton_aot_check.py.
 """
@@ -510,8 +511,63 @@ def dequantize_int4(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: torch.
     return (codes.to(torch.float32) * s).to(dtype)
 
 
+@triton.jit
+def _dequant_int4_kernel(q_ptr, s_ptr, w_ptr, N, K, stride_qn, stride_sn, stride_wn, BLOCK_N: tl.constexpr,
+                         GROUPS: tl.constexpr):
+    """W[n, k] = (code[n, k] − 8) · s[n, k // 64], in fp32 rounded once to W's dtype (dequantize_int4's values, bit
+    for bit), for BLOCK_N rows × GROUPS groups: q is int32 words in int4_layout's order, so nibble j of word t of a
+    group is k = 64 g + 8 j + t and each nibble position stores 8 consecutive k per row and group."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    gs = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    t = tl.arange(0, 8)
+    ok = (rows < N)[:, None] & (gs < (K + 63) // 64)[None, :]
+    words = tl.load(q_ptr + rows[:, None, None].to(tl.int64) * stride_qn + gs[None, :, None] * 8 + t[None, None, :],
+                    mask=ok[:, :, None], other=0)
+    scale = tl.load(s_ptr + rows[:, None].to(tl.int64) * stride_sn + gs[None, :], mask=ok, other=0.0)
+    scale = scale.to(tl.float32)[:, :, None]
+    out = w_ptr + rows[:, None, None].to(tl.int64) * stride_wn
+    for j in tl.static_range(8):
+        code = (words >> (4 * j)) & 0xF  # an arithmetic shift's sign bits are masked off
+        k = gs[None, :, None] * 64 + 8 * j + t[None, None, :]
+        tl.store(out + k, ((code - 8).to(tl.float32) * scale).to(w_ptr.dtype.element_ty),
+                 mask=ok[:, :, None] & (k < K))
+
+
+TILE_DEQUANT = (16, 8, 4)  # (BLOCK_N, GROUPS, num_warps): 4 KB of codes in, 16 KB of bf16 out a program; not tuned
+INTERPRETER_CONFIG_DEQUANT = {"BLOCK_N": 8, "GROUPS": 2}
+
+
+def dequantize_int4_fused(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """dequantize_int4's (N, K) weight, bit for bit, in one Triton kernel where Triton runs (a CUDA weight, or the
+    interpreter): the codes and scales read once and W written once, where the torch form makes six N × K passes
+    (unpack, two integer casts, the scales repeated, the product and the cast, four of them fp32). The quantized
+    modes' products over several rows (prefill) multiply by it; elsewhere dequantize_int4 itself."""
+    if not (q.is_cuda or is_interpreted(_dequant_int4_kernel)):
+        return dequantize_int4(q, scales, k, dtype)
+    n = q.shape[0]
+    if q.dim() != 2 or q.dtype != torch.uint8 or q.shape[1] != int4_layout.int4_row_bytes(k):
+        raise ValueError(f"packed int4 weight {tuple(q.shape)} {q.dtype} does not hold {k} inputs per row")
+    if scales.shape != (n, triton.cdiv(k, GROUP)):
+        raise ValueError(f"int4 scales {tuple(scales.shape)}: expected ({n}, {triton.cdiv(k, GROUP)})")
+    if q.stride(1) != 1 or q.stride(0) % 4 or q.data_ptr() % 16:
+        q = q.clone(memory_format=torch.contiguous_format)
+    words = q.view(torch.int32)
+    w = torch.empty(n, k, device=q.device, dtype=dtype)
+    if is_interpreted(_dequant_int4_kernel):
+        bn, groups, warps = INTERPRETER_CONFIG_DEQUANT["BLOCK_N"], INTERPRETER_CONFIG_DEQUANT["GROUPS"], 1
+    else:
+        bn, groups, warps = TILE_DEQUANT
+    grid = (triton.cdiv(n, bn), triton.cdiv(triton.cdiv(k, GROUP), groups))
+    _dequant_int4_kernel[grid](words, scales, w, n, k, words.stride(0), scales.stride(0), w.stride(0), BLOCK_N=bn,
+                               GROUPS=groups, num_warps=warps)
+    return w
+
+
 def _dequantized(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
-    return dequantize_int4(q, scales, k, dtype) if q.dtype == torch.uint8 else dequantize_channel(q, scales, dtype)
+    """The weight the lab's ops multiply several rows by: int4 through the one-kernel dequantization."""
+    if q.dtype == torch.uint8:
+        return dequantize_int4_fused(q, scales, k, dtype)
+    return dequantize_channel(q, scales, dtype)
 
 
 @torch.library.custom_op("modelab::quant_gemv_int4", mutates_args=())
@@ -519,7 +575,7 @@ def int4_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch
     """F.linear(x, dequant(q)) for group-wise int4 codes (K = x's last dimension)."""
     if _takes(x, _wo_int4_kernel):
         return gemv_int4(x, q, scales)
-    return F.linear(x, dequantize_int4(q, scales, x.shape[-1], x.dtype))
+    return F.linear(x, dequantize_int4_fused(q, scales, x.shape[-1], x.dtype))
 
 
 @int4_linear.register_fake

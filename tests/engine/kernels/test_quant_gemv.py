@@ -103,14 +103,15 @@ def test_the_ops_dequantize_for_several_rows_and_compile_without_a_graph_break(s
 
 
 def test_the_quantized_kernels_compile_for_sm90_offline(aot_check_rows) -> None:
-    """Every tile of the quantized GEMVs (int8, fp8, int4) compiles for sm_90 with Triton's own ptxas
-    (benchmarks/triton_aot_check.py --kernels quant), in a process without TRITON_INTERPRET, cache empty."""
+    """Every tile of the quantized GEMVs (int8, fp8, int4) and the int4 dequantization compile for sm_90 with
+    Triton's own ptxas (benchmarks/triton_aot_check.py --kernels quant), in a process without TRITON_INTERPRET, cache
+    empty."""
     rows = aot_check_rows("--kernels", "quant")
     # plain at every tile (int8, fp8, int4), and the three fusions at every tile launched (int8's per shape)
     # int8 and fp8 through the word kernel (plain at every tile, fused at every launched one), each through the
-    # byte kernel at its one tile; int4
+    # byte kernel at its one tile; int4; the several-row products' int4 dequantization
     want = (2 * (len(qg.AOT_TILES_WORDS) + 3 * len({*qg.LAUNCHED_TILES_WORDS}) + 1) + len(qg.AOT_TILES_INT4)
-            + 3 * len({*qg.LAUNCHED_TILES_INT4}))
+            + 3 * len({*qg.LAUNCHED_TILES_INT4}) + 1)
     assert set(qg.LAUNCHED_TILES_WORDS) <= set(qg.AOT_TILES_WORDS)
     assert set(qg.LAUNCHED_TILES_INT4) <= set(qg.AOT_TILES_INT4)
     assert len(rows) == want and all(line.endswith("ok") for line in rows), rows
@@ -263,3 +264,28 @@ def test_every_int8_code_converts_exactly() -> None:
     codes = torch.arange(-128, 128, dtype=torch.int16).to(torch.int8)[:, None].expand(256, 64).contiguous()
     y = qg.gemv_channel(torch.ones(1, 64).to(DEVICE), codes.to(DEVICE), torch.ones(256).to(DEVICE)).cpu()
     assert y[0].tolist() == [64.0 * c for c in range(-128, 128)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n,k", [(37, 300), (5, 1000), (16, 64), (3, 65), (130, 129)])  # ragged rows, groups, tails
+def test_the_one_kernel_dequantization_gives_the_plain_weights_bit_for_bit(n: int, k: int, dtype: torch.dtype) -> None:
+    """The quantized modes' several-row products (prefill) multiply by the weight dequantize_int4_fused forms in one
+    kernel: the plain dequantization's values exactly, every code at its place (a nibble read from the wrong
+    position or the wrong group's scale would differ), nothing written past K; bad packed shapes refused."""
+    _, qw = _quantized("int4-wo", n, k)
+    q, s = qw.q.to(DEVICE), qw.scales.to(DEVICE)
+    want = qg.dequantize_int4(q, s, k, dtype)
+    got = qg.dequantize_int4_fused(q, s, k, dtype)
+    assert got.shape == (n, k) and got.dtype == dtype
+    if dtype == torch.bfloat16 and is_interpreted(qg._dequant_int4_kernel):
+        # the interpreter rounds fp32 → bf16 toward zero (the GPU to nearest even, as torch): same fp32 values,
+        # truncated
+        fp32 = qg.dequantize_int4(q, s, k, torch.float32)
+        want = (fp32.view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
+    else:
+        assert torch.equal(want.float(), quant.dequantize(qw, torch.float32).to(DEVICE).to(dtype).float())
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="does not hold"):
+        qg.dequantize_int4_fused(q[:, :-4], s, k, dtype)
+    with pytest.raises(ValueError, match="int4 scales"):
+        qg.dequantize_int4_fused(q, s[:, :1] if s.shape[1] > 1 else s[:1], k, dtype)
