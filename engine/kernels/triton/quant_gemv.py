@@ -552,6 +552,7 @@ def dequantize_int4_fused(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: 
     if q.stride(1) != 1 or q.stride(0) % 4 or q.data_ptr() % 16:
         q = q.clone(memory_format=torch.contiguous_format)
     words = q.view(torch.int32)
+    scales = scales if scales.stride(1) == 1 else scales.contiguous()  # the kernel steps along a row by 1
     w = torch.empty(n, k, device=q.device, dtype=dtype)
     if is_interpreted(_dequant_int4_kernel):
         bn, groups, warps = INTERPRETER_CONFIG_DEQUANT["BLOCK_N"], INTERPRETER_CONFIG_DEQUANT["GROUPS"], 1

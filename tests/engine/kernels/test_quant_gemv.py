@@ -285,6 +285,8 @@ def test_the_one_kernel_dequantization_gives_the_plain_weights_bit_for_bit(n: in
     else:
         assert torch.equal(want.float(), quant.dequantize(qw, torch.float32).to(DEVICE).to(dtype).float())
     assert torch.equal(got, want)
+    s_strided = s.t().contiguous().t()  # the same scales, column-major
+    assert torch.equal(qg.dequantize_int4_fused(q, s_strided, k, dtype), got)
     with pytest.raises(ValueError, match="does not hold"):
         qg.dequantize_int4_fused(q[:, :-4], s, k, dtype)
     with pytest.raises(ValueError, match="int4 scales"):
