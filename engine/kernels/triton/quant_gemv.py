@@ -443,6 +443,22 @@ def _gemv_words(x: torch.Tensor, x_row: torch.Tensor, q: torch.Tensor, scales: t
     return y.reshape(*x.shape[:-1], y.numel())
 
 
+def _int4_operands(q: torch.Tensor, scales: torch.Tensor, k: int, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed codes as int32 words (rows are whole groups: 32 bytes, 8 words) and the scales contiguous along a
+    row, as the int4 kernels read them; ValueError where q or scales do not hold `k` inputs per row (`what` names
+    them in the message)."""
+    n = q.shape[0]
+    row_bytes = int4_layout.int4_row_bytes(k)
+    if q.dim() != 2 or q.dtype != torch.uint8 or q.shape[1] != row_bytes:
+        raise ValueError(f"packed int4 weight {tuple(q.shape)} {q.dtype} does not match {what} "
+                         f"(expected uint8 ({n}, {row_bytes}))")
+    if scales.shape != (n, triton.cdiv(k, GROUP)):
+        raise ValueError(f"int4 scales {tuple(scales.shape)}: expected ({n}, {triton.cdiv(k, GROUP)})")
+    if q.stride(1) != 1 or q.stride(0) % 4 or q.data_ptr() % 16:
+        q = q.clone(memory_format=torch.contiguous_format)  # a fresh allocation: contiguous and 16-byte aligned
+    return q.view(torch.int32), (scales if scales.stride(1) == 1 else scales.contiguous())
+
+
 def gemv_int4(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_weight: torch.Tensor | None = None,
               eps: float = 0.0, residual: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
     """x (K,) or (1, K) · dequant(q).T for q (N, ceil(K/64)·32) uint8 (symmetric 4-bit codes packed as
@@ -451,17 +467,8 @@ def gemv_int4(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, norm_weigh
     x_row = _one_row(x)
     k = x.shape[-1]
     n = q.shape[0]
-    row_bytes = int4_layout.int4_row_bytes(k)
-    if q.dim() != 2 or q.dtype != torch.uint8 or q.shape[1] != row_bytes:
-        raise ValueError(f"packed int4 weight {tuple(q.shape)} {q.dtype} does not match x's {k} features "
-                         f"(expected uint8 ({n}, {row_bytes}))")
-    if scales.shape != (n, triton.cdiv(k, GROUP)):
-        raise ValueError(f"int4 scales {tuple(scales.shape)}: expected ({n}, {triton.cdiv(k, GROUP)})")
+    words, scales = _int4_operands(q, scales, k, f"x's {k} features")
     g, r, flags = _fusion_args(x_row, n, k, norm_weight, residual, glu)
-    if q.stride(1) != 1 or q.stride(0) % 4 or q.data_ptr() % 16:
-        q = q.clone(memory_format=torch.contiguous_format)  # a fresh allocation: contiguous and 16-byte aligned
-    words = q.view(torch.int32)  # rows are whole groups: 32 bytes, 8 words
-    scales = scales if scales.stride(1) == 1 else scales.contiguous()
     y = torch.empty(n // 2 if glu else n, device=x.device, dtype=x.dtype)
     args = (x_row, words, scales, y, g, r, n, k, words.stride(0), scales.stride(0), float(eps))
     if is_interpreted(_wo_int4_kernel):
@@ -545,14 +552,7 @@ def dequantize_int4_fused(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: 
     if not (q.is_cuda or is_interpreted(_dequant_int4_kernel)):
         return dequantize_int4(q, scales, k, dtype)
     n = q.shape[0]
-    if q.dim() != 2 or q.dtype != torch.uint8 or q.shape[1] != int4_layout.int4_row_bytes(k):
-        raise ValueError(f"packed int4 weight {tuple(q.shape)} {q.dtype} does not hold {k} inputs per row")
-    if scales.shape != (n, triton.cdiv(k, GROUP)):
-        raise ValueError(f"int4 scales {tuple(scales.shape)}: expected ({n}, {triton.cdiv(k, GROUP)})")
-    if q.stride(1) != 1 or q.stride(0) % 4 or q.data_ptr() % 16:
-        q = q.clone(memory_format=torch.contiguous_format)
-    words = q.view(torch.int32)
-    scales = scales if scales.stride(1) == 1 else scales.contiguous()  # the kernel steps along a row by 1
+    words, scales = _int4_operands(q, scales, k, f"{k} inputs per row")
     w = torch.empty(n, k, device=q.device, dtype=dtype)
     if is_interpreted(_dequant_int4_kernel):
         bn, groups, warps = INTERPRETER_CONFIG_DEQUANT["BLOCK_N"], INTERPRETER_CONFIG_DEQUANT["GROUPS"], 1
