@@ -117,16 +117,22 @@ def _timing_misses(serial: list[dict], side: list[dict]) -> list[tuple]:
 
 @pytest.mark.slow
 def test_a_side_by_side_bench_group_times_alone_and_matches_serial_groups(store) -> None:
-    """Two serial groups, then a side-by-side one; where a key misses (see _timing_misses), one more serial and one
+    """Two serial groups, then a side-by-side one; while a key misses (see _timing_misses), one more serial and one
     more side-by-side group run and the comparison is made again over all of them. On the 2-core CI machine the
     machine's own speed drifts between groups: a neighbour once slowed one group's eager by 1.43× (2026-11-25), and
-    a side-by-side torchscript once ran 160 µs against serial groups' 203 and 218 (2026-11-27). A timing that ran
-    beside another run's compile is slow in every side-by-side group, and the hold timelines show it anyway."""
+    a side-by-side torchscript once ran 160 µs against serial groups' 203 and 218 (2026-11-27). A run's median there
+    is two-valued, ~115 or ~150–177 µs, in serial groups as often as side by side (eight groups of each, 60 or 1000
+    iterations alike; a bare torch loop over the same MLP, one fresh process each, 109–149 µs; 2026-11-28). CI once
+    met the slow value for eager and fx in both side-by-side groups (185–217 against 117–127), so misses add groups
+    until one side-by-side group of each key meets the fast value, four at most — a timing slowed by its neighbours
+    is slow in all four, and the hold timelines show it anyway."""
     params = {"phases": ["infer"], "batch_sizes": [64], "warmup": 5, "iters": 60, "loop": False}
     modes = ["eager", "fx", "torchscript"]
     serial = [_serial_group(store, modes, params) for _ in range(2)]
     side = [_side_by_side_group(store, modes, params)]
-    if _timing_misses(serial, side):
+    for _ in range(3):  # at most four side-by-side groups: see the docstring
+        if not _timing_misses(serial, side):
+            break
         serial.append(_serial_group(store, modes, params))
         side.append(_side_by_side_group(store, modes, params))
     assert not _timing_misses(serial, side), _timing_misses(serial, side)
