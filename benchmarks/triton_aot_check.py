@@ -65,6 +65,11 @@ def quant_jobs(arch: int):
     yield (f"dequant int4 {n}x{groups}g w{warps}", qg._dequant_int4_kernel,
            {"q_ptr": "*i32", "s_ptr": "*bf16", "w_ptr": "*bf16", "N": "i32", "K": "i32", "stride_qn": "i32",
             "stride_sn": "i32", "stride_wn": "i32"}, {"BLOCK_N": n, "GROUPS": groups}, warps)
+    n, k, warps = qg.TILE_DEQUANT_CHANNEL  # and the int8 / fp8 one
+    for code, fp8 in codes:
+        yield (f"dequant {code} {n}x{k} w{warps}", qg._dequant_channel_kernel,
+               {"q_ptr": "*u8", "s_ptr": "*bf16", "w_ptr": "*bf16", "N": "i32", "K": "i32", "stride_qn": "i32",
+                "stride_wn": "i32"}, {"BLOCK_N": n, "BLOCK_K": k, "FP8": fp8}, warps)
 
 
 def quant_job_count(arch: int = 90) -> int:

@@ -152,7 +152,7 @@ MODES: dict[str, LLMMode] = {m.name: m for m in (
               "GEMV that dequantizes inside its weight loads (engine/kernels/triton/quant_gemv.py: codes and scales "
               "loaded with the tile, fp32 accumulation), with triton-fused's fusions kept (RMSNorm, residual adds "
               "and SwiGLU inside the GEMVs, RoPE and the cache write inside the decode attention); the prefill "
-              "(several rows) dequantizes each weight (int4 in one Triton kernel), then F.linear (cuBLAS); on "
+              "(several rows) dequantizes each weight in one Triton kernel, then F.linear (cuBLAS); on "
               "CPU interpreted (correctness only)." + extra
               + (" On an H100 the products of K >= 2048 take the tensor-core int4 kernel instead "
                  "(engine/kernels/cuda_quant.py; $MODELAB_INT4_GEMV: auto, cuda or triton)." if scheme == "int4-wo"

@@ -44,8 +44,9 @@ under the interpreter.
 
 `channel_linear(x, q, scales)` and `int4_linear(x, q, scales, k)` are torch custom ops (`modelab::quant_gemv_channel`,
 `modelab::quant_gemv_int4`): opaque single kernels to torch.compile, captured by CUDA graphs. Several rows (prefill,
-B > 1) take dequantize-then-F.linear: int8 and fp8 by the torch ops of the plain way, int4 by one Triton kernel
-(`dequantize_int4_fused`: the same values, one pass instead of six over N × K). The references are float64
+B > 1) take dequantize-then-F.linear, the weight dequantized by one Triton kernel (`dequantize_channel_fused`,
+`dequantize_int4_fused`: the plain way's values, one pass where its torch ops make three or six over N × K), then
+cuBLAS's GEMM. The references are float64
 dequantize-then-matmul (`_reference_channel`, `_reference_int4`); the checks sit in
 tests/engine/kernels/test_quant_gemv.py, the offline sm_90 compile in benchmarks/triton_aot_check.py.
 """
@@ -497,7 +498,7 @@ def channel_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> to
     (or a device Triton cannot run on) dequantized first."""
     if _takes(x, _wo_channel_kernel):
         return gemv_channel(x, q, scales)
-    return F.linear(x, dequantize_channel(q, scales, x.dtype))
+    return F.linear(x, dequantize_channel_fused(q, scales, x.dtype))
 
 
 @channel_linear.register_fake
@@ -508,6 +509,53 @@ def _(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 def dequantize_channel(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(N, K) int8 / fp8 codes + (N,) scales → (N, K) weights in `dtype` (the plain way)."""
     return (q.to(torch.float32) * scales.to(torch.float32)[:, None]).to(dtype)
+
+
+@triton.jit
+def _dequant_channel_kernel(q_ptr, s_ptr, w_ptr, N, K, stride_qn, stride_wn, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, FP8: tl.constexpr):
+    """W[n, k] = code[n, k] · s[n] in fp32, rounded once to W's dtype (dequantize_channel's values, bit for bit), for
+    BLOCK_N rows × BLOCK_K inputs: q 1 byte a weight, passed as uint8 and bitcast to int8 or (FP8) float8e4nv, both
+    converted to fp32 exactly."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    ok = (rows < N)[:, None] & (cols < K)[None, :]
+    code = tl.load(q_ptr + rows[:, None].to(tl.int64) * stride_qn + cols[None, :], mask=ok, other=0)
+    if FP8:
+        f = code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        f = code.to(tl.int8, bitcast=True).to(tl.float32)
+    scale = tl.load(s_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
+    tl.store(w_ptr + rows[:, None].to(tl.int64) * stride_wn + cols[None, :],
+             (f * scale[:, None]).to(w_ptr.dtype.element_ty), mask=ok)
+
+
+TILE_DEQUANT_CHANNEL = (16, 256, 4)  # (BLOCK_N, BLOCK_K, num_warps): 4 KB of codes in, 8 KB of bf16 out; not tuned
+INTERPRETER_CONFIG_DEQUANT_CHANNEL = {"BLOCK_N": 8, "BLOCK_K": 64}
+
+
+def dequantize_channel_fused(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """dequantize_channel's (N, K) weight, bit for bit, in one Triton kernel where Triton runs (a CUDA weight, or the
+    interpreter): the codes read once and W written once (3 bytes a bf16 weight), where the torch form makes three
+    N × K passes through fp32 (19). The int8 / fp8 modes' products over several rows (prefill) multiply by it."""
+    if not (q.is_cuda or is_interpreted(_dequant_channel_kernel)):
+        return dequantize_channel(q, scales, dtype)
+    fp8 = q.dtype == torch.float8_e4m3fn
+    if q.dim() != 2 or not (fp8 or q.dtype == torch.int8):
+        raise ValueError(f"per-channel codes are (N, K) int8 or float8_e4m3fn, got {tuple(q.shape)} {q.dtype}")
+    n, k = q.shape
+    if scales.numel() != n:
+        raise ValueError(f"{scales.numel()} scales for {n} output channels")
+    codes = (q if q.stride(1) == 1 else q.contiguous()).view(torch.uint8)
+    w = torch.empty(n, k, device=q.device, dtype=dtype)
+    if is_interpreted(_dequant_channel_kernel):
+        bn, bk, warps = INTERPRETER_CONFIG_DEQUANT_CHANNEL["BLOCK_N"], INTERPRETER_CONFIG_DEQUANT_CHANNEL["BLOCK_K"], 1
+    else:
+        bn, bk, warps = TILE_DEQUANT_CHANNEL
+    _dequant_channel_kernel[(triton.cdiv(n, bn), triton.cdiv(k, bk))](
+        codes, scales.reshape(-1).contiguous(), w, n, k, codes.stride(0), w.stride(0), BLOCK_N=bn, BLOCK_K=bk,
+        FP8=fp8, num_warps=warps)
+    return w
 
 
 def dequantize_int4(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: torch.dtype = torch.float32
@@ -565,10 +613,10 @@ def dequantize_int4_fused(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: 
 
 
 def _dequantized(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
-    """The weight the lab's ops multiply several rows by: int4 through the one-kernel dequantization."""
+    """The weight the lab's ops multiply several rows by: dequantized in one kernel (int4, int8 or fp8 codes)."""
     if q.dtype == torch.uint8:
         return dequantize_int4_fused(q, scales, k, dtype)
-    return dequantize_channel(q, scales, dtype)
+    return dequantize_channel_fused(q, scales, dtype)
 
 
 @torch.library.custom_op("modelab::quant_gemv_int4", mutates_args=())

@@ -109,9 +109,9 @@ def test_the_quantized_kernels_compile_for_sm90_offline(aot_check_rows) -> None:
     rows = aot_check_rows("--kernels", "quant")
     # plain at every tile (int8, fp8, int4), and the three fusions at every tile launched (int8's per shape)
     # int8 and fp8 through the word kernel (plain at every tile, fused at every launched one), each through the
-    # byte kernel at its one tile; int4; the several-row products' int4 dequantization
+    # byte kernel at its one tile; int4; the several-row products' dequantizations (int4, then int8 and fp8)
     want = (2 * (len(qg.AOT_TILES_WORDS) + 3 * len({*qg.LAUNCHED_TILES_WORDS}) + 1) + len(qg.AOT_TILES_INT4)
-            + 3 * len({*qg.LAUNCHED_TILES_INT4}) + 1)
+            + 3 * len({*qg.LAUNCHED_TILES_INT4}) + 1 + 2)
     assert set(qg.LAUNCHED_TILES_WORDS) <= set(qg.AOT_TILES_WORDS)
     assert set(qg.LAUNCHED_TILES_INT4) <= set(qg.AOT_TILES_INT4)
     assert len(rows) == want and all(line.endswith("ok") for line in rows), rows
@@ -291,3 +291,31 @@ def test_the_one_kernel_dequantization_gives_the_plain_weights_bit_for_bit(n: in
         qg.dequantize_int4_fused(q[:, :-4], s, k, dtype)
     with pytest.raises(ValueError, match="int4 scales"):
         qg.dequantize_int4_fused(q, s[:, :1] if s.shape[1] > 1 else s[:1], k, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scheme", ["int8-wo", "fp8-wo"])
+@pytest.mark.parametrize("n,k", [(37, 300), (5, 1000), (3, 65), (130, 129)])  # ragged rows and columns
+def test_the_one_kernel_channel_dequantization_gives_the_plain_weights_bit_for_bit(scheme: str, n: int, k: int,
+                                                                                     dtype: torch.dtype) -> None:
+    """The int8 / fp8 modes' several-row products multiply by the weight dequantize_channel_fused forms in one kernel:
+    the plain dequantization's values exactly (a code paired with another row's scale, or read as the other code
+    type, would differ), the same from column-strided codes; a mismatched scale count or code type is refused."""
+    _, qw = _quantized(scheme, n, k)
+    q, s = qw.q.to(DEVICE), qw.scales.to(DEVICE)
+    got = qg.dequantize_channel_fused(q, s, dtype)
+    assert got.shape == (n, k) and got.dtype == dtype
+    fp32 = qg.dequantize_channel(q, s, torch.float32)
+    if dtype == torch.bfloat16 and is_interpreted(qg._dequant_channel_kernel):  # toward zero there: see above
+        want = (fp32.view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
+    else:
+        want = qg.dequantize_channel(q, s, dtype)
+        assert torch.equal(want.float(), quant.dequantize(qw, torch.float32).to(DEVICE).to(dtype).float())
+    assert torch.equal(got, want)
+    assert torch.count_nonzero(fp32) > 0.9 * n * k  # real codes, not a zero weight passing by accident
+    strided = q.t().contiguous().t()  # the same codes, column-major
+    assert torch.equal(qg.dequantize_channel_fused(strided, s, dtype), got)
+    with pytest.raises(ValueError, match="scales for"):
+        qg.dequantize_channel_fused(q, s[:-1], dtype)
+    with pytest.raises(ValueError, match="int8 or float8_e4m3fn"):
+        qg.dequantize_channel_fused(q.view(torch.uint8), s, dtype)
