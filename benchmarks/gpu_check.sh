@@ -29,7 +29,8 @@ levels         every kernel level of the three components at their real shapes
 cuda-levels    the L5 CUDA kernels: build (ptxas registers), checks, timings against torch (cuda_levels_gpu.py)
 triton-levels  the L4 Triton kernels: checks and timings against torch (benchmarks/triton_kernels_gpu.py)
 host-cost      host time per call of the Triton levels and its cProfile (benchmarks/triton_host_cost.py)
-quant          weight-only decode (issue 23): 1B and 7B, bf16 triton-fused beside every quantized mode, its modes table
+quant          weight-only decode (issue 23): 1B and 7B, bf16 triton-fused beside every quantized mode, its modes table;
+               then the prefill's dequantization per tile (prefill_dequant_bench.py; QUANT_PREFILL=0 leaves it out)
 frontier       issue 26: L5 attention variants vs SDPA (unverified ones in a child first), attention levels (FRONTIER_DEEP=1:
                with ncu per kernel), 1B/7B MBU (FRONTIER_PRESETS)
 gluon-l4       the L4 attention's Gluon kernel: checked against float64 in a child process, then, if it passed, each
@@ -177,7 +178,12 @@ case $part in
              --no-profile --mode ${QUANT_MODES:-triton-fused,triton-int8-wo,triton-fp8-wo,triton-int4-wo,int8-wo} \
              >"$out/quant_$preset.log" 2>&1
            echo "== $preset"; tail -12 "$out/quant_$preset.log"
-         done ;;
+         done
+         if [ "${QUANT_PREFILL:-1}" != 0 ]; then
+           t timeout 300 python3 benchmarks/prefill_dequant_bench.py --preset "$(echo ${QUANT_PRESETS:-1B 7B} | tr ' ' ,)" \
+             >"$out/prefill_dequant.log" 2>&1
+           tail -5 "$out/prefill_dequant.log"
+         fi ;;
   gluon-l4) if PYTEST_LIMIT=320 t pytest_q tests/engine/kernels/test_triton_kernels.py -k "gluon or l4_"; then
               t timeout 200 python3 benchmarks/triton_kernels_gpu.py --only attn --gluon >"$out/gluon_attn.log" 2>&1
               grep -E "gluon|SDPA" "$out/gluon_attn.log" | tail -16

@@ -534,10 +534,12 @@ TILE_DEQUANT_CHANNEL = (16, 256, 4)  # (BLOCK_N, BLOCK_K, num_warps): 4 KB of co
 INTERPRETER_CONFIG_DEQUANT_CHANNEL = {"BLOCK_N": 8, "BLOCK_K": 64}
 
 
-def dequantize_channel_fused(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def dequantize_channel_fused(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype,
+                             tile: tuple[int, int, int] | None = None) -> torch.Tensor:
     """dequantize_channel's (N, K) weight, bit for bit, in one Triton kernel where Triton runs (a CUDA weight, or the
     interpreter): the codes read once and W written once (3 bytes a bf16 weight), where the torch form makes three
-    N × K passes through fp32 (19). The int8 / fp8 modes' products over several rows (prefill) multiply by it."""
+    N × K passes through fp32 (19). The int8 / fp8 modes' products over several rows (prefill) multiply by it.
+    `tile` (BLOCK_N, BLOCK_K, num_warps) overrides TILE_DEQUANT_CHANNEL (benchmarks/prefill_dequant_bench.py)."""
     if not (q.is_cuda or is_interpreted(_dequant_channel_kernel)):
         return dequantize_channel(q, scales, dtype)
     fp8 = q.dtype == torch.float8_e4m3fn
@@ -548,7 +550,9 @@ def dequantize_channel_fused(q: torch.Tensor, scales: torch.Tensor, dtype: torch
         raise ValueError(f"{scales.numel()} scales for {n} output channels")
     codes = (q if q.stride(1) == 1 else q.contiguous()).view(torch.uint8)
     w = torch.empty(n, k, device=q.device, dtype=dtype)
-    if is_interpreted(_dequant_channel_kernel):
+    if tile is not None:
+        bn, bk, warps = tile
+    elif is_interpreted(_dequant_channel_kernel):
         bn, bk, warps = INTERPRETER_CONFIG_DEQUANT_CHANNEL["BLOCK_N"], INTERPRETER_CONFIG_DEQUANT_CHANNEL["BLOCK_K"], 1
     else:
         bn, bk, warps = TILE_DEQUANT_CHANNEL
@@ -592,17 +596,21 @@ TILE_DEQUANT = (16, 8, 4)  # (BLOCK_N, GROUPS, num_warps): 4 KB of codes in, 16 
 INTERPRETER_CONFIG_DEQUANT = {"BLOCK_N": 8, "GROUPS": 2}
 
 
-def dequantize_int4_fused(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+def dequantize_int4_fused(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: torch.dtype,
+                          tile: tuple[int, int, int] | None = None) -> torch.Tensor:
     """dequantize_int4's (N, K) weight, bit for bit, in one Triton kernel where Triton runs (a CUDA weight, or the
     interpreter): the codes and scales read once and W written once, where the torch form makes six N × K passes
     (unpack, two integer casts, the scales repeated, the product and the cast, four of them fp32). The quantized
-    modes' products over several rows (prefill) multiply by it; elsewhere dequantize_int4 itself."""
+    modes' products over several rows (prefill) multiply by it; elsewhere dequantize_int4 itself. `tile` (BLOCK_N,
+    GROUPS, num_warps) overrides TILE_DEQUANT (benchmarks/prefill_dequant_bench.py)."""
     if not (q.is_cuda or is_interpreted(_dequant_int4_kernel)):
         return dequantize_int4(q, scales, k, dtype)
     n = q.shape[0]
     words, scales = _int4_operands(q, scales, k, f"{k} inputs per row")
     w = torch.empty(n, k, device=q.device, dtype=dtype)
-    if is_interpreted(_dequant_int4_kernel):
+    if tile is not None:
+        bn, groups, warps = tile
+    elif is_interpreted(_dequant_int4_kernel):
         bn, groups, warps = INTERPRETER_CONFIG_DEQUANT["BLOCK_N"], INTERPRETER_CONFIG_DEQUANT["GROUPS"], 1
     else:
         bn, groups, warps = TILE_DEQUANT
