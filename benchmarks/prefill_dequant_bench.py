@@ -50,10 +50,10 @@ def dequantizers(scheme: str, k: int, dtype: torch.dtype, smoke: bool) -> dict:
 
     if scheme == "int4-wo":
         ways = {tile: (lambda q, s, t=tile: qg.dequantize_int4_fused(q, s, k, dtype, tile=t)) for tile in
-                ([(8, 2, 1)] if smoke else INT4_TILES)}
+                ([qg.INTERPRETER_TILE_DEQUANT] if smoke else INT4_TILES)}
         return {"plain": lambda q, s: qg.dequantize_int4(q, s, k, dtype), **ways}
     ways = {tile: (lambda q, s, t=tile: qg.dequantize_channel_fused(q, s, dtype, tile=t)) for tile in
-            ([(8, 64, 1)] if smoke else CHANNEL_TILES)}
+            ([qg.INTERPRETER_TILE_DEQUANT_CHANNEL] if smoke else CHANNEL_TILES)}
     return {"plain": lambda q, s: qg.dequantize_channel(q, s, dtype), **ways}
 
 

@@ -531,7 +531,13 @@ def _dequant_channel_kernel(q_ptr, s_ptr, w_ptr, N, K, stride_qn, stride_wn, BLO
 
 
 TILE_DEQUANT_CHANNEL = (16, 256, 4)  # (BLOCK_N, BLOCK_K, num_warps): 4 KB of codes in, 8 KB of bf16 out; not tuned
-INTERPRETER_CONFIG_DEQUANT_CHANNEL = {"BLOCK_N": 8, "BLOCK_K": 64}
+INTERPRETER_TILE_DEQUANT_CHANNEL = (8, 64, 1)
+
+
+def _dequant_tile(tile: tuple[int, int, int] | None, kernel: object, interpreted: tuple[int, int, int],
+                  default: tuple[int, int, int]) -> tuple[int, int, int]:
+    """A dequantization's tile: the one asked for (the benchmark's sweep), else the interpreter's or the GPU's."""
+    return tile if tile is not None else interpreted if is_interpreted(kernel) else default
 
 
 def dequantize_channel_fused(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype,
@@ -550,12 +556,7 @@ def dequantize_channel_fused(q: torch.Tensor, scales: torch.Tensor, dtype: torch
         raise ValueError(f"{scales.numel()} scales for {n} output channels")
     codes = (q if q.stride(1) == 1 else q.contiguous()).view(torch.uint8)
     w = torch.empty(n, k, device=q.device, dtype=dtype)
-    if tile is not None:
-        bn, bk, warps = tile
-    elif is_interpreted(_dequant_channel_kernel):
-        bn, bk, warps = INTERPRETER_CONFIG_DEQUANT_CHANNEL["BLOCK_N"], INTERPRETER_CONFIG_DEQUANT_CHANNEL["BLOCK_K"], 1
-    else:
-        bn, bk, warps = TILE_DEQUANT_CHANNEL
+    bn, bk, warps = _dequant_tile(tile, _dequant_channel_kernel, INTERPRETER_TILE_DEQUANT_CHANNEL, TILE_DEQUANT_CHANNEL)
     _dequant_channel_kernel[(triton.cdiv(n, bn), triton.cdiv(k, bk))](
         codes, scales.reshape(-1).contiguous(), w, n, k, codes.stride(0), w.stride(0), BLOCK_N=bn, BLOCK_K=bk,
         FP8=fp8, num_warps=warps)
@@ -593,7 +594,7 @@ def _dequant_int4_kernel(q_ptr, s_ptr, w_ptr, N, K, stride_qn, stride_sn, stride
 
 
 TILE_DEQUANT = (16, 8, 4)  # (BLOCK_N, GROUPS, num_warps): 4 KB of codes in, 16 KB of bf16 out a program; not tuned
-INTERPRETER_CONFIG_DEQUANT = {"BLOCK_N": 8, "GROUPS": 2}
+INTERPRETER_TILE_DEQUANT = (8, 2, 1)
 
 
 def dequantize_int4_fused(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: torch.dtype,
@@ -608,12 +609,7 @@ def dequantize_int4_fused(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: 
     n = q.shape[0]
     words, scales = _int4_operands(q, scales, k, f"{k} inputs per row")
     w = torch.empty(n, k, device=q.device, dtype=dtype)
-    if tile is not None:
-        bn, groups, warps = tile
-    elif is_interpreted(_dequant_int4_kernel):
-        bn, groups, warps = INTERPRETER_CONFIG_DEQUANT["BLOCK_N"], INTERPRETER_CONFIG_DEQUANT["GROUPS"], 1
-    else:
-        bn, groups, warps = TILE_DEQUANT
+    bn, groups, warps = _dequant_tile(tile, _dequant_int4_kernel, INTERPRETER_TILE_DEQUANT, TILE_DEQUANT)
     grid = (triton.cdiv(n, bn), triton.cdiv(triton.cdiv(k, GROUP), groups))
     _dequant_int4_kernel[grid](words, scales, w, n, k, words.stride(0), scales.stride(0), w.stride(0), BLOCK_N=bn,
                                GROUPS=groups, num_warps=warps)
