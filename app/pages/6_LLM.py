@@ -261,7 +261,10 @@ else:
         st.dataframe(modes_table(members), hide_index=True, key="modes-table")
         st.caption("bytes / token: what one decode step must move per generated token (weights, or a quantized "
                    "mode's codes and scales, + the K/V read), MBU's numerator. vs plain: the lab's fused quantized "
-                   "GEMV against the same scheme dequantized in PyTorch then multiplied, from this group. accuracy: "
+                   "GEMV against the same scheme dequantized in PyTorch then multiplied, from this group. TTFT of a "
+                   "quantized mode: its prefill forms each bf16 weight from the codes (the lab's modes in one Triton "
+                   "kernel, the plain ones as Inductor compiles the PyTorch dequantization), then multiplies the "
+                   "prompt's rows by it (a GEMM, not a quantized kernel). accuracy: "
                    "unquantized modes match eager's logits within the tolerance; quantized ones pass their own gate "
                    "(greedy top-1 agreement and mean KL against the unquantized model, thresholds in "
                    "docs/quantization.md).")
