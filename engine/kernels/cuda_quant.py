@@ -26,6 +26,13 @@ graph the 7B's products together ran faster with it (docs/quantization.md has th
     tune(weights) -> lines   time the 6 blocks per distinct product, keep the fastest (`block` reads it)
     int4_gemv(x, w, norm_weight, eps, residual, ks, pdl, batch) -> y
     tile_gemv(x, q, s, n, glu, norm_weight, eps, residual)   the same as a custom op (modelab::int4_tile_gemv)
+    group_major(q, s, k) -> TileWeight   down's weight in group order, for int4_mlp
+    int4_mlp(x, gate_up, down, norm_weight, eps, acc, ks, batch, pdl)   acc += the MLP, in one kernel
+
+The MLP in one kernel (`int4_mlp`, not yet used by the decode step: docs/quantization.md, session 28): a block takes
+a unit of 64 SwiGLU features — gate_up's 8 tiles of them, as the GLU product computes them — then multiplies them
+by down's matching group of 64 columns (every row's 32 bytes of codes, contiguous in group order) and adds its
+partial sums into an fp32 accumulator with red.global.add: no down kernel, no SwiGLU output written and read back.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ IMPLS = {
 # 19, tuned blocks: 8 warps for K = 2048 — with 4 warps and the deeper ring of session 16 it was 516.5 against 468.8).
 AUTO_MIN_K = 2048
 KSLICES = (4, 8, 16)  # warps per block, each a slice of K (the kernel's instantiations)
+MLP_KSLICES = (8, 16)  # int4_mlp's instantiations (with either ring batch)
 RING_SLOTS = 2  # csrc/quant/int4_gemv.cu's DEPTH: batches of codes in flight per warp
 RING_BATCHES = (4, 8)  # its BATCH instantiations: groups of 64 per batch (one bulk copy of BATCH × 16 rows × 32 bytes)
 TILE_ENV = "MODELAB_INT4_GEMV_TILE"  # "KS,BATCH" runs every product with that block (to measure); unset: tuned
@@ -217,13 +225,15 @@ def tune(weights: Iterable[TileWeight], l2_multiple: float = 3.0, replays: int =
 @dataclass(frozen=True)
 class TileWeight:
     """An int4 weight in the kernel's tile order (`tile_major`): q (tiles, groups, 16, 8) int32 words and s (tiles,
-    groups, 8, 2) bf16, for n output rows (n / 2 outputs with glu) of k inputs."""
+    groups, 8, 2) bf16, for n output rows (n / 2 outputs with glu) of k inputs; by_group (`group_major`): the first
+    two axes swapped, (groups, tiles, ...)."""
 
     q: torch.Tensor
     s: torch.Tensor
     n: int
     k: int
     glu: bool
+    by_group: bool = False
 
 
 def tile_rows(n: int, glu: bool) -> torch.Tensor:
@@ -319,3 +329,38 @@ def tile_gemv(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, n: int, glu: bo
 def _(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, n: int, glu: bool, norm_weight: torch.Tensor | None,
       eps: float, residual: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], n // 2 if glu else n))
+
+
+def group_major(q: torch.Tensor, s: torch.Tensor, k: int) -> TileWeight:
+    """A packed int4 weight (as tile_major takes it) in group order, the down product's layout for int4_mlp: group g's
+    16-row tiles one after another, so that the block holding the 64 SwiGLU features of group g reads its 32 bytes of
+    every row as one contiguous run. Runs once per weight, on the weight's device."""
+    t = tile_major(q, s, k)
+    return TileWeight(t.q.transpose(0, 1).contiguous(), t.s.transpose(0, 1).contiguous(), t.n, t.k, False, True)
+
+
+def int4_mlp(x: torch.Tensor, gate_up: TileWeight, down: TileWeight, norm_weight: torch.Tensor, eps: float,
+             acc: torch.Tensor, ks: int = 8, batch: int = 4, pdl: bool = True) -> None:
+    """acc (down's N, fp32) += down · (silu(gate) ⊙ up) of [gate; up] = gate_up · RMSNorm(x), in one kernel: gate_up
+    with glu in tile order (`tile_major`), its N / 2 features whole groups of 64; down in group order (`group_major`)
+    with K = N / 2. acc is updated in place (give it the residual, or zeros). ks: warps per block (MLP_KSLICES),
+    batch: groups per bulk copy (RING_BATCHES). ValueError before any launch for inputs the kernel does not take."""
+    features = gate_up.n // 2
+    if not gate_up.glu or gate_up.by_group or features % 64:
+        raise ValueError(f"int4_mlp: gate_up must be tile_major(glu=True) with N / 2 a multiple of 64, got N = "
+                         f"{gate_up.n}{'' if gate_up.glu else ' without glu'}")
+    if not down.by_group or down.k != features:
+        raise ValueError(f"int4_mlp: down must be group_major with K = gate_up's N / 2 = {features}, got K = "
+                         f"{down.k}{'' if down.by_group else ' in tile order'}")
+    if ks not in MLP_KSLICES or batch not in RING_BATCHES:
+        raise ValueError(f"int4_mlp: ks must be one of {MLP_KSLICES} and batch one of {RING_BATCHES}, got {ks}, "
+                         f"{batch}")
+    _check(x, gate_up, norm_weight, None)
+    if acc.dtype != torch.float32 or not acc.is_contiguous() or acc.numel() != down.n or acc.device != x.device:
+        raise ValueError(f"int4_mlp: acc must be {down.n} contiguous float32 values on {x.device}, got {acc.dtype} "
+                         f"{tuple(acc.shape)} on {acc.device}")
+    if down.q.device != x.device:
+        raise ValueError("int4_mlp: x and down's weight must be on one CUDA device")
+    load()
+    torch.ops.modelab_quant.int4_mlp(x, gate_up.q, gate_up.s, gate_up.n, norm_weight, float(eps), down.q, down.s, acc,
+                                     ks, batch, pdl)

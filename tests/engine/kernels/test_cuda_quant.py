@@ -25,7 +25,9 @@ def test_it_builds_for_sm90a_with_products_on_the_tensor_cores(tmp_path):
     report, sass = offline_build("int4_gemv.cu", tmp_path, cuda_quant.SOURCE_DIR)
     kernels = re.findall(r"Compiling entry function '(\S*int4_gemv_kernel\S*)'.*?(\d+) bytes spill stores", report,
                          re.S)
-    assert len(kernels) == 4 * len(cuda_quant.KSLICES) * len(cuda_quant.RING_BATCHES), report[-4000:]
+    # four fusions at every block, and the MLP in one kernel (int4_mlp) at its blocks
+    want = (4 * len(cuda_quant.KSLICES) + len(cuda_quant.MLP_KSLICES)) * len(cuda_quant.RING_BATCHES)
+    assert len(kernels) == want, report[-4000:]
     assert all(s == "0" for _, s in kernels), report[-4000:]
     for batch in cuda_quant.RING_BATCHES:
         code = _kernel_sass(sass, f"int4_gemv_kernelILi8ELi{batch}ELb1ELb0ELb0E")  # KSLICES 8, BATCH, NORM
@@ -68,6 +70,35 @@ def test_tile_order_puts_each_rows_codes_and_scales_where_the_kernel_reads_them(
     assert sorted(set(rows.tolist()) - {n}) == list(range(n))  # every row once
     with pytest.raises(ValueError, match="even N"):
         cuda_quant.tile_major(qw.q[:n - 1], qw.scales[:n - 1], k, glu=True)  # every n here is even
+
+
+def test_group_order_puts_each_groups_tiles_together_for_the_mlp() -> None:
+    """group_major (CPU): down's codes and scales of group g, tile t are tile_major's [t, g] — the same 16 rows' words
+    and scales — so a block's unit reads its group of every row as one run; the MLP's argument checks refuse a
+    gate_up without whole groups of 64 features, a down in tile order or of another K, before any launch."""
+    n, k = 40, 200  # ragged: tiles past N, a last group shorter than 64
+    _, qw, _, _ = _case(n, k)
+    tiles = cuda_quant.tile_major(qw.q, qw.scales, k)
+    groups = cuda_quant.group_major(qw.q, qw.scales, k)
+    assert groups.by_group and not tiles.by_group and (groups.n, groups.k) == (n, k)
+    assert groups.q.shape == (4, 3, 16, 8) and groups.s.shape == (4, 3, 8, 2) and groups.q.is_contiguous()
+    for g in range(4):
+        for t in range(3):
+            assert torch.equal(groups.q[g, t], tiles.q[t, g]) and torch.equal(groups.s[g, t], tiles.s[t, g])
+    _, gu, _, _ = _case(2 * 128, 64)
+    gate_up = cuda_quant.tile_major(gu.q, gu.scales, 64, glu=True)
+    _, dw, _, _ = _case(64, 128)
+    down = cuda_quant.group_major(dw.q, dw.scales, 128)
+    x, acc, g = torch.zeros(64, dtype=torch.bfloat16), torch.zeros(64), torch.ones(64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        _, odd, _, _ = _case(2 * 96, 64)
+        cuda_quant.int4_mlp(x, cuda_quant.tile_major(odd.q, odd.scales, 64, glu=True), down, g, 1e-5, acc)
+    with pytest.raises(ValueError, match="group_major"):
+        cuda_quant.int4_mlp(x, gate_up, cuda_quant.tile_major(dw.q, dw.scales, 128), g, 1e-5, acc)
+    with pytest.raises(ValueError, match="ks must be one of"):
+        cuda_quant.int4_mlp(x, gate_up, down, g, 1e-5, acc, ks=4)
+    with pytest.raises(ValueError, match="one CUDA device"):  # on the CPU: the device check, after the shapes'
+        cuda_quant.int4_mlp(x, gate_up, down, g, 1e-5, acc)
 
 
 # ---- with a GPU ---------------------------------------------------------------------------------------------------
@@ -321,3 +352,52 @@ def test_auto_takes_the_tensor_core_kernel_only_where_it_was_measured_faster(mon
     assert cuda_quant.takes(64) and cuda_quant.takes(2048)
     monkeypatch.setenv(cuda_quant.IMPL_ENV, "triton")
     assert not cuda_quant.takes(11008)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dim,ffn,ks,batch", [(256, 512, 8, 4), (256, 512, 8, 8), (256, 512, 16, 4),
+                                              (256, 512, 16, 8), (200, 320, 8, 4), (200, 320, 16, 8),
+                                              (2048, 8192, 8, 4), (2048, 8192, 16, 8), (4096, 11008, 16, 4)])
+def test_the_mlp_in_one_kernel_adds_what_the_two_products_give(built, dim: int, ffn: int, ks: int,
+                                                                 batch: int) -> None:
+    """int4_mlp against float64: acc (the residual) + down · h, h being the GLU product's own bf16 output at the same
+    block (the one kernel computes h by the same code, then multiplies it by down's group in place of writing it).
+    Ragged: dim 200 (K's last group short, down's last tile part-filled), 5 units; the 1B's and 7B's shapes (128 and
+    172 units, more than some GPUs' SMs). Run twice, acc is added to, not overwritten."""
+    x, gu, g, _ = _case(2 * ffn, dim)
+    _, dw, _, r = _case(dim, ffn, seed=1)
+    xc, gc = x.cuda(), g.cuda()
+    gate_up = cuda_quant.tile_major(gu.q.cuda(), gu.scales.cuda(), dim, glu=True)
+    down = cuda_quant.group_major(dw.q.cuda(), dw.scales.cuda(), ffn)
+    h = cuda_quant.int4_gemv(xc, gate_up, gc, 1e-5, ks=ks, batch=batch)
+    want = r.double() + quant.dequantize(dw, torch.float64) @ h.double().cpu()
+    acc = r.float().cuda()
+    cuda_quant.int4_mlp(xc, gate_up, down, gc, 1e-5, acc, ks=ks, batch=batch)
+    err = float((acc.double().cpu() - want).norm() / want.norm())
+    assert err < 1e-3, err  # fp32 sums (the 136 · Σh cancellation ~1e-5 a unit); a misplaced code or unit: O(1)
+    cuda_quant.int4_mlp(xc, gate_up, down, gc, 1e-5, acc, ks=ks, batch=batch)
+    twice = want + (want - r.double())
+    assert float((acc.double().cpu() - twice).norm() / twice.norm()) < 1e-3
+
+
+@needs_kernel
+def test_the_mlp_reads_each_down_code_where_the_group_order_puts_it(built) -> None:
+    """Down's codes all 8 (value 0) but one, in each unit in turn (its feature of largest |h|, h the GLU product's
+    output): acc gains that one weight times h in that one row and nothing elsewhere (beyond the fp32 rounding of
+    the 136 · Σh the kernel subtracts per row), so a code read from another row, column or unit shows."""
+    dim, ffn = 64, 256
+    x, gu, g, _ = _case(2 * ffn, dim)
+    gate_up = cuda_quant.tile_major(gu.q.cuda(), gu.scales.cuda(), dim, glu=True)
+    h = cuda_quant.int4_gemv(x.cuda(), gate_up, g.cuda(), 1e-5).cpu().double()
+    for unit, row in enumerate((0, 9, 33, 63)):
+        col = 64 * unit + int(h[64 * unit:64 * unit + 64].abs().argmax())
+        codes = torch.full((dim, ffn), 8, dtype=torch.uint8)
+        codes[row, col] = 13  # 5 · scale
+        down = cuda_quant.group_major(quant.pack_int4(codes).cuda(), torch.full((dim, 4), 0.5, dtype=torch.bfloat16)
+                                      .cuda(), ffn)
+        acc = torch.zeros(dim, device="cuda")
+        cuda_quant.int4_mlp(x.cuda(), gate_up, down, g.cuda(), 1e-5, acc)
+        want = torch.zeros(dim, dtype=torch.float64)
+        want[row] = 2.5 * h[col]
+        err = float((acc.cpu().double() - want).abs().max())
+        assert err <= 1e-2 * abs(float(want[row])), (unit, row, col, acc.cpu().nonzero().flatten().tolist())
