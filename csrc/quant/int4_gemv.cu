@@ -177,8 +177,10 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw + KSLICES * DEPTH * BATCH * ROWS * 32);
   float* group_sum = reinterpret_cast<float*>(xs + (a.groups + BATCH) * GROUP);
   float* partial = group_sum + a.groups + BATCH;  // [2 tiles][KSLICES][ROWS]
+  // MLP: a unit's 64 SwiGLU outputs as bf16 in x_slot order, 16-byte aligned past the partial sums (launch: smem)
+  __nv_bfloat16* h_s = reinterpret_cast<__nv_bfloat16*>(
+      (reinterpret_cast<uintptr_t>(partial + 2 * KSLICES * ROWS) + 15) & ~static_cast<uintptr_t>(15));
   __shared__ float sumsq_warp[KSLICES];
-  __shared__ __align__(16) __nv_bfloat16 h_s[MLP ? GROUP : 2];  // MLP: a unit's 64 SwiGLU outputs, in x_slot order
   __shared__ __align__(8) uint64_t slot_full[KSLICES][DEPTH];  // sm_90: one mbarrier per ring slot
   const uint32_t bars = modelab_levels::smem_addr(&slot_full[warp][0]);
   const uint32_t ring_addr = modelab_levels::smem_addr(ring);
@@ -234,21 +236,21 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
   };
   // The tile after t in this block's walk: the next grid stride, or with MLP the next of the unit's 8 tiles (one
   // group of down's K), then the first tile of the block's next unit.
-  auto next_tile = [&](int t) {
-    return MLP ? ((t & 7) == 7 ? t + 1 + 8 * (static_cast<int>(gridDim.x) - 1) : t + 1) : t + static_cast<int>(gridDim.x);
-  };
   auto advance = [&](int& t, int& step) {
     if (++step == steps) {
       step = 0;
-      t = next_tile(t);
+      if constexpr (MLP) {
+        t = (t & 7) == 7 ? t + 1 + 8 * (static_cast<int>(gridDim.x) - 1) : t + 1;
+      } else {
+        t += gridDim.x;
+      }
     }
   };
 
   pdl_launch_dependents();
   // the first DEPTH batches do not depend on the kernel before: issued before waiting for it
   uint32_t ring_s[DEPTH][BATCH];
-  const int first_tile = MLP ? 8 * static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
-  int issue_tile = first_tile, issue_step = 0;
+  int issue_tile = MLP ? 8 * blockIdx.x : blockIdx.x, issue_step = 0;
 #pragma unroll
   for (int d = 0; d < DEPTH; ++d) {
     issue(issue_tile, issue_step, d, ring_s[d]);
@@ -326,7 +328,7 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
   const uint32_t* xw = reinterpret_cast<const uint32_t*>(xs);  // bf16 pairs
   float acc_lo = 0.f, acc_hi = 0.f;  // rows quad, quad + 8 (column 2c; all columns hold the same sums)
   const float inv_k = 1.f / static_cast<float>(a.k);
-  int tile = first_tile, step = 0, buf = 0;
+  int tile = MLP ? 8 * blockIdx.x : blockIdx.x, step = 0, buf = 0;
   while (tile < tiles) {  // the same tile in every warp of the block
 #pragma unroll
     for (int d = 0; d < DEPTH; ++d) {
@@ -430,7 +432,7 @@ template <int KSLICES, int BATCH, bool NORM, bool ADD, bool GLU, bool MLP = fals
 void launch(const Args& args, int tiles, bool pdl, cudaStream_t stream) {
   auto kernel = int4_gemv_kernel<KSLICES, BATCH, NORM, ADD, GLU, MLP>;
   const int smem = KSLICES * DEPTH * BATCH * ROWS * 32 + (args.groups + BATCH) * (GROUP * 2 + 4) +
-                   2 * KSLICES * ROWS * 4;
+                   2 * KSLICES * ROWS * 4 + (MLP ? GROUP * 2 + 16 : 0);
   modelab_levels::allow_dynamic_smem(kernel, smem);
   // persistent: as many blocks as fit on the GPU at once (never more than there are tiles). Fewer, to leave each SM
   // room for the next kernel's blocks to start early under PDL, was slower: at most 1 block per SM, 1B int4 step

@@ -21,7 +21,8 @@ def test_it_builds_for_sm90a_with_products_on_the_tensor_cores(tmp_path):
     """No GPU needed: nvcc and ptxas for sm_90a, then the SASS of the norm-fused kernel with 8 warps, for each ring
     batch: 4 HMMA per group of 64 (a batch of that many groups, unrolled over the ring's slots), no I2F / I2FP among
     them (the codes become bf16 by bit operations: four LOP3s per mma, low and high nibbles of both rows), the codes
-    copied by bulk copies (UBLKCP) waited on by mbarriers; no spills in any instantiation."""
+    copied by bulk copies (UBLKCP) waited on by mbarriers; no spills in any instantiation. The MLP in one kernel:
+    more HMMA than its gate_up loop alone has (down's products), its sums leaving by RED.ADD.F32 reductions."""
     report, sass = offline_build("int4_gemv.cu", tmp_path, cuda_quant.SOURCE_DIR)
     kernels = re.findall(r"Compiling entry function '(\S*int4_gemv_kernel\S*)'.*?(\d+) bytes spill stores", report,
                          re.S)
@@ -41,6 +42,12 @@ def test_it_builds_for_sm90a_with_products_on_the_tensor_cores(tmp_path):
         # on sm_90 the codes arrive by bulk copy (TMA) into the ring, a batch per instruction, not through registers
         assert any("UBLKCP.S.G" in op for op in code) and not any("LDGSTS" in op for op in code)
         assert any("SYNCS.PHASECHK" in op for op in code)  # each slot waited on by its mbarrier
+    for ks in cuda_quant.MLP_KSLICES:  # the MLP: down's products on the tensor cores too, added by reductions
+        code = _kernel_sass(sass, f"int4_gemv_kernelILi{ks}ELi4ELb1ELb0ELb1ELb1E")
+        down = [op for op in code if op.startswith("RED")]
+        assert down and all(".ADD.F32" in op for op in down), down  # no ATOM: nothing waits on the old value
+        assert not any(op.startswith("ATOM") for op in code)
+        assert sum(op.startswith("HMMA.16816.F32.BF16") for op in code) > 4 * 4 * cuda_quant.RING_SLOTS
 
 
 @pytest.mark.parametrize("n,k,glu", [(16, 64, False), (38, 300, False), (38, 300, True), (200, 1000, True)])
