@@ -1,7 +1,8 @@
 """The decode step's int4 MLP at B = 1 on the tensor cores: the two products the step runs now (gate_up with the
 RMSNorm and SwiGLU, then down with the residual: engine/kernels/cuda_quant.py's int4_gemv, each at its tuned block)
 against the MLP in one kernel (cuda_quant.int4_mlp: down's products added into an fp32 accumulator from the block
-that formed their 64 SwiGLU features) at each of its blocks, per preset.
+that formed their 64 SwiGLU features) at each of its blocks, down's group staged in shared memory while gate_up
+runs (sm_90, where it fits) or read from global memory after it, per preset.
 
     python benchmarks/int4_mlp_bench.py [--preset 1B,7B] [--replays 10]
     (CUDA, compute capability 8.0+; the kernel library builds on first use, ~30 s)
@@ -67,16 +68,18 @@ def bench_preset(name: str, replays: int) -> dict:
     errors = {}
     for ks in cuda_quant.MLP_KSLICES:
         for batch in cuda_quant.RING_BATCHES:
-            acc = r.float()
-            cuda_quant.int4_mlp(x, gate_up, down_groups, g, 1e-5, acc, ks=ks, batch=batch)
-            err = float((acc.double() - want).norm() / want.norm())
-            errors[(ks, batch)] = err
-            if not err <= 1e-2:
-                print(f"  {name} one kernel {ks}x{batch}: off the pair by {err:.2e}, not timed", file=sys.stderr)
-                continue
-            calls = [lambda s=s, ks=ks, batch=batch: cuda_quant.int4_mlp(x, s[0], s[2], g, 1e-5, acc, ks=ks,
-                                                                         batch=batch) for s in sets]
-            times[(ks, batch)] = time_in_graph(calls, replays=replays).stats.median
+            for stage in (True, False):
+                way = (ks, batch, "staged" if stage else "global")
+                acc = r.float()
+                cuda_quant.int4_mlp(x, gate_up, down_groups, g, 1e-5, acc, ks=ks, batch=batch, stage=stage)
+                err = float((acc.double() - want).norm() / want.norm())
+                errors[way] = err
+                if not err <= 1e-2:
+                    print(f"  {name} one kernel {way}: off the pair by {err:.2e}, not timed", file=sys.stderr)
+                    continue
+                calls = [lambda s=s, ks=ks, batch=batch, stage=stage: cuda_quant.int4_mlp(
+                    x, s[0], s[2], g, 1e-5, acc, ks=ks, batch=batch, stage=stage) for s in sets]
+                times[way] = time_in_graph(calls, replays=replays).stats.median
     return {"times": times, "errors": errors, "tuned": tuned, "bytes": nbytes, "dim": c.dim, "ffn": c.ffn}
 
 
@@ -98,11 +101,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     results = {name: bench_preset(name, args.replays) for name in args.preset.split(",")}
     print(f"{torch.cuda.get_device_name()}; µs per MLP (block = warps x groups per bulk copy), weights from HBM")
-    print(f"{'preset':<7}{'dim':>6}{'ffn':>7}{'MB':>7}{'pair':>8}  one kernel by block (rel. error vs the pair)")
+    print(f"{'preset':<7}{'dim':>6}{'ffn':>7}{'MB':>7}{'pair':>8}  one kernel by block and where down's group is read "
+          "from (rel. error vs the pair)")
     for name, res in results.items():
-        blocks = "  ".join(f"{ks}x{b} {res['times'][(ks, b)]:.2f} ({res['errors'][(ks, b)]:.0e})"
-                           if (ks, b) in res["times"] else f"{ks}x{b} off ({res['errors'][(ks, b)]:.0e})"
-                           for ks, b in res["errors"])
+        blocks = "  ".join(f"{ks}x{b} {where} {res['times'][(ks, b, where)]:.2f} ({res['errors'][(ks, b, where)]:.0e})"
+                           if (ks, b, where) in res["times"] else
+                           f"{ks}x{b} {where} off ({res['errors'][(ks, b, where)]:.0e})"
+                           for ks, b, where in res["errors"])
         print(f"{name:<7}{res['dim']:>6}{res['ffn']:>7}{res['bytes'] / 1e6:>7.1f}{res['times']['pair']:>8.2f}  "
               f"{blocks}")
         for line in res["tuned"]:

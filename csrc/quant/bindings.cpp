@@ -13,7 +13,7 @@ at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Te
                           bool pdl);
 void int4_mlp_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, int64_t n,
                    const at::Tensor& norm_weight, double eps, const at::Tensor& dq, const at::Tensor& ds,
-                   const at::Tensor& acc, int64_t kslices, int64_t batch, bool pdl);
+                   const at::Tensor& acc, int64_t kslices, int64_t batch, bool pdl, bool stage);
 
 }  // namespace modelab_quant
 
@@ -21,7 +21,7 @@ TORCH_LIBRARY(modelab_quant, m) {
   m.def("int4_gemv(Tensor x, Tensor q, Tensor s, int n, Tensor? norm_weight, float eps, Tensor? residual, bool glu, "
         "int kslices, int batch, bool pdl) -> Tensor");
   m.def("int4_mlp(Tensor x, Tensor q, Tensor s, int n, Tensor norm_weight, float eps, Tensor dq, Tensor ds, "
-        "Tensor(a!) acc, int kslices, int batch, bool pdl) -> ()");
+        "Tensor(a!) acc, int kslices, int batch, bool pdl, bool stage) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(modelab_quant, CUDA, m) {

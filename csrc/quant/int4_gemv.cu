@@ -98,6 +98,7 @@ struct Args {
   const uint32_t* ds;
   float* acc;
   int dn, dtiles;
+  int down_smem;  // MLP: where down's group for a unit is staged in dynamic shared memory (bytes), 0: not staged
 };
 
 // Where x[i] sits in shared memory: within each group, the bf16 pair p = (i mod 64) / 2 (p = 8·step + 4·h + c:
@@ -110,12 +111,14 @@ __device__ __forceinline__ int x_slot(int i) {
 
 // MLP: down's products for one unit (one group of 64 of down's K, the 64 SwiGLU outputs in h, x_slot order), added
 // into a.acc. Warp w takes down's tiles w, w + KSLICES, ...: per tile, each lane loads its two rows' 8 bytes of the
-// group straight from global memory (the group-order layout keeps a tile's 512 bytes contiguous), the 4 mmas of the
-// gate_up loop multiply them by h, the group's scale and the 136 · Σh bias apply as there, and the lanes holding
-// column 0 add rows quad and quad + 8 to the accumulator (red.global.add: the units' partial sums meet there). Tiles
-// go UNROLL at a time, their loads issued before any mma.
+// group — from `staged` (the unit's group in shared memory: dtiles × 512 bytes of codes, then dtiles × 8 scale
+// words, brought in by bulk copies while gate_up ran) or, where it is null, straight from global memory (the group
+// order keeps a tile's 512 bytes contiguous) —, the 4 mmas of the gate_up loop multiply them by h, the group's scale
+// and the 136 · Σh bias apply as there, and the lanes holding column 0 add rows quad and quad + 8 to the
+// accumulator (red.global.add: the units' partial sums meet there). Tiles go UNROLL at a time, loads before mmas.
 template <int KSLICES>
-__device__ __forceinline__ void down_unit(const Args& a, const __nv_bfloat16* h, int unit, int warp, int lane) {
+__device__ __forceinline__ void down_unit(const Args& a, const __nv_bfloat16* h, int unit, int warp, int lane,
+                                          const unsigned char* staged) {
   constexpr int UNROLL = 4;
   const int quad = lane >> 2, c = lane & 3;
   float hsum = __bfloat162float(h[lane]) + __bfloat162float(h[lane + 32]);  // Σh of the values the products see
@@ -133,10 +136,17 @@ __device__ __forceinline__ void down_unit(const Args& a, const __nv_bfloat16* h,
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int t = min(t0 + u * KSLICES, a.dtiles - 1);  // past the last tile: a repeat, not added below
-      const uint32_t* src = a.dq + unit_words + static_cast<size_t>(t) * (ROWS * WORDS);
-      w_lo[u] = __ldg(reinterpret_cast<const uint2*>(src + quad * WORDS + 2 * c));
-      w_hi[u] = __ldg(reinterpret_cast<const uint2*>(src + (quad + 8) * WORDS + 2 * c));
-      sc[u] = __ldg(a.ds + (static_cast<size_t>(unit) * a.dtiles + t) * 8 + quad);
+      if (staged != nullptr) {
+        const unsigned char* tile_codes = staged + t * (ROWS * 32);
+        w_lo[u] = *reinterpret_cast<const uint2*>(tile_codes + quad * 32 + c * 8);
+        w_hi[u] = *reinterpret_cast<const uint2*>(tile_codes + (quad + 8) * 32 + c * 8);
+        sc[u] = reinterpret_cast<const uint32_t*>(staged + a.dtiles * (ROWS * 32))[t * 8 + quad];
+      } else {
+        const uint32_t* src = a.dq + unit_words + static_cast<size_t>(t) * (ROWS * WORDS);
+        w_lo[u] = __ldg(reinterpret_cast<const uint2*>(src + quad * WORDS + 2 * c));
+        w_hi[u] = __ldg(reinterpret_cast<const uint2*>(src + (quad + 8) * WORDS + 2 * c));
+        sc[u] = __ldg(a.ds + (static_cast<size_t>(unit) * a.dtiles + t) * 8 + quad);
+      }
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -177,9 +187,26 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw + KSLICES * DEPTH * BATCH * ROWS * 32);
   float* group_sum = reinterpret_cast<float*>(xs + (a.groups + BATCH) * GROUP);
   float* partial = group_sum + a.groups + BATCH;  // [2 tiles][KSLICES][ROWS]
-  // MLP: a unit's 64 SwiGLU outputs as bf16 in x_slot order, 16-byte aligned past the partial sums (launch: smem)
+  // MLP: a unit's 64 SwiGLU outputs as bf16 in x_slot order, 16-byte aligned past the partial sums, then (sm_90) the
+  // mbarrier the staging of down's group completes on; the staged group itself at a.down_smem (mlp_smem: launch)
   __nv_bfloat16* h_s = reinterpret_cast<__nv_bfloat16*>(
       (reinterpret_cast<uintptr_t>(partial + 2 * KSLICES * ROWS) + 15) & ~static_cast<uintptr_t>(15));
+  const uint32_t down_bar = modelab_levels::smem_addr(h_s + GROUP);
+  unsigned char* const staged = MLP && a.down_smem ? smem_raw + a.down_smem : nullptr;
+  uint32_t down_phase = 0;
+  // Stage unit `unit`'s group of down (codes, then scales: both contiguous in group order) by two bulk copies,
+  // counted on down_bar (two arrivals and their bytes); one thread issues them.
+  auto stage_down = [&](int unit) {
+#if defined(MODELAB_INT4_BULK)
+    if (threadIdx.x == 0 && unit < tiles / 8) {
+      const uint32_t codes = static_cast<uint32_t>(a.dtiles) * (ROWS * 32);
+      bulk_copy(modelab_levels::smem_addr(staged), a.dq + static_cast<size_t>(unit) * a.dtiles * (ROWS * WORDS),
+                codes, down_bar);
+      bulk_copy(modelab_levels::smem_addr(staged + codes), a.ds + static_cast<size_t>(unit) * a.dtiles * 8,
+                static_cast<uint32_t>(a.dtiles) * 32, down_bar);
+    }
+#endif
+  };
   __shared__ float sumsq_warp[KSLICES];
   __shared__ __align__(8) uint64_t slot_full[KSLICES][DEPTH];  // sm_90: one mbarrier per ring slot
   const uint32_t bars = modelab_levels::smem_addr(&slot_full[warp][0]);
@@ -193,6 +220,18 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
   __syncwarp();
 #endif
   uint32_t phase = 0;  // sm_90: the parity each slot's mbarrier completes next, flipped after each pass of the ring
+  if constexpr (MLP) {
+#if defined(MODELAB_INT4_BULK)
+    if (staged != nullptr) {
+      if (threadIdx.x == 0) {
+        modelab_levels::mbar_init(down_bar, 2);
+        modelab_levels::fence_mbar_init();
+      }
+      __syncthreads();  // every warp waits on it
+      stage_down(blockIdx.x);  // down's weights do not depend on the kernel before: in flight before pdl_wait
+    }
+#endif
+  }
 
   const int per_warp = (a.groups + KSLICES - 1) / KSLICES;
   const int g_begin = min(warp * per_warp, a.groups), g_end = min(g_begin + per_warp, a.groups);
@@ -413,9 +452,19 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
           }
           buf ^= 1;
           acc_lo = acc_hi = 0.f;
-          if (MLP && (tile & 7) == 7) {
-            __syncthreads();  // the unit's 64 outputs are in h_s
-            down_unit<KSLICES>(a, h_s, tile >> 3, warp, lane);
+          if constexpr (MLP) {
+            if ((tile & 7) == 7) {
+              __syncthreads();  // the unit's 64 outputs are in h_s
+#if defined(MODELAB_INT4_BULK)
+              if (staged != nullptr) modelab_levels::mbar_wait(down_bar, down_phase);  // and its group of down
+#endif
+              down_unit<KSLICES>(a, h_s, tile >> 3, warp, lane, staged);
+              if (staged != nullptr) {
+                __syncthreads();  // every warp has read the staged group: the next unit's may land there
+                stage_down((tile >> 3) + gridDim.x);
+                down_phase ^= 1;
+              }
+            }
           }
         }
         advance(tile, step);
@@ -429,10 +478,24 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
 }
 
 template <int KSLICES, int BATCH, bool NORM, bool ADD, bool GLU, bool MLP = false>
-void launch(const Args& args, int tiles, bool pdl, cudaStream_t stream) {
+void launch(const Args& args, int tiles, bool pdl, cudaStream_t stream, bool stage = false) {
   auto kernel = int4_gemv_kernel<KSLICES, BATCH, NORM, ADD, GLU, MLP>;
-  const int smem = KSLICES * DEPTH * BATCH * ROWS * 32 + (args.groups + BATCH) * (GROUP * 2 + 4) +
-                   2 * KSLICES * ROWS * 4 + (MLP ? GROUP * 2 + 16 : 0);
+  int smem = KSLICES * DEPTH * BATCH * ROWS * 32 + (args.groups + BATCH) * (GROUP * 2 + 4) + 2 * KSLICES * ROWS * 4;
+  Args a = args;
+  if (MLP) {
+    // h_s (16-byte aligned) and the staging's mbarrier, then down's group for a unit where it fits (sm_90)
+    smem = ((smem + 15) & ~15) + GROUP * 2 + 16;
+    const int staging = a.dtiles * (ROWS * 32 + 32);
+    int device = 0, optin = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    a.down_smem = 0;
+    if (stage && major >= 9 && smem + staging <= optin) {
+      a.down_smem = smem;
+      smem += staging;
+    }
+  }
   modelab_levels::allow_dynamic_smem(kernel, smem);
   // persistent: as many blocks as fit on the GPU at once (never more than there are tiles). Fewer, to leave each SM
   // room for the next kernel's blocks to start early under PDL, was slower: at most 1 block per SM, 1B int4 step
@@ -452,7 +515,7 @@ void launch(const Args& args, int tiles, bool pdl, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attr;
   config.numAttrs = pdl ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args, tiles));
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a, tiles));
 }
 
 template <int KSLICES, int BATCH>
@@ -527,10 +590,12 @@ at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Te
 // acc (down's N, fp32) += down · silu(gate) ⊙ up of gate_up · RMSNorm(x): the decode step's MLP in one kernel. gate_up
 // in tile order with glu (tile_major), its N / 2 features whole groups of 64 (one unit each); down's codes and
 // scales in group order (group_major: [group][tile][16][8], [group][tile][8][2]) for K = N / 2. acc is read and
-// written in place (it holds the residual, or zeros, before).
+// written in place (it holds the residual, or zeros, before). stage: on sm_90, bring each unit's group of down into
+// shared memory by bulk copies while its gate_up runs, where it fits beside the ring (else, and with stage false,
+// the down products read it from global memory).
 void int4_mlp_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, int64_t n,
                    const at::Tensor& norm_weight, double eps, const at::Tensor& dq, const at::Tensor& ds,
-                   const at::Tensor& acc, int64_t kslices, int64_t batch, bool pdl) {
+                   const at::Tensor& acc, int64_t kslices, int64_t batch, bool pdl, bool stage) {
   TORCH_CHECK(x.is_cuda() && q.is_cuda() && s.is_cuda() && dq.is_cuda() && ds.is_cuda() && acc.is_cuda() &&
               norm_weight.is_cuda(), "int4_mlp: CUDA tensors only");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "int4_mlp: x must be contiguous bfloat16");
@@ -555,7 +620,8 @@ void int4_mlp_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
               ds.size(1) == dtiles && ds.size(2) == ROWS / 2 && ds.size(3) == 2,
               "int4_mlp: down's s must be contiguous bfloat16 (", units, ", ", dtiles, ", 8, 2) in group order");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(dq.data_ptr()) % 16 ==
-              0, "int4_mlp: q and down's q must be 16-byte aligned");
+              0 && reinterpret_cast<uintptr_t>(ds.data_ptr()) % 16 == 0,
+              "int4_mlp: q, down's q and down's s must be 16-byte aligned (bulk copies)");
   const c10::cuda::CUDAGuard guard(x.device());
   Args args{reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), reinterpret_cast<const uint32_t*>(q.data_ptr()),
             reinterpret_cast<const uint32_t*>(s.data_ptr()),
@@ -569,13 +635,13 @@ void int4_mlp_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
   pdl = pdl && major >= 9;
   TORCH_CHECK(batch == 4 || batch == 8, "int4_mlp: batch must be 4 or 8, got ", batch);
   if (kslices == 8 && batch == 4) {
-    launch<8, 4, true, false, true, true>(args, static_cast<int>(tiles), pdl, stream);
+    launch<8, 4, true, false, true, true>(args, static_cast<int>(tiles), pdl, stream, stage);
   } else if (kslices == 8) {
-    launch<8, 8, true, false, true, true>(args, static_cast<int>(tiles), pdl, stream);
+    launch<8, 8, true, false, true, true>(args, static_cast<int>(tiles), pdl, stream, stage);
   } else if (kslices == 16 && batch == 4) {
-    launch<16, 4, true, false, true, true>(args, static_cast<int>(tiles), pdl, stream);
+    launch<16, 4, true, false, true, true>(args, static_cast<int>(tiles), pdl, stream, stage);
   } else if (kslices == 16) {
-    launch<16, 8, true, false, true, true>(args, static_cast<int>(tiles), pdl, stream);
+    launch<16, 8, true, false, true, true>(args, static_cast<int>(tiles), pdl, stream, stage);
   } else {
     TORCH_CHECK(false, "int4_mlp: kslices must be 8 or 16, got ", kslices);
   }

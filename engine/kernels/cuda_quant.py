@@ -340,11 +340,13 @@ def group_major(q: torch.Tensor, s: torch.Tensor, k: int) -> TileWeight:
 
 
 def int4_mlp(x: torch.Tensor, gate_up: TileWeight, down: TileWeight, norm_weight: torch.Tensor, eps: float,
-             acc: torch.Tensor, ks: int = 8, batch: int = 4, pdl: bool = True) -> None:
+             acc: torch.Tensor, ks: int = 8, batch: int = 4, pdl: bool = True, stage: bool = True) -> None:
     """acc (down's N, fp32) += down · (silu(gate) ⊙ up) of [gate; up] = gate_up · RMSNorm(x), in one kernel: gate_up
     with glu in tile order (`tile_major`), its N / 2 features whole groups of 64; down in group order (`group_major`)
     with K = N / 2. acc is updated in place (give it the residual, or zeros). ks: warps per block (MLP_KSLICES),
-    batch: groups per bulk copy (RING_BATCHES). ValueError before any launch for inputs the kernel does not take."""
+    batch: groups per bulk copy (RING_BATCHES). stage: on sm_90, each unit's group of down comes into shared memory
+    by bulk copies while its gate_up products run (where it fits beside the ring; else, or with stage False, the down
+    products read it from global memory). ValueError before any launch for inputs the kernel does not take."""
     features = gate_up.n // 2
     if not gate_up.glu or gate_up.by_group or features % 64:
         raise ValueError(f"int4_mlp: gate_up must be tile_major(glu=True) with N / 2 a multiple of 64, got N = "
@@ -363,4 +365,4 @@ def int4_mlp(x: torch.Tensor, gate_up: TileWeight, down: TileWeight, norm_weight
         raise ValueError("int4_mlp: x and down's weight must be on one CUDA device")
     load()
     torch.ops.modelab_quant.int4_mlp(x, gate_up.q, gate_up.s, gate_up.n, norm_weight, float(eps), down.q, down.s, acc,
-                                     ks, batch, pdl)
+                                     ks, batch, pdl, stage)

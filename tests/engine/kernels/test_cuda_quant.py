@@ -362,15 +362,17 @@ def test_auto_takes_the_tensor_core_kernel_only_where_it_was_measured_faster(mon
 
 
 @needs_kernel
+@pytest.mark.parametrize("stage", [True, False])
 @pytest.mark.parametrize("dim,ffn,ks,batch", [(256, 512, 8, 4), (256, 512, 8, 8), (256, 512, 16, 4),
                                               (256, 512, 16, 8), (200, 320, 8, 4), (200, 320, 16, 8),
                                               (2048, 8192, 8, 4), (2048, 8192, 16, 8), (4096, 11008, 16, 4)])
-def test_the_mlp_in_one_kernel_adds_what_the_two_products_give(built, dim: int, ffn: int, ks: int,
-                                                                 batch: int) -> None:
+def test_the_mlp_in_one_kernel_adds_what_the_two_products_give(built, dim: int, ffn: int, ks: int, batch: int,
+                                                                 stage: bool) -> None:
     """int4_mlp against float64: acc (the residual) + down · h, h being the GLU product's own bf16 output at the same
     block (the one kernel computes h by the same code, then multiplies it by down's group in place of writing it).
     Ragged: dim 200 (K's last group short, down's last tile part-filled), 5 units; the 1B's and 7B's shapes (128 and
-    172 units, more than some GPUs' SMs). Run twice, acc is added to, not overwritten."""
+    172 units: more than some GPUs' SMs, so a block takes a second unit, whose group is staged while the first's is
+    read). Down's group staged in shared memory (sm_90) or read from global memory. Run twice: acc is added to."""
     x, gu, g, _ = _case(2 * ffn, dim)
     _, dw, _, r = _case(dim, ffn, seed=1)
     xc, gc = x.cuda(), g.cuda()
@@ -379,10 +381,10 @@ def test_the_mlp_in_one_kernel_adds_what_the_two_products_give(built, dim: int, 
     h = cuda_quant.int4_gemv(xc, gate_up, gc, 1e-5, ks=ks, batch=batch)
     want = r.double() + quant.dequantize(dw, torch.float64) @ h.double().cpu()
     acc = r.float().cuda()
-    cuda_quant.int4_mlp(xc, gate_up, down, gc, 1e-5, acc, ks=ks, batch=batch)
+    cuda_quant.int4_mlp(xc, gate_up, down, gc, 1e-5, acc, ks=ks, batch=batch, stage=stage)
     err = float((acc.double().cpu() - want).norm() / want.norm())
     assert err < 1e-3, err  # fp32 sums (the 136 · Σh cancellation ~1e-5 a unit); a misplaced code or unit: O(1)
-    cuda_quant.int4_mlp(xc, gate_up, down, gc, 1e-5, acc, ks=ks, batch=batch)
+    cuda_quant.int4_mlp(xc, gate_up, down, gc, 1e-5, acc, ks=ks, batch=batch, stage=stage)
     twice = want + (want - r.double())
     assert float((acc.double().cpu() - twice).norm() / twice.norm()) < 1e-3
 
