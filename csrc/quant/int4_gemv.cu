@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
   float* group_sum = reinterpret_cast<float*>(xs + (a.groups + BATCH) * GROUP);
   float* partial = group_sum + a.groups + BATCH;  // [2 tiles][KSLICES][ROWS]
   // MLP: a unit's 64 SwiGLU outputs as bf16 in x_slot order, 16-byte aligned past the partial sums, then (sm_90) the
-  // mbarrier the staging of down's group completes on; the staged group itself at a.down_smem (mlp_smem: launch)
+  // mbarrier the staging of down's group completes on; the staged group itself at a.down_smem (set by launch)
   __nv_bfloat16* h_s = reinterpret_cast<__nv_bfloat16*>(
       (reinterpret_cast<uintptr_t>(partial + 2 * KSLICES * ROWS) + 15) & ~static_cast<uintptr_t>(15));
   const uint32_t down_bar = modelab_levels::smem_addr(h_s + GROUP);
