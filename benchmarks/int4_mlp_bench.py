@@ -7,12 +7,11 @@ runs (sm_90, where it fits) or read from global memory after it, per preset.
     python benchmarks/int4_mlp_bench.py [--preset 1B,7B] [--replays 10]
     (CUDA, compute capability 8.0+; the kernel library builds on first use, ~30 s)
 
-Each way is checked first: the one kernel's sums against the pair's bf16 output (relative L2 ≤ 1e-2; the pair rounds
-h and the output to bf16, the one kernel only h). Then timed as a decode step runs it (engine.timing.time_in_graph):
+Each way is checked first: the one kernel's output (x + the MLP, bf16) against the pair's (relative L2 ≤ 1e-2: both
+round to bf16, their fp32 sums in other orders). Then timed as a decode step runs it (engine.timing.time_in_graph):
 calls on rotating copies of the weights (3× the L2 in all, so they stream from HBM) back to back in one CUDA graph;
-µs per MLP. The one kernel's accumulator is not reset between calls (the step's o product would write the residual
-into it), so its figure leaves out that write; the pair's includes its residual read. Nothing here is wired into the
-decode step: this says whether it would pay (docs/quantization.md, session 28).
+µs per MLP, each with its residual (the one kernel's last block adds it and zeroes its accumulator). Nothing here is
+wired into the decode step: this says whether it would pay (docs/quantization.md, session 28).
 """
 
 from __future__ import annotations
@@ -47,13 +46,12 @@ def bench_preset(name: str, replays: int) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(c.dim, device="cuda", generator=gen).bfloat16()
     g = (1 + 0.1 * torch.randn(c.dim, device="cuda", generator=gen)).bfloat16()
-    r = torch.randn(c.dim, device="cuda", generator=gen).bfloat16()
     gate_up, down_tiles, down_groups = weights(c.dim, c.ffn, gen)
     tuned = cuda_quant.tune([gate_up, down_tiles])  # the blocks the step would run (as the mode prepares)
 
-    def pair(gu, dt):
+    def pair(gu, dt):  # the step's MLP: its input x is also its residual
         h = cuda_quant.int4_gemv(x, gu, g, 1e-5)
-        return cuda_quant.int4_gemv(h, dt, None, 0.0, r)
+        return cuda_quant.int4_gemv(h, dt, None, 0.0, x)
 
     want = pair(gate_up, down_tiles).double()
     nbytes = sum(t.numel() * t.element_size() for t in (gate_up.q, gate_up.s, down_tiles.q, down_tiles.s))
@@ -70,15 +68,15 @@ def bench_preset(name: str, replays: int) -> dict:
         for batch in cuda_quant.RING_BATCHES:
             for stage in (True, False):
                 way = (ks, batch, "staged" if stage else "global")
-                acc = r.float()
-                cuda_quant.int4_mlp(x, gate_up, down_groups, g, 1e-5, acc, ks=ks, batch=batch, stage=stage)
-                err = float((acc.double() - want).norm() / want.norm())
+                scratch = cuda_quant.mlp_scratch(c.dim, "cuda")
+                y = cuda_quant.int4_mlp(x, gate_up, down_groups, g, 1e-5, scratch, ks=ks, batch=batch, stage=stage)
+                err = float((y.double() - want).norm() / want.norm())
                 errors[way] = err
                 if not err <= 1e-2:
                     print(f"  {name} one kernel {way}: off the pair by {err:.2e}, not timed", file=sys.stderr)
                     continue
                 calls = [lambda s=s, ks=ks, batch=batch, stage=stage: cuda_quant.int4_mlp(
-                    x, s[0], s[2], g, 1e-5, acc, ks=ks, batch=batch, stage=stage) for s in sets]
+                    x, s[0], s[2], g, 1e-5, scratch, ks=ks, batch=batch, stage=stage) for s in sets]
                 times[way] = time_in_graph(calls, replays=replays).stats.median
     return {"times": times, "errors": errors, "tuned": tuned, "bytes": nbytes, "dim": c.dim, "ffn": c.ffn}
 

@@ -11,9 +11,10 @@ at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Te
                           const c10::optional<at::Tensor>& norm_weight, double eps,
                           const c10::optional<at::Tensor>& residual, bool glu, int64_t kslices, int64_t batch,
                           bool pdl);
-void int4_mlp_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, int64_t n,
-                   const at::Tensor& norm_weight, double eps, const at::Tensor& dq, const at::Tensor& ds,
-                   const at::Tensor& acc, int64_t kslices, int64_t batch, bool pdl, bool stage);
+at::Tensor int4_mlp_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, int64_t n,
+                         const at::Tensor& norm_weight, double eps, const at::Tensor& dq, const at::Tensor& ds,
+                         const at::Tensor& acc, const at::Tensor& done, int64_t kslices, int64_t batch, bool pdl,
+                         bool stage);
 
 }  // namespace modelab_quant
 
@@ -21,7 +22,7 @@ TORCH_LIBRARY(modelab_quant, m) {
   m.def("int4_gemv(Tensor x, Tensor q, Tensor s, int n, Tensor? norm_weight, float eps, Tensor? residual, bool glu, "
         "int kslices, int batch, bool pdl) -> Tensor");
   m.def("int4_mlp(Tensor x, Tensor q, Tensor s, int n, Tensor norm_weight, float eps, Tensor dq, Tensor ds, "
-        "Tensor(a!) acc, int kslices, int batch, bool pdl, bool stage) -> ()");
+        "Tensor(a!) acc, Tensor(b!) done, int kslices, int batch, bool pdl, bool stage) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(modelab_quant, CUDA, m) {

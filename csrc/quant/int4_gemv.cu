@@ -88,15 +88,17 @@ struct Args {
   const uint32_t* q;       // [tiles][groups][16][8] words
   const uint32_t* s;       // [tiles][groups][8] bf16 pairs
   const __nv_bfloat16* g;  // (K,) RMSNorm weight (NORM)
-  const __nv_bfloat16* r;  // (N,) residual (ADD)
-  __nv_bfloat16* y;        // (N,) or (N / 2,) with GLU (unused with MLP)
+  const __nv_bfloat16* r;  // (N,) residual (ADD); with MLP, x itself (down's N = K)
+  __nv_bfloat16* y;        // (N,) or (N / 2,) with GLU; with MLP down's N: x + the MLP
   int n, k, groups;
   float eps;
   // MLP only: down's codes in group order ([group][tile][16][8] words: cuda_quant.group_major), its scales
-  // ([group][tile][8] bf16 pairs), and the fp32 accumulator (down's N outputs) the products are added to
+  // ([group][tile][8] bf16 pairs), the fp32 accumulator (down's N) the blocks' products are added into and the count
+  // of blocks done — both zero before a launch, and left zero by its last block
   const uint32_t* dq;
   const uint32_t* ds;
   float* acc;
+  int* done;
   int dn, dtiles;
   int down_smem;  // MLP: where down's group for a unit is staged in dynamic shared memory (bytes), 0: not staged
 };
@@ -475,6 +477,24 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
 #if !defined(MODELAB_INT4_BULK)
   cp_async_wait<0>();  // nothing left in flight when the block exits (the groups past the last tile are empty)
 #endif
+  if constexpr (MLP) {
+    // The last block to finish its units writes y = x + acc (bf16, the same rounding as the pair's down with its
+    // residual) and zeroes acc and the count for the next launch (a CUDA graph replays this kernel as it is):
+    // each thread's reductions are made visible (threadfence) before the block counts itself done.
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(a.done, 1) == static_cast<int>(gridDim.x) - 1;
+    __syncthreads();
+    if (last) {
+      __threadfence();
+      for (int i = threadIdx.x; i < a.dn; i += blockDim.x) {
+        a.y[i] = __float2bfloat16_rn(__bfloat162float(a.r[i]) + __ldcg(a.acc + i));
+        a.acc[i] = 0.f;
+      }
+      if (threadIdx.x == 0) *a.done = 0;
+    }
+  }
 }
 
 template <int KSLICES, int BATCH, bool NORM, bool ADD, bool GLU, bool MLP = false>
@@ -587,17 +607,18 @@ at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Te
   return y;
 }
 
-// acc (down's N, fp32) += down · silu(gate) ⊙ up of gate_up · RMSNorm(x): the decode step's MLP in one kernel. gate_up
-// in tile order with glu (tile_major), its N / 2 features whole groups of 64 (one unit each); down's codes and
-// scales in group order (group_major: [group][tile][16][8], [group][tile][8][2]) for K = N / 2. acc is read and
-// written in place (it holds the residual, or zeros, before). stage: on sm_90, bring each unit's group of down into
+// y = x + down · silu(gate) ⊙ up of gate_up · RMSNorm(x): the decode step's MLP with its residual, in one kernel.
+// gate_up in tile order with glu (tile_major), its N / 2 features whole groups of 64 (one unit each); down's codes
+// and scales in group order (group_major: [group][tile][16][8], [group][tile][8][2]) for K = N / 2, N = x's K.
+// acc (fp32, down's N) and done (one int32): scratch, zero before the launch, left zero after it. stage: on sm_90, bring each unit's group of down into
 // shared memory by bulk copies while its gate_up runs, where it fits beside the ring (else, and with stage false,
 // the down products read it from global memory).
-void int4_mlp_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, int64_t n,
-                   const at::Tensor& norm_weight, double eps, const at::Tensor& dq, const at::Tensor& ds,
-                   const at::Tensor& acc, int64_t kslices, int64_t batch, bool pdl, bool stage) {
+at::Tensor int4_mlp_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, int64_t n,
+                         const at::Tensor& norm_weight, double eps, const at::Tensor& dq, const at::Tensor& ds,
+                         const at::Tensor& acc, const at::Tensor& done, int64_t kslices, int64_t batch, bool pdl,
+                         bool stage) {
   TORCH_CHECK(x.is_cuda() && q.is_cuda() && s.is_cuda() && dq.is_cuda() && ds.is_cuda() && acc.is_cuda() &&
-              norm_weight.is_cuda(), "int4_mlp: CUDA tensors only");
+              norm_weight.is_cuda() && done.is_cuda(), "int4_mlp: CUDA tensors only");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "int4_mlp: x must be contiguous bfloat16");
   const int64_t k = x.numel(), groups = (k + GROUP - 1) / GROUP;
   TORCH_CHECK(n > 0 && n % (2 * GROUP) == 0, "int4_mlp: gate_up's N must be 2 x a multiple of 64, got ", n);
@@ -611,8 +632,9 @@ void int4_mlp_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
   TORCH_CHECK(norm_weight.numel() == k && norm_weight.scalar_type() == at::kBFloat16 && norm_weight.is_contiguous(),
               "int4_mlp: norm weight must be (K,) contiguous bfloat16");
   const int64_t dn = acc.numel(), dtiles = (dn + ROWS - 1) / ROWS;
-  TORCH_CHECK(acc.scalar_type() == at::kFloat && acc.is_contiguous() && dn > 0, "int4_mlp: acc must be contiguous "
-              "float32 (down's N)");
+  TORCH_CHECK(acc.scalar_type() == at::kFloat && acc.is_contiguous() && dn == k, "int4_mlp: acc must be contiguous "
+              "float32, down's N = x's K values");
+  TORCH_CHECK(done.scalar_type() == at::kInt && done.numel() == 1, "int4_mlp: done must be one int32");
   TORCH_CHECK(dq.scalar_type() == at::kInt && dq.is_contiguous() && dq.dim() == 4 && dq.size(0) == units &&
               dq.size(1) == dtiles && dq.size(2) == ROWS && dq.size(3) == WORDS,
               "int4_mlp: down's q must be contiguous int32 (", units, ", ", dtiles, ", 16, 8) in group order");
@@ -623,12 +645,15 @@ void int4_mlp_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
               0 && reinterpret_cast<uintptr_t>(ds.data_ptr()) % 16 == 0,
               "int4_mlp: q, down's q and down's s must be 16-byte aligned (bulk copies)");
   const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty({dn}, x.options());
   Args args{reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), reinterpret_cast<const uint32_t*>(q.data_ptr()),
             reinterpret_cast<const uint32_t*>(s.data_ptr()),
-            reinterpret_cast<const __nv_bfloat16*>(norm_weight.data_ptr()), nullptr, nullptr, static_cast<int>(n),
-            static_cast<int>(k), static_cast<int>(groups), static_cast<float>(eps),
+            reinterpret_cast<const __nv_bfloat16*>(norm_weight.data_ptr()),
+            reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), reinterpret_cast<__nv_bfloat16*>(y.data_ptr()),
+            static_cast<int>(n), static_cast<int>(k), static_cast<int>(groups), static_cast<float>(eps),
             reinterpret_cast<const uint32_t*>(dq.data_ptr()), reinterpret_cast<const uint32_t*>(ds.data_ptr()),
-            reinterpret_cast<float*>(acc.data_ptr()), static_cast<int>(dn), static_cast<int>(dtiles)};
+            reinterpret_cast<float*>(acc.data_ptr()), reinterpret_cast<int*>(done.data_ptr()), static_cast<int>(dn),
+            static_cast<int>(dtiles)};
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
   int major = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device()));
@@ -645,6 +670,7 @@ void int4_mlp_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
   } else {
     TORCH_CHECK(false, "int4_mlp: kslices must be 8 or 16, got ", kslices);
   }
+  return y;
 }
 
 }  // namespace modelab_quant

@@ -27,12 +27,13 @@ graph the 7B's products together ran faster with it (docs/quantization.md has th
     int4_gemv(x, w, norm_weight, eps, residual, ks, pdl, batch) -> y
     tile_gemv(x, q, s, n, glu, norm_weight, eps, residual)   the same as a custom op (modelab::int4_tile_gemv)
     group_major(q, s, k) -> TileWeight   down's weight in group order, for int4_mlp
-    int4_mlp(x, gate_up, down, norm_weight, eps, acc, ks, batch, pdl)   acc += the MLP, in one kernel
+    int4_mlp(x, gate_up, down, norm_weight, eps, scratch, ks, batch, pdl, stage) -> x + the MLP, in one kernel
 
 The MLP in one kernel (`int4_mlp`, not yet used by the decode step: docs/quantization.md, session 28): a block takes
 a unit of 64 SwiGLU features — gate_up's 8 tiles of them, as the GLU product computes them — then multiplies them
 by down's matching group of 64 columns (every row's 32 bytes of codes, contiguous in group order) and adds its
-partial sums into an fp32 accumulator with red.global.add: no down kernel, no SwiGLU output written and read back.
+partial sums into an fp32 accumulator with red.global.add; the last block to finish writes x + the sums in bf16
+and zeroes the accumulator: no down kernel, no SwiGLU output written and read back.
 """
 
 from __future__ import annotations
@@ -339,30 +340,38 @@ def group_major(q: torch.Tensor, s: torch.Tensor, k: int) -> TileWeight:
     return TileWeight(t.q.transpose(0, 1).contiguous(), t.s.transpose(0, 1).contiguous(), t.n, t.k, False, True)
 
 
+def mlp_scratch(n: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """int4_mlp's scratch for an MLP of n outputs: an fp32 accumulator and a count of blocks done, zeros; each call
+    leaves them zero again (its last block resets them), so one pair serves every call of that MLP, graph replays
+    included — but never two calls at once."""
+    return torch.zeros(n, device=device, dtype=torch.float32), torch.zeros(1, device=device, dtype=torch.int32)
+
+
 def int4_mlp(x: torch.Tensor, gate_up: TileWeight, down: TileWeight, norm_weight: torch.Tensor, eps: float,
-             acc: torch.Tensor, ks: int = 8, batch: int = 4, pdl: bool = True, stage: bool = True) -> None:
-    """acc (down's N, fp32) += down · (silu(gate) ⊙ up) of [gate; up] = gate_up · RMSNorm(x), in one kernel: gate_up
-    with glu in tile order (`tile_major`), its N / 2 features whole groups of 64; down in group order (`group_major`)
-    with K = N / 2. acc is updated in place (give it the residual, or zeros). ks: warps per block (MLP_KSLICES),
-    batch: groups per bulk copy (RING_BATCHES). stage: on sm_90, each unit's group of down comes into shared memory
-    by bulk copies while its gate_up products run (where it fits beside the ring; else, or with stage False, the down
-    products read it from global memory). ValueError before any launch for inputs the kernel does not take."""
+             scratch: tuple[torch.Tensor, torch.Tensor], ks: int = 8, batch: int = 4, pdl: bool = True,
+             stage: bool = True) -> torch.Tensor:
+    """x + down · (silu(gate) ⊙ up) of [gate; up] = gate_up · RMSNorm(x), bf16, in one kernel: the decode step's MLP
+    with its residual. gate_up with glu in tile order (`tile_major`), its N / 2 features whole groups of 64; down in
+    group order (`group_major`) with K = N / 2 and N = x's K. scratch: `mlp_scratch(N)`. ks: warps per block
+    (MLP_KSLICES), batch: groups per bulk copy (RING_BATCHES). stage: on sm_90, each unit's group of down comes into
+    shared memory by bulk copies while its gate_up products run (where it fits beside the ring; else, or with stage
+    False, the down products read it from global memory). ValueError before any launch for inputs the kernel does
+    not take."""
     features = gate_up.n // 2
     if not gate_up.glu or gate_up.by_group or features % 64:
         raise ValueError(f"int4_mlp: gate_up must be tile_major(glu=True) with N / 2 a multiple of 64, got N = "
                          f"{gate_up.n}{'' if gate_up.glu else ' without glu'}")
-    if not down.by_group or down.k != features:
-        raise ValueError(f"int4_mlp: down must be group_major with K = gate_up's N / 2 = {features}, got K = "
-                         f"{down.k}{'' if down.by_group else ' in tile order'}")
+    if not down.by_group or down.k != features or down.n != gate_up.k:
+        raise ValueError(f"int4_mlp: down must be group_major, {gate_up.k} x {features} (gate_up's K x N / 2), got "
+                         f"{down.n} x {down.k}{'' if down.by_group else ' in tile order'}")
     if ks not in MLP_KSLICES or batch not in RING_BATCHES:
         raise ValueError(f"int4_mlp: ks must be one of {MLP_KSLICES} and batch one of {RING_BATCHES}, got {ks}, "
                          f"{batch}")
     _check(x, gate_up, norm_weight, None)
-    if acc.dtype != torch.float32 or not acc.is_contiguous() or acc.numel() != down.n or acc.device != x.device:
-        raise ValueError(f"int4_mlp: acc must be {down.n} contiguous float32 values on {x.device}, got {acc.dtype} "
-                         f"{tuple(acc.shape)} on {acc.device}")
-    if down.q.device != x.device:
-        raise ValueError("int4_mlp: x and down's weight must be on one CUDA device")
+    acc, done = scratch
+    if (acc.dtype != torch.float32 or not acc.is_contiguous() or acc.numel() != down.n or done.dtype != torch.int32
+            or done.numel() != 1 or {acc.device, done.device, down.q.device} != {x.device}):
+        raise ValueError(f"int4_mlp: scratch must be mlp_scratch({down.n}) on {x.device}")
     load()
-    torch.ops.modelab_quant.int4_mlp(x, gate_up.q, gate_up.s, gate_up.n, norm_weight, float(eps), down.q, down.s, acc,
-                                     ks, batch, pdl, stage)
+    return torch.ops.modelab_quant.int4_mlp(x, gate_up.q, gate_up.s, gate_up.n, norm_weight, float(eps), down.q,
+                                            down.s, acc, done, ks, batch, pdl, stage)
