@@ -67,6 +67,11 @@ MLP_KSLICES = (8, 16)  # int4_mlp's instantiations (with either ring batch)
 RING_SLOTS = 2  # csrc/quant/int4_gemv.cu's DEPTH: batches of codes in flight per warp
 RING_BATCHES = (4, 8)  # its BATCH instantiations: groups of 64 per batch (one bulk copy of BATCH × 16 rows × 32 bytes)
 TILE_ENV = "MODELAB_INT4_GEMV_TILE"  # "KS,BATCH" runs every product with that block (to measure); unset: tuned
+MLP_ENV = "MODELAB_INT4_MLP"  # whether the decode step's int4 MLPs run as one kernel (int4_mlp): MLP_CHOICES' keys
+MLP_CHOICES = {
+    "off": "gate_up and down as two products (the default: the one kernel has not been timed against them yet)",
+    "on": "the MLP in one kernel (int4_mlp) where both its projections take the tensor-core kernel",
+}
 
 _library = cuda_levels.CudaLibrary("cuda_quant", SOURCE_DIR, SOURCES, HEADERS, INCLUDE_DIRS)
 
@@ -130,6 +135,11 @@ def kslices(k: int) -> int:
     The untuned default: the decode step runs what `tune` measured fastest."""
     groups = -(-k // 64)
     return 16 if groups >= 64 else 8 if groups >= 32 else 4
+
+
+def mlp_wanted() -> bool:
+    """$MODELAB_INT4_MLP: on, or off (the default). ValueError naming the choices for anything else."""
+    return cuda_levels.env_choice(MLP_ENV, MLP_CHOICES, default="off") == "on"
 
 
 def tile_from_env() -> tuple[int, int] | None:
@@ -375,3 +385,22 @@ def int4_mlp(x: torch.Tensor, gate_up: TileWeight, down: TileWeight, norm_weight
     load()
     return torch.ops.modelab_quant.int4_mlp(x, gate_up.q, gate_up.s, gate_up.n, norm_weight, float(eps), down.q,
                                             down.s, acc, done, ks, batch, pdl, stage)
+
+
+@torch.library.custom_op("modelab::int4_tile_mlp", mutates_args=("acc", "done"))
+def tile_mlp(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, n: int, norm_weight: torch.Tensor, eps: float,
+             dq: torch.Tensor, ds: torch.Tensor, acc: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+    """int4_mlp as a torch custom op over the buffers engine.llm.quant.attach_int4_mlp puts on an MLP's projections:
+    x (1, K) or (K,) bf16, one row; returns x + the MLP in x's shape. acc and done (the scratch) are written during
+    the call and left zero."""
+    row = x.reshape(-1)
+    k = row.numel()
+    y = int4_mlp(row, TileWeight(q, s, n, k, True), TileWeight(dq, ds, k, n // 2, False, True), norm_weight, eps,
+                 (acc, done))
+    return y.reshape(x.shape)
+
+
+@tile_mlp.register_fake
+def _(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, n: int, norm_weight: torch.Tensor, eps: float,
+      dq: torch.Tensor, ds: torch.Tensor, acc: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)

@@ -114,6 +114,80 @@ def test_group_order_puts_each_groups_tiles_together_for_the_mlp() -> None:
         cuda_quant.int4_mlp(x, gate_up, down, g, 1e-5, scratch)
 
 
+def test_the_one_kernel_mlp_is_attached_only_when_asked_for_and_where_it_applies(monkeypatch) -> None:
+    """$MODELAB_INT4_MLP (off by default; anything but on/off refused with the choices). With it on,
+    attach_int4_mlp (CPU tensors here: tile copies made by hand) gives an MLP whose gate_up and down hold tile-order
+    codes down's group-order copy in place of its tile copy and a zero scratch, and leaves alone an MLP without tile
+    copies or whose features are not whole groups of 64."""
+    monkeypatch.delenv(cuda_quant.MLP_ENV, raising=False)
+    assert not cuda_quant.mlp_wanted()
+    monkeypatch.setenv(cuda_quant.MLP_ENV, "yes")
+    with pytest.raises(ValueError, match="choose one of off, on"):
+        cuda_quant.mlp_wanted()
+
+    def mlp(dim: int, ffn: int, tiles: bool) -> torch.nn.Module:
+        m = torch.nn.Module()
+        _, gu, _, _ = _case(2 * ffn, dim)
+        _, dw, _, _ = _case(dim, ffn, seed=1)
+        m.gate_up_proj, m.down_proj = quant.QuantLinear(gu, "triton"), quant.QuantLinear(dw, "triton")
+        if tiles:
+            for proj, glu in ((m.gate_up_proj, True), (m.down_proj, False)):
+                w = cuda_quant.tile_major(proj.q, proj.scales, proj.in_features, glu=glu)
+                proj.register_buffer("tile_q", w.q)
+                proj.register_buffer("tile_s", w.s)
+                proj.tile_glu = glu
+        return m
+
+    model = torch.nn.Module()
+    model.a, model.b, model.c = mlp(64, 128, True), mlp(64, 96, True), mlp(64, 128, False)
+    monkeypatch.setenv(cuda_quant.MLP_ENV, "off")
+    assert quant.attach_int4_mlp(model) == 0 and model.a.down_proj.tile_q is not None
+    monkeypatch.setenv(cuda_quant.MLP_ENV, "on")
+    assert quant.attach_int4_mlp(model) == 1
+    down = model.a.down_proj
+    assert getattr(down, "tile_q", None) is None and "tile_q" not in dict(down.named_buffers())
+    want = cuda_quant.group_major(down.q, down.scales, 128)
+    assert torch.equal(down.mlp_q, want.q) and torch.equal(down.mlp_s, want.s)
+    assert down.mlp_acc.shape == (64,) and not down.mlp_acc.any() and down.mlp_done.tolist() == [0]
+    for other in (model.b, model.c):  # 96 features: not whole groups of 64; c: no tile copies
+        assert getattr(other.down_proj, "mlp_q", None) is None
+
+
+def test_the_decoders_mlp_takes_the_one_op_and_its_pair_gives_the_same_step() -> None:
+    """The fused decoder's MLP calls FusedDecodeOps.mlp (its residual is its input) — once per layer and step — and
+    without a one-kernel MLP attached that op is the pair the decoder called before: the same logits, bit for bit, as
+    ops that offer no mlp (the decoder then calls norm_swiglu and linear_add itself)."""
+    from engine.kernels.triton import gemv
+    from engine.workloads.llama import build_model, preset
+
+    cfg = preset("tiny")
+    model = build_model(cfg, "cpu", torch.float32, seed=5).eval()
+    model.fuse_projections()
+    calls = []
+
+    class Counting(gemv.FusedDecodeOps):
+        @staticmethod
+        def mlp(*args):
+            calls.append(1)
+            return gemv.FusedDecodeOps.mlp(*args)
+
+    class WithoutMlp:
+        norm_linear = staticmethod(gemv.FusedDecodeOps.norm_linear)
+        norm_swiglu = staticmethod(gemv.FusedDecodeOps.norm_swiglu)
+        linear_add = staticmethod(gemv.FusedDecodeOps.linear_add)
+
+    tokens = torch.randint(0, cfg.vocab, (1, 6), generator=torch.Generator().manual_seed(2))
+    outs = []
+    for ops in (Counting, WithoutMlp):
+        model.set_fused_ops(ops)
+        model.setup_cache(1, 16)
+        with torch.no_grad():
+            model.forward_cached(tokens, torch.arange(6))
+            outs.append(model.forward_cached(tokens[:, -1:], torch.tensor([6])))
+    assert len(calls) == cfg.layers  # the one-row step only (the prefill's six rows take the modules)
+    assert torch.equal(outs[0], outs[1])
+
+
 # ---- with a GPU ---------------------------------------------------------------------------------------------------
 
 needs_kernel = pytest.mark.skipif(not GPU, reason="needs a CUDA device")
@@ -418,3 +492,32 @@ def test_the_mlp_reads_each_down_code_where_the_group_order_puts_it(built) -> No
         err = float((y.cpu().double() - want).abs().max())
         tol = 1e-2 * abs(2.5 * float(h[col])) + 2 ** -8 * float(want.abs().max())  # the products; y's bf16
         assert err <= tol, (unit, row, col, err, tol)
+
+
+@needs_kernel
+def test_the_decode_steps_mlp_runs_as_one_kernel_when_asked_for(built, monkeypatch) -> None:
+    """With $MODELAB_INT4_MLP=on, once attach_int4_tiles and attach_int4_mlp have run, FusedDecodeOps.mlp (what the
+    decoder's MLP calls) runs int4_mlp once and gives what the pair of tensor-core products gave before (both bf16,
+    their fp32 sums in other orders), twice in a row (the scratch left zero)."""
+    from engine.kernels.triton.gemv import FusedDecodeOps
+
+    dim, ffn = 2048, 1024
+    x, gu, g, _ = _case(2 * ffn, dim)
+    _, dw, _, _ = _case(dim, ffn, seed=1)
+    model = torch.nn.Module()
+    model.gate_up_proj = quant.QuantLinear(gu, "triton").cuda()
+    model.down_proj = quant.QuantLinear(dw, "triton").cuda()
+    monkeypatch.setenv(cuda_quant.IMPL_ENV, "cuda")
+    assert quant.attach_int4_tiles(model) == (2, 0)
+    xc, gc = x.cuda()[None], g.cuda()
+    pair = FusedDecodeOps.mlp(xc, gc, 1e-5, model.gate_up_proj, model.down_proj)
+    monkeypatch.setenv(cuda_quant.MLP_ENV, "on")
+    assert quant.attach_int4_mlp(model) == 1
+    calls = []
+    real = cuda_quant.int4_mlp
+    monkeypatch.setattr(cuda_quant, "int4_mlp", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for _ in range(2):
+        one = FusedDecodeOps.mlp(xc, gc, 1e-5, model.gate_up_proj, model.down_proj)
+        assert one.shape == pair.shape and one.dtype == torch.bfloat16
+        assert float((one.double() - pair.double()).norm() / pair.double().norm()) < 8e-3
+    assert len(calls) == 2
