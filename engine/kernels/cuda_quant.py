@@ -29,11 +29,12 @@ graph the 7B's products together ran faster with it (docs/quantization.md has th
     group_major(q, s, k) -> TileWeight   down's weight in group order, for int4_mlp
     int4_mlp(x, gate_up, down, norm_weight, eps, scratch, ks, batch, pdl, stage) -> x + the MLP, in one kernel
 
-The MLP in one kernel (`int4_mlp`, not yet used by the decode step: docs/quantization.md, session 28): a block takes
-a unit of 64 SwiGLU features — gate_up's 8 tiles of them, as the GLU product computes them — then multiplies them
-by down's matching group of 64 columns (every row's 32 bytes of codes, contiguous in group order) and adds its
-partial sums into an fp32 accumulator with red.global.add; the last block to finish writes x + the sums in bf16
-and zeroes the accumulator: no down kernel, no SwiGLU output written and read back.
+The MLP in one kernel (`int4_mlp`; the decode step takes it only with $MODELAB_INT4_MLP=on until it is timed:
+docs/quantization.md, session 28): a block takes a unit of 64 SwiGLU features — gate_up's 8 tiles of them, as the
+GLU product computes them — then multiplies them by down's matching group of 64 columns (every row's 32 bytes of
+codes, contiguous in group order) and adds its partial sums into an fp32 accumulator with atomic adds; the last block
+to finish writes x + the sums in bf16 and zeroes the accumulator: no down kernel, no SwiGLU output written and read
+back.
 """
 
 from __future__ import annotations

@@ -407,7 +407,6 @@ class FusedDecodeOps:
             return quant_gemv.linear_add(x, proj.q, proj.scales, residual)
         return linear_add(x, proj.weight, residual)
 
-
     @staticmethod
     def mlp(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, gate_up_proj: torch.nn.Module,
             down_proj: torch.nn.Module) -> torch.Tensor:
