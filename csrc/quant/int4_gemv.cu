@@ -117,7 +117,7 @@ __device__ __forceinline__ int x_slot(int i) {
 // words, brought in by bulk copies while gate_up ran) or, where it is null, straight from global memory (the group
 // order keeps a tile's 512 bytes contiguous) —, the 4 mmas of the gate_up loop multiply them by h, the group's scale
 // and the 136 · Σh bias apply as there, and the lanes holding column 0 add rows quad and quad + 8 to the
-// accumulator (red.global.add: the units' partial sums meet there). Tiles go UNROLL at a time, loads before mmas.
+// accumulator (fp32 atomic adds: the units' partial sums meet there). Tiles go UNROLL at a time, loads before mmas.
 template <int KSLICES>
 __device__ __forceinline__ void down_unit(const Args& a, const __nv_bfloat16* h, int unit, int warp, int lane,
                                           const unsigned char* staged) {
@@ -610,9 +610,9 @@ at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Te
 // y = x + down · silu(gate) ⊙ up of gate_up · RMSNorm(x): the decode step's MLP with its residual, in one kernel.
 // gate_up in tile order with glu (tile_major), its N / 2 features whole groups of 64 (one unit each); down's codes
 // and scales in group order (group_major: [group][tile][16][8], [group][tile][8][2]) for K = N / 2, N = x's K.
-// acc (fp32, down's N) and done (one int32): scratch, zero before the launch, left zero after it. stage: on sm_90, bring each unit's group of down into
-// shared memory by bulk copies while its gate_up runs, where it fits beside the ring (else, and with stage false,
-// the down products read it from global memory).
+// acc (fp32, down's N) and done (one int32): scratch, zero before the launch, left zero after it. stage: on sm_90,
+// bring each unit's group of down into shared memory by bulk copies while its gate_up runs, where it fits beside the
+// ring (else, and with stage false, the down products read it from global memory).
 at::Tensor int4_mlp_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, int64_t n,
                          const at::Tensor& norm_weight, double eps, const at::Tensor& dq, const at::Tensor& ds,
                          const at::Tensor& acc, const at::Tensor& done, int64_t kslices, int64_t batch, bool pdl,
