@@ -31,8 +31,6 @@ triton-levels  the L4 Triton kernels: checks and timings against torch (benchmar
 host-cost      host time per call of the Triton levels and its cProfile (benchmarks/triton_host_cost.py)
 quant          weight-only decode (issue 23): 1B and 7B, bf16 triton-fused beside every quantized mode, its modes table;
                then the prefill's dequantization per tile (prefill_dequant_bench.py; QUANT_PREFILL=0 leaves it out)
-int4-mlp       the int4 MLP in one kernel (cuda_quant.int4_mlp, not used by the decode step yet): its GPU tests, then
-               int4_mlp_bench.py (1B, 7B: the step's two products against the one kernel at each block)
 frontier       issue 26: L5 attention variants vs SDPA (unverified ones in a child first), attention levels (FRONTIER_DEEP=1:
                with ncu per kernel), 1B/7B MBU (FRONTIER_PRESETS)
 gluon-l4       the L4 attention's Gluon kernel: checked against float64 in a child process, then, if it passed, each
@@ -186,10 +184,6 @@ case $part in
              >"$out/prefill_dequant.log" 2>&1
            tail -5 "$out/prefill_dequant.log"
          fi ;;
-  int4-mlp) if PYTEST_LIMIT=300 t pytest_q tests/engine/kernels/test_cuda_quant.py -k "mlp or sm90a"; then
-              t timeout 300 python3 benchmarks/int4_mlp_bench.py >"$out/int4_mlp.log" 2>&1
-              tail -8 "$out/int4_mlp.log"
-            fi ;;
   gluon-l4) if PYTEST_LIMIT=320 t pytest_q tests/engine/kernels/test_triton_kernels.py -k "gluon or l4_"; then
               t timeout 200 python3 benchmarks/triton_kernels_gpu.py --only attn --gluon >"$out/gluon_attn.log" 2>&1
               grep -E "gluon|SDPA" "$out/gluon_attn.log" | tail -16

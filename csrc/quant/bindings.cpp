@@ -1,5 +1,4 @@
-// Registers the tensor-core int4 GEMV as the torch operator `modelab_quant::int4_gemv` and the MLP in one kernel as
-// `modelab_quant::int4_mlp` (CUDA dispatch key only).
+// Registers the tensor-core int4 GEMV as the torch operator `modelab_quant::int4_gemv` (CUDA dispatch key only).
 // engine/kernels/cuda_quant.py builds this library, loads it, validates inputs and calls the op; int4_gemv.cu checks
 // them again (TORCH_CHECK), so a direct call with bad input also fails cleanly.
 #include <ATen/ATen.h>
@@ -11,21 +10,12 @@ at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Te
                           const c10::optional<at::Tensor>& norm_weight, double eps,
                           const c10::optional<at::Tensor>& residual, bool glu, int64_t kslices, int64_t batch,
                           bool pdl);
-at::Tensor int4_mlp_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, int64_t n,
-                         const at::Tensor& norm_weight, double eps, const at::Tensor& dq, const at::Tensor& ds,
-                         const at::Tensor& acc, const at::Tensor& done, int64_t kslices, int64_t batch, bool pdl,
-                         bool stage);
 
 }  // namespace modelab_quant
 
 TORCH_LIBRARY(modelab_quant, m) {
   m.def("int4_gemv(Tensor x, Tensor q, Tensor s, int n, Tensor? norm_weight, float eps, Tensor? residual, bool glu, "
         "int kslices, int batch, bool pdl) -> Tensor");
-  m.def("int4_mlp(Tensor x, Tensor q, Tensor s, int n, Tensor norm_weight, float eps, Tensor dq, Tensor ds, "
-        "Tensor(a!) acc, Tensor(b!) done, int kslices, int batch, bool pdl, bool stage) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(modelab_quant, CUDA, m) {
-  m.impl("int4_gemv", &modelab_quant::int4_gemv_cuda);
-  m.impl("int4_mlp", &modelab_quant::int4_mlp_cuda);
-}
+TORCH_LIBRARY_IMPL(modelab_quant, CUDA, m) { m.impl("int4_gemv", &modelab_quant::int4_gemv_cuda); }

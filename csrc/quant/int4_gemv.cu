@@ -88,19 +88,10 @@ struct Args {
   const uint32_t* q;       // [tiles][groups][16][8] words
   const uint32_t* s;       // [tiles][groups][8] bf16 pairs
   const __nv_bfloat16* g;  // (K,) RMSNorm weight (NORM)
-  const __nv_bfloat16* r;  // (N,) residual (ADD); with MLP, x itself (down's N = K)
-  __nv_bfloat16* y;        // (N,) or (N / 2,) with GLU; with MLP down's N: x + the MLP
+  const __nv_bfloat16* r;  // (N,) residual (ADD)
+  __nv_bfloat16* y;        // (N,) or (N / 2,) with GLU
   int n, k, groups;
   float eps;
-  // MLP only: down's codes in group order ([group][tile][16][8] words: cuda_quant.group_major), its scales
-  // ([group][tile][8] bf16 pairs), the fp32 accumulator (down's N) the blocks' products are added into and the count
-  // of blocks done — both zero before a launch, and left zero by its last block
-  const uint32_t* dq;
-  const uint32_t* ds;
-  float* acc;
-  int* done;
-  int dn, dtiles;
-  int down_smem;  // MLP: where down's group for a unit is staged in dynamic shared memory (bytes), 0: not staged
 };
 
 // Where x[i] sits in shared memory: within each group, the bf16 pair p = (i mod 64) / 2 (p = 8·step + 4·h + c:
@@ -111,74 +102,13 @@ __device__ __forceinline__ int x_slot(int i) {
   return (i & ~(GROUP - 1)) + 2 * (8 * (p & 3) + 2 * (p >> 3) + ((p >> 2) & 1)) + (i & 1);
 }
 
-// MLP: down's products for one unit (one group of 64 of down's K, the 64 SwiGLU outputs in h, x_slot order), added
-// into a.acc. Warp w takes down's tiles w, w + KSLICES, ...: per tile, each lane loads its two rows' 8 bytes of the
-// group — from `staged` (the unit's group in shared memory: dtiles × 512 bytes of codes, then dtiles × 8 scale
-// words, brought in by bulk copies while gate_up ran) or, where it is null, straight from global memory (the group
-// order keeps a tile's 512 bytes contiguous) —, the 4 mmas of the gate_up loop multiply them by h, the group's scale
-// and the 136 · Σh bias apply as there, and the lanes holding column 0 add rows quad and quad + 8 to the
-// accumulator (fp32 atomic adds: the units' partial sums meet there). Tiles go UNROLL at a time, loads before mmas.
-template <int KSLICES>
-__device__ __forceinline__ void down_unit(const Args& a, const __nv_bfloat16* h, int unit, int warp, int lane,
-                                          const unsigned char* staged) {
-  constexpr int UNROLL = 4;
-  const int quad = lane >> 2, c = lane & 3;
-  float hsum = __bfloat162float(h[lane]) + __bfloat162float(h[lane + 32]);  // Σh of the values the products see
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) hsum += __shfl_xor_sync(0xffffffffu, hsum, off);
-  const float bias = 136.f * hsum;
-  const uint32_t* hw = reinterpret_cast<const uint32_t*>(h);
-  const uint4 xa = reinterpret_cast<const uint4*>(hw + c * 8)[0];
-  const uint4 xb = reinterpret_cast<const uint4*>(hw + c * 8)[1];
-  const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-  const size_t unit_words = static_cast<size_t>(unit) * a.dtiles * (ROWS * WORDS);
-  for (int t0 = warp; t0 < a.dtiles; t0 += KSLICES * UNROLL) {
-    uint2 w_lo[UNROLL], w_hi[UNROLL];
-    uint32_t sc[UNROLL];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int t = min(t0 + u * KSLICES, a.dtiles - 1);  // past the last tile: a repeat, not added below
-      if (staged != nullptr) {
-        const unsigned char* tile_codes = staged + t * (ROWS * 32);
-        w_lo[u] = *reinterpret_cast<const uint2*>(tile_codes + quad * 32 + c * 8);
-        w_hi[u] = *reinterpret_cast<const uint2*>(tile_codes + (quad + 8) * 32 + c * 8);
-        sc[u] = reinterpret_cast<const uint32_t*>(staged + a.dtiles * (ROWS * 32))[t * 8 + quad];
-      } else {
-        const uint32_t* src = a.dq + unit_words + static_cast<size_t>(t) * (ROWS * WORDS);
-        w_lo[u] = __ldg(reinterpret_cast<const uint2*>(src + quad * WORDS + 2 * c));
-        w_hi[u] = __ldg(reinterpret_cast<const uint2*>(src + (quad + 8) * WORDS + 2 * c));
-        sc[u] = __ldg(a.ds + (static_cast<size_t>(unit) * a.dtiles + t) * 8 + quad);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      float part[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        const uint32_t sel = ks * 0x1111u + 0x4400u;
-        const uint32_t p_lo = prmt(w_lo[u].x, w_lo[u].y, sel);
-        const uint32_t p_hi = prmt(w_hi[u].x, w_hi[u].y, sel);
-        const uint32_t frag[4] = {nibbles_to_bf16x2(p_lo), nibbles_to_bf16x2(p_hi), nibbles_to_bf16x2(p_lo >> 4),
-                                  nibbles_to_bf16x2(p_hi >> 4)};
-        Mma<__nv_bfloat16>::run(part, frag, xv[2 * ks], xv[2 * ks + 1]);
-      }
-      const int t = t0 + u * KSLICES;
-      if (c == 0 && t < a.dtiles) {
-        const int row = t * ROWS + quad;
-        if (row < a.dn) atomicAdd(a.acc + row, __uint_as_float(sc[u] << 16) * (part[0] - bias));
-        if (row + 8 < a.dn) atomicAdd(a.acc + row + 8, __uint_as_float(sc[u] & 0xFFFF0000u) * (part[2] - bias));
-      }
-    }
-  }
-}
-
 // Persistent: a block walks tiles blockIdx.x, + gridDim.x, ... (the grid is what fits on the GPU at once), so each
 // warp stages its slice of x once. Codes stream into shared memory through a ring of DEPTH batches per warp (sm_90: a
 // bulk copy per batch; before, cp.async), issued DEPTH batches ahead across tile boundaries: what is in flight costs
 // no registers (the register double buffer before it kept one batch, 2 KB a warp, in flight and reached 1.7–2.1
 // TB/s), and no ramp or drain per tile. The scales (2 bytes a row and group) are loaded into registers when their
 // batch is issued, so they too arrive DEPTH batches early.
-template <int KSLICES, int BATCH, bool NORM, bool ADD, bool GLU, bool MLP>
+template <int KSLICES, int BATCH, bool NORM, bool ADD, bool GLU>
 __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(const Args a, const int tiles) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -189,26 +119,6 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw + KSLICES * DEPTH * BATCH * ROWS * 32);
   float* group_sum = reinterpret_cast<float*>(xs + (a.groups + BATCH) * GROUP);
   float* partial = group_sum + a.groups + BATCH;  // [2 tiles][KSLICES][ROWS]
-  // MLP: a unit's 64 SwiGLU outputs as bf16 in x_slot order, 16-byte aligned past the partial sums, then (sm_90) the
-  // mbarrier the staging of down's group completes on; the staged group itself at a.down_smem (set by launch)
-  __nv_bfloat16* h_s = reinterpret_cast<__nv_bfloat16*>(
-      (reinterpret_cast<uintptr_t>(partial + 2 * KSLICES * ROWS) + 15) & ~static_cast<uintptr_t>(15));
-  const uint32_t down_bar = modelab_levels::smem_addr(h_s + GROUP);
-  unsigned char* const staged = MLP && a.down_smem ? smem_raw + a.down_smem : nullptr;
-  uint32_t down_phase = 0;
-  // Stage unit `unit`'s group of down (codes, then scales: both contiguous in group order) by two bulk copies,
-  // counted on down_bar (two arrivals and their bytes); one thread issues them.
-  auto stage_down = [&](int unit) {
-#if defined(MODELAB_INT4_BULK)
-    if (threadIdx.x == 0 && unit < tiles / 8) {
-      const uint32_t codes = static_cast<uint32_t>(a.dtiles) * (ROWS * 32);
-      bulk_copy(modelab_levels::smem_addr(staged), a.dq + static_cast<size_t>(unit) * a.dtiles * (ROWS * WORDS),
-                codes, down_bar);
-      bulk_copy(modelab_levels::smem_addr(staged + codes), a.ds + static_cast<size_t>(unit) * a.dtiles * 8,
-                static_cast<uint32_t>(a.dtiles) * 32, down_bar);
-    }
-#endif
-  };
   __shared__ float sumsq_warp[KSLICES];
   __shared__ __align__(8) uint64_t slot_full[KSLICES][DEPTH];  // sm_90: one mbarrier per ring slot
   const uint32_t bars = modelab_levels::smem_addr(&slot_full[warp][0]);
@@ -222,18 +132,6 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
   __syncwarp();
 #endif
   uint32_t phase = 0;  // sm_90: the parity each slot's mbarrier completes next, flipped after each pass of the ring
-  if constexpr (MLP) {
-#if defined(MODELAB_INT4_BULK)
-    if (staged != nullptr) {
-      if (threadIdx.x == 0) {
-        modelab_levels::mbar_init(down_bar, 2);
-        modelab_levels::fence_mbar_init();
-      }
-      __syncthreads();  // every warp waits on it
-      stage_down(blockIdx.x);  // down's weights do not depend on the kernel before: in flight before pdl_wait
-    }
-#endif
-  }
 
   const int per_warp = (a.groups + KSLICES - 1) / KSLICES;
   const int g_begin = min(warp * per_warp, a.groups), g_end = min(g_begin + per_warp, a.groups);
@@ -275,23 +173,17 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
     cp_async_commit();
 #endif
   };
-  // The tile after t in this block's walk: the next grid stride, or with MLP the next of the unit's 8 tiles (one
-  // group of down's K), then the first tile of the block's next unit.
   auto advance = [&](int& t, int& step) {
     if (++step == steps) {
       step = 0;
-      if constexpr (MLP) {
-        t = (t & 7) == 7 ? t + 1 + 8 * (static_cast<int>(gridDim.x) - 1) : t + 1;
-      } else {
-        t += gridDim.x;
-      }
+      t += gridDim.x;
     }
   };
 
   pdl_launch_dependents();
   // the first DEPTH batches do not depend on the kernel before: issued before waiting for it
   uint32_t ring_s[DEPTH][BATCH];
-  int issue_tile = MLP ? 8 * blockIdx.x : blockIdx.x, issue_step = 0;
+  int issue_tile = blockIdx.x, issue_step = 0;
 #pragma unroll
   for (int d = 0; d < DEPTH; ++d) {
     issue(issue_tile, issue_step, d, ring_s[d]);
@@ -369,7 +261,7 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
   const uint32_t* xw = reinterpret_cast<const uint32_t*>(xs);  // bf16 pairs
   float acc_lo = 0.f, acc_hi = 0.f;  // rows quad, quad + 8 (column 2c; all columns hold the same sums)
   const float inv_k = 1.f / static_cast<float>(a.k);
-  int tile = MLP ? 8 * blockIdx.x : blockIdx.x, step = 0, buf = 0;
+  int tile = blockIdx.x, step = 0, buf = 0;
   while (tile < tiles) {  // the same tile in every warp of the block
 #pragma unroll
     for (int d = 0; d < DEPTH; ++d) {
@@ -437,10 +329,7 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
               sums[i] = v;  // this thread's own slot of warp 0, read below by the gate row's thread only
               __syncwarp(0xffffu);
               const int j = tile * (ROWS / 2) + i;
-              if (MLP && i < 8) {  // the unit's feature 8 (tile mod 8) + i (a.n / 2 is whole units: no tail)
-                const float gate = v, up = sums[i + 8];
-                h_s[x_slot(8 * (tile & 7) + i)] = __float2bfloat16_rn(gate / (1.f + __expf(-gate)) * up);
-              } else if (i < 8 && j < a.n / 2) {
+              if (i < 8 && j < a.n / 2) {
                 const float gate = v, up = sums[i + 8];
                 a.y[j] = __float2bfloat16_rn(gate / (1.f + __expf(-gate)) * up);
               }
@@ -454,20 +343,6 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
           }
           buf ^= 1;
           acc_lo = acc_hi = 0.f;
-          if constexpr (MLP) {
-            if ((tile & 7) == 7) {
-              __syncthreads();  // the unit's 64 outputs are in h_s
-#if defined(MODELAB_INT4_BULK)
-              if (staged != nullptr) modelab_levels::mbar_wait(down_bar, down_phase);  // and its group of down
-#endif
-              down_unit<KSLICES>(a, h_s, tile >> 3, warp, lane, staged);
-              if (staged != nullptr) {
-                __syncthreads();  // every warp has read the staged group: the next unit's may land there
-                stage_down((tile >> 3) + gridDim.x);
-                down_phase ^= 1;
-              }
-            }
-          }
         }
         advance(tile, step);
       }
@@ -477,45 +352,13 @@ __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(c
 #if !defined(MODELAB_INT4_BULK)
   cp_async_wait<0>();  // nothing left in flight when the block exits (the groups past the last tile are empty)
 #endif
-  if constexpr (MLP) {
-    // The last block to finish its units writes y = x + acc (bf16, the same rounding as the pair's down with its
-    // residual) and zeroes acc and the count for the next launch (a CUDA graph replays this kernel as it is):
-    // each thread's reductions are made visible (threadfence) before the block counts itself done.
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(a.done, 1) == static_cast<int>(gridDim.x) - 1;
-    __syncthreads();
-    if (last) {
-      __threadfence();
-      for (int i = threadIdx.x; i < a.dn; i += blockDim.x) {
-        a.y[i] = __float2bfloat16_rn(__bfloat162float(a.r[i]) + __ldcg(a.acc + i));
-        a.acc[i] = 0.f;
-      }
-      if (threadIdx.x == 0) *a.done = 0;
-    }
-  }
 }
 
-template <int KSLICES, int BATCH, bool NORM, bool ADD, bool GLU, bool MLP = false>
-void launch(const Args& args, int tiles, bool pdl, cudaStream_t stream, bool stage = false) {
-  auto kernel = int4_gemv_kernel<KSLICES, BATCH, NORM, ADD, GLU, MLP>;
-  int smem = KSLICES * DEPTH * BATCH * ROWS * 32 + (args.groups + BATCH) * (GROUP * 2 + 4) + 2 * KSLICES * ROWS * 4;
-  Args a = args;
-  if (MLP) {
-    // h_s (16-byte aligned) and the staging's mbarrier, then down's group for a unit where it fits (sm_90)
-    smem = ((smem + 15) & ~15) + GROUP * 2 + 16;
-    const int staging = a.dtiles * (ROWS * 32 + 32);
-    int device = 0, optin = 0, major = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    a.down_smem = 0;
-    if (stage && major >= 9 && smem + staging <= optin) {
-      a.down_smem = smem;
-      smem += staging;
-    }
-  }
+template <int KSLICES, int BATCH, bool NORM, bool ADD, bool GLU>
+void launch(const Args& args, int tiles, bool pdl, cudaStream_t stream) {
+  auto kernel = int4_gemv_kernel<KSLICES, BATCH, NORM, ADD, GLU>;
+  const int smem = KSLICES * DEPTH * BATCH * ROWS * 32 + (args.groups + BATCH) * (GROUP * 2 + 4) +
+                   2 * KSLICES * ROWS * 4;
   modelab_levels::allow_dynamic_smem(kernel, smem);
   // persistent: as many blocks as fit on the GPU at once (never more than there are tiles). Fewer, to leave each SM
   // room for the next kernel's blocks to start early under PDL, was slower: at most 1 block per SM, 1B int4 step
@@ -525,8 +368,7 @@ void launch(const Args& args, int tiles, bool pdl, cudaStream_t stream, bool sta
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, KSLICES * 32, smem));
   cudaLaunchConfig_t config = {};
-  const int work = MLP ? tiles / 8 : tiles;  // MLP: a block's unit of work is 8 tiles (one group of down's K)
-  config.gridDim = dim3(std::max(1, std::min(work, sms * std::max(per_sm, 1))));
+  config.gridDim = dim3(std::max(1, std::min(tiles, sms * std::max(per_sm, 1))));
   config.blockDim = dim3(KSLICES * 32);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
@@ -535,7 +377,7 @@ void launch(const Args& args, int tiles, bool pdl, cudaStream_t stream, bool sta
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attr;
   config.numAttrs = pdl ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a, tiles));
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args, tiles));
 }
 
 template <int KSLICES, int BATCH>
@@ -603,72 +445,6 @@ at::Tensor int4_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Te
     case 8: dispatch_batch<8>(args, static_cast<int>(tiles), norm, add, glu, batch, pdl, stream); break;
     case 16: dispatch_batch<16>(args, static_cast<int>(tiles), norm, add, glu, batch, pdl, stream); break;
     default: TORCH_CHECK(false, "int4_gemv: kslices must be 4, 8 or 16, got ", kslices);
-  }
-  return y;
-}
-
-// y = x + down · silu(gate) ⊙ up of gate_up · RMSNorm(x): the decode step's MLP with its residual, in one kernel.
-// gate_up in tile order with glu (tile_major), its N / 2 features whole groups of 64 (one unit each); down's codes
-// and scales in group order (group_major: [group][tile][16][8], [group][tile][8][2]) for K = N / 2, N = x's K.
-// acc (fp32, down's N) and done (one int32): scratch, zero before the launch, left zero after it. stage: on sm_90,
-// bring each unit's group of down into shared memory by bulk copies while its gate_up runs, where it fits beside the
-// ring (else, and with stage false, the down products read it from global memory).
-at::Tensor int4_mlp_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, int64_t n,
-                         const at::Tensor& norm_weight, double eps, const at::Tensor& dq, const at::Tensor& ds,
-                         const at::Tensor& acc, const at::Tensor& done, int64_t kslices, int64_t batch, bool pdl,
-                         bool stage) {
-  TORCH_CHECK(x.is_cuda() && q.is_cuda() && s.is_cuda() && dq.is_cuda() && ds.is_cuda() && acc.is_cuda() &&
-              norm_weight.is_cuda() && done.is_cuda(), "int4_mlp: CUDA tensors only");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "int4_mlp: x must be contiguous bfloat16");
-  const int64_t k = x.numel(), groups = (k + GROUP - 1) / GROUP;
-  TORCH_CHECK(n > 0 && n % (2 * GROUP) == 0, "int4_mlp: gate_up's N must be 2 x a multiple of 64, got ", n);
-  const int64_t tiles = n / 2 / (ROWS / 2), units = n / 2 / GROUP;
-  TORCH_CHECK(q.scalar_type() == at::kInt && q.is_contiguous() && q.dim() == 4 && q.size(0) == tiles &&
-              q.size(1) == groups && q.size(2) == ROWS && q.size(3) == WORDS,
-              "int4_mlp: gate_up's q must be contiguous int32 (", tiles, ", ", groups, ", 16, 8) in tile order");
-  TORCH_CHECK(s.scalar_type() == at::kBFloat16 && s.is_contiguous() && s.dim() == 4 && s.size(0) == tiles &&
-              s.size(1) == groups && s.size(2) == ROWS / 2 && s.size(3) == 2,
-              "int4_mlp: gate_up's s must be contiguous bfloat16 (", tiles, ", ", groups, ", 8, 2) in tile order");
-  TORCH_CHECK(norm_weight.numel() == k && norm_weight.scalar_type() == at::kBFloat16 && norm_weight.is_contiguous(),
-              "int4_mlp: norm weight must be (K,) contiguous bfloat16");
-  const int64_t dn = acc.numel(), dtiles = (dn + ROWS - 1) / ROWS;
-  TORCH_CHECK(acc.scalar_type() == at::kFloat && acc.is_contiguous() && dn == k, "int4_mlp: acc must be contiguous "
-              "float32, down's N = x's K values");
-  TORCH_CHECK(done.scalar_type() == at::kInt && done.numel() == 1, "int4_mlp: done must be one int32");
-  TORCH_CHECK(dq.scalar_type() == at::kInt && dq.is_contiguous() && dq.dim() == 4 && dq.size(0) == units &&
-              dq.size(1) == dtiles && dq.size(2) == ROWS && dq.size(3) == WORDS,
-              "int4_mlp: down's q must be contiguous int32 (", units, ", ", dtiles, ", 16, 8) in group order");
-  TORCH_CHECK(ds.scalar_type() == at::kBFloat16 && ds.is_contiguous() && ds.dim() == 4 && ds.size(0) == units &&
-              ds.size(1) == dtiles && ds.size(2) == ROWS / 2 && ds.size(3) == 2,
-              "int4_mlp: down's s must be contiguous bfloat16 (", units, ", ", dtiles, ", 8, 2) in group order");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(dq.data_ptr()) % 16 ==
-              0 && reinterpret_cast<uintptr_t>(ds.data_ptr()) % 16 == 0,
-              "int4_mlp: q, down's q and down's s must be 16-byte aligned (bulk copies)");
-  const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor y = at::empty({dn}, x.options());
-  Args args{reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), reinterpret_cast<const uint32_t*>(q.data_ptr()),
-            reinterpret_cast<const uint32_t*>(s.data_ptr()),
-            reinterpret_cast<const __nv_bfloat16*>(norm_weight.data_ptr()),
-            reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), reinterpret_cast<__nv_bfloat16*>(y.data_ptr()),
-            static_cast<int>(n), static_cast<int>(k), static_cast<int>(groups), static_cast<float>(eps),
-            reinterpret_cast<const uint32_t*>(dq.data_ptr()), reinterpret_cast<const uint32_t*>(ds.data_ptr()),
-            reinterpret_cast<float*>(acc.data_ptr()), reinterpret_cast<int*>(done.data_ptr()), static_cast<int>(dn),
-            static_cast<int>(dtiles)};
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
-  int major = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device()));
-  pdl = pdl && major >= 9;
-  TORCH_CHECK(batch == 4 || batch == 8, "int4_mlp: batch must be 4 or 8, got ", batch);
-  if (kslices == 8 && batch == 4) {
-    launch<8, 4, true, false, true, true>(args, static_cast<int>(tiles), pdl, stream, stage);
-  } else if (kslices == 8) {
-    launch<8, 8, true, false, true, true>(args, static_cast<int>(tiles), pdl, stream, stage);
-  } else if (kslices == 16 && batch == 4) {
-    launch<16, 4, true, false, true, true>(args, static_cast<int>(tiles), pdl, stream, stage);
-  } else if (kslices == 16) {
-    launch<16, 8, true, false, true, true>(args, static_cast<int>(tiles), pdl, stream, stage);
-  } else {
-    TORCH_CHECK(false, "int4_mlp: kslices must be 8 or 16, got ", kslices);
   }
   return y;
 }

@@ -26,15 +26,6 @@ graph the 7B's products together ran faster with it (docs/quantization.md has th
     tune(weights) -> lines   time the 6 blocks per distinct product, keep the fastest (`block` reads it)
     int4_gemv(x, w, norm_weight, eps, residual, ks, pdl, batch) -> y
     tile_gemv(x, q, s, n, glu, norm_weight, eps, residual)   the same as a custom op (modelab::int4_tile_gemv)
-    group_major(q, s, k) -> TileWeight   down's weight in group order, for int4_mlp
-    int4_mlp(x, gate_up, down, norm_weight, eps, scratch, ks, batch, pdl, stage) -> x + the MLP, in one kernel
-
-The MLP in one kernel (`int4_mlp`; the decode step takes it only with $MODELAB_INT4_MLP=on until it is timed:
-docs/quantization.md, session 28): a block takes a unit of 64 SwiGLU features — gate_up's 8 tiles of them, as the
-GLU product computes them — then multiplies them by down's matching group of 64 columns (every row's 32 bytes of
-codes, contiguous in group order) and adds its partial sums into an fp32 accumulator with atomic adds; the last block
-to finish writes x + the sums in bf16 and zeroes the accumulator: no down kernel, no SwiGLU output written and read
-back.
 """
 
 from __future__ import annotations
@@ -64,15 +55,9 @@ IMPLS = {
 # 19, tuned blocks: 8 warps for K = 2048 — with 4 warps and the deeper ring of session 16 it was 516.5 against 468.8).
 AUTO_MIN_K = 2048
 KSLICES = (4, 8, 16)  # warps per block, each a slice of K (the kernel's instantiations)
-MLP_KSLICES = (8, 16)  # int4_mlp's instantiations (with either ring batch)
 RING_SLOTS = 2  # csrc/quant/int4_gemv.cu's DEPTH: batches of codes in flight per warp
 RING_BATCHES = (4, 8)  # its BATCH instantiations: groups of 64 per batch (one bulk copy of BATCH × 16 rows × 32 bytes)
 TILE_ENV = "MODELAB_INT4_GEMV_TILE"  # "KS,BATCH" runs every product with that block (to measure); unset: tuned
-MLP_ENV = "MODELAB_INT4_MLP"  # whether the decode step's int4 MLPs run as one kernel (int4_mlp): MLP_CHOICES' keys
-MLP_CHOICES = {
-    "off": "gate_up and down as two products (the default: the one kernel has not been timed against them yet)",
-    "on": "the MLP in one kernel (int4_mlp) where both its projections take the tensor-core kernel",
-}
 
 _library = cuda_levels.CudaLibrary("cuda_quant", SOURCE_DIR, SOURCES, HEADERS, INCLUDE_DIRS)
 
@@ -136,11 +121,6 @@ def kslices(k: int) -> int:
     The untuned default: the decode step runs what `tune` measured fastest."""
     groups = -(-k // 64)
     return 16 if groups >= 64 else 8 if groups >= 32 else 4
-
-
-def mlp_wanted() -> bool:
-    """$MODELAB_INT4_MLP: on, or off (the default). ValueError naming the choices for anything else."""
-    return cuda_levels.env_choice(MLP_ENV, MLP_CHOICES, default="off") == "on"
 
 
 def tile_from_env() -> tuple[int, int] | None:
@@ -237,15 +217,13 @@ def tune(weights: Iterable[TileWeight], l2_multiple: float = 3.0, replays: int =
 @dataclass(frozen=True)
 class TileWeight:
     """An int4 weight in the kernel's tile order (`tile_major`): q (tiles, groups, 16, 8) int32 words and s (tiles,
-    groups, 8, 2) bf16, for n output rows (n / 2 outputs with glu) of k inputs; by_group (`group_major`): the first
-    two axes swapped, (groups, tiles, ...)."""
+    groups, 8, 2) bf16, for n output rows (n / 2 outputs with glu) of k inputs."""
 
     q: torch.Tensor
     s: torch.Tensor
     n: int
     k: int
     glu: bool
-    by_group: bool = False
 
 
 def tile_rows(n: int, glu: bool) -> torch.Tensor:
@@ -341,67 +319,3 @@ def tile_gemv(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, n: int, glu: bo
 def _(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, n: int, glu: bool, norm_weight: torch.Tensor | None,
       eps: float, residual: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], n // 2 if glu else n))
-
-
-def group_major(q: torch.Tensor, s: torch.Tensor, k: int) -> TileWeight:
-    """A packed int4 weight (as tile_major takes it) in group order, the down product's layout for int4_mlp: group g's
-    16-row tiles one after another, so that the block holding the 64 SwiGLU features of group g reads its 32 bytes of
-    every row as one contiguous run. Runs once per weight, on the weight's device."""
-    t = tile_major(q, s, k)
-    return TileWeight(t.q.transpose(0, 1).contiguous(), t.s.transpose(0, 1).contiguous(), t.n, t.k, False, True)
-
-
-def mlp_scratch(n: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """int4_mlp's scratch for an MLP of n outputs: an fp32 accumulator and a count of blocks done, zeros; each call
-    leaves them zero again (its last block resets them), so one pair serves every call of that MLP, graph replays
-    included — but never two calls at once."""
-    return torch.zeros(n, device=device, dtype=torch.float32), torch.zeros(1, device=device, dtype=torch.int32)
-
-
-def int4_mlp(x: torch.Tensor, gate_up: TileWeight, down: TileWeight, norm_weight: torch.Tensor, eps: float,
-             scratch: tuple[torch.Tensor, torch.Tensor], ks: int = 8, batch: int = 4, pdl: bool = True,
-             stage: bool = True) -> torch.Tensor:
-    """x + down · (silu(gate) ⊙ up) of [gate; up] = gate_up · RMSNorm(x), bf16, in one kernel: the decode step's MLP
-    with its residual. gate_up with glu in tile order (`tile_major`), its N / 2 features whole groups of 64; down in
-    group order (`group_major`) with K = N / 2 and N = x's K. scratch: `mlp_scratch(N)`. ks: warps per block
-    (MLP_KSLICES), batch: groups per bulk copy (RING_BATCHES). stage: on sm_90, each unit's group of down comes into
-    shared memory by bulk copies while its gate_up products run (where it fits beside the ring; else, or with stage
-    False, the down products read it from global memory). ValueError before any launch for inputs the kernel does
-    not take."""
-    features = gate_up.n // 2
-    if not gate_up.glu or gate_up.by_group or features % 64:
-        raise ValueError(f"int4_mlp: gate_up must be tile_major(glu=True) with N / 2 a multiple of 64, got N = "
-                         f"{gate_up.n}{'' if gate_up.glu else ' without glu'}")
-    if not down.by_group or down.k != features or down.n != gate_up.k:
-        raise ValueError(f"int4_mlp: down must be group_major, {gate_up.k} x {features} (gate_up's K x N / 2), got "
-                         f"{down.n} x {down.k}{'' if down.by_group else ' in tile order'}")
-    if ks not in MLP_KSLICES or batch not in RING_BATCHES:
-        raise ValueError(f"int4_mlp: ks must be one of {MLP_KSLICES} and batch one of {RING_BATCHES}, got {ks}, "
-                         f"{batch}")
-    _check(x, gate_up, norm_weight, None)
-    acc, done = scratch
-    if (acc.dtype != torch.float32 or not acc.is_contiguous() or acc.numel() != down.n or done.dtype != torch.int32
-            or done.numel() != 1 or {acc.device, done.device, down.q.device} != {x.device}):
-        raise ValueError(f"int4_mlp: scratch must be mlp_scratch({down.n}) on {x.device}")
-    load()
-    return torch.ops.modelab_quant.int4_mlp(x, gate_up.q, gate_up.s, gate_up.n, norm_weight, float(eps), down.q,
-                                            down.s, acc, done, ks, batch, pdl, stage)
-
-
-@torch.library.custom_op("modelab::int4_tile_mlp", mutates_args=("acc", "done"))
-def tile_mlp(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, n: int, norm_weight: torch.Tensor, eps: float,
-             dq: torch.Tensor, ds: torch.Tensor, acc: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
-    """int4_mlp as a torch custom op over the buffers engine.llm.quant.attach_int4_mlp puts on an MLP's projections:
-    x (1, K) or (K,) bf16, one row; returns x + the MLP in x's shape. acc and done (the scratch) are written during
-    the call and left zero."""
-    row = x.reshape(-1)
-    k = row.numel()
-    y = int4_mlp(row, TileWeight(q, s, n, k, True), TileWeight(dq, ds, k, n // 2, False, True), norm_weight, eps,
-                 (acc, done))
-    return y.reshape(x.shape)
-
-
-@tile_mlp.register_fake
-def _(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, n: int, norm_weight: torch.Tensor, eps: float,
-      dq: torch.Tensor, ds: torch.Tensor, acc: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x)

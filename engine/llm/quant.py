@@ -358,35 +358,6 @@ def attach_int4_tiles(model: nn.Module) -> tuple[int, int]:
     return attached, left
 
 
-def attach_int4_mlp(model: nn.Module) -> int:
-    """With $MODELAB_INT4_MLP=on: give every MLP whose gate_up and down both hold tile-order int4 codes
-    (attach_int4_tiles) what the one-kernel MLP (engine.kernels.cuda_quant.int4_mlp) reads: down's codes in group
-    order (buffers mlp_q, mlp_s, in place of its tile-order copy, which only the pair it replaces would read) and its
-    scratch (mlp_acc, mlp_done); the decode step's fused MLP (FusedDecodeOps.mlp) then runs as one kernel. An MLP
-    whose features are not whole groups of 64 keeps the pair. Returns how many MLPs run as one kernel."""
-    from engine.kernels import cuda_quant
-
-    if not cuda_quant.mlp_wanted():
-        return 0
-    count = 0
-    for module in model.modules():
-        gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
-        if not (isinstance(gate_up, QuantLinear) and isinstance(down, QuantLinear)
-                and getattr(gate_up, "tile_q", None) is not None and gate_up.tile_glu
-                and getattr(down, "tile_q", None) is not None and gate_up.out_features % 128 == 0
-                and down.in_features == gate_up.out_features // 2 and down.out_features == gate_up.in_features):
-            continue
-        w = cuda_quant.group_major(down.q, down.scales, down.in_features)
-        del down.tile_q, down.tile_s
-        down.register_buffer("mlp_q", w.q)
-        down.register_buffer("mlp_s", w.s)
-        acc, done = cuda_quant.mlp_scratch(down.out_features, down.q.device)
-        down.register_buffer("mlp_acc", acc)
-        down.register_buffer("mlp_done", done)
-        count += 1
-    return count
-
-
 def use_tensor_core_int4(model: nn.Module, device: str) -> list[str]:
     """Where $MODELAB_INT4_GEMV sends some of the model's int4 products to the tensor-core GEMV on this device
     (engine.kernels.cuda_quant.takes): build (cached) and load it, then give those projections their tile-order copy
@@ -400,11 +371,6 @@ def use_tensor_core_int4(model: nn.Module, device: str) -> list[str]:
         notes.append(f"{attached} int4 projections take the tensor-core kernel, their codes also held in its tile "
                      "order (a second copy in memory)" + (f"; {left} left on the Triton kernel: their copy would not "
                                                          "fit beside the device's reserve" if left else ""))
-        mlps = attach_int4_mlp(model)
-        if cuda_quant.mlp_wanted():
-            notes.append(f"${cuda_quant.MLP_ENV}=on: {mlps} MLPs run as one kernel (gate_up, SwiGLU, down and the "
-                         "residual; down's codes held in group order in place of its tile order); blocks untuned (8 "
-                         "warps x 4-group batches)")
         forced = cuda_quant.tile_from_env()
         if forced is not None:
             notes.append(f"int4 tensor-core GEMV blocks: {forced[0]} warps × {forced[1]}-group batches for every "

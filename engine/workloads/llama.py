@@ -168,9 +168,8 @@ class Attention(nn.Module):
         # The decode step's one-row products with the norm before them / the residual after them inside the product
         # (norm_linear(x, norm_w, eps, proj), norm_swiglu(x, norm_w, eps, gate_up_proj) = silu(gate) · up,
         # linear_add(x, proj, residual), each given the projection module, so a quantized one brings its codes and
-        # scales; optionally mlp(x, norm_w, eps, gate_up_proj, down_proj) = x + the MLP, which the MLP takes in place
-        # of the last two where its residual is its input); None: the plain modules. Set through
-        # LlamaDecoder.set_fused_ops (the LLM lab's triton-fused mode: engine.kernels.triton.gemv.FusedDecodeOps).
+        # scales); None: the plain modules. Set through LlamaDecoder.set_fused_ops (the LLM lab's triton-fused mode:
+        # engine.kernels.triton.gemv.FusedDecodeOps).
         self.fused_ops: Any = None
 
     def fuse(self) -> None:
@@ -286,8 +285,6 @@ class MLP(nn.Module):
         """SwiGLU of x (normalised by `norm` first when given), plus `residual` when given."""
         if self.fused_ops is not None and norm is not None and residual is not None and self.gate_up_proj is not None \
                 and x.shape[-2] == 1:
-            if residual is x and hasattr(self.fused_ops, "mlp"):  # the decoder layer's case: one op, maybe one kernel
-                return self.fused_ops.mlp(x, norm.weight, norm.eps, self.gate_up_proj, self.down_proj)
             hidden = self.fused_ops.norm_swiglu(x, norm.weight, norm.eps, self.gate_up_proj)
             return self.fused_ops.linear_add(hidden, self.down_proj, residual)
         if norm is not None:

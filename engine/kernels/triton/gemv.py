@@ -407,19 +407,6 @@ class FusedDecodeOps:
             return quant_gemv.linear_add(x, proj.q, proj.scales, residual)
         return linear_add(x, proj.weight, residual)
 
-    @staticmethod
-    def mlp(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, gate_up_proj: torch.nn.Module,
-            down_proj: torch.nn.Module) -> torch.Tensor:
-        """x + down(silu(gate) · up) of [gate; up] = gate_up(RMSNorm(x)): the MLP with its residual, x itself. One
-        kernel where the projections hold the one-kernel MLP's layouts (engine.llm.quant.attach_int4_mlp, with
-        $MODELAB_INT4_MLP=on), else norm_swiglu then linear_add."""
-        if getattr(down_proj, "mlp_q", None) is not None and x.is_cuda and x.numel() == x.shape[-1]:
-            return cuda_quant.tile_mlp(x, gate_up_proj.tile_q, gate_up_proj.tile_s, gate_up_proj.out_features,
-                                       norm_weight, eps, down_proj.mlp_q, down_proj.mlp_s, down_proj.mlp_acc,
-                                       down_proj.mlp_done)
-        hidden = FusedDecodeOps.norm_swiglu(x, norm_weight, eps, gate_up_proj)
-        return FusedDecodeOps.linear_add(hidden, down_proj, x)
-
 
 def _reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.linear(x.double(), w.double())

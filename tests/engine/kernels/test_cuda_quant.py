@@ -21,14 +21,11 @@ def test_it_builds_for_sm90a_with_products_on_the_tensor_cores(tmp_path):
     """No GPU needed: nvcc and ptxas for sm_90a, then the SASS of the norm-fused kernel with 8 warps, for each ring
     batch: 4 HMMA per group of 64 (a batch of that many groups, unrolled over the ring's slots), no I2F / I2FP among
     them (the codes become bf16 by bit operations: four LOP3s per mma, low and high nibbles of both rows), the codes
-    copied by bulk copies (UBLKCP) waited on by mbarriers; no spills in any instantiation. The MLP in one kernel:
-    more HMMA than its gate_up loop alone has (down's products), its sums leaving by fp32 atomic adds."""
+    copied by bulk copies (UBLKCP) waited on by mbarriers; no spills in any instantiation."""
     report, sass = offline_build("int4_gemv.cu", tmp_path, cuda_quant.SOURCE_DIR)
     kernels = re.findall(r"Compiling entry function '(\S*int4_gemv_kernel\S*)'.*?(\d+) bytes spill stores", report,
                          re.S)
-    # four fusions at every block, and the MLP in one kernel (int4_mlp) at its blocks
-    want = (4 * len(cuda_quant.KSLICES) + len(cuda_quant.MLP_KSLICES)) * len(cuda_quant.RING_BATCHES)
-    assert len(kernels) == want, report[-4000:]
+    assert len(kernels) == 4 * len(cuda_quant.KSLICES) * len(cuda_quant.RING_BATCHES), report[-4000:]
     assert all(s == "0" for _, s in kernels), report[-4000:]
     for batch in cuda_quant.RING_BATCHES:
         code = _kernel_sass(sass, f"int4_gemv_kernelILi8ELi{batch}ELb1ELb0ELb0E")  # KSLICES 8, BATCH, NORM
@@ -42,13 +39,6 @@ def test_it_builds_for_sm90a_with_products_on_the_tensor_cores(tmp_path):
         # on sm_90 the codes arrive by bulk copy (TMA) into the ring, a batch per instruction, not through registers
         assert any("UBLKCP.S.G" in op for op in code) and not any("LDGSTS" in op for op in code)
         assert any("SYNCS.PHASECHK" in op for op in code)  # each slot waited on by its mbarrier
-    for ks in cuda_quant.MLP_KSLICES:  # the MLP: down's products on the tensor cores too, added by reductions
-        code = _kernel_sass(sass, f"int4_gemv_kernelILi{ks}ELi4ELb1ELb0ELb1ELb1E")
-        adds = [op for op in code if ".ADD.F32" in op and ("RED" in op or "ATOM" in op)]
-        # down's sums leave by fp32 atomic adds whose old value nobody reads (a RED, or an ATOM into RZ: ptxas's
-        # form before the fence the last-block count needs)
-        assert adds and all("RED" in op or "PT, RZ," in op for op in adds), adds
-        assert sum(op.startswith("HMMA.16816.F32.BF16") for op in code) > 4 * 4 * cuda_quant.RING_SLOTS
 
 
 @pytest.mark.parametrize("n,k,glu", [(16, 64, False), (38, 300, False), (38, 300, True), (200, 1000, True)])
@@ -78,114 +68,6 @@ def test_tile_order_puts_each_rows_codes_and_scales_where_the_kernel_reads_them(
     assert sorted(set(rows.tolist()) - {n}) == list(range(n))  # every row once
     with pytest.raises(ValueError, match="even N"):
         cuda_quant.tile_major(qw.q[:n - 1], qw.scales[:n - 1], k, glu=True)  # every n here is even
-
-
-def test_group_order_puts_each_groups_tiles_together_for_the_mlp() -> None:
-    """group_major (CPU): down's codes and scales of group g, tile t are tile_major's [t, g] — the same 16 rows' words
-    and scales — so a block's unit reads its group of every row as one run; the MLP's argument checks refuse a
-    gate_up without whole groups of 64 features, a down in tile order or of another K, before any launch."""
-    n, k = 40, 200  # ragged: tiles past N, a last group shorter than 64
-    _, qw, _, _ = _case(n, k)
-    tiles = cuda_quant.tile_major(qw.q, qw.scales, k)
-    groups = cuda_quant.group_major(qw.q, qw.scales, k)
-    assert groups.by_group and not tiles.by_group and (groups.n, groups.k) == (n, k)
-    assert groups.q.shape == (4, 3, 16, 8) and groups.s.shape == (4, 3, 8, 2) and groups.q.is_contiguous()
-    for g in range(4):
-        for t in range(3):
-            assert torch.equal(groups.q[g, t], tiles.q[t, g]) and torch.equal(groups.s[g, t], tiles.s[t, g])
-    _, gu, _, _ = _case(2 * 128, 64)
-    gate_up = cuda_quant.tile_major(gu.q, gu.scales, 64, glu=True)
-    _, dw, _, _ = _case(64, 128)
-    down = cuda_quant.group_major(dw.q, dw.scales, 128)
-    x, g = torch.zeros(64, dtype=torch.bfloat16), torch.ones(64, dtype=torch.bfloat16)
-    scratch = cuda_quant.mlp_scratch(64, "cpu")
-    assert not scratch[0].any() and scratch[0].dtype == torch.float32 and scratch[1].tolist() == [0]
-    with pytest.raises(ValueError, match="multiple of 64"):
-        _, odd, _, _ = _case(2 * 96, 64)
-        cuda_quant.int4_mlp(x, cuda_quant.tile_major(odd.q, odd.scales, 64, glu=True), down, g, 1e-5, scratch)
-    with pytest.raises(ValueError, match="group_major"):
-        cuda_quant.int4_mlp(x, gate_up, cuda_quant.tile_major(dw.q, dw.scales, 128), g, 1e-5, scratch)
-    with pytest.raises(ValueError, match="64 x 128"):  # down's N must be gate_up's K (the residual is x)
-        _, wide, _, _ = _case(80, 128)
-        cuda_quant.int4_mlp(x, gate_up, cuda_quant.group_major(wide.q, wide.scales, 128), g, 1e-5, scratch)
-    with pytest.raises(ValueError, match="ks must be one of"):
-        cuda_quant.int4_mlp(x, gate_up, down, g, 1e-5, scratch, ks=4)
-    with pytest.raises(ValueError, match="one CUDA device"):  # on the CPU: the device check, after the shapes'
-        cuda_quant.int4_mlp(x, gate_up, down, g, 1e-5, scratch)
-
-
-def test_the_one_kernel_mlp_is_attached_only_when_asked_for_and_where_it_applies(monkeypatch) -> None:
-    """$MODELAB_INT4_MLP (off by default; anything but on/off refused with the choices). With it on,
-    attach_int4_mlp (CPU tensors here: tile copies made by hand) gives an MLP whose gate_up and down hold tile-order
-    codes down's group-order copy in place of its tile copy and a zero scratch, and leaves alone an MLP without tile
-    copies or whose features are not whole groups of 64."""
-    monkeypatch.delenv(cuda_quant.MLP_ENV, raising=False)
-    assert not cuda_quant.mlp_wanted()
-    monkeypatch.setenv(cuda_quant.MLP_ENV, "yes")
-    with pytest.raises(ValueError, match="choose one of off, on"):
-        cuda_quant.mlp_wanted()
-
-    def mlp(dim: int, ffn: int, tiles: bool) -> torch.nn.Module:
-        m = torch.nn.Module()
-        _, gu, _, _ = _case(2 * ffn, dim)
-        _, dw, _, _ = _case(dim, ffn, seed=1)
-        m.gate_up_proj, m.down_proj = quant.QuantLinear(gu, "triton"), quant.QuantLinear(dw, "triton")
-        if tiles:
-            for proj, glu in ((m.gate_up_proj, True), (m.down_proj, False)):
-                w = cuda_quant.tile_major(proj.q, proj.scales, proj.in_features, glu=glu)
-                proj.register_buffer("tile_q", w.q)
-                proj.register_buffer("tile_s", w.s)
-                proj.tile_glu = glu
-        return m
-
-    model = torch.nn.Module()
-    model.a, model.b, model.c = mlp(64, 128, True), mlp(64, 96, True), mlp(64, 128, False)
-    monkeypatch.setenv(cuda_quant.MLP_ENV, "off")
-    assert quant.attach_int4_mlp(model) == 0 and model.a.down_proj.tile_q is not None
-    monkeypatch.setenv(cuda_quant.MLP_ENV, "on")
-    assert quant.attach_int4_mlp(model) == 1
-    down = model.a.down_proj
-    assert getattr(down, "tile_q", None) is None and "tile_q" not in dict(down.named_buffers())
-    want = cuda_quant.group_major(down.q, down.scales, 128)
-    assert torch.equal(down.mlp_q, want.q) and torch.equal(down.mlp_s, want.s)
-    assert down.mlp_acc.shape == (64,) and not down.mlp_acc.any() and down.mlp_done.tolist() == [0]
-    for other in (model.b, model.c):  # 96 features: not whole groups of 64; c: no tile copies
-        assert getattr(other.down_proj, "mlp_q", None) is None
-
-
-def test_the_decoders_mlp_takes_the_one_op_and_its_pair_gives_the_same_step() -> None:
-    """The fused decoder's MLP calls FusedDecodeOps.mlp (its residual is its input) — once per layer and step — and
-    without a one-kernel MLP attached that op is the pair the decoder called before: the same logits, bit for bit, as
-    ops that offer no mlp (the decoder then calls norm_swiglu and linear_add itself)."""
-    from engine.kernels.triton import gemv
-    from engine.workloads.llama import build_model, preset
-
-    cfg = preset("tiny")
-    model = build_model(cfg, "cpu", torch.float32, seed=5).eval()
-    model.fuse_projections()
-    calls = []
-
-    class Counting(gemv.FusedDecodeOps):
-        @staticmethod
-        def mlp(*args):
-            calls.append(1)
-            return gemv.FusedDecodeOps.mlp(*args)
-
-    class WithoutMlp:
-        norm_linear = staticmethod(gemv.FusedDecodeOps.norm_linear)
-        norm_swiglu = staticmethod(gemv.FusedDecodeOps.norm_swiglu)
-        linear_add = staticmethod(gemv.FusedDecodeOps.linear_add)
-
-    tokens = torch.randint(0, cfg.vocab, (1, 6), generator=torch.Generator().manual_seed(2))
-    outs = []
-    for ops in (Counting, WithoutMlp):
-        model.set_fused_ops(ops)
-        model.setup_cache(1, 16)
-        with torch.no_grad():
-            model.forward_cached(tokens, torch.arange(6))
-            outs.append(model.forward_cached(tokens[:, -1:], torch.tensor([6])))
-    assert len(calls) == cfg.layers  # the one-row step only (the prefill's six rows take the modules)
-    assert torch.equal(outs[0], outs[1])
 
 
 # ---- with a GPU ---------------------------------------------------------------------------------------------------
@@ -439,85 +321,3 @@ def test_auto_takes_the_tensor_core_kernel_only_where_it_was_measured_faster(mon
     assert cuda_quant.takes(64) and cuda_quant.takes(2048)
     monkeypatch.setenv(cuda_quant.IMPL_ENV, "triton")
     assert not cuda_quant.takes(11008)
-
-
-@needs_kernel
-@pytest.mark.parametrize("stage", [True, False])
-@pytest.mark.parametrize("dim,ffn,ks,batch", [(256, 512, 8, 4), (256, 512, 8, 8), (256, 512, 16, 4),
-                                              (256, 512, 16, 8), (200, 320, 8, 4), (200, 320, 16, 8),
-                                              (2048, 8192, 8, 4), (2048, 8192, 16, 8), (4096, 11008, 16, 4)])
-def test_the_mlp_in_one_kernel_adds_what_the_two_products_give(built, dim: int, ffn: int, ks: int, batch: int,
-                                                                 stage: bool) -> None:
-    """int4_mlp against float64: x + down · h, h being the GLU product's own bf16 output at the same block (the one
-    kernel computes h by the same code, then multiplies it by down's group in place of writing it), rounded to bf16
-    once as the pair's down product with its residual rounds. Ragged: dim 200 (K's last group short, down's last tile
-    part-filled), 5 units; the 1B's and 7B's shapes (128 and 172 units: more than some GPUs' SMs, so a block takes a
-    second unit, whose group is staged while the first's is read). Down's group staged in shared memory (sm_90) or
-    read from global memory. The scratch is left zero, so a second call (as a graph replay) gives the same y."""
-    x, gu, g, _ = _case(2 * ffn, dim)
-    _, dw, _, _ = _case(dim, ffn, seed=1)
-    xc, gc = x.cuda(), g.cuda()
-    gate_up = cuda_quant.tile_major(gu.q.cuda(), gu.scales.cuda(), dim, glu=True)
-    down = cuda_quant.group_major(dw.q.cuda(), dw.scales.cuda(), ffn)
-    h = cuda_quant.int4_gemv(xc, gate_up, gc, 1e-5, ks=ks, batch=batch)
-    want = x.double() + quant.dequantize(dw, torch.float64) @ h.double().cpu()
-    scratch = cuda_quant.mlp_scratch(dim, "cuda")
-    y = cuda_quant.int4_mlp(xc, gate_up, down, gc, 1e-5, scratch, ks=ks, batch=batch, stage=stage)
-    assert y.shape == (dim,) and y.dtype == torch.bfloat16
-    err = float((y.double().cpu() - want).norm() / want.norm())
-    assert err < 8e-3, err  # bf16 output (2^-9); a misplaced code, unit or tile: O(1)
-    assert not scratch[0].any() and scratch[1].item() == 0, "the last block leaves the scratch zero"
-    again = cuda_quant.int4_mlp(xc, gate_up, down, gc, 1e-5, scratch, ks=ks, batch=batch, stage=stage)
-    assert float((again.double() - y.double()).norm() / y.double().norm()) < 1e-3  # fp32 sums in another order
-
-
-@needs_kernel
-def test_the_mlp_reads_each_down_code_where_the_group_order_puts_it(built) -> None:
-    """Down's codes all 8 (value 0) but one, in each unit in turn (its feature of largest |h|, h the GLU product's
-    output): y is x plus that one weight times h in that one row and x elsewhere (up to bf16 rounding and the fp32
-    rounding of the 136 · Σh the kernel subtracts per row), so a code read from another row, column or unit shows."""
-    dim, ffn = 64, 256
-    x, gu, g, _ = _case(2 * ffn, dim)
-    gate_up = cuda_quant.tile_major(gu.q.cuda(), gu.scales.cuda(), dim, glu=True)
-    h = cuda_quant.int4_gemv(x.cuda(), gate_up, g.cuda(), 1e-5).cpu().double()
-    for unit, row in enumerate((0, 9, 33, 63)):
-        col = 64 * unit + int(h[64 * unit:64 * unit + 64].abs().argmax())
-        codes = torch.full((dim, ffn), 8, dtype=torch.uint8)
-        codes[row, col] = 13  # 5 · scale
-        down = cuda_quant.group_major(quant.pack_int4(codes).cuda(), torch.full((dim, 4), 0.5, dtype=torch.bfloat16)
-                                      .cuda(), ffn)
-        y = cuda_quant.int4_mlp(x.cuda(), gate_up, down, g.cuda(), 1e-5, cuda_quant.mlp_scratch(dim, "cuda"))
-        want = x.double()
-        want[row] += 2.5 * h[col]
-        err = float((y.cpu().double() - want).abs().max())
-        tol = 1e-2 * abs(2.5 * float(h[col])) + 2 ** -8 * float(want.abs().max())  # the products; y's bf16
-        assert err <= tol, (unit, row, col, err, tol)
-
-
-@needs_kernel
-def test_the_decode_steps_mlp_runs_as_one_kernel_when_asked_for(built, monkeypatch) -> None:
-    """With $MODELAB_INT4_MLP=on, once attach_int4_tiles and attach_int4_mlp have run, FusedDecodeOps.mlp (what the
-    decoder's MLP calls) runs int4_mlp once and gives what the pair of tensor-core products gave before (both bf16,
-    their fp32 sums in other orders), twice in a row (the scratch left zero)."""
-    from engine.kernels.triton.gemv import FusedDecodeOps
-
-    dim, ffn = 2048, 1024
-    x, gu, g, _ = _case(2 * ffn, dim)
-    _, dw, _, _ = _case(dim, ffn, seed=1)
-    model = torch.nn.Module()
-    model.gate_up_proj = quant.QuantLinear(gu, "triton").cuda()
-    model.down_proj = quant.QuantLinear(dw, "triton").cuda()
-    monkeypatch.setenv(cuda_quant.IMPL_ENV, "cuda")
-    assert quant.attach_int4_tiles(model) == (2, 0)
-    xc, gc = x.cuda()[None], g.cuda()
-    pair = FusedDecodeOps.mlp(xc, gc, 1e-5, model.gate_up_proj, model.down_proj)
-    monkeypatch.setenv(cuda_quant.MLP_ENV, "on")
-    assert quant.attach_int4_mlp(model) == 1
-    calls = []
-    real = cuda_quant.int4_mlp
-    monkeypatch.setattr(cuda_quant, "int4_mlp", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    for _ in range(2):
-        one = FusedDecodeOps.mlp(xc, gc, 1e-5, model.gate_up_proj, model.down_proj)
-        assert one.shape == pair.shape and one.dtype == torch.bfloat16
-        assert float((one.double() - pair.double()).norm() / pair.double().norm()) < 8e-3
-    assert len(calls) == 2
