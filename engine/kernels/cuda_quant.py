@@ -280,6 +280,16 @@ def _check(x: torch.Tensor, w: TileWeight, norm_weight: torch.Tensor | None, res
         raise ValueError(f"int4_gemv: the residual must be {n} bfloat16 values, and fuses alone")
     if w.glu and norm_weight is None:
         raise ValueError("int4_gemv: glu (the gate_up product) comes with the norm")
+    # the layout the C++ side checks too: a throw there killed the process on the H200s (csrc/quant/bindings.cpp)
+    tiles, groups = (w.n // 2 + 7) // 8 if w.glu else (w.n + 15) // 16, (k + 63) // 64
+    if (w.glu and w.n % 2) or w.q.dtype != torch.int32 or tuple(w.q.shape) != (tiles, groups, 16, 8) \
+            or w.s.dtype != torch.bfloat16 or tuple(w.s.shape) != (tiles, groups, 8, 2):
+        raise ValueError(f"int4_gemv: the weight must be tile_major's int32 codes ({tiles}, {groups}, 16, 8) and "
+                         f"bfloat16 scales ({tiles}, {groups}, 8, 2) for N = {w.n}{' with glu' if w.glu else ''} and "
+                         f"K = {k}, got {w.q.dtype} {tuple(w.q.shape)} and {w.s.dtype} {tuple(w.s.shape)}")
+    if not (w.q.is_contiguous() and w.s.is_contiguous()) or w.q.data_ptr() % 16 or w.s.data_ptr() % 4:
+        raise ValueError("int4_gemv: the weight's codes must be contiguous and 16-byte aligned, its scales "
+                         "contiguous and 4-byte aligned")
     if len({x.device, w.q.device, w.s.device}) != 1 or x.device.type != "cuda":
         raise ValueError("int4_gemv: x and the weight must be on one CUDA device")
 

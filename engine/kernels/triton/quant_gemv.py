@@ -530,7 +530,9 @@ def _dequant_channel_kernel(q_ptr, s_ptr, w_ptr, N, K, stride_qn, stride_wn, BLO
              (f * scale[:, None]).to(w_ptr.dtype.element_ty), mask=ok)
 
 
-TILE_DEQUANT_CHANNEL = (16, 256, 4)  # (BLOCK_N, BLOCK_K, num_warps): 4 KB of codes in, 8 KB of bf16 out; not tuned
+# (BLOCK_N, BLOCK_K, num_warps): 4 KB of codes in, 8 KB of bf16 out. Within 1 % of the best of ten tiles on every
+# 1B and 7B shape, int8 and fp8, 3.3-3.9 TB/s (one H200, benchmarks/prefill_dequant_bench.py, docs/quantization.md)
+TILE_DEQUANT_CHANNEL = (16, 256, 4)
 INTERPRETER_TILE_DEQUANT_CHANNEL = (8, 64, 1)
 
 
@@ -593,7 +595,10 @@ def _dequant_int4_kernel(q_ptr, s_ptr, w_ptr, N, K, stride_qn, stride_sn, stride
                  mask=ok[:, :, None] & (k < K))
 
 
-TILE_DEQUANT = (16, 8, 4)  # (BLOCK_N, GROUPS, num_warps): 4 KB of codes in, 16 KB of bf16 out a program; not tuned
+# (BLOCK_N, GROUPS, num_warps): 2 KB of codes in, 8 KB of bf16 out a program. The fastest of ten tiles on every 1B
+# and 7B shape, one H200 (benchmarks/prefill_dequant_bench.py): the 7B's products' dequantization 625 us against
+# 797 at (16, 8, 4) before, 1.27-1.37 TB/s (docs/quantization.md, session 29)
+TILE_DEQUANT = (8, 8, 4)
 INTERPRETER_TILE_DEQUANT = (8, 2, 1)
 
 

@@ -259,6 +259,28 @@ def test_bad_input_is_refused_by_the_op(built) -> None:
 
 
 
+def test_a_weight_not_in_tile_order_is_refused_before_the_library_is_touched(monkeypatch) -> None:
+    """The C++ side checks the layout too, but a throw there killed the process on the H200s: the Python check must
+    come first (CPU tensors: each refusal is the layout's, reached before the device check)."""
+    monkeypatch.setattr(cuda_quant, "load", lambda: pytest.fail("the library was loaded for a refused input"))
+    x, qw, g, _ = _case(32, 128)
+    w = cuda_quant.tile_major(qw.q, qw.scales, 128)
+    row = x.reshape(-1)
+    cases = {
+        "codes (3, 2, 16, 8)": cuda_quant.TileWeight(w.q, w.s, 48, 128, False),  # another layer's N
+        "int32 codes (2, 2, 16, 8)": cuda_quant.TileWeight(w.q.view(torch.uint8), w.s, 32, 128, False),
+        "scales (2, 2, 8, 2)": cuda_quant.TileWeight(w.q, w.s.float(), 32, 128, False),
+        "(4, 2, 16, 8) and bfloat16 scales (4, 2, 8, 2) for N = 64 with glu": cuda_quant.TileWeight(w.q, w.s, 64, 128,
+                                                                                                  True),
+        "contiguous": cuda_quant.TileWeight(w.q.transpose(0, 1).contiguous().transpose(0, 1), w.s, 32, 128, False),
+    }
+    for match, bad in cases.items():
+        with pytest.raises(ValueError, match=re.escape(match)):
+            cuda_quant.int4_gemv(row, bad, g if bad.glu else None, 1e-5, ks=8, batch=4)
+    with pytest.raises(ValueError, match="one CUDA device"):  # the layout itself passes
+        cuda_quant.int4_gemv(row, w, ks=8, batch=4)
+
+
 def test_the_decode_step_says_which_int4_gemv_it_runs(monkeypatch) -> None:
     """$MODELAB_INT4_GEMV: triton keeps every product on the Triton kernel and says how to change it; auto (the
     default) or cuda where the kernel cannot run (here, without a GPU: or without nvcc) fall back to the Triton
