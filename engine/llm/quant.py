@@ -251,7 +251,8 @@ def clear_memory_cache() -> None:
 # -- the model ------------------------------------------------------------------------------------------------------
 class QuantLinear(nn.Module):
     """A bias-free linear layer over a QuantWeight. impl "plain": dequantize in PyTorch, then F.linear;
-    impl "triton": engine.kernels.triton.quant_gemv's custom ops (one row: the fused kernel)."""
+    impl "triton": engine.kernels.triton.quant_gemv's ops (one row: the fused GEMV kernel; several rows: the weight
+    formed by one dequantization kernel that torch.compile can see into, then F.linear)."""
 
     def __init__(self, qw: QuantWeight, impl: str = "plain", dtype: torch.dtype = torch.bfloat16):
         super().__init__()
@@ -270,6 +271,8 @@ class QuantLinear(nn.Module):
             return F.linear(x, dequantize(self.weight_(), x.dtype))
         from engine.kernels.triton import quant_gemv
 
+        if x.numel() != x.shape[-1]:  # several rows (prefill): the weight formed by one kernel, then the GEMM
+            return F.linear(x, quant_gemv.dequantized_weight(self.q, self.scales, self.in_features, x.dtype))
         if self.scheme == "int4-wo":
             return quant_gemv.int4_linear(x, self.q, self.scales)
         return quant_gemv.channel_linear(x, self.q, self.scales)

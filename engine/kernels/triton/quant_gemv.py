@@ -46,8 +46,9 @@ under the interpreter.
 `modelab::quant_gemv_int4`): opaque single kernels to torch.compile, captured by CUDA graphs. Several rows (prefill,
 B > 1) take dequantize-then-F.linear, the weight dequantized by one Triton kernel (`dequantize_channel_fused`,
 `dequantize_int4_fused`: the plain way's values, one pass where its torch ops make three or six over N × K), then
-cuBLAS's GEMM. The references are float64
-dequantize-then-matmul (`_reference_channel`, `_reference_int4`); the checks sit in
+cuBLAS's GEMM; engine.llm.quant.QuantLinear reaches that kernel through the triton_op `dequantized_weight`, which
+torch.compile traces into (Inductor launches the kernel itself: a 1B prefill's TTFT 11.4 → 6.2 ms). The references
+are float64 dequantize-then-matmul (`_reference_channel`, `_reference_int4`); the checks sit in
 tests/engine/kernels/test_quant_gemv.py, the offline sm_90 compile in benchmarks/triton_aot_check.py.
 """
 
@@ -57,6 +58,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from torch._subclasses.fake_tensor import is_fake
+from torch.library import triton_op, wrap_triton
 
 from engine.kernels import int4_layout
 from engine.kernels.triton._common import is_interpreted, load_fused_x, output_rows, pdl_enabled, store_output
@@ -455,7 +458,9 @@ def _int4_operands(q: torch.Tensor, scales: torch.Tensor, k: int, what: str) -> 
                          f"(expected uint8 ({n}, {row_bytes}))")
     if scales.shape != (n, triton.cdiv(k, GROUP)):
         raise ValueError(f"int4 scales {tuple(scales.shape)}: expected ({n}, {triton.cdiv(k, GROUP)})")
-    if q.stride(1) != 1 or q.stride(0) % 4 or q.data_ptr() % 16:
+    # the offset into the storage, not data_ptr(): traceable (dequantized_weight), and a CUDA allocation starts
+    # 512-byte aligned
+    if q.stride(1) != 1 or q.stride(0) % 4 or q.storage_offset() % 16:
         q = q.clone(memory_format=torch.contiguous_format)  # a fresh allocation: contiguous and 16-byte aligned
     return q.view(torch.int32), (scales if scales.stride(1) == 1 else scales.contiguous())
 
@@ -559,7 +564,7 @@ def dequantize_channel_fused(q: torch.Tensor, scales: torch.Tensor, dtype: torch
     codes = (q if q.stride(1) == 1 else q.contiguous()).view(torch.uint8)
     w = torch.empty(n, k, device=q.device, dtype=dtype)
     bn, bk, warps = _dequant_tile(tile, _dequant_channel_kernel, INTERPRETER_TILE_DEQUANT_CHANNEL, TILE_DEQUANT_CHANNEL)
-    _dequant_channel_kernel[(triton.cdiv(n, bn), triton.cdiv(k, bk))](
+    _launch(_dequant_channel_kernel)[(triton.cdiv(n, bn), triton.cdiv(k, bk))](
         codes, scales.reshape(-1).contiguous(), w, n, k, codes.stride(0), w.stride(0), BLOCK_N=bn, BLOCK_K=bk,
         FP8=fp8, num_warps=warps)
     return w
@@ -616,9 +621,15 @@ def dequantize_int4_fused(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: 
     w = torch.empty(n, k, device=q.device, dtype=dtype)
     bn, groups, warps = _dequant_tile(tile, _dequant_int4_kernel, INTERPRETER_TILE_DEQUANT, TILE_DEQUANT)
     grid = (triton.cdiv(n, bn), triton.cdiv(triton.cdiv(k, GROUP), groups))
-    _dequant_int4_kernel[grid](words, scales, w, n, k, words.stride(0), scales.stride(0), w.stride(0), BLOCK_N=bn,
-                               GROUPS=groups, num_warps=warps)
+    _launch(_dequant_int4_kernel)[grid](words, scales, w, n, k, words.stride(0), scales.stride(0), w.stride(0),
+                                        BLOCK_N=bn, GROUPS=groups, num_warps=warps)
     return w
+
+
+def _launch(kernel: object) -> object:
+    """The dequantization kernels launched through wrap_triton, so that a graph traced over dequantized_weight holds
+    the kernel itself (the interpreter's kernels run as they are: wrap_triton takes compiled ones only)."""
+    return kernel if is_interpreted(kernel) else wrap_triton(kernel)
 
 
 def _dequantized(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
@@ -626,6 +637,21 @@ def _dequantized(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: torch.dty
     if q.dtype == torch.uint8:
         return dequantize_int4_fused(q, scales, k, dtype)
     return dequantize_channel_fused(q, scales, dtype)
+
+
+@triton_op("modelab::quant_dequantize", mutates_args={})
+def dequantized_weight(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """The (N, K) weight of int4 (packed uint8), int8 or fp8 codes in `dtype`, formed by one kernel: what a quantized
+    layer multiplies several rows (the prefill) by. A triton_op, not an opaque custom op: torch.compile traces into
+    it and launches the kernel from its own generated code, so a compiled prefill pays Inductor's launch per weight
+    rather than a Python op's dispatch, checks and Triton launch (~110-130 us of host a product under the profiler,
+    which left the device idle 85 % of the 1B prefill: docs/quantization.md, session 29)."""
+    int4 = q.dtype == torch.uint8
+    if is_interpreted(_dequant_int4_kernel if int4 else _dequant_channel_kernel) and is_fake(q):
+        # traced under the interpreter (CPU tests): its kernels cannot run on fake tensors, so the graph takes the
+        # torch form, whose values are the kernel's bit for bit
+        return dequantize_int4(q, scales, k, dtype) if int4 else dequantize_channel(q, scales, dtype)
+    return _dequantized(q, scales, k, dtype)
 
 
 @torch.library.custom_op("modelab::quant_gemv_int4", mutates_args=())

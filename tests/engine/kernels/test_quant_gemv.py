@@ -102,6 +102,62 @@ def test_the_ops_dequantize_for_several_rows_and_compile_without_a_graph_break(s
     assert rel_err(compiled(x, qw.q, qw.scales), 2 * _reference(x, qw)) < 1e-6
 
 
+# What AOTAutograd (torch.compile's second stage) makes of a quantized layer over several rows on CUDA, traced with
+# fake CUDA tensors: no GPU and no driver needed, but the compiled Triton kernels (no interpreter), so it runs in a
+# process without TRITON_INTERPRET. Prints each scheme's call targets, the Triton kernels by name.
+_TRACE_PREFILL = """
+import torch
+from functorch.compile import aot_function
+from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+from torch._subclasses.fake_tensor import FakeTensorMode
+from engine.llm import quant
+
+for scheme in ("int4-wo", "int8-wo", "fp8-wo"):
+    qw = quant.quantize(torch.randn(64, 256) / 16, scheme)
+    graphs = []
+    layer = quant.QuantLinear(qw, impl="triton")
+    with FakeTensorMode():
+        x = torch.empty(8, 256, device="cuda", dtype=torch.bfloat16)
+        q = torch.empty_strided(qw.q.shape, qw.q.stride(), device="cuda", dtype=qw.q.dtype)
+        s = torch.empty_strided(qw.scales.shape, qw.scales.stride(), device="cuda", dtype=qw.scales.dtype)
+        # the buffers passed in, as torch.compile lifts them
+        traced = aot_function(lambda a, q, s: torch.func.functional_call(layer, {"q": q, "scales": s}, (a,)),
+                              fw_compiler=lambda gm, _: graphs.append(gm) or gm)
+        try:
+            traced(x, q, s)
+        except RuntimeError:
+            pass  # running the traced graph needs a CUDA torch; the graph is what is asked for
+    names = []
+    for node in graphs[0].graph.nodes:
+        if node.op == "call_function":
+            kernel = node.kwargs.get("kernel_idx")
+            names.append(kernel_side_table.get_kernel(kernel).fn.__name__ if kernel is not None else str(node.target))
+    print(scheme, " ".join(names))
+"""
+
+
+def test_a_compiled_prefill_launches_the_dequantization_kernel_itself() -> None:
+    """The lab's quantized layers over several rows: Inductor sees the dequantization kernel (a triton_op), then the
+    GEMM — not an opaque Python op whose host cost left the 1B prefill's GPU idle 85 % of the time."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(repo)
+    done = subprocess.run([sys.executable, "-c", _TRACE_PREFILL], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    traced = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert set(traced) == {"int4-wo", "int8-wo", "fp8-wo"}
+    for scheme, calls in traced.items():
+        kernel = "_dequant_int4_kernel" if scheme == "int4-wo" else "_dequant_channel_kernel"
+        assert kernel in calls.split() and "aten.mm.default" in calls.split(), (scheme, calls)
+        assert "modelab" not in calls, (scheme, calls)  # no opaque op left
+
+
 def test_the_quantized_kernels_compile_for_sm90_offline(aot_check_rows) -> None:
     """Every tile of the quantized GEMVs (int8, fp8, int4) and the int4 dequantization compile for sm_90 with
     Triton's own ptxas (benchmarks/triton_aot_check.py --kernels quant), in a process without TRITON_INTERPRET, cache
