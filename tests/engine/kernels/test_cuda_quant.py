@@ -266,12 +266,12 @@ def test_a_weight_not_in_tile_order_is_refused_before_the_library_is_touched(mon
     x, qw, g, _ = _case(32, 128)
     w = cuda_quant.tile_major(qw.q, qw.scales, 128)
     row = x.reshape(-1)
+    as_glu = cuda_quant.TileWeight(w.q, w.s, 64, 128, True)  # 32 gate and 32 up rows need 4 tiles, not 2
     cases = {
         "codes (3, 2, 16, 8)": cuda_quant.TileWeight(w.q, w.s, 48, 128, False),  # another layer's N
         "int32 codes (2, 2, 16, 8)": cuda_quant.TileWeight(w.q.view(torch.uint8), w.s, 32, 128, False),
         "scales (2, 2, 8, 2)": cuda_quant.TileWeight(w.q, w.s.float(), 32, 128, False),
-        "(4, 2, 16, 8) and bfloat16 scales (4, 2, 8, 2) for N = 64 with glu": cuda_quant.TileWeight(w.q, w.s, 64, 128,
-                                                                                                  True),
+        "(4, 2, 16, 8) and bfloat16 scales (4, 2, 8, 2) for N = 64 with glu": as_glu,
         "contiguous": cuda_quant.TileWeight(w.q.transpose(0, 1).contiguous().transpose(0, 1), w.s, 32, 128, False),
     }
     for match, bad in cases.items():
