@@ -564,7 +564,7 @@ def dequantize_channel_fused(q: torch.Tensor, scales: torch.Tensor, dtype: torch
     codes = (q if q.stride(1) == 1 else q.contiguous()).view(torch.uint8)
     w = torch.empty(n, k, device=q.device, dtype=dtype)
     bn, bk, warps = _dequant_tile(tile, _dequant_channel_kernel, INTERPRETER_TILE_DEQUANT_CHANNEL, TILE_DEQUANT_CHANNEL)
-    _launch(_dequant_channel_kernel)[(triton.cdiv(n, bn), triton.cdiv(k, bk))](
+    _launch(_dequant_channel_kernel, w)[(triton.cdiv(n, bn), triton.cdiv(k, bk))](
         codes, scales.reshape(-1).contiguous(), w, n, k, codes.stride(0), w.stride(0), BLOCK_N=bn, BLOCK_K=bk,
         FP8=fp8, num_warps=warps)
     return w
@@ -621,15 +621,16 @@ def dequantize_int4_fused(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: 
     w = torch.empty(n, k, device=q.device, dtype=dtype)
     bn, groups, warps = _dequant_tile(tile, _dequant_int4_kernel, INTERPRETER_TILE_DEQUANT, TILE_DEQUANT)
     grid = (triton.cdiv(n, bn), triton.cdiv(triton.cdiv(k, GROUP), groups))
-    _launch(_dequant_int4_kernel)[grid](words, scales, w, n, k, words.stride(0), scales.stride(0), w.stride(0),
-                                        BLOCK_N=bn, GROUPS=groups, num_warps=warps)
+    _launch(_dequant_int4_kernel, w)[grid](words, scales, w, n, k, words.stride(0), scales.stride(0), w.stride(0),
+                                           BLOCK_N=bn, GROUPS=groups, num_warps=warps)
     return w
 
 
-def _launch(kernel: object) -> object:
-    """The dequantization kernels launched through wrap_triton, so that a graph traced over dequantized_weight holds
-    the kernel itself (the interpreter's kernels run as they are: wrap_triton takes compiled ones only)."""
-    return kernel if is_interpreted(kernel) else wrap_triton(kernel)
+def _launch(kernel: object, like: torch.Tensor) -> object:
+    """A dequantization kernel as it is launched: through wrap_triton while a graph is traced (`like` is a fake
+    tensor), so that the graph over dequantized_weight holds the kernel itself; eagerly, the kernel as it is (a
+    plain launch; wrap_triton's eager path would go through its higher-order op every call)."""
+    return wrap_triton(kernel) if is_fake(like) and not is_interpreted(kernel) else kernel
 
 
 def _dequantized(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
