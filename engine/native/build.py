@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from engine import device_lock
-from engine.native.toolchain import exported_std_code, find_cxx, runner_cxx_candidates
+from engine.native.toolchain import exported_std_code, find_cxx, library_compiler, runner_cxx_candidates
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CSRC = REPO_ROOT / "csrc"
@@ -207,7 +207,9 @@ def load_custom_ops(with_cuda: bool | None = None, verbose: bool = False) -> str
     sources = [str(CSRC / s) for s in OPS_SOURCES + (OPS_CUDA_SOURCES if with_cuda else ())]
     build_dir = build_root() / build_tag() / (f"{name}-{_cuda_arch_tag()}" if with_cuda else name)
     build_dir.mkdir(parents=True, exist_ok=True)
-    with device_lock.released(), build_lock(name):  # host-only: other runs of a group may time meanwhile
+    # host-only: other runs of a group may time meanwhile; linked by a compiler that keeps libstdc++ out of the
+    # library (toolchain.library_cxx)
+    with device_lock.released(), build_lock(name), library_compiler():
         (build_dir / "lock").unlink(missing_ok=True)  # a killed build's baton; we hold the real lock
         before = _newest_library(build_dir, name)
         start = time.perf_counter()

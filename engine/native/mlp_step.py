@@ -29,6 +29,7 @@ from engine.native.build import (
     compiler_missing,
     nvcc_missing,
 )
+from engine.native.toolchain import library_compiler
 
 SOURCES = ("mlp_step_binding.cpp", "mlp_step.cu")
 HEADERS = ("mlp_step.h",)
@@ -79,7 +80,8 @@ def load(verbose: bool = False) -> ModuleType:
     folder = build_dir(key)
     folder.mkdir(parents=True, exist_ok=True)
     name = f"modelab_mlp_step_{key}"
-    with device_lock.released(), build_lock(f"mlp_step-{key}"):  # host-only: others may time meanwhile
+    # host-only: others may time meanwhile; linked by a compiler that keeps libstdc++ out (toolchain.library_cxx)
+    with device_lock.released(), build_lock(f"mlp_step-{key}"), library_compiler():
         (folder / "lock").unlink(missing_ok=True)  # a killed build's baton; we hold the real lock
         try:
             module = cpp_extension.load(

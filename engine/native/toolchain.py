@@ -6,12 +6,15 @@ process that never loads torch.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -83,6 +86,65 @@ def exported_std_code(exe: Path) -> list[str]:
                 not parts[2].startswith(("_ZNSt3__1", "_ZNKSt3__1")):
             symbols.append(parts[2])
     return symbols
+
+
+# A shared library that calls into libstdc++ (a TORCH_CHECK's message, a throw): enough to see whether a compiler links
+# the runtime in and exports it.
+_PROBE_SOURCE = """#include <stdexcept>
+#include <string>
+void modelab_probe(int n) { if (n) throw std::runtime_error("probe " + std::to_string(n)); }
+"""
+
+
+def shared_library_exports_std(cxx: str) -> bool | None:
+    """Whether a shared library linked by `cxx` defines and exports std:: functions (None: the probe did not build).
+
+    Why it matters for the CUDA/C++ extension libraries: a library that exports its own copy of libstdc++'s code
+    interposes it for the whole process. On the GPU image `$CXX` (/opt/gcc/bin/g++) links libstdc++ statically into
+    shared objects (the quant library exported 594 std:: functions and needed no libstdc++.so): a TORCH_CHECK thrown
+    from it killed the process with SIGSEGV where, with the system libstdc++ preloaded, the same call raised its
+    RuntimeError (2026-11-28, H200, docs/aoti.md). Here, g++ -static-libstdc++ does the same and a throw's message
+    lost its formatted numbers."""
+    with tempfile.TemporaryDirectory(prefix="modelab-cxx-probe-") as tmp:
+        src, lib = Path(tmp) / "probe.cpp", Path(tmp) / "probe.so"
+        src.write_text(_PROBE_SOURCE)
+        try:
+            done = subprocess.run([cxx, "-shared", "-fPIC", "-O1", str(src), "-o", str(lib)], capture_output=True,
+                                  text=True, timeout=120)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if done.returncode != 0 or not lib.is_file():
+            return None
+        return bool(exported_std_code(lib))
+
+
+@functools.lru_cache(maxsize=1)
+def library_cxx() -> str | None:
+    """The C++ compiler the extension libraries are linked with: the first of `runner_cxx_candidates()` ($CXX first,
+    then c++, g++ …) whose shared libraries export no std:: code; the first candidate if none qualifies (or none
+    probes), None without any compiler. Probed once per process (~1 s a compiler)."""
+    candidates = runner_cxx_candidates()
+    for cxx in candidates:
+        if shared_library_exports_std(cxx) is False:
+            return cxx
+    return candidates[0] if candidates else None
+
+
+@contextlib.contextmanager
+def library_compiler() -> Iterator[str | None]:
+    """$CXX set to `library_cxx()` while a torch.utils.cpp_extension build runs (it reads $CXX for the compile and
+    link steps of its ninja file, so a changed choice rebuilds), restored after. Yields the compiler."""
+    cxx = library_cxx()
+    before = os.environ.get("CXX")
+    if cxx is not None:
+        os.environ["CXX"] = cxx
+    try:
+        yield cxx
+    finally:
+        if before is None:
+            os.environ.pop("CXX", None)
+        else:
+            os.environ["CXX"] = before
 
 
 PRELOAD_ENV = "MODELAB_PRELOAD_LIBSTDCXX"

@@ -57,3 +57,48 @@ def test_preload_puts_the_loaded_libstdcxx_first_once(monkeypatch):
     assert env["LD_PRELOAD"].split() == [lib, "/opt/other.so"]
     assert toolchain.with_libstdcxx_preloaded(env) == env  # idempotent: a worker's child does not add it twice
     assert toolchain.with_libstdcxx_preloaded({toolchain.PRELOAD_ENV: "0"}) == {toolchain.PRELOAD_ENV: "0"}
+
+
+def _static_libstdcxx_compiler(tmp_path: Path) -> str:
+    """A compiler that links libstdc++ into every shared object, as the GPU image's $CXX (/opt/gcc/bin/g++) does."""
+    cxx = toolchain.find_cxx()
+    if cxx is None or shutil.which("nm") is None:
+        pytest.skip("needs a C++ compiler and nm")
+    wrapper = tmp_path / "static-g++"
+    wrapper.write_text(f'#!/bin/sh\nexec {cxx} -static-libstdc++ "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_a_compiler_that_links_libstdcxx_into_libraries_is_passed_over(tmp_path, monkeypatch):
+    static = _static_libstdcxx_compiler(tmp_path)
+    assert toolchain.shared_library_exports_std(static) is True
+    assert toolchain.shared_library_exports_std(toolchain.find_cxx()) is False
+    assert toolchain.shared_library_exports_std(str(tmp_path / "no-such-compiler")) is None
+    monkeypatch.setenv("CXX", static)
+    toolchain.library_cxx.cache_clear()
+    try:
+        chosen = toolchain.library_cxx()
+        assert chosen is not None and chosen != static  # $CXX comes first, but its libraries would interpose
+        assert toolchain.shared_library_exports_std(chosen) is False
+        with toolchain.library_compiler() as cxx:  # what cpp_extension reads while a library builds
+            assert cxx == chosen and toolchain.os.environ["CXX"] == chosen
+        assert toolchain.os.environ["CXX"] == static  # restored
+    finally:
+        toolchain.library_cxx.cache_clear()
+
+
+def test_a_compiler_whose_libraries_export_nothing_is_kept(monkeypatch):
+    cxx = toolchain.find_cxx()
+    if cxx is None or shutil.which("nm") is None:
+        pytest.skip("needs a C++ compiler and nm")
+    monkeypatch.setenv("CXX", cxx)
+    toolchain.library_cxx.cache_clear()
+    try:
+        assert toolchain.library_cxx() == cxx
+    finally:
+        toolchain.library_cxx.cache_clear()
+    monkeypatch.delenv("CXX")
+    with toolchain.library_compiler():
+        pass
+    assert "CXX" not in toolchain.os.environ  # unset before, unset after
