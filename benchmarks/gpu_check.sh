@@ -71,7 +71,7 @@ case $part in
          # (2026-11-28: the levels without their two slowest files ~5 min, the rest ~8.5, the CUDA kernels with those
          # two files ~8, the other kernel files ~7.5; three slices there ran past 9 minutes; session 27 on an
          # nvidia-h200-x4, one 10-minute call: levels 5.1, rest 8.1, CUDA kernels 7.4, the others 7.5 min;
-         # session 29 likewise: 4.6, 7.7, 6.7, 7.2 min). On two GPUs:
+         # session 29 likewise: 4.6, 7.7, 6.7, 7.2 min; session 30: 5.1, 8.2, 7.2, 7.9 min). On two GPUs:
          # SLICES=four-1, then SLICES=four-2 in a second call (two H200s, 2026-11-28 session 26: levels 4.2 min, rest
          # 6.8, CUDA kernels 7.9, the other kernel files 9 min for 228 of their 232 tests — the last four, the Gluon
          # and L4-choice tests of test_triton_kernels.py, took 2.4 min alone in the next call: on two GPUs that
