@@ -249,6 +249,23 @@ def clear_memory_cache() -> None:
 
 
 # -- the model ------------------------------------------------------------------------------------------------------
+# How the lab's modes form the weight a compiled prefill (several rows) multiplies by. "inductor": the plain
+# dequantization written in torch, which Inductor fuses into one kernel of its own; "kernel": the triton_op
+# quant_gemv.dequantized_weight (one hand-written kernel, launched from Inductor's code as a user-defined kernel).
+# Both give the same weight bit for bit. Eagerly (interpreted, or not compiled) it is always the kernel.
+PREFILL_ENV = "MODELAB_QUANT_PREFILL"
+PREFILL_FORMS = ("inductor", "kernel")
+DEFAULT_PREFILL_FORM = "kernel"
+
+
+def prefill_form() -> str:
+    """$MODELAB_QUANT_PREFILL (unset: DEFAULT_PREFILL_FORM); ValueError naming the forms for anything else."""
+    form = os.environ.get(PREFILL_ENV, "").strip().lower() or DEFAULT_PREFILL_FORM
+    if form not in PREFILL_FORMS:
+        raise ValueError(f"${PREFILL_ENV}={form!r}: choose one of {', '.join(PREFILL_FORMS)}")
+    return form
+
+
 class QuantLinear(nn.Module):
     """A bias-free linear layer over a QuantWeight. impl "plain": dequantize in PyTorch, then F.linear;
     impl "triton": engine.kernels.triton.quant_gemv's ops (one row: the fused GEMV kernel; several rows: the weight
@@ -271,7 +288,9 @@ class QuantLinear(nn.Module):
             return F.linear(x, dequantize(self.weight_(), x.dtype))
         from engine.kernels.triton import quant_gemv
 
-        if x.numel() != x.shape[-1]:  # several rows (prefill): the weight formed by one kernel, then the GEMM
+        if x.numel() != x.shape[-1]:  # several rows (prefill): the weight formed in one kernel, then the GEMM
+            if torch.compiler.is_compiling() and prefill_form() == "inductor":
+                return F.linear(x, dequantize(self.weight_(), x.dtype))
             return F.linear(x, quant_gemv.dequantized_weight(self.q, self.scales, self.in_features, x.dtype))
         if self.scheme == "int4-wo":
             return quant_gemv.int4_linear(x, self.q, self.scales)
