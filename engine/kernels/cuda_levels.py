@@ -31,7 +31,6 @@ import torch
 
 from engine import device_lock
 from engine.native import build as native
-from engine.native.toolchain import library_compiler
 
 SOURCE_DIR = native.CSRC / "levels"
 SOURCES = ("attention.cu", "attention_sm90.cu", "attention_ws.cu", "patch_embed.cu", "message_passing.cu",
@@ -259,7 +258,7 @@ def build_library(label: str, source_dir: Path, sources: tuple[str, ...], header
     hit = any(folder.glob(f"{name}*.so"))
     # host-only: other runs of a group may time meanwhile
     # linked by a compiler that keeps libstdc++ out of the library (engine.native.toolchain.library_cxx)
-    with device_lock.released(), native.build_lock(f"{label}-{key}"), library_compiler():
+    with device_lock.released(), native.build_lock(f"{label}-{key}"), native.extension_compiler():
         (folder / "lock").unlink(missing_ok=True)  # a killed build's baton; we hold the real lock
         try:
             path = cpp_extension.load(

@@ -26,7 +26,7 @@ import sys
 import sysconfig
 import time
 from collections.abc import Iterator, MutableMapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import torch
@@ -49,6 +49,12 @@ class NativeBuildError(RuntimeError):
 
 def build_root() -> Path:
     return Path(os.environ.get("MODELAB_BUILD_DIR") or REPO_ROOT / ".build")
+
+
+def extension_compiler() -> AbstractContextManager[str | None]:
+    """$CXX set, for a cpp_extension build, to a compiler that keeps libstdc++ out of the library
+    (toolchain.library_compiler; its probe remembered under the build root)."""
+    return library_compiler(build_root() / "cxx_probe.json")
 
 
 def build_tag() -> str:
@@ -209,7 +215,7 @@ def load_custom_ops(with_cuda: bool | None = None, verbose: bool = False) -> str
     build_dir.mkdir(parents=True, exist_ok=True)
     # host-only: other runs of a group may time meanwhile; linked by a compiler that keeps libstdc++ out of the
     # library (toolchain.library_cxx)
-    with device_lock.released(), build_lock(name), library_compiler():
+    with device_lock.released(), build_lock(name), extension_compiler():
         (build_dir / "lock").unlink(missing_ok=True)  # a killed build's baton; we hold the real lock
         before = _newest_library(build_dir, name)
         start = time.perf_counter()

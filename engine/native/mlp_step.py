@@ -27,9 +27,9 @@ from engine.native.build import (
     build_root,
     build_tag,
     compiler_missing,
+    extension_compiler,
     nvcc_missing,
 )
-from engine.native.toolchain import library_compiler
 
 SOURCES = ("mlp_step_binding.cpp", "mlp_step.cu")
 HEADERS = ("mlp_step.h",)
@@ -81,7 +81,7 @@ def load(verbose: bool = False) -> ModuleType:
     folder.mkdir(parents=True, exist_ok=True)
     name = f"modelab_mlp_step_{key}"
     # host-only: others may time meanwhile; linked by a compiler that keeps libstdc++ out (toolchain.library_cxx)
-    with device_lock.released(), build_lock(f"mlp_step-{key}"), library_compiler():
+    with device_lock.released(), build_lock(f"mlp_step-{key}"), extension_compiler():
         (folder / "lock").unlink(missing_ok=True)  # a killed build's baton; we hold the real lock
         try:
             module = cpp_extension.load(

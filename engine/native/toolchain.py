@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import platform
 import shutil
@@ -118,23 +119,55 @@ def shared_library_exports_std(cxx: str) -> bool | None:
         return bool(exported_std_code(lib))
 
 
-@functools.lru_cache(maxsize=1)
-def library_cxx() -> str | None:
+def _exports_std_cached(cxx: str, cache: Path | None) -> bool | None:
+    """shared_library_exports_std(cxx), remembered in the JSON file `cache` (keyed by the compiler's resolved path,
+    size and mtime), so that every worker that loads a library does not probe again (~0.5–1 s a compiler)."""
+    if cache is None:
+        return shared_library_exports_std(cxx)
+    try:
+        real = Path(shutil.which(cxx) or cxx).resolve()
+        st = real.stat()
+    except OSError:
+        return shared_library_exports_std(cxx)
+    key = f"{real}|{st.st_size}|{st.st_mtime_ns}"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    if isinstance(known.get(key), bool):
+        return known[key]
+    found = shared_library_exports_std(cxx)
+    if found is not None:
+        try:  # each writer its own temporary file, renamed (atomic): a reader never sees half a file
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({**known, key: found}))
+            tmp.replace(cache)
+        except OSError:
+            pass
+    return found
+
+
+@functools.lru_cache(maxsize=4)
+def library_cxx(cache: Path | None = None) -> str | None:
     """The C++ compiler the extension libraries are linked with: the first of `runner_cxx_candidates()` ($CXX first,
     then c++, g++ …) whose shared libraries export no std:: code; the first candidate if none qualifies (or none
-    probes), None without any compiler. Probed once per process (~1 s a compiler)."""
+    probes), None without any compiler. Looked up once per process; `cache` (a JSON file) keeps each compiler's
+    probe across processes."""
     candidates = runner_cxx_candidates()
     for cxx in candidates:
-        if shared_library_exports_std(cxx) is False:
+        if _exports_std_cached(cxx, cache) is False:
             return cxx
     return candidates[0] if candidates else None
 
 
 @contextlib.contextmanager
-def library_compiler() -> Iterator[str | None]:
-    """$CXX set to `library_cxx()` while a torch.utils.cpp_extension build runs (it reads $CXX for the compile and
-    link steps of its ninja file, so a changed choice rebuilds), restored after. Yields the compiler."""
-    cxx = library_cxx()
+def library_compiler(cache: Path | None = None) -> Iterator[str | None]:
+    """$CXX set to `library_cxx(cache)` while a torch.utils.cpp_extension build runs (it reads $CXX for the compile
+    and link steps of its ninja file, so a changed choice rebuilds), restored after. Yields the compiler."""
+    cxx = library_cxx(cache)
     before = os.environ.get("CXX")
     if cxx is not None:
         os.environ["CXX"] = cxx

@@ -102,3 +102,25 @@ def test_a_compiler_whose_libraries_export_nothing_is_kept(monkeypatch):
     with toolchain.library_compiler():
         pass
     assert "CXX" not in toolchain.os.environ  # unset before, unset after
+
+
+def test_the_compiler_probe_is_remembered_across_processes_in_its_cache_file(tmp_path, monkeypatch):
+    static = _static_libstdcxx_compiler(tmp_path)
+    cache = tmp_path / "build" / "cxx_probe.json"
+    monkeypatch.setenv("CXX", static)
+    toolchain.library_cxx.cache_clear()
+    try:
+        chosen = toolchain.library_cxx(cache)
+        assert chosen != static
+        written = toolchain.json.loads(cache.read_text())
+        assert sorted(written.values()) == [False, True]  # the wrapper leaks, the next compiler does not
+        # a later process reads the file instead of probing: told the wrapper exports nothing, it takes it
+        cache.write_text(toolchain.json.dumps({k: False for k in written}))
+        toolchain.library_cxx.cache_clear()
+        assert toolchain.library_cxx(cache) == static
+        cache.write_text("{not json")  # a damaged file: probed again, and rewritten
+        toolchain.library_cxx.cache_clear()
+        assert toolchain.library_cxx(cache) == chosen
+        assert sorted(toolchain.json.loads(cache.read_text()).values()) == [False, True]
+    finally:
+        toolchain.library_cxx.cache_clear()
