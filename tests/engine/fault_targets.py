@@ -82,3 +82,17 @@ def where_am_i(params: dict, progress) -> RunResult:
     total = float((a @ a).sum())
     return RunResult(metrics=[Metric("torch_preloaded", float(preloaded), ""), Metric("matmul_sum", total, "")],
                      env={"python": "test"})
+
+
+def rendezvous(params: dict, progress) -> RunResult:
+    """Leaves <meet_dir>/<me>.here, then waits (up to wait_s) for <meet_dir>/<other>.here: met = 1 only if a run of
+    the other name was running while this one was — what two lanes side by side do, whatever their start-up skew."""
+    _mark(params)
+    meet = Path(params["meet_dir"])
+    (meet / f"{params['me']}.here").write_text(str(os.getpid()))
+    start = time.monotonic()
+    other = meet / f"{params['other']}.here"
+    while not other.exists() and time.monotonic() - start < float(params.get("wait_s", 60.0)):
+        time.sleep(0.02)
+    return RunResult(metrics=[Metric("met", float(other.exists()), ""),
+                              Metric("waited_s", time.monotonic() - start, "s")], env={"python": "test"})
