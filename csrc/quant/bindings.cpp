@@ -1,8 +1,8 @@
 // Registers the tensor-core int4 GEMV as the torch operator `modelab_quant::int4_gemv` (CUDA dispatch key only).
 // engine/kernels/cuda_quant.py builds this library, loads it, validates inputs (ValueError) and calls the op;
-// int4_gemv.cu checks them again (TORCH_CHECK) so a direct call stops before any launch. On the H200 machines
-// (torch 2.11, nvcc 13; 2026-11-28) such a throw killed the process with SIGSEGV rather than raising (a direct
-// torch.ops call with a mis-shaped q), so nothing in the engine relies on it: the Python checks come first.
+// int4_gemv.cu checks them again (TORCH_CHECK) so a direct call stops before any launch. On the GPU image such a
+// throw once killed the process (SIGSEGV): the library had been linked with libstdc++ inside it, which
+// engine.native.toolchain.library_cxx now avoids (docs/aoti.md); the Python checks still come first, as ValueErrors.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 

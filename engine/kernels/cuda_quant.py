@@ -280,7 +280,8 @@ def _check(x: torch.Tensor, w: TileWeight, norm_weight: torch.Tensor | None, res
         raise ValueError(f"int4_gemv: the residual must be {n} bfloat16 values, and fuses alone")
     if w.glu and norm_weight is None:
         raise ValueError("int4_gemv: glu (the gate_up product) comes with the norm")
-    # the layout the C++ side checks too: a throw there killed the process on the H200s (csrc/quant/bindings.cpp)
+    # the layout the C++ side checks too, refused here first as a ValueError, before the library is loaded (a throw
+    # there once killed the process: csrc/quant/bindings.cpp)
     tiles, groups = (w.n // 2 + 7) // 8 if w.glu else (w.n + 15) // 16, (k + 63) // 64
     if (w.glu and w.n % 2) or w.q.dtype != torch.int32 or tuple(w.q.shape) != (tiles, groups, 16, 8) \
             or w.s.dtype != torch.bfloat16 or tuple(w.s.shape) != (tiles, groups, 8, 2):

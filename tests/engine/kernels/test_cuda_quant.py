@@ -260,8 +260,8 @@ def test_bad_input_is_refused_by_the_op(built) -> None:
 
 
 def test_a_weight_not_in_tile_order_is_refused_before_the_library_is_touched(monkeypatch) -> None:
-    """The C++ side checks the layout too, but a throw there killed the process on the H200s: the Python check must
-    come first (CPU tensors: each refusal is the layout's, reached before the device check)."""
+    """The C++ side checks the layout too (a throw there once killed the process: csrc/quant/bindings.cpp); the
+    Python check comes first (CPU tensors: each refusal is the layout's, reached before the device check)."""
     monkeypatch.setattr(cuda_quant, "load", lambda: pytest.fail("the library was loaded for a refused input"))
     x, qw, g, _ = _case(32, 128)
     w = cuda_quant.tile_major(qw.q, qw.scales, 128)
