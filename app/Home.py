@@ -7,8 +7,8 @@ import streamlit as st
 
 from app import queries
 from app.common import first_line, flash, fmt_time, fmt_us, get_store, show_flash, submit
-from engine.envinfo import host_env
-from engine.jobs import JobSpec
+from engine.runner.jobs import JobSpec
+from engine.store.envinfo import host_env
 
 st.set_page_config(page_title="Mode Lab", layout="wide")
 store = get_store()

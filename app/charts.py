@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from engine.changepoints import Step
+from engine.compare.changepoints import Step
 
 PALETTE = px.colors.qualitative.Plotly
 
@@ -96,7 +96,7 @@ def python_vs_native(summary: pd.DataFrame) -> go.Figure:
 
 def history_line(frame: pd.DataFrame, modes: Sequence[str] | None = None, steps: Sequence[Step] = (),
                  title: str = "History: median of earlier runs") -> go.Figure:
-    """Median of every earlier run over time, one line per mode; detected change points (engine.changepoints)
+    """Median of every earlier run over time, one line per mode; detected change points (engine.compare.changepoints)
     marked at their first run, labelled with the size, commit and environment."""
     order = _order(frame, modes)
     fig = px.line(frame, x="finished_at", y="median_us", color="mode", markers=True,
@@ -134,7 +134,8 @@ HOLD_COLORS = {"exclusive": "#d62728", "shared": "#1f77b4", "none": "#c7c7c7", "
 
 def group_timeline_chart(timeline: pd.DataFrame) -> go.Figure:
     """One row per run, its steps as bars on one clock, coloured by how it held the device: shared while it
-    prepared beside the others, exclusive while it timed alone, none while it waited (engine.report.group_timeline)."""
+    prepared beside the others, exclusive while it timed alone, none while it waited
+    (engine.store.report.group_timeline)."""
     df = timeline.assign(run=timeline["mode"] + " #" + timeline["run_id"].astype(str),
                          seconds=timeline["end_s"] - timeline["start_s"])
     fig = px.bar(df, x="seconds", y="run", base="start_s", color="hold", orientation="h",

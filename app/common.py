@@ -14,8 +14,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from engine import jobs
-from engine.store import Store, StoreDamagedError, StoreError, default_db_path
+from engine.runner import jobs
+from engine.store.db import Store, StoreDamagedError, StoreError, default_db_path
 
 ACTIVE = ("queued", "running")
 MAX_BATCH_SIZE = 1 << 20
@@ -48,7 +48,7 @@ def get_store() -> Store:
 @st.cache_resource(show_spinner="Looking for devices…")
 def device_info() -> dict[str, Any]:
     """Devices torch can see. Imports torch, so only the Benchmark and Predict pages call it."""
-    from engine.envinfo import device_report
+    from engine.store.envinfo import device_report
 
     return device_report()
 
@@ -107,7 +107,7 @@ def show_flash() -> None:
 def submit(specs: Sequence[jobs.JobSpec], group_id: str | None = None) -> list[int] | None:
     """Queue runs in a detached supervisor; on failure leave an error message instead of raising."""
     try:
-        # Looked up at call time so tests can replace engine.jobs.submit.
+        # Looked up at call time so tests can replace engine.runner.jobs.submit.
         return jobs.submit(get_store(), specs, group_id)
     except Exception as exc:  # noqa: BLE001 - whatever stops a submission, the user sees why
         flash("error", f"Could not start the run: {type(exc).__name__}: {exc}")

@@ -1,4 +1,4 @@
-"""The "Why is X slower than Y?" section the Benchmark page shows: a thin view over engine.explain.
+"""The "Why is X slower than Y?" section the Benchmark page shows: a thin view over engine.explain.why.
 
 The engine reads the runs, splits each step into terms and writes the sentence; this module only picks the two modes,
 draws the stacked bar and lays out the figures.
@@ -14,8 +14,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app.common import flash, fmt_us, submit
-from engine import explain as ex
-from engine.store import Store
+from engine.explain import why as ex
+from engine.store.db import Store
 
 TERM_COLORS = {"compute": "#2ca02c", "launch": "#d62728", "guard": "#9467bd", "framework": "#ff7f0e",
                "idle": "#c7c7c7"}

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from engine.ceilings import Ceilings
+from engine.measure.ceilings import Ceilings
 
 PALETTE = px.colors.qualitative.Plotly
 

@@ -1,4 +1,4 @@
-"""Store queries the pages need beyond engine.store's: aggregated in SQL and LIMITed, so pages stay fast with
+"""Store queries the pages need beyond engine.store.db's: aggregated in SQL and LIMITed, so pages stay fast with
 thousands of runs."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from engine.store import Store
+from engine.store.db import Store
 
 STAT_COLUMNS = """
     max(CASE WHEN m.name = 'median' THEN m.value END) AS median_us,
@@ -69,7 +69,7 @@ def latest_summary(store: Store, workload: str, device: str, phase: str, batch_s
     """Per mode, the statistics of its latest ok run that measured this (phase, batch size).
 
     Unlike Store.latency_summary's "latest run per mode", a newer run that skipped this batch size does not hide
-    the older one that has it. Columns match latency_summary, so engine.report.with_speedup applies.
+    the older one that has it. Columns match latency_summary, so engine.store.report.with_speedup applies.
     """
     return store.query(f"""
         WITH latest AS (

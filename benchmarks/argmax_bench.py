@@ -4,7 +4,8 @@ Inductor (what the compiled decode step runs) and engine/kernels/triton/argmax.p
     python benchmarks/argmax_bench.py [--vocab 32000,128256] [--batch 1]   (CUDA only)
 
 Each is checked first against torch.argmax on rows with a planted maximum (and a tie after it), then timed as the
-step runs it: 20 calls back to back in one CUDA graph (engine.timing.time_in_graph), bf16 logits. The table gives
+step runs it: 20 calls back to back in one CUDA graph (engine.measure.timing.time_in_graph), bf16 logits. The table
+gives
 the median µs per call; MODELAB_TRITON_ARGMAX=1 makes the lab's Triton modes use the Triton kernel.
 """
 
@@ -21,7 +22,7 @@ import torch  # noqa: E402
 
 def bench(vocab: int, batch: int) -> dict[str, float]:
     from engine.kernels.triton import argmax as am
-    from engine.timing import time_in_graph
+    from engine.measure.timing import time_in_graph
 
     gen = torch.Generator(device="cuda").manual_seed(vocab)
     logits = torch.randn(batch, vocab, device="cuda", generator=gen).bfloat16()

@@ -6,7 +6,7 @@ flash-decoding from the qkv row) over a sweep of split-kernel tiles, per preset,
 Each tile's output is checked against the module's default tile first (itself checked against float64 in
 tests/engine/kernels/test_decode_attention.py; relative L2 ≤ 1e-2, bf16), then timed as the decode step runs it: calls
 on rotating copies of the KV cache (more bytes in all than L2 holds) captured back to back in one CUDA graph
-(engine.timing.time_in_graph). GB/s = the cache bytes the call must read (K and V up to pos) / median time.
+(engine.measure.timing.time_in_graph). GB/s = the cache bytes the call must read (K and V up to pos) / median time.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ WHOLE = [(1024, b, w) for b, w in itertools.product((64, 128, 256, 512), (4, 8, 
 
 def bench_preset(name: str, pos: int, max_seq: int) -> tuple[dict, int, tuple]:
     from engine.kernels.triton import decode_attention as da
-    from engine.timing import time_in_graph
+    from engine.measure.timing import time_in_graph
     from engine.workloads.llama import preset, rope_tables
 
     c = preset(name)

@@ -24,7 +24,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from engine.store import Store  # noqa: E402
+from engine.store.db import Store  # noqa: E402
 
 MODES = ["eager", "fx", "torchscript", "compile", "compile-max-autotune"]
 

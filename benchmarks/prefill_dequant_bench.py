@@ -9,7 +9,8 @@ a sweep of tiles, and the GEMM after it (cuBLAS, bf16 weight, P rows).
 
 Every tile's weight is first checked equal, bit for bit, to the plain way's (torch.equal; the interpreter's bf16
 rounds toward zero, so --smoke compares in fp32); a tile that differs is not timed. Then each is timed as the
-decode benchmarks time (engine.timing.time_in_graph): calls on rotating copies of the codes, 3× the L2 in all, back
+decode benchmarks time (engine.measure.timing.time_in_graph): calls on rotating copies of the codes, 3× the L2 in all,
+back
 to back in one CUDA graph. GB/s = the bytes the dequantization must move (codes and scales read, the bf16 weight
 written) / median time. The last table sums each tile over the preset's shapes: the best tile per scheme against
 the one the module launches (TILE_DEQUANT_CHANNEL, TILE_DEQUANT), and the prefill's products with each way.
@@ -88,7 +89,7 @@ def bench_shape(scheme: str, n: int, k: int, rows: int, smoke: bool) -> dict:
     if smoke:
         result["times"] = {way: float("nan") for way in checked}
         return result
-    from engine.timing import time_in_graph
+    from engine.measure.timing import time_in_graph
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     copies = max(2, min(16, int(3 * l2 // code_bytes) + 1))

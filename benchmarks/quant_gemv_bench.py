@@ -8,7 +8,8 @@ of tiles, beside cuBLAS on the bf16 weight, per weight shape of a preset.
 Each (shape, scheme): the weight quantized as the LLM modes do (engine.llm.quant.quantize), every tile's output
 checked against float64 dequantize-then-matmul first (relative L2 ≤ 8e-3, bf16 outputs), then timed as a decode
 step runs it: calls on rotating copies of the codes (3× the L2 in all, so they stream from HBM) captured back to
-back in one CUDA graph (engine.timing.time_in_graph). GB/s = the bytes the call must move (codes + scales + x + y)
+back in one CUDA graph (engine.measure.timing.time_in_graph). GB/s = the bytes the call must move (codes + scales + x
++ y)
 / median time. --fused launches each GEMV with what the decode step fuses into it (DECODE_FUSION), its reference
 formed the same way in float64. The last table gives, per scheme, the tile with the best total time over the
 preset's shapes and the total of the tiles the module launches (quant_gemv.channel_tile for int8 and fp8, by fusion
@@ -116,7 +117,7 @@ def int4_tiles() -> list[tuple]:
 def bench_shape(scheme: str, n: int, k: int, fusion: str = "") -> dict:
     from engine.kernels.triton.quant_gemv import _reference_channel, _reference_int4
     from engine.llm.quant import quantize
-    from engine.timing import time_in_graph
+    from engine.measure.timing import time_in_graph
 
     gen = torch.Generator(device="cuda").manual_seed(n + k)
     x = torch.randn(k, device="cuda", generator=gen).bfloat16()

@@ -1,5 +1,5 @@
 """Print the timeline of every stored run of a kind: when each phase began and how long it took (from the run's
-progress.jsonl, engine.report.run_timeline), then the seconds per phase summed over the runs.
+progress.jsonl, engine.store.report.run_timeline), then the seconds per phase summed over the runs.
 
     python benchmarks/run_timelines.py --kind llm [--db results.duckdb]
 """
@@ -20,8 +20,8 @@ def main() -> int:
     args = parser.parse_args()
     import pandas as pd
 
-    from engine.report import run_timeline
-    from engine.store import Store
+    from engine.store.db import Store
+    from engine.store.report import run_timeline
 
     store = Store(args.db)
     runs = store.query("SELECT id, mode, status, round(epoch(finished_at) - epoch(started_at), 1) AS seconds "

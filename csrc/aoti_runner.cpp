@@ -16,7 +16,7 @@
 //
 // On an error it prints {"ok": false, "error": "..."} and exits with status 1. Diagnostics go to stderr.
 //
-// --device-lock: beside other runs of a group (engine/device_lock.py) the runner holds the device itself, as a phased
+// --device-lock: beside other runs of a group (engine/runner/device_lock.py) the runner holds the device itself, as a phased
 // worker does: the lock file shared while it starts CUDA and loads the package, exclusive (on --timing-cores) while it
 // warms up and times. Its caller gives the device up meanwhile, so others time while this one loads. Without it the
 // caller holds the device for the runner.
@@ -69,7 +69,7 @@ struct Args {
   std::vector<InputSpec> inputs;
   int warmup = 10;
   int iters = 100;
-  std::string device_lock;  // engine.device_lock's file for the device; empty: the caller holds the device
+  std::string device_lock;  // engine.runner.device_lock's file for the device; empty: the caller holds the device
   std::vector<int> timing_cores;
 };
 
@@ -167,7 +167,7 @@ std::vector<int> parse_cores(const std::string& value) {
   return cores;
 }
 
-// The device lock of a group (engine.device_lock.PhaseHold, the same flock file): shared from construction,
+// The device lock of a group (engine.runner.device_lock.PhaseHold, the same flock file): shared from construction,
 // exclusive() for the timed part; the kernel drops it when the process ends, whatever the way.
 class DeviceHold {
  public:

@@ -23,11 +23,11 @@ from app.common import (
     submit,
     watch_active_runs,
 )
-from engine.changepoints import history_steps
-from engine.explain import first_use as first_use_caches
-from engine.jobs import JobSpec
+from engine.compare.changepoints import history_steps
+from engine.explain.why import first_use as first_use_caches
 from engine.modes import MODES
-from engine.report import group_timeline, hold_overlaps, run_timeline, with_speedup
+from engine.runner.jobs import JobSpec
+from engine.store.report import group_timeline, hold_overlaps, run_timeline, with_speedup
 from engine.workloads import get_workload
 from engine.workloads.user_model import BENCH_TARGET
 
@@ -242,7 +242,7 @@ if group:
             if not clashes.empty:
                 st.dataframe(clashes, hide_index=True)
 
-# -- why is X slower than Y? (engine.explain; the view is app/explain_view.py) ------------------------------------
+# -- why is X slower than Y? (engine.explain.why; the view is app/explain_view.py) ------------------------------------
 with st.container(border=True, key="explain"):
     explain_view.section(store, WORKLOAD, device, phase, batch, mode_names)
 

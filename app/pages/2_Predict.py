@@ -20,10 +20,7 @@ from app.common import (
     submit,
     watch_active_runs,
 )
-from engine.data import FEATURE_BY_NAME, FEATURES, DatasetError, load_housing_csv, validate_features
-from engine.jobs import JobSpec
-from engine.modes import MODES
-from engine.predict import (
+from engine.housing.predict import (
     InvalidInputError,
     TrainedModel,
     WeightLoadError,
@@ -32,7 +29,10 @@ from engine.predict import (
     predict,
     price_curve,
 )
-from engine.train import models_dir
+from engine.housing.train import models_dir
+from engine.modes import MODES
+from engine.runner.jobs import JobSpec
+from engine.workloads.housing_data import FEATURE_BY_NAME, FEATURES, DatasetError, load_housing_csv, validate_features
 
 st.set_page_config(page_title="Predict · Mode Lab", layout="wide")
 store = get_store()

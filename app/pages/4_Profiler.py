@@ -23,11 +23,11 @@ from app.common import (
     submit,
     watch_active_runs,
 )
-from engine.jobs import JobSpec
+from engine.measure.op_stats import comparable_kinds, compare, compare_metrics, short_name
 from engine.modes import MODES
 from engine.profiling import ncu
-from engine.profiling.op_stats import comparable_kinds, compare, compare_metrics, short_name
 from engine.profiling.profile import default_phases
+from engine.runner.jobs import JobSpec
 from engine.workloads import get_workload
 from engine.workloads.user_model import PROFILE_TARGET
 

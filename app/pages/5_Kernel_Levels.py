@@ -23,17 +23,17 @@ from app.common import (
     submit,
     watch_active_runs,
 )
-from engine.ceilings import CEILINGS, dtype_key, latest_ceilings
-from engine.changepoints import history_steps, series_history
-from engine.jobs import JobSpec
+from engine.compare.changepoints import history_steps, series_history
 from engine.levels import COMPONENTS, LEVELS
 from engine.levels import yours as yours_levels
 from engine.levels.results import deep_table, level_results, stage_results
-from engine.levels.timers import AGREE_NOTE as CROSS_AGREE
-from engine.levels.timers import NOT_MEASURED as CROSS_NOT_MEASURED
-from engine.levels.timers import NOTE_PREFIX as CROSS_TIMER
+from engine.measure.ceilings import CEILINGS, dtype_key, latest_ceilings
+from engine.measure.kernel_timers import AGREE_NOTE as CROSS_AGREE
+from engine.measure.kernel_timers import NOT_MEASURED as CROSS_NOT_MEASURED
+from engine.measure.kernel_timers import NOTE_PREFIX as CROSS_TIMER
 from engine.profiling.ncu import unavailable as ncu_unavailable
-from engine.store import REPO_ROOT
+from engine.runner.jobs import JobSpec
+from engine.store.db import REPO_ROOT
 
 st.set_page_config(page_title="Kernel Levels · Mode Lab", layout="wide")
 store = get_store()
@@ -104,7 +104,8 @@ def run_notes(row: dict) -> list[str]:
 
 def show_timers(row: dict) -> None:
     """The cross-timer panel of a CUDA level: events per call, in a CUDA graph, the profiler's kernel time side by
-    side, and the run's cross-timer notes (engine.levels.timers) where they disagree beyond the stated bounds."""
+    side, and the run's cross-timer notes (engine.measure.kernel_timers) where they disagree beyond the stated
+    bounds."""
     graph_us, kernel_us = row.get("graph_median_us"), row.get("kernel_median_us")
     has_graph, has_kernel = (v is not None and v == v for v in (graph_us, kernel_us))  # NaN where not measured
     notes = [n for n in run_notes(row) if n.startswith(CROSS_TIMER)]

@@ -24,8 +24,7 @@ from app.common import (
     submit,
     watch_active_runs,
 )
-from engine.changepoints import history_steps, run_series_history
-from engine.jobs import JobSpec
+from engine.compare.changepoints import history_steps, run_series_history
 from engine.llm import metrics as llm_metrics
 from engine.llm.report import (
     REPORT_FILES,
@@ -48,7 +47,8 @@ from engine.llm.report import (
 from engine.llm.report import (
     fmt_time as fmt_duration,
 )
-from engine.profiling.op_stats import short_name
+from engine.measure.op_stats import short_name
+from engine.runner.jobs import JobSpec
 from engine.workloads.llama import PRESETS
 
 SWEEP_PARAMS = {"none": None, "batch B": ("batch", "1, 2, 4, 8, 16, 32, 64"),

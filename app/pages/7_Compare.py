@@ -1,5 +1,6 @@
 """Compare: did it get slower? Two sides (commits, torch versions, devices, merged stores, runs) compared series by
-series with a bootstrap confidence interval (engine.compare), a forest plot of the ratios and the commands to rerun."""
+series with a bootstrap confidence interval (engine.compare.verdict), a forest plot of the ratios and the commands to
+rerun."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app.common import get_store, page_header
-from engine.compare import KINDS, CompareError, Comparison, Options, compare, spec_choices, table
+from engine.compare.verdict import KINDS, CompareError, Comparison, Options, compare, spec_choices, table
 
 BY = {"commit": "git commit", "torch": "torch version", "device": "device", "merged": "merged store",
       "ids": "run ids", "latest": "latest run of each series"}

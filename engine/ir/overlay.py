@@ -42,7 +42,7 @@ from typing import Any
 import pandas as pd
 
 from engine.ir.graph import IR, OpNode
-from engine.profiling.op_stats import STEP_RE, Event, load_trace, timed_events
+from engine.measure.op_stats import STEP_RE, Event, load_trace, timed_events
 
 ALIASES = {"aten::linear": "linear", "aten::addmm": "linear", "aten::mm": "linear", "aten::matmul": "linear",
            "aten::bmm": "bmm", "aten::baddbmm": "bmm"}

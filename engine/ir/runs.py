@@ -4,7 +4,7 @@ An extraction is a run (kind "ir", mode "export", device "meta") whose artifacts
 graph, under artifacts_root/run_<id>/. It runs in the calling process: on the meta device it allocates no weights
 (a 7B-shaped model peaks well under 1 GB), takes seconds, and every failure is a Python exception that fails the
 run — nothing a worker process would protect the dashboard from. Verification materialises real weights, so it is a
-job (mode "verify", device "cpu") that engine.jobs runs in a worker process; an OOM kill ends the worker only.
+job (mode "verify", device "cpu") that engine.runner.jobs runs in a worker process; an OOM kill ends the worker only.
 
 User models (engine.workloads.user_model, `--model pkg.module:factory`) are extractions too, with the import path
 in the run's params; the dashboard extracts them in a worker (`extract_job`), so it never imports user code, and
@@ -24,8 +24,8 @@ import pandas as pd
 
 from engine.ir.errors import IRError, WeightLoadError
 from engine.ir.graph import IR
-from engine.jobs import JobSpec, artifacts_root
-from engine.store import Artifact, Metric, RunResult, Store
+from engine.runner.jobs import JobSpec, artifacts_root
+from engine.store.db import Artifact, Metric, RunResult, Store
 
 KIND = "ir"
 VERIFY_TARGET = "engine.ir.verify:verify_job"
@@ -72,7 +72,7 @@ def _extract_to(folder: Path, model: Any, inputs: tuple, model_name: str) -> tup
 
 
 def _result(ir: IR, artifacts: list[Artifact], metrics: dict, notes: list[str] = ()) -> RunResult:
-    from engine.envinfo import capture_env
+    from engine.store.envinfo import capture_env
 
     units = {"export_s": "s", "convert_s": "s", "json_s": "s", "json_bytes": "B"}
     return RunResult(metrics=[Metric(k, float(v), units.get(k, "")) for k, v in metrics.items()], artifacts=artifacts,

@@ -1,7 +1,7 @@
 """Proof that an IR computes what its model computes: run both on the same real weights and inputs, compare.
 
 `verify_ir` needs the real model in memory, so the dashboard and the CLI run it through `verify_job` in a worker
-process (engine.jobs): an out-of-memory kill ends the worker, not the dashboard.
+process (engine.runner.jobs): an out-of-memory kill ends the worker, not the dashboard.
 """
 
 from __future__ import annotations
@@ -139,13 +139,14 @@ def verify_ir(ir: IR, model: nn.Module, inputs: Sequence[torch.Tensor], rtol: fl
     return report
 
 
-# -- the worker-process job (engine.jobs target "engine.ir.verify:verify_job") -----------------------------------
+# -- the worker-process job (engine.runner.jobs target "engine.ir.verify:verify_job")
+# -----------------------------------
 def verify_job(params: dict[str, Any], progress: Callable[[float, str], None]):
     """Verify a stored IR (params["ir_path"]) against its zoo model built on the CPU with real, seeded weights."""
-    from engine.envinfo import capture_env
     from engine.ir.serialize import load_ir
     from engine.ir.zoo import build as build_zoo_model
-    from engine.store import Artifact, Metric, RunResult
+    from engine.store.db import Artifact, Metric, RunResult
+    from engine.store.envinfo import capture_env
 
     workload, preset, seed = params["workload"], params.get("preset"), int(params.get("seed", 0))
     rtol, atol = float(params.get("rtol", 1e-4)), float(params.get("atol", 1e-4))

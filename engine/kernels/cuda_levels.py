@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from engine import device_lock
 from engine.native import build as native
+from engine.runner import device_lock
 
 SOURCE_DIR = native.CSRC / "levels"
 SOURCES = ("attention.cu", "attention_sm90.cu", "attention_ws.cu", "patch_embed.cu", "message_passing.cu",

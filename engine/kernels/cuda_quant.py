@@ -161,12 +161,13 @@ def tune(weights: Iterable[TileWeight], l2_multiple: float = 3.0, replays: int =
     """Time every (warps, batch) block on each distinct product (n, k, glu) of `weights` and keep the fastest for
     `block` where it beats the untuned block by MIN_GAIN: calls on rotating copies of the codes (more bytes than L2
     holds, as in a decode step) captured in one CUDA graph, with the device to this run alone
-    (engine.device_lock.exclusive); each candidate's output checked against the untuned block's first. Returns one
+    (engine.runner.device_lock.exclusive); each candidate's output checked against the untuned block's first. Returns
+    one
     line per product tuned. Why measure rather than rule: on the H100 the fastest block differs by product (the 1B
     down 16 warps × 8 groups 5.7 µs against 16 × 4 6.1; the 7B gate_up 8 × 8 19.3 against 19.6, and 16 × 8 26.2;
     docs/quantization.md, session 19)."""
-    from engine.device_lock import exclusive
-    from engine.timing import time_in_graph
+    from engine.measure.timing import time_in_graph
+    from engine.runner.device_lock import exclusive
 
     lines = []
     seen: set[tuple[int, int, bool, int]] = set()

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.store import Metric
-from engine.timing import Measurement, time_events_each, time_fn
+from engine.measure.timing import Measurement, time_events_each, time_fn
+from engine.store.db import Metric
 from engine.workloads.component import Component, Shape, rel_l2_error
 
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from engine.profiling.op_stats import short_name
-from engine.store import Store
+from engine.measure.op_stats import short_name
+from engine.store.db import Store
 
 FIGURES = {"median": "median_us", "p10": "p10_us", "p90": "p90_us", "first_call": "first_call_us",
            "flops_per_s": "flops_per_s", "bytes_per_s": "bytes_per_s", "intensity": "intensity",

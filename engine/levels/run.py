@@ -2,7 +2,8 @@
 
 The reference is the L1 naive module run in fp32 on the same inputs (bf16 inputs upcast exactly). A level passes when
 its relative L2 error ‖out − ref‖ / ‖ref‖ is within the component's tolerance for the shape's dtype, on two fresh
-input sets; otherwise the run fails with the error. Timing then follows engine.timing (CUDA events per call on the
+input sets; otherwise the run fails with the error. Timing then follows engine.measure.timing (CUDA events per call on
+the
 GPU), rotating over several input sets when one set would sit in L2, and the throughput figures divide the
 component's analytic FLOPs and minimum bytes by the median, and by the device ceilings, naming which.
 """
@@ -18,13 +19,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine import device_lock
-from engine.ceilings import Ceilings, ceiling_metrics, ceilings_for, dtype_key
-from engine.levels import get_component, get_level, guards, timers, yours
+from engine.levels import get_component, get_level, guards, yours
 from engine.levels.base import Built, Level
-from engine.modes.inductor_timing import begin_run
-from engine.store import Metric, RunResult, Samples
-from engine.timing import Measurement, time_first_call, time_fn, time_in_graph
+from engine.measure import kernel_timers as timers
+from engine.measure.ceilings import Ceilings, ceiling_metrics, ceilings_for, dtype_key
+from engine.measure.inductor_timing import begin_run
+from engine.measure.timing import Measurement, time_first_call, time_fn, time_in_graph
+from engine.runner import device_lock
+from engine.store.db import Metric, RunResult, Samples
 from engine.workloads.component import Component, Shape, rel_l2_error, tensor_bytes
 
 Progress = Callable[[float, str], None]
@@ -132,7 +134,8 @@ def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunR
             progress(0.08, f"guarding {level.key}")
             guard.probe(level.build(component, shape, naive, device).fn)
         checked = _build_and_check(component, shape, level, naive, sets, tol, device, progress)
-    # Beside other runs of its group (engine.plan) this worker prepared holding the device shared; it times alone.
+    # Beside other runs of its group (engine.runner.plan) this worker prepared holding the device shared; it times
+    # alone.
     with device_lock.exclusive():
         with torch.no_grad():
             progress(0.4, f"timing {level.key}")
@@ -311,7 +314,7 @@ def _tuning(built: Built) -> contextlib.AbstractContextManager:
 
 
 def _time_rotating(fn: Callable[..., torch.Tensor], sets: list[tuple], cfg: LevelsConfig) -> Measurement:
-    """fn timed call by call (engine.timing), each call on the next input set."""
+    """fn timed call by call (engine.measure.timing), each call on the next input set."""
     counter = [0]
 
     def call() -> torch.Tensor:
@@ -421,7 +424,7 @@ def _stage_counts(component: Component, stage: str):
 
 
 def levels_job(params: dict, progress: Progress) -> RunResult:
-    """Job-runner entry point (engine.jobs runs this in a worker process)."""
+    """Job-runner entry point (engine.runner.jobs runs this in a worker process)."""
     known = set(LevelsConfig.__dataclass_fields__)
     cfg = LevelsConfig(**{k: v for k, v in params.items() if k in known})
     return run_level(cfg, progress)

@@ -163,7 +163,7 @@ def check_in_subprocess(component: str, shape: str, impl: str, path: str | None,
 
 def _run_checker(payload: dict, what: str, timeout_s: float) -> tuple[dict | None, str]:
     """`python -m engine.levels.yours --json payload`: (its JSON answer, "") or (None, why there is none)."""
-    from engine.store import REPO_ROOT
+    from engine.store.db import REPO_ROOT
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)

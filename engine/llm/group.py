@@ -1,17 +1,17 @@
 """A group of LLM runs on one device (`llm --mode all`, a sweep, the LLM page's batch): how many prepare side by
 side, in which order, and the ceilings they all divide by — measured first, alone, if this device has none.
 
-engine.plan asks it for an LLM group, for the CLI and for the dashboard's detached supervisor alike.
+engine.runner.plan asks it for an LLM group, for the CLI and for the dashboard's detached supervisor alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.ceilings import ensure_ceilings
 from engine.llm.modes import MODES
 from engine.llm.run import LLMConfig, config_from_params, memory_needed
-from engine.store import Store
+from engine.measure.ceilings import ensure_ceilings
+from engine.store.db import Store
 
 # Device memory a run's process holds beyond memory_needed: the CUDA context, activations, logits, CUDA graph pools
 # and the GEMV choice's weight copies (three L2s' worth).

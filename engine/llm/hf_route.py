@@ -45,8 +45,8 @@ from engine.llm.generate import Decoder, Generation, StepFn, generate
 from engine.llm.modes import TRANSFORMERS_ROUTE_MODES, route_mode, route_unavailable
 from engine.llm.timed import decode_pass, sync, timed_calls
 from engine.llm.verify import TOLERANCE_FACTOR, TOLERANCE_FLOOR, TOLERANCE_FP32, check_generation, rel_l2
-from engine.store import Metric, RunResult, Samples
-from engine.timing import summarize
+from engine.measure.timing import summarize
+from engine.store.db import Metric, RunResult, Samples
 
 Progress = Callable[[float, str], None]
 ROUTE_NOTE = "route: transformers (transformers' own module and StaticCache; the lab's kernels do not apply)"
@@ -263,8 +263,8 @@ def route_run(cfg: LLMConfig, progress: Progress = lambda f, m: None) -> RunResu
 
 def _route_start(cfg: LLMConfig, progress: Progress) -> tuple[_RouteRun, Any]:
     """The mode available here? The run's result with the route and checkpoint named; the ceilings."""
-    from engine.ceilings import ceilings_for
-    from engine.envinfo import capture_env
+    from engine.measure.ceilings import ceilings_for
+    from engine.store.envinfo import capture_env
 
     device, mode = cfg.device, cfg.mode
     if route_mode(mode) not in TRANSFORMERS_ROUTE_MODES or route_unavailable(mode, "transformers", device):
@@ -388,9 +388,10 @@ def _route_time(run: _RouteRun, prepared: Any, graphs0: int) -> tuple[list[float
 
 
 def _route_take_device(run: _RouteRun) -> Any:
-    """When the run prepared beside others of its group (engine.worker: a GPU group, native and transformers-route
+    """When the run prepared beside others of its group (engine.runner.worker: a GPU group, native and
+    transformers-route
     runs of one folder alike), wait until it has the device alone; returns the hold (None in an ordinary worker)."""
-    from engine import device_lock
+    from engine.runner import device_lock
 
     hold = device_lock.current()
     if hold is not None:
@@ -430,7 +431,7 @@ def _first_call(fn: Callable[[], object], device: str) -> float:
 def _figures(result: RunResult, cfg: LLMConfig, s: Shapes, elem: int, prefill_us: list[float],
              decode_us: list[float], ceilings: Any) -> None:
     """TTFT, TPOT, FLOPs and bytes from the module's shapes, MFU and MBU where ceilings are stored."""
-    from engine.ceilings import dtype_key
+    from engine.measure.ceilings import dtype_key
 
     B, P, N = cfg.batch, cfg.prompt_len, cfg.new_tokens
     tag_p, tag_d = dict(phase="prefill", batch_size=B), dict(phase="decode", batch_size=B)

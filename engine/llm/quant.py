@@ -48,7 +48,7 @@ model) at the prefill's last position and every decode step: top-1 agreement (fr
 where both pick the same greedy token) and the mean KL divergence KL(ref ‖ quant) of the next-token distribution
 (nats), over GATE_STEPS decode steps and the prefill's last position. A mode passes when agreement ≥ min_top1 and
 KL ≤ max_kl of `gate_for(scheme, layers)` — GATES for models of up to 4 layers, DEEP_GATES (calibrated on the 1B
-and 7B presets on an H100) for deeper ones; a miss raises engine.checks.ToleranceError with both numbers.
+and 7B presets on an H100) for deeper ones; a miss raises engine.measure.checks.ToleranceError with both numbers.
 
 Calibration of GATES (CPU, the lab's random-weight "tiny" and "small" presets, seeds 0–4, prompt 16, 24 decode
 steps, so 25 positions; float32 and bfloat16 models, each against its unquantized self;
@@ -91,8 +91,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.checks import ToleranceError
 from engine.kernels.int4_layout import INT4_LAYOUT, int4_row_bytes, pack_int4, unpack_int4  # noqa: F401 - re-exported
+from engine.measure.checks import ToleranceError
 from engine.workloads.llama import LlamaConfig
 
 INT4_GROUP = 64  # engine.kernels.int4_layout.GROUP

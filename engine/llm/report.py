@@ -19,7 +19,7 @@ import pandas as pd
 from engine.llm import metrics as M
 from engine.llm.config import LLMConfig, params_of
 from engine.llm.modes import MODES, TRANSFORMERS_MODES, route_mode
-from engine.store import Artifact, RunResult, Store
+from engine.store.db import Artifact, RunResult, Store
 from engine.workloads.llama import PRESETS, LlamaConfig
 
 REPORT_FILES = ("report.md", "operators.md", "metrics.json", "env.json", "inputs.json", "assumptions.md")
@@ -147,7 +147,7 @@ def peak_key(view: RunView) -> str:
 
 def ceiling_text(view: RunView, which: str) -> str:
     """'the measured bf16 matmul rate (774 TFLOP/s) on NVIDIA H100 80GB HBM3, ceilings run #3' or why none."""
-    from engine.ceilings import CEILINGS
+    from engine.measure.ceilings import CEILINGS
 
     name = peak_key(view) if which == "peak" else "copy_bw"
     value = view.get(f"ceiling_{name}")
@@ -234,7 +234,7 @@ def _md_table(frame: pd.DataFrame) -> str:
 
 
 def _ops_md(view: RunView, phase: str, k: int) -> str:
-    from engine.profiling.op_stats import short_name
+    from engine.measure.op_stats import short_name
 
     top = top_operators(view, phase, k)
     if top.empty:
@@ -372,7 +372,7 @@ def assumptions(view: RunView) -> str:
               f"- MFU divides by {ceiling_text(view, 'peak')}.",
               f"- MBU divides by {ceiling_text(view, 'bw')} (bytes read + written by a large device-to-device copy).",
               "- The `*_datasheet_pct` figures divide by the vendor's dense datasheet peak for the device "
-              "(engine/ceilings.py DATASHEETS), named as such; the measured ceilings come first.", "",
+              "(engine/measure/ceilings.py DATASHEETS), named as such; the measured ceilings come first.", "",
               "## Timing and correctness", "",
               "- TTFT: median of the timed prefills (CUDA events around each; perf_counter on CPU), the greedy "
               "first token included. TPOT: per decode step, one event between consecutive steps, no host sync "
@@ -413,7 +413,7 @@ def report_files(store: Store, run_id: int, out_dir: Path | None = None) -> dict
     view = from_store(store, run_id)
     recorded = next(iter(found.values())).parent if found else None
     if out_dir is None:  # beside the files it recorded, or (a store copied from another machine) under ours
-        from engine.jobs import artifacts_root
+        from engine.runner.jobs import artifacts_root
 
         out_dir = recorded if recorded is not None and recorded.exists() else artifacts_root(store) / f"run_{run_id}"
     target = out_dir

@@ -1,6 +1,6 @@
 """One LLM-lab run: a preset, a prompt of P tokens, N decode steps, batch B, one mode — checked, timed, profiled.
 
-In order, in one worker process (engine.jobs starts it; it never touches the store):
+In order, in one worker process (engine.runner.jobs starts it; it never touches the store):
 
 1. Build the seeded model on the device (bf16 on CUDA, fp32 on CPU), fuse q/k/v and gate/up, allocate the static
    KV cache for P + N positions (rounded up to 16).
@@ -18,7 +18,8 @@ In order, in one worker process (engine.jobs starts it; it never touches the sto
 5. torch.profiler over one phase at a time (NVTX ranges `prefill` / `decode`): op_stats rows per phase.
    `deep`: Nsight Compute on the top-k decode kernels (a subprocess: this module's `--ncu-target`).
 6. FLOPs and bytes from engine.llm.metrics; MFU against the measured bf16 (or fp32) matmul ceiling, MBU against the
-   measured copy bandwidth (engine.ceilings), datasheet peaks beside them, named. Reports written (engine.llm.report).
+   measured copy bandwidth (engine.measure.ceilings), datasheet peaks beside them, named. Reports written
+   (engine.llm.report).
 
 llm_run reads as those steps, one function each. What it shares with the tensor-parallel ranks (engine.llm.tp_rank)
 lives below both: engine.llm.config (LLMConfig, build), engine.llm.verify (the checks, the tolerance) and
@@ -39,10 +40,6 @@ from pathlib import Path
 
 import torch
 
-from engine import device_lock as device_phases
-from engine import nvtx_ranges
-from engine.ceilings import Ceilings, Datasheet, ceiling_metrics, ceilings_for, dtype_key
-from engine.envinfo import capture_env
 from engine.llm import metrics as M
 from engine.llm.config import (
     DTYPES,
@@ -69,8 +66,12 @@ from engine.llm.verify import (
     check_generation,
     rel_l2,
 )
-from engine.store import Artifact, Metric, RunResult, Samples
-from engine.timing import summarize
+from engine.measure import nvtx_ranges
+from engine.measure.ceilings import Ceilings, Datasheet, ceiling_metrics, ceilings_for, dtype_key
+from engine.measure.timing import summarize
+from engine.runner import device_lock as device_phases
+from engine.store.db import Artifact, Metric, RunResult, Samples
+from engine.store.envinfo import capture_env
 from engine.workloads.llama import LlamaDecoder, parameter_count
 
 # Names other modules, the page and the tests import from here (they live in engine.llm.config, .verify, .timed).
@@ -114,7 +115,7 @@ def llm_run(cfg: LLMConfig, progress: Progress = lambda f, m: None) -> RunResult
 
 
 def llm_job(params: dict, progress: Progress) -> RunResult:
-    """Job-runner entry point (engine.jobs TARGETS['llm'])."""
+    """Job-runner entry point (engine.runner.jobs TARGETS['llm'])."""
     return llm_run(config_from_params(params), progress)
 
 
@@ -125,7 +126,7 @@ class _Run:
     mode: LLMMode
     result: RunResult
     out_dir: Path
-    hold: device_phases.PhaseHold | None  # set when the run prepares beside others of its group (engine.worker)
+    hold: device_phases.PhaseHold | None  # set when the run prepares beside others of its group (engine.runner.worker)
     ceilings: Ceilings | None
     progress: Progress
     wall0: float
@@ -239,8 +240,8 @@ def _checkpoint_reference(run: _Run, prompt: torch.Tensor, ref: Generation, cali
     """A checkpoint run: named in the notes; for --hf, eager's logits against transformers' own float32 forward of
     the same checkpoint (before any time is shown): within TOLERANCE_FP32 in float32, the calibrated tolerance
     otherwise. A mismatch fails the run (ToleranceError)."""
-    from engine.checks import ToleranceError
     from engine.llm import hf
+    from engine.measure.checks import ToleranceError
 
     cfg, result = run.cfg, run.result
     ident = cfg.checkpoint or {}
@@ -657,7 +658,7 @@ def _write_reports(run: _Run) -> None:
 # -- helpers: first calls, compile counters, profiles ---------------------------------------------------------------
 def _first_call(fn: Callable[[], object], device: str) -> float:
     """Wall time of the call in µs, less any time it waited for the device (a timed section inside it, such as
-    the GEMV's choice, waits while other runs of its group prepare: engine.device_lock)."""
+    the GEMV's choice, waits while other runs of its group prepare: engine.runner.device_lock)."""
     hold = device_phases.current()
     waited0 = hold.waited_s if hold else 0.0
     sync(device)
@@ -680,7 +681,7 @@ def _dynamo_counts() -> dict[str, float]:
 
 def _profile(step: Callable[[], object], device: str, path: Path, warmup: int, active: int, phase: str,
              result: RunResult) -> list[dict]:
-    from engine.profiling.op_stats import analyze, load_trace
+    from engine.measure.op_stats import analyze, load_trace
     from engine.profiling.profile import ProfileConfig, profile_step
 
     cfg = ProfileConfig(device=device, wait=0, warmup=warmup, active=active, record_shapes=True)

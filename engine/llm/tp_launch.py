@@ -33,7 +33,7 @@ from engine.llm.config import LLMConfig, params_of
 from engine.llm.tp import check_divisible
 from engine.llm.tp_rank import llm_config
 from engine.llm.verify import rel_l2
-from engine.store import Artifact, Metric, RunResult, Samples
+from engine.store.db import Artifact, Metric, RunResult, Samples
 
 ROOT = Path(__file__).resolve().parents[2]
 # NVLink SHARP / multicast stay off on the lent multi-GPU hosts (see the device notes); set for every launch.
@@ -221,7 +221,7 @@ def tp_result(cfg: LLMConfig, world_size: int, progress: Callable[[float, str], 
     (ttft_us, tpot_*) are the sharded run's, beside the baseline's (tp1_*), the all-reduce time per step, the
     speedup and the scaling efficiency. Fails (TensorParallelError) when the sharded logits miss the unsharded
     model's (each rank checks) or a rank crashes."""
-    from engine.envinfo import capture_env
+    from engine.store.envinfo import capture_env
 
     wall0 = time.perf_counter()
     workdir = Path(cfg.artifacts_dir or tempfile.mkdtemp(prefix="modelab-tp-"))

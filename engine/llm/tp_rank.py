@@ -44,7 +44,7 @@ from engine.llm.generate import Decoder, Generation, StepFn, generate, step_fn
 from engine.llm.timed import decode_pass, sync, timed_calls
 from engine.llm.tp import AllReduceTimer, StepComm, shard_decoder, shard_parameter_count, timed_steps
 from engine.llm.verify import CheckResult, calibrate, check_generation
-from engine.timing import summarize
+from engine.measure.timing import summarize
 from engine.workloads.llama import LlamaDecoder
 
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.checks import ToleranceError
 from engine.llm.config import LLMConfig
 from engine.llm.generate import Generation, step_fn
+from engine.measure.checks import ToleranceError
 from engine.workloads.llama import LlamaDecoder, build_model
 
 # How far a mode's logits may be from eager's, as relative L2 error ‖mode − eager‖ / ‖eager‖.

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from engine.native.aoti import Package
 
 PHASES = ("infer",)
-PROFILER_LABEL = "## Call AOTInductor package ##"  # engine.explain counts this range's own time as compute
+PROFILER_LABEL = "## Call AOTInductor package ##"  # engine.explain.why counts this range's own time as compute
 CHECK_ENV = "MODELAB_AOTI_CHECK_IN_CHILD"
 
 
@@ -74,7 +74,7 @@ def prepare(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], train: b
     if train:
         raise InferenceOnlyError("aoti: AOTInductor packages are inference-only (torch.export of the forward pass, "
                                  "no autograd graph), so there is no training step to run; benchmark phase 'infer'")
-    from engine.modes.inductor_timing import install as keep_timings_alone
+    from engine.measure.inductor_timing import install as keep_timings_alone
     from engine.native import aoti
 
     keep_timings_alone()  # beside a preparing group: the package's C++ build leaves the device to the timings
@@ -141,10 +141,10 @@ def _native_metrics(pkg: Package, example_inputs: tuple[torch.Tensor, ...], devi
     from engine.native import aoti
 
     def extra_metrics(warmup: int = 10, iters: int = 100, rtol: float = 1e-4, atol: float = 1e-4) -> list:
-        from engine.checks import compare
+        from engine.measure.checks import compare
+        from engine.measure.timing import summarize
         from engine.native.build import NativeBuildError, build_aoti_runner
-        from engine.store import Metric
-        from engine.timing import summarize
+        from engine.store.db import Metric
 
         metrics = [Metric("export_time", pkg.export_s, "s")]
         if not pkg.cache_hit:

@@ -29,7 +29,7 @@ class Prepared:
     # Binary files worth keeping with the run (e.g. the AOTInductor .pt2), name -> path of a file the mode wrote.
     files: dict[str, str] = field(default_factory=dict)
     # Called by bench after the timed loop as extra_metrics(warmup=, iters=, rtol=, atol=): more metrics for this
-    # (phase, batch size), e.g. the aoti mode's native-runner latency. Returns engine.store.Metric objects; bench
+    # (phase, batch size), e.g. the aoti mode's native-runner latency. Returns engine.store.db.Metric objects; bench
     # sets their phase and batch size. May raise (a wrong result fails the run like any other mismatch).
     extra_metrics: Callable[..., list] | None = None
     # Set by a mode that owns the whole training step (graph-captured or fused kernels): train_step(inputs, target)

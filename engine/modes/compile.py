@@ -14,8 +14,8 @@ import sys
 import torch
 from torch import nn
 
+from engine.measure.inductor_timing import install as keep_timings_alone
 from engine.modes.base import Mode, Prepared, cuda_only
-from engine.modes.inductor_timing import install as keep_timings_alone
 
 
 def compiler_missing(device: str) -> str | None:

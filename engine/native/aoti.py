@@ -34,9 +34,9 @@ from pathlib import Path
 
 import torch
 
-from engine import device_lock
 from engine.native.build import REPO_ROOT, build_lock, build_root, build_tag, record_build
 from engine.native.toolchain import with_libstdcxx_preloaded
+from engine.runner import device_lock
 
 OPTIONS_ENV = "MODELAB_AOTI_OPTIONS"
 _DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16",

@@ -9,7 +9,7 @@ next one wait forever, so it is cleared while we hold the lock.
 
 Workers also keep Inductor's caches (FX graph, AOTAutograd, autotune, Triton) under the same folder
 (`configure_compile_caches`), and every build or package records whether it was a cache hit (`record_build`), which
-bench stores as `cache_*` metrics of the phase (engine.caches).
+bench stores as `cache_*` metrics of the phase (engine.measure.caches).
 
 Nothing here is imported by the dashboard: availability checks (`custom_ops_missing`, `compiler_missing`) only look
 for tools and never build.
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from engine import device_lock
 from engine.native.toolchain import exported_std_code, find_cxx, library_compiler, runner_cxx_candidates
+from engine.runner import device_lock
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CSRC = REPO_ROOT / "csrc"

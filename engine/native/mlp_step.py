@@ -16,7 +16,6 @@ from types import ModuleType
 
 import torch
 
-from engine import device_lock
 from engine.native.build import (
     CSRC,
     NativeBuildError,
@@ -30,6 +29,7 @@ from engine.native.build import (
     extension_compiler,
     nvcc_missing,
 )
+from engine.runner import device_lock
 
 SOURCES = ("mlp_step_binding.cpp", "mlp_step.cu")
 HEADERS = ("mlp_step.h",)

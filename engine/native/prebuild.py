@@ -1,9 +1,11 @@
-"""Native builds a group needs, started in the background as the group starts (engine.plan), so the run that needs
+"""Native builds a group needs, started in the background as the group starts (engine.runner.plan), so the run that
+needs
 one finds it built (or waits on its build lock) instead of starting it when its turn comes.
 
-    python -m engine.native.prebuild cuda_levels mlp_step   # what engine.plan starts: one process per build
+    python -m engine.native.prebuild cuda_levels mlp_step   # what engine.runner.plan starts: one process per build
 
-Only on a GPU machine with cores to spare (engine.device_lock.split_cores): the builds run on the cores a timing never
+Only on a GPU machine with cores to spare (engine.runner.device_lock.split_cores): the builds run on the cores a
+timing never
 uses, with ninja's parallelism set to those cores (MAX_JOBS). On a CPU device a build beside a timing would take its
 cores, so there the run builds when its turn comes. A build that fails here fails again in its run, which reports it.
 """
@@ -18,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from engine.device_lock import split_cores
+from engine.runner.device_lock import split_cores
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

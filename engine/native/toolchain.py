@@ -1,6 +1,6 @@
 """The C++ toolchain as seen from this machine: which compiler, which libstdc++, and what a built executable exports.
 
-No torch import here: engine.jobs calls `with_libstdcxx_preloaded` for every worker it starts, from a supervisor
+No torch import here: engine.runner.jobs calls `with_libstdcxx_preloaded` for every worker it starts, from a supervisor
 process that never loads torch.
 """
 

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from engine.bench import build_step
+    from engine.bench.run import build_step
     from engine.modes import get_mode
     from engine.workloads import get_workload
 

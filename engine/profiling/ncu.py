@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.profiling.op_stats import base_name
-from engine.store import Artifact, Metric, RunResult
+from engine.measure.op_stats import base_name
+from engine.store.db import Artifact, Metric, RunResult
 
 METRICS = {
     "gpu__time_duration.sum": "duration_us",
@@ -274,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
-    from engine.bench import _sync, build_step
+    from engine.bench.run import _sync, build_step
     from engine.modes import get_mode
     from engine.workloads import get_workload
 

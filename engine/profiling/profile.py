@@ -1,18 +1,18 @@
 """Profile one mode of one workload with torch.profiler: a Chrome trace, op_stats rows and step-level figures.
 
-For each phase (`train`: zero_grad → forward → loss → backward → Adam step, the very step engine.bench times;
+For each phase (`train`: zero_grad → forward → loss → backward → Adam step, the very step engine.bench.run times;
 `infer`: forward under no_grad): a fresh copy of the seeded model is prepared by the mode, called once (tracing and
 compilation happen here, outside the profile), called `settle` more times, then run under torch.profiler with a
 wait/warm-up/active schedule (CPU activity, plus CUDA on a GPU; input shapes recorded). The trace of the active steps
-is written gzipped under the run's artifacts folder and analysed by engine.profiling.op_stats. With `deep`, the top-k
+is written gzipped under the run's artifacts folder and analysed by engine.measure.op_stats. With `deep`, the top-k
 kernels by device time are measured again by Nsight Compute (engine.profiling.ncu) in a subprocess. After the
 profile, the same step is timed `unprofiled_iters` times without the profiler (metric `step_median_us`), so the
-explainer (engine.explain) can state what the profiler itself added. For a compiled mode, a child process then
+explainer (engine.explain.why) can state what the profiler itself added. For a compiled mode, a child process then
 compiles the step once more under depyf (engine.profiling.compiled_code): the decompiled code, guards and kernels
 become artifacts of kind `depyf`.
 
 Every phase of the run sits in an NVTX range (first call, settle, each profiler step with its schedule state, and the
-step's forward / backward / optimizer_step from engine.bench), so an Nsight Systems timeline reads the same way.
+step's forward / backward / optimizer_step from engine.bench.run), so an Nsight Systems timeline reads the same way.
 The worker never touches DuckDB: everything comes back in the RunResult (op_stats and kernel_metrics included).
 """
 
@@ -25,14 +25,14 @@ from pathlib import Path
 
 import torch
 
-from engine import nvtx_ranges
-from engine.bench import _sync, build_step, user_model_job
-from engine.envinfo import capture_env
+from engine.bench.run import _sync, build_step, user_model_job
+from engine.measure import nvtx_ranges
+from engine.measure.op_stats import analyze, load_trace
+from engine.measure.timing import time_fn
 from engine.modes import Mode, get_mode
 from engine.profiling import compiled_code, ncu
-from engine.profiling.op_stats import analyze, load_trace
-from engine.store import Artifact, Metric, RunResult
-from engine.timing import time_fn
+from engine.store.db import Artifact, Metric, RunResult
+from engine.store.envinfo import capture_env
 from engine.workloads import Workload, get_workload
 
 Progress = Callable[[float, str], None]
@@ -222,7 +222,8 @@ def config_from_params(params: dict) -> ProfileConfig:
 
 
 def profile_job(params: dict, progress: Progress) -> RunResult:
-    """Job-runner entry point (engine.jobs calls this in a worker process for runs of kind 'profile'). With a `model`
+    """Job-runner entry point (engine.runner.jobs calls this in a worker process for runs of kind 'profile'). With a
+    `model`
     param, your own nn.Module (engine.workloads.user_model) is the workload."""
     if params.get("model"):
         return user_model_job(params, progress, _profile_params)

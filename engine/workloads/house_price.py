@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.data import FEATURE_NAMES, Normalizer, generate_housing, to_tensors
 from engine.workloads.base import Workload
+from engine.workloads.housing_data import FEATURE_NAMES, Normalizer, generate_housing, to_tensors
 
 N_FEATURES = len(FEATURE_NAMES)
 HIDDEN = 256
@@ -53,7 +53,8 @@ WORKLOAD = Workload(
 )
 
 
-# -- what one step must do, analytically (the explainer's floor: engine/explain.py) ---------------------------------
+# -- what one step must do, analytically (the explainer's floor: engine/explain/why.py)
+# ---------------------------------
 @dataclass(frozen=True)
 class StepCost:
     flops: float  # matmul FLOPs (2 per multiply-add); bias, ReLU, loss and Adam arithmetic are left out (tiny)

@@ -615,8 +615,8 @@ def spec_from_env(name: str) -> ModelSpec | None:
 
 # -- job targets ----------------------------------------------------------------------------------------------------
 # A user model's runs are ordinary bench and profile jobs, which register params["model"] themselves
-# (engine.bench.user_model_job); the dashboard names their targets explicitly.
-BENCH_TARGET = "engine.bench:bench_job"
+# (engine.bench.run.user_model_job); the dashboard names their targets explicitly.
+BENCH_TARGET = "engine.bench.run:bench_job"
 PROFILE_TARGET = "engine.profiling.profile:profile_job"
 
 
@@ -657,7 +657,7 @@ def check(spec: ModelSpec) -> CheckReport:
 def check_in_subprocess(spec: ModelSpec, timeout_s: float = 180.0) -> CheckReport:
     """check() in a fresh Python process: the dashboard never imports the user's code (a crash or a hang in it ends
     that process, not the dashboard)."""
-    from engine.store import REPO_ROOT
+    from engine.store.db import REPO_ROOT
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.store import Metric, RunResult, Samples, Store
+from engine.store.db import Metric, RunResult, Samples, Store
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = {"home": "app/Home.py", "benchmark": "app/pages/1_Benchmark.py", "predict": "app/pages/2_Predict.py"}
@@ -109,7 +109,7 @@ def filled(lab: Store) -> Store:
 @pytest.fixture(scope="session")
 def trained_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real eager model, trained for 2 epochs once per session (a few seconds)."""
-    from engine.train import TrainConfig, train_model
+    from engine.housing.train import TrainConfig, train_model
 
     folder = tmp_path_factory.mktemp("trained")
     _, path = train_model(TrainConfig(epochs=2, models_dir=str(folder / "models"), db=str(folder / "r.duckdb")))

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from engine import jobs
-from engine.store import Store
+from engine.runner import jobs
+from engine.store.db import Store
 
 
 def texts(elements) -> str:
@@ -159,9 +159,9 @@ def test_run_of_a_dead_supervisor_is_shown_failed(lab: Store, page) -> None:
 
 def test_the_latest_groups_timeline_shows_who_prepared_and_who_timed_alone(lab: Store, page, tmp_path,
                                                                              monkeypatch) -> None:
-    """A real side-by-side group (engine.plan) on the CPU: its runs on one clock, coloured by device hold."""
-    from engine import plan
-    from engine.jobs import JobSpec, create_runs
+    """A real side-by-side group (engine.runner.plan) on the CPU: its runs on one clock, coloured by device hold."""
+    from engine.runner import plan
+    from engine.runner.jobs import JobSpec, create_runs
 
     monkeypatch.setenv("MODELAB_LOCK_DIR", str(tmp_path / "locks"))
     params = {"device": "cpu", "phases": ["infer"], "batch_sizes": [8], "warmup": 2, "iters": 10, "loop": False}

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
-from engine.store import Metric, RunResult, Samples, Store
+from engine.store.db import Metric, RunResult, Samples, Store
 
 PAGE = Path(__file__).resolve().parents[2] / "app" / "pages" / "7_Compare.py"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import jobs
-from engine.store import Artifact, Metric, RunResult, Store
+from engine.runner import jobs
+from engine.store.db import Artifact, Metric, RunResult, Store
 
 ENV = {"python": "3.11.0", "torch": "2.13.0", "device_name": "CPU: test", "cpu_model": "test", "threads": 4,
        "git_commit": "abc123", "hostname": "test", "platform": "Linux"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import jobs
-from engine.store import Store
+from engine.runner import jobs
+from engine.store.db import Store
 
 
 def texts(elements) -> str:
@@ -70,7 +70,7 @@ def test_home_stays_fast_with_10000_runs(lab: Store, page) -> None:
 
 
 def test_home_lists_measured_ceilings_per_device(lab: Store, page) -> None:
-    from engine.store import Metric, RunResult
+    from engine.store.db import Metric, RunResult
 
     for name, copy_bw in (("NVIDIA H100 80GB HBM3", 2.9e12), ("NVIDIA H100 80GB HBM3", 2.98e12),
                           ("CPU: AMD EPYC", 2e10)):

@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from engine.ir.overlay import aten_name
 from engine.ir.runs import extract_run
-from engine.store import Artifact, Metric, RunResult, Store
+from engine.store.db import Artifact, Metric, RunResult, Store
 
 PAGE = Path(__file__).resolve().parents[2] / "app/pages/3_IR_Explorer.py"
 H = {"pid": 1, "tid": 1}

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine import jobs
 from engine.ir.runs import extract_run
-from engine.store import Store
+from engine.runner import jobs
+from engine.store.db import Store
 
 PAGE = Path(__file__).resolve().parents[2] / "app/pages/3_IR_Explorer.py"
 

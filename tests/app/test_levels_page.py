@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine import jobs
-from engine.store import Metric, RunResult, Samples, Store
+from engine.runner import jobs
+from engine.store.db import Metric, RunResult, Samples, Store
 
 PAGE = Path(__file__).resolve().parents[2] / "app" / "pages" / "5_Kernel_Levels.py"
 ENV = {"python": "3.12", "torch": "2.11.0", "device_name": "NVIDIA H100 80GB HBM3", "cpu_model": "x", "threads": 16,
@@ -178,7 +178,7 @@ def test_vit_stage_table(lab: Store) -> None:
 def test_cards_show_the_three_timers_and_where_they_disagree(lab: Store) -> None:
     """A CUDA level's card puts events per call, the CUDA-graph time and the profiler's kernel time side by side; the
     run's cross-timer notes show as a warning with why the timers may differ, or as one line where they agree."""
-    from engine.levels.timers import AGREE_NOTE, CrossTimers, notes
+    from engine.measure.kernel_timers import AGREE_NOTE, CrossTimers, notes
 
     add_ceilings(lab)
     disagree = notes(CrossTimers(events_us=270.0, graph_us=60.0, kernel_us=52.5))  # host-bound per call
@@ -200,7 +200,7 @@ def test_cards_show_the_three_timers_and_where_they_disagree(lab: Store) -> None
 
 
 def test_a_profiler_that_could_not_measure_is_said_in_a_caption(lab: Store) -> None:
-    from engine.levels.timers import NOT_MEASURED
+    from engine.measure.kernel_timers import NOT_MEASURED
 
     add_ceilings(lab)
     add_level_run(lab, "L4-triton", 270.0, graph_us=60.0, notes=[f"{NOT_MEASURED} (RuntimeError: CUPTI missing)"])
@@ -229,8 +229,8 @@ def test_charts_add_the_in_graph_time_where_a_run_has_one(lab: Store) -> None:
     """A level timed in a CUDA graph too gets a diamond on the latency bars and a hollow roofline point at the same
     FLOPs over the in-graph time; a level without one gets neither."""
     from app import level_charts
-    from engine.ceilings import latest_ceilings
     from engine.levels.results import level_results
+    from engine.measure.ceilings import latest_ceilings
 
     add_ceilings(lab)
     add_level_run(lab, "L1-native", 500.0)

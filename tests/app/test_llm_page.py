@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine import jobs
-from engine.ceilings import CEILINGS
-from engine.envinfo import capture_env
 from engine.llm.modes import MODES, availability
 from engine.llm.run import LLMConfig, llm_run, params_of
-from engine.store import Metric, RunResult, Store
+from engine.measure.ceilings import CEILINGS
+from engine.runner import jobs
+from engine.store.db import Metric, RunResult, Store
+from engine.store.envinfo import capture_env
 
 PAGE = Path(__file__).resolve().parents[2] / "app" / "pages" / "6_LLM.py"
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import jobs
-from engine.data import generate_housing
-from engine.store import Store
+from engine.runner import jobs
+from engine.store.db import Store
+from engine.workloads.housing_data import generate_housing
 
 
 def texts(elements) -> str:
@@ -18,7 +18,7 @@ def texts(elements) -> str:
 
 @pytest.fixture
 def queued(monkeypatch: pytest.MonkeyPatch) -> list:
-    """Replace engine.jobs.submit: runs are created (queued) but no supervisor is spawned."""
+    """Replace engine.runner.jobs.submit: runs are created (queued) but no supervisor is spawned."""
     calls: list = []
 
     def fake_submit(store, specs, group_id=None):

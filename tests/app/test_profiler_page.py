@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine import jobs
+from engine.measure.op_stats import analyze
 from engine.profiling import ncu
-from engine.profiling.op_stats import analyze
 from engine.profiling.profile import ProfileConfig, profile_mode
-from engine.store import Artifact, Metric, RunResult, Store
+from engine.runner import jobs
+from engine.store.db import Artifact, Metric, RunResult, Store
 
 PAGE = Path(__file__).resolve().parents[2] / "app" / "pages" / "4_Profiler.py"
 

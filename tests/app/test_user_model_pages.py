@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine import jobs
 from engine.ir.runs import EXTRACT_TARGET
-from engine.store import Store
+from engine.runner import jobs
+from engine.store.db import Store
 from engine.workloads import user_model
 from engine.workloads.user_model import BENCH_TARGET, PROFILE_TARGET, CheckReport
 

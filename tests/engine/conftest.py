@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.store import Store
+from engine.store.db import Store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

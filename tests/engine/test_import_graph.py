@@ -9,14 +9,26 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 
-# The runner and what lies below it: none of these may import a feature (bench, profiling, ir, levels, llm, …).
-RUNNER = ("engine.store", "engine.jobs", "engine.worker", "engine.device_lock", "engine.forkserver")
-FEATURES = ("engine.bench", "engine.train", "engine.profiling", "engine.ir", "engine.levels", "engine.llm",
-            "engine.plan", "engine.explain", "engine.cli", "engine.ceilings")
+# engine/ by layer, lowest first: a module may import its own layer and those below it, never one above.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("store", ("engine.store",)),
+    ("runner", ("engine.runner",)),
+    ("measurement and building blocks", ("engine.measure", "engine.workloads", "engine.modes", "engine.kernels",
+                                         "engine.native")),
+    ("features", ("engine.bench", "engine.housing", "engine.profiling", "engine.ir", "engine.levels", "engine.llm",
+                  "engine.compare", "engine.explain")),
+    ("cli", ("engine.cli", "engine.__main__")),
+    ("app", ("app",)),
+]
+
+
+def layer_of(module: str) -> int | None:
+    for i, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    return None
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -107,11 +119,31 @@ def test_engine_and_app_have_no_import_cycle() -> None:
     assert cycles(import_graph(REPO)) == []
 
 
-@pytest.mark.parametrize("lower", RUNNER)
-def test_the_runner_and_the_store_import_no_feature(lower: str) -> None:
-    graph = import_graph(REPO)
-    upward = sorted(m for m in graph[lower] if m.startswith(FEATURES))
-    assert upward == [], f"{lower} imports {upward}"
+def test_every_engine_folder_has_a_layer() -> None:
+    engine = REPO / "engine"
+    folders = sorted(f"engine.{p.name}" for p in engine.iterdir() if (p / "__init__.py").exists())
+    assert [f for f in folders if layer_of(f) is None] == []
+    assert sorted(p.name for p in engine.glob("*.py")) == ["__init__.py", "__main__.py"]
+
+
+def test_the_layer_detector_finds_a_planted_upward_import() -> None:
+    graph = {"engine.store.db": {"engine.runner.jobs"}, "engine.runner.jobs": {"engine.store.db"}}
+    assert upward_imports(graph) == ["engine.store.db (store) imports engine.runner.jobs (runner)"]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, imported in sorted(graph.items()):
+        mine = layer_of(module)
+        for other in sorted(imported):
+            theirs = layer_of(other)
+            if mine is not None and theirs is not None and theirs > mine:
+                found.append(f"{module} ({LAYERS[mine][0]}) imports {other} ({LAYERS[theirs][0]})")
+    return found
+
+
+def test_imports_run_one_way_folder_by_folder() -> None:
+    assert upward_imports(import_graph(REPO)) == []
 
 
 def test_the_engine_never_imports_streamlit_or_the_app() -> None:

@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.device_lock import exclusive
 from engine.kernels.triton._common import LaunchCache, check_device, is_hopper_or_newer, is_interpreted
+from engine.runner.device_lock import exclusive
 
 try:  # host-side tensor descriptors (TMA): Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -348,7 +348,7 @@ def _choose(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
         if not err < 3e-2:  # two 16-bit kernels, each within 1.5e-2 of float64 where they are right
             _CHOICES[key] = {"impl": "triton", "why": f"the Gluon kernel's output differs by {err:.1e}: not used"}
             return "triton"
-        from engine.timing import time_in_graph
+        from engine.measure.timing import time_in_graph
 
         with exclusive():  # its times are shown: the device is this run's alone while they are taken
             times = {f"{name}_us": time_in_graph([lambda fn=fn: fn(q, k, v, causal, scale)] * 4,

@@ -35,9 +35,9 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from engine.device_lock import exclusive
 from engine.kernels import cuda_quant
 from engine.kernels.triton._common import is_interpreted, load_fused_x, output_rows, pdl_enabled, store_output
+from engine.runner.device_lock import exclusive
 from engine.workloads.llama import rms_norm  # the decoder's own RMSNorm: the unfused fallbacks compute exactly it
 
 # (BLOCK_N, BLOCK_K, num_warps): few enough that the first decode step's autotuning stays short (every config is a
@@ -93,7 +93,7 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_wn, eps, BLOCK_
 def _quick_bench(fn, quantiles):  # type: ignore[no-untyped-def]
     """Triton's do_bench (L2 flushed before every call) over 20 ms instead of its default 100 ms (+25 ms of
     warm-up): a 5–100 µs GEMV still gets hundreds of calls, and ten configs per weight shape stay under a second."""
-    with exclusive():  # a timing: never beside another run's work (engine.device_lock)
+    with exclusive():  # a timing: never beside another run's work (engine.runner.device_lock)
         return triton.testing.do_bench(fn, warmup=5, rep=20, quantiles=quantiles)
 
 
@@ -188,7 +188,7 @@ def time_choice(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | No
     """Device time per call of the two ways a one-row op can run: cuBLAS with the op's unfused norm / SwiGLU / add
     (`_unfused`) and the Triton GEMV with them fused: calls on rotating copies of W (more bytes than L2 holds, so W
     comes from HBM as in a decode step) captured in one CUDA graph (no launch cost)."""
-    from engine.timing import time_in_graph
+    from engine.measure.timing import time_in_graph
 
     l2 = torch.cuda.get_device_properties(x.device).L2_cache_size or (50 << 20)
     copies = max(2, min(32, int(l2_multiple * l2 // (w.numel() * w.element_size())) + 1))
@@ -248,7 +248,8 @@ def compile_pending() -> int:
 def tune_pending() -> list[str]:
     """Autotune every (shape, fusion) that ran a stand-in tile and time cuBLAS (with the op's unfused ops) against
     the Triton GEMV for every (shape, fusion) decided provisionally; returns what was tuned (empty: nothing was
-    pending). Call it with the device to oneself (engine.device_lock.exclusive) and outside any CUDA graph capture."""
+    pending). Call it with the device to oneself (engine.runner.device_lock.exclusive) and outside any CUDA graph
+    capture."""
     done: list[str] = []
     gen = torch.Generator().manual_seed(0)
     was = _DEFERRED

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from engine import jobs
 from engine.ir.graph import IR, OpNode, TensorMeta
 from engine.ir.mermaid import to_mermaid
 from engine.ir.overlay import (
@@ -19,6 +18,7 @@ from engine.ir.overlay import (
     reproduce_command,
 )
 from engine.ir.runs import extract_run
+from engine.runner import jobs
 
 H = {"pid": 1, "tid": 1}
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.cli import main
+from engine.cli.main import main
 from engine.levels.results import deep_table
 from engine.levels.run import DEEP_METRICS, PIPE_METRICS, LevelsConfig, _deep_profile
-from engine.store import RunResult, Store
+from engine.store.db import RunResult, Store
 
 ROW = ('"{id}","4242","python3","host","{kernel}","1","7","(256, 1, 1)","(64, 16, 4)","0","9.0",'
        '"Command line profiler metrics","{metric}","{unit}","{value}"')

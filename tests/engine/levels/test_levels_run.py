@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from engine.ceilings import CEILINGS, all_ceilings, latest_ceilings
-from engine.jobs import JobSpec, create_runs, run_jobs
 from engine.levels import COMPONENTS, LEVELS, resolve_levels
 from engine.levels.results import level_results
 from engine.levels.run import LevelMismatchError, LevelsConfig, check, run_level
-from engine.store import Store
+from engine.measure.ceilings import CEILINGS, all_ceilings, latest_ceilings
+from engine.runner.jobs import JobSpec, create_runs, run_jobs
+from engine.store.db import Store
 
 CPU_SHAPES = [(c.name, s.name) for c in COMPONENTS.values() for s in c.shapes.values() if s.runs_on("cpu")]
 
@@ -146,8 +146,8 @@ def test_cli_lists_checks_arguments_and_runs(child_env: dict[str, str]) -> None:
 def test_cli_tables_show_graph_time_and_stages(store: Store) -> None:
     """A CUDA level run stores per-call and in-graph figures for the whole forward and for its stages; the CLI's
     tables show both side by side (runs recorded as a GPU worker records them: no GPU is needed to read them)."""
-    from engine.levels.cli import levels_table, stage_table
-    from engine.store import Metric, RunResult
+    from engine.cli.levels import levels_table, stage_table
+    from engine.store.db import Metric, RunResult
 
     ids = []
     for level, (per_call, graph, stage_call, stage_graph) in {"L4-triton": (561.9, 286.6, 153.8, 49.7),

@@ -13,7 +13,7 @@ import pytest
 from engine.levels import get_component
 from engine.levels.results import level_results
 from engine.levels.yours import check_component
-from engine.store import Store
+from engine.store.db import Store
 
 KERNELS = str(Path(__file__).resolve().parent / "user_kernels")
 SPEC = "user_rowsum:rowsum"

@@ -3,7 +3,7 @@ attention in the formulation of Triton's tutorial python/tutorials/06-fused-atte
 causal split into an unmasked off-diagonal stage and a masked diagonal one, a small autotune).
 
 On the CPU it runs in Triton's interpreter: this module sets TRITON_INTERPRET=1 before triton is imported (as
-tests/engine/kernels/conftest.py and tests/engine/test_mlp_modes.py do) and skips, saying why, where triton or the
+tests/engine/kernels/conftest.py and tests/engine/modes/test_mlp_modes.py do) and skips, saying why, where triton or the
 kernel was imported earlier without it. engine.kernels.triton._common is imported for its fix of Triton 3.6's
 interpreter under numpy >= 2.4 (a loop bound built from tl.program_id). There the kernel matches the lab's fp32
 reference at the small shape (S=80: the last query block and the diagonal's key tiles are partial), and on D = 32, 64,
@@ -33,7 +33,7 @@ from engine.kernels.triton._common import is_interpreted  # noqa: E402 - also fi
 from engine.levels import get_component  # noqa: E402
 from engine.levels.run import LevelsConfig, _naive_module, reference_output, run_level  # noqa: E402
 from engine.levels.yours import level_key, load_impl  # noqa: E402
-from engine.store import Metric, RunResult, Store  # noqa: E402
+from engine.store.db import Metric, RunResult, Store  # noqa: E402
 from engine.workloads.component import rel_l2_error  # noqa: E402
 
 KERNELS = str(Path(__file__).resolve().parent / "user_kernels")
@@ -60,7 +60,7 @@ def _ref64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 def _store_ceilings(store: Store) -> None:
     """A ceilings run for this CPU that no kernel comes near (as in test_yours.py): the roofline guard gets a floor."""
-    from engine.envinfo import capture_env
+    from engine.store.envinfo import capture_env
 
     run_id = store.create_run("ceilings", "ceilings", "measure", "cpu", {"device": "cpu"})
     store.start_run(run_id)

@@ -16,8 +16,8 @@ from engine.levels import get_component
 from engine.levels.guards import Guard, GuardFailure
 from engine.levels.run import LevelsConfig, run_level
 from engine.levels.yours import check, is_yours, level_key
-from engine.store import Store
-from engine.timing import time_events_each
+from engine.measure.timing import time_events_each
+from engine.store.db import Store
 
 KERNELS = str(Path(__file__).resolve().parent / "user_kernels")
 ATTN = get_component("causal_attention")
@@ -32,8 +32,8 @@ def _run(impl: str, db: str | None = None):
 def _store_ceilings(store: Store, matmul_fp32: float) -> None:
     """A ceilings run for this CPU with a chosen matmul rate: the roofline guard's floor, fixed, not measured under
     whatever load the machine has."""
-    from engine.envinfo import capture_env
-    from engine.store import Metric, RunResult
+    from engine.store.db import Metric, RunResult
+    from engine.store.envinfo import capture_env
 
     run_id = store.create_run("ceilings", "ceilings", "measure", "cpu", {"device": "cpu"})
     store.start_run(run_id)
@@ -227,8 +227,8 @@ def test_a_bad_kernel_gets_one_line(impl: str, error: str) -> None:
 
 
 def test_the_cli_checks_in_a_separate_process_and_never_imports_the_kernel() -> None:
-    from engine.cli import CliError
-    from engine.levels.cli import _add_impls
+    from engine.cli.args import CliError
+    from engine.cli.levels import _add_impls
 
     before = "user_attention" in sys.modules
     plan = [("causal_attention", "small", "L1-naive")]

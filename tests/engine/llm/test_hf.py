@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.cli import main
+from engine.cli.main import main
 from engine.llm import hf
 from engine.llm.generate import Decoder, generate, step_fn
 from engine.llm.report import llm_runs
-from engine.store import Store
+from engine.store.db import Store
 from engine.workloads.llama import parameter_count
 
 transformers = pytest.importorskip("transformers")

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.cli import main
+from engine.cli.llm import _resolve_modes
+from engine.cli.main import main
 from engine.llm import hf, hf_route
-from engine.llm.cli import _resolve_modes
 from engine.llm.config import LLMConfig
 from engine.llm.generate import generate
 from engine.llm.modes import MODES, NATIVE_ONLY_REASON, NEEDS_FOLDER_REASON, TRANSFORMERS_MODES, availability
 from engine.llm.report import llm_runs
-from engine.store import RunResult, Store
+from engine.store.db import RunResult, Store
 
 transformers = pytest.importorskip("transformers")
 
@@ -172,7 +172,7 @@ def test_a_transformers_mode_without_a_folder_is_refused_in_one_line(store: Stor
 def test_a_route_run_times_with_the_device_to_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     """Prepared beside other runs of its group (native ones of the same folder too), it takes the device alone to
     time and gives it back after, as the native route does."""
-    from engine import device_lock
+    from engine.runner import device_lock
 
     calls: list[str] = []
 

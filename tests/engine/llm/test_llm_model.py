@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.checks import ToleranceError
 from engine.ir import zoo
 from engine.llm.generate import Decoder, generate, recompute_generate, step_fn
 from engine.llm.run import LLMConfig, build, calibrate, check_generation, rel_l2
+from engine.measure.checks import ToleranceError
 from engine.workloads import llama
 from engine.workloads.llama import LlamaConfig, build_model, parameter_count, preset
 

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.ceilings import CEILINGS
-from engine.checks import ToleranceError
-from engine.envinfo import capture_env
 from engine.llm import metrics as M
 from engine.llm import run as llm_run_module
 from engine.llm.modes import MODES, availability, get_mode
 from engine.llm.report import REPORT_FILES, from_result, from_store, render, report_files
 from engine.llm.run import LLMConfig, llm_run, params_of
-from engine.store import Metric, RunResult, Store
+from engine.measure.ceilings import CEILINGS
+from engine.measure.checks import ToleranceError
+from engine.store.db import Metric, RunResult, Store
+from engine.store.envinfo import capture_env
 from engine.workloads.llama import preset
 
 COPY_BW, MATMUL = 2.0e10, 5.0e10  # the fake ceilings this module stores (B/s, FLOP/s)

@@ -14,9 +14,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton and the kernels load (the triton-* modes)
 
-from engine.checks import ToleranceError  # noqa: E402
 from engine.llm import metrics, modes, quant  # noqa: E402
 from engine.llm.generate import Decoder, generate, step_fn  # noqa: E402
+from engine.measure.checks import ToleranceError  # noqa: E402
 from engine.workloads.llama import LlamaConfig, build_model, preset  # noqa: E402
 
 SCHEMES = list(quant.SCHEMES)
@@ -384,7 +384,7 @@ def test_the_report_and_the_modes_table_show_the_gate_and_the_bytes(tmp_path) ->
     from engine.llm.config import LLMConfig, params_of
     from engine.llm.report import from_store, llm_runs, modes_table, render
     from engine.llm.run import llm_run
-    from engine.store import Store
+    from engine.store.db import Store
 
     store = Store(tmp_path / "r.duckdb")
     store.init()

@@ -1,0 +1,215 @@
+"""Argument helpers every command shares: one-line errors, number and device parsers, the store a command opens,
+the group and model arguments, and the progress bars."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engine.store.db import Store, StoreError, default_db_path
+
+
+class CliError(Exception):
+    """A bad argument or state, reported as one line and exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (what is wrong, where to look) rather than the whole usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def positive_ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or any(v < 1 or v > 1 << 20 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: batch sizes must be between 1 and {1 << 20}")
+    return values
+
+
+def int_at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at least {minimum}")
+        return value
+
+    return parse
+
+
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def phases_arg(text: str) -> tuple[str, ...]:
+    phases = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not phases or any(p not in ("infer", "train") for p in phases):
+        raise argparse.ArgumentTypeError(f"{text!r}: phases are infer and/or train, comma-separated")
+    return phases
+
+
+def device_arg(text: str) -> str:
+    text = text.strip().lower()
+    if text == "cpu" or text == "cuda" or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not a device; use cpu, cuda or cuda:N")
+
+
+def devices_arg(text: str) -> str:
+    """One device, a comma list (cuda:0,cuda:1 — or cpu:0,cpu:1, two lanes on the CPU) or cuda:all."""
+    parts = [p.strip().lower() for p in text.split(",") if p.strip()]
+    if parts == ["cuda:all"]:
+        return "cuda:all"
+    for part in parts:
+        if not (part.startswith("cpu:") and part[4:].isdigit()):
+            device_arg(part)
+    if not parts or len(set(parts)) != len(parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: name each device once, e.g. cuda:0,cuda:1 or cuda:all")
+    return ",".join(parts)
+
+
+def expand_devices(spec: str) -> list[str]:
+    """The devices of a --device value, checked: 'cuda:all' becomes every visible GPU."""
+    if spec == "cuda:all":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise CliError("--device cuda:all: torch sees no CUDA device on this machine")
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    devices = spec.split(",")
+    for device in devices:
+        if not device.startswith("cpu"):
+            check_device(device)
+    return devices
+
+
+def check_device(device: str) -> None:
+    if device == "cpu":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise CliError(f"--device {device}: torch {torch.__version__} sees no CUDA device on this machine "
+                       f"(built with CUDA {torch.version.cuda}); use --device cpu")
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        raise CliError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
+
+
+def open_store(args: argparse.Namespace) -> Store:
+    store = Store(args.db)
+    try:
+        store.init()
+    except StoreError as exc:
+        raise CliError(str(exc)) from exc
+    stale = store.fail_stale_runs()
+    if stale:
+        print(f"marked {len(stale)} interrupted run(s) as failed: {stale}", file=sys.stderr)
+    return store
+
+
+def add_model_args(p: argparse.ArgumentParser, *, seed: bool = True) -> None:
+    """--model (your own nn.Module by import path), --inputs, --model-path (and --seed): see
+    engine/workloads/user_model.py."""
+    g = p.add_argument_group("your own model (instead of --workload)")
+    g.add_argument("--model", default=None, metavar="MODULE:FACTORY[:INPUTS_FN]",
+                   help="an nn.Module factory by import path, e.g. my_pkg.models:make_model, or a built-in example "
+                        "such as transformers:gpt2-tiny or lab:llama (`python -m engine ir --list`)")
+    g.add_argument("--inputs", default=None, metavar="SPEC",
+                   help="its example inputs: 'float32[B,16];int64[B,32]@0-1000' (B: the batch dimension; integer "
+                        "inputs need @low-high, high exclusive)")
+    g.add_argument("--model-path", default=None, metavar="DIR",
+                   help="folder put first on the Python path to import --model (default: the current directory)")
+    if seed:
+        g.add_argument("--seed", type=int, default=0, help="seed of --model's weights and inputs (default 0)")
+
+
+def user_model(args: argparse.Namespace, *, probe: bool = True):
+    """The --model of these arguments registered as a workload (engine.workloads.user_model.Prepared), or None.
+    Imports the user's module and, with probe, runs one forward: a bad model is one line (CliError) here."""
+    if not getattr(args, "model", None):
+        if getattr(args, "inputs", None):
+            raise CliError("--inputs needs --model (the lab's workloads bring their own inputs)")
+        return None
+    from engine.workloads import register_user_model
+    from engine.workloads.user_model import UserModelError, build_inputs, spec_from_args
+
+    sizes = [*(getattr(args, "batch_sizes", None) or ()), *(getattr(args, "train_batch_sizes", None) or ()),
+             *([args.batch_size] if getattr(args, "batch_size", None) else [])]
+    try:
+        prepared = register_user_model(spec_from_args(args), probe=probe)
+        for size in dict.fromkeys(sizes):  # fixed-shape inputs take only their own batch size
+            build_inputs(prepared.resolved, size, "meta")
+    except UserModelError as exc:
+        raise CliError(f"--model {args.model}: {exc}") from exc
+    for note in prepared.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return prepared
+
+
+class Bars:
+    """One tqdm bar per run, fed by the supervisor's progress callback."""
+
+    def __init__(self, labels: dict[int, str]):
+        import threading
+
+        self.labels = labels
+        self.bars: dict[int, object] = {}
+        self.lock = threading.Lock()  # sweeps over several devices report from one thread per device
+
+    def __call__(self, run_id: int, frac: float, message: str) -> None:
+        with self.lock:
+            self._update(run_id, frac, message)
+
+    def _update(self, run_id: int, frac: float, message: str) -> None:
+        from tqdm import tqdm
+
+        if not sys.stderr.isatty():  # logs and CI get one line per finished run, not carriage-return noise
+            if frac >= 1.0:
+                print(f"{self.labels.get(run_id, run_id)}: {message}", file=sys.stderr)
+            return
+        bar = self.bars.get(run_id)
+        if bar is None:
+            bar = self.bars[run_id] = tqdm(total=100, desc=self.labels.get(run_id, str(run_id)), unit="%",
+                                           bar_format="{desc:<28} {percentage:3.0f}%|{bar:24}| {postfix}",
+                                           file=sys.stderr, leave=True)
+        bar.n = int(frac * 100)
+        bar.set_postfix_str(message[:60], refresh=True)
+        if frac >= 1.0:
+            bar.close()
+
+
+def prepare_parallel(text: str) -> int | str:
+    return "auto" if text.strip().lower() == "auto" else positive_int(text)
+
+
+def add_group_args(p: argparse.ArgumentParser) -> None:
+    """How a group of runs on one device is supervised (engine.runner.plan): side by side while they prepare, alone to
+    time."""
+    p.add_argument("--prepare-parallel", type=prepare_parallel, default="auto", metavar="N|auto",
+                   help="runs that prepare (build, compile, capture) side by side; each still times alone with the "
+                        "device to itself (default: auto, from the cores or, for LLM runs, the free device memory)")
+    p.add_argument("--serial", action="store_true", help="one run at a time from start to end (cold compile "
+                   "times without other runs' contention); same as --prepare-parallel 1")
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    """Arguments every command that opens the store takes: --db."""
+    p.add_argument("--db", default=None, help=f"results database (default: $RESULTS_DB or {default_db_path()})")
+

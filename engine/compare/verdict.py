@@ -1,0 +1,682 @@
+"""Did it get slower? Two sets of runs compared series by series on their raw samples, with a statistical gate.
+
+    python -m engine compare --base commit:abc123 --head latest [--threshold 5%] [--kind bench] [--json]
+
+Sides (SPEC)
+------------
+A SPEC is one or more clauses separated by spaces; clauses are ANDed, a key given twice ORs its values, and a value
+with spaces is quoted (shell rules: `device:"NVIDIA H100 80GB HBM3"`). Only finished (ok) bench, levels and llm runs
+are selected.
+
+    ids:12,15,20-24          these runs
+    commit:abc123            the git commit the run recorded starts with this (case-insensitive)
+    torch:2.11.0+cu130       this torch version; a prefix stops at '.' or '+' (torch:2.11 is 2.11.x, not 2.110)
+    device:"NVIDIA H100"     the recorded device name contains this (case-insensitive), or the run's device is it
+                             (device:cuda:0, device:cpu)
+    host:NAME                recorded on this host
+    merged:other.duckdb      copied in by `python -m engine merge` from a store with this path or file name;
+                             merged:none selects the runs made in this store
+    kind:bench,levels,llm    also workload:NAME,… and mode:NAME,… (comma lists)
+    latest  |  latest:N      of what the other clauses select, only the newest (N) run(s) of each series
+
+`latest` alone is the newest run of every series in the store. A run selected by both sides stays on the head side
+only (so `--base commit:abc --head latest` works when the latest runs are of commit abc); a side left empty is an
+error.
+
+Series
+------
+Samples are comparable when they measure the same thing: the kind, workload (the component for levels, llama-<preset>
+for llm), mode (level), phase, batch size (llm: B), the configuration that changes the work (levels: the shape; llm:
+P, N, dtype, layers, tensor parallelism, SDPA backend, fusion, autotune) and the device type (cpu/cuda). The device
+name is part of the series too, unless the two sides share no device name: then the comparison is between machines
+and series are matched across them. The samples of several runs of one series on one side are pooled.
+
+The test
+--------
+For each series: the ratio of medians head/base of the raw samples, with a percentile-bootstrap confidence interval
+(B = 2000 resamples, seeded, 1 − α = 95 %), and the Mann–Whitney U p-value beside it for reference.
+
+Why the bootstrap CI of the ratio of medians: timings have a heavy right tail (a preemption, a page fault, a GC pass
+can make one sample 10× the others), so the mean and a t-test are dragged by a few samples while the median is not;
+the ratio is the effect size a reader wants ("12 % slower") and its interval says how sure that figure is, where a
+p-value alone only says that *some* difference exists — with 10 000 samples a 0.1 % change is "significant" and
+means nothing. The bootstrap needs no distributional assumption.
+
+Each resample draws every sample of a side with replacement; its median is drawn directly from its exact sampling
+distribution rather than by sorting a resample: the k-th smallest of N uniform draws on {1..N} is ceil(N·U(k)) with
+U(k) ~ Beta(k, N−k+1) (and U(k+1) = U(k) + (1 − U(k))·Beta(1, N−k) for an even N's second middle value), so B
+resamples cost O(B), not O(B·N log N), and equal the brute-force bootstrap in distribution (tested). When a side has
+several runs of a series, the resample is two-stage (a cluster bootstrap): the runs are drawn with replacement first,
+then the samples from the mixture of the drawn runs (each run weighing the same) — run-to-run variation (another
+process, another clock state) widens the interval instead of being taken for precision.
+
+Verdict (threshold t, default 5 %; α = 0.05):
+    slower           the whole (1 − α) CI lies above 1 (significant at α) AND the ratio ≥ 1 + t (big enough)
+    faster           the whole CI lies below 1 AND the ratio ≤ 1 / (1 + t)
+    unchanged        otherwise: no significant difference, or one smaller than the threshold
+    too few samples  fewer than 5 samples on a side (min_samples)
+
+Beside each verdict: the correctness figures both sides stored (bench: max_abs_err, max_rel_err; levels: rel_l2_err
+and its tolerance; llm: max_rel_err per phase, max_abs_err, tokens_matched, tolerance), and the `python -m engine …`
+command that re-runs the head side's series, built from its newest run's stored parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import zlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from engine.store.db import Store
+
+KINDS = ("bench", "levels", "llm")
+KEYS = ("ids", "commit", "torch", "device", "host", "merged", "kind", "workload", "mode")
+LIST_KEYS = ("ids", "kind", "workload", "mode")
+VERDICTS = ("slower", "faster", "unchanged", "too few samples")
+RESAMPLES = 2000
+ALPHA = 0.05
+THRESHOLD = 0.05
+MIN_SAMPLES = 5
+SERIES_COLUMNS = ["kind", "workload", "mode", "phase", "batch", "config", "devkind"]
+
+
+class CompareError(ValueError):
+    """A bad SPEC or option, a side that matches no run: one line for the user."""
+
+
+# -- SPEC ------------------------------------------------------------------------------------------------------------
+@dataclass
+class Spec:
+    text: str
+    clauses: dict[str, list[str]] = field(default_factory=dict)
+    latest: int | None = None
+
+
+def _ids(text: str) -> list[str]:
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        lo, dash, hi = part.partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise CompareError(f"ids:{text}: write run ids as 12,15,20-24")
+        if dash and int(hi) - int(lo) > 100_000:
+            raise CompareError(f"ids:{part}: a range of at most 100,000 runs")
+        out += [str(i) for i in range(int(lo), int(hi) + 1)] if dash else [lo]
+    return out
+
+
+def parse_spec(text: str) -> Spec:
+    """SPEC text → Spec (the grammar is in this module's docstring); raises CompareError."""
+    try:
+        words = shlex.split(text or "")
+    except ValueError as exc:
+        raise CompareError(f"SPEC {text!r}: {exc}") from None
+    if not words:
+        raise CompareError("empty SPEC: give e.g. commit:abc123, ids:12,15 or latest")
+    spec = Spec(text=text)
+    for word in words:
+        key, colon, value = word.partition(":")
+        key = key.strip().lower()
+        if key == "latest":
+            if colon and not (value.isdigit() and int(value) >= 1):
+                raise CompareError(f"{word!r}: latest takes a count of at least 1, e.g. latest:3")
+            spec.latest = int(value) if colon else 1
+            continue
+        if key not in KEYS or not colon or not value.strip():
+            raise CompareError(f"{word!r} in SPEC {text!r}: write KEY:VALUE with KEY one of {', '.join(KEYS)}, "
+                               "or latest[:N]")
+        values = _ids(value) if key == "ids" else [v.strip() for v in value.split(",")] if key in LIST_KEYS \
+            else [value.strip()]
+        spec.clauses.setdefault(key, []).extend(v for v in values if v)
+    return spec
+
+
+def _clause_sql(key: str, value: str) -> tuple[str, list[Any]]:
+    """One KEY:VALUE as a SQL condition on runs r, environments e and merged_runs m."""
+    if key == "commit":
+        return "starts_with(lower(e.git_commit), lower(?))", [value]
+    if key == "torch":
+        return "(e.torch = ? OR starts_with(e.torch, ? || '.') OR starts_with(e.torch, ? || '+'))", [value] * 3
+    if key == "device":
+        return "(contains(lower(e.device_name), lower(?)) OR lower(r.device) = lower(?))", [value] * 2
+    if key == "host":
+        return "(e.hostname = ? OR r.host = ?)", [value] * 2
+    if key == "merged":
+        if value.lower() == "none":
+            return "m.source IS NULL", []
+        full = str(Path(value).resolve()) if Path(value).exists() else value
+        return "(m.source = ? OR ends_with(m.source, '/' || ?))", [full, value.lstrip("/")]
+    return f"r.{key} = ?", [value]  # kind, workload, mode
+
+
+def _where(spec: Spec, kinds: Sequence[str]) -> tuple[str, list[Any]]:
+    where = ["r.status = 'ok'", f"r.kind IN ({','.join('?' * len(kinds))})"]
+    args: list[Any] = list(kinds)
+    for key, values in spec.clauses.items():
+        if key == "ids":
+            where.append("r.id IN (SELECT unnest(?::BIGINT[]))")
+            args.append([int(v) for v in values])
+            continue
+        parts = [_clause_sql(key, v) for v in values]
+        where.append("(" + " OR ".join(p[0] for p in parts) + ")")
+        args += [a for p in parts for a in p[1]]
+    return " AND ".join(where), args
+
+
+def select_runs(store: Store, spec: Spec, kinds: Sequence[str] = KINDS) -> pd.DataFrame:
+    """The ok runs a SPEC's clauses select (before `latest`), oldest first, with their environment and series
+    columns (devkind, config) and parsed params."""
+    where, args = _where(spec, kinds)
+    frame = store.query(f"""
+        SELECT r.id AS run_id, r.kind, r.workload, r.mode, r.device, r.params, r.finished_at,
+               e.git_commit, e.torch, e.device_name, e.hostname, m.source AS merged_from
+        FROM runs r LEFT JOIN environments e ON e.run_id = r.id LEFT JOIN merged_runs m ON m.run_id = r.id
+        WHERE {where} ORDER BY r.id""", args)
+    if frame.empty:
+        return frame
+    frame["params"] = [json.loads(p) if isinstance(p, str) and p else {} for p in frame["params"]]
+    frame["devkind"] = frame["device"].str.split(":").str[0]
+    frame["config"] = [series_config(k, p) for k, p in zip(frame["kind"], frame["params"])]
+    frame["device_name"] = frame["device_name"].fillna(frame["device"])
+    return frame
+
+
+CHOICE_SQL = {
+    "commit": "e.git_commit", "torch": "e.torch", "device": "e.device_name",
+    "merged": "coalesce(regexp_extract(m.source, '[^/]+$'), 'none')",
+}
+
+
+def spec_choices(store: Store, kinds: Sequence[str] = KINDS) -> dict[str, list[str]]:
+    """What a side can be picked by, from the store: commit, torch and device values newest first, merged stores
+    (file names, 'none' for runs made here) and run ids ('12 · bench eager cpu'). Empty lists on an empty store."""
+    marks = ",".join("?" * len(kinds))
+    base = (f"FROM runs r LEFT JOIN environments e ON e.run_id = r.id LEFT JOIN merged_runs m ON m.run_id = r.id "
+            f"WHERE r.status = 'ok' AND r.kind IN ({marks})")
+    out: dict[str, list[str]] = {}
+    for key, column in CHOICE_SQL.items():
+        frame = store.query(f"SELECT {column} AS v, max(r.id) AS newest {base} AND {column} IS NOT NULL "
+                            "GROUP BY 1 ORDER BY newest DESC", list(kinds))
+        out[key] = [str(v) for v in frame.get("v", [])]
+    runs = store.query(f"SELECT r.id, r.kind, r.workload, r.mode, r.device {base} ORDER BY r.id DESC LIMIT 500",
+                       list(kinds))
+    out["ids"] = [f"{r.id} · {r.kind} {r.workload} {r.mode} {r.device}" for r in runs.itertuples()] \
+        if not runs.empty else []
+    return out
+
+
+# -- series ----------------------------------------------------------------------------------------------------------
+def series_config(kind: str, params: dict[str, Any]) -> str:
+    """What, besides kind/workload/mode/phase/batch/device, changes the work a run's samples measure."""
+    if kind == "levels":
+        return f"shape={params.get('shape')}"
+    if kind != "llm":
+        return ""
+    parts = [f"P={params.get('prompt_len')}", f"N={params.get('new_tokens')}"]
+    for key, default in (("dtype", None), ("layers", None), ("tp", 1), ("sdpa", None)):
+        if params.get(key, default) not in (default, None):
+            parts.append(f"{key}={params[key]}")
+    parts += [flag for flag, on in (("no-fuse", params.get("fuse", True) is False),
+                                    ("autotune", bool(params.get("autotune")))) if on]
+    return " ".join(parts)
+
+
+def series_label(row: dict[str, Any], with_device: bool) -> str:
+    batch = int(row["batch"]) if row["batch"] >= 0 else None
+    return " ".join(str(p) for p in (row["kind"], row["workload"], row["mode"], row["phase"],
+                                     f"B={batch}" if batch is not None else "", row["config"], row["devkind"],
+                                     row["device_name"] if with_device else "") if p)
+
+
+def _ids_arg(run_ids: Sequence[int]) -> list[list[int]]:
+    return [[int(r) for r in run_ids]]
+
+
+def _series_counts(store: Store, run_ids: Sequence[int]) -> pd.DataFrame:
+    """One row per run × (phase, batch) with samples: run_id, phase, batch (−1 where none), size."""
+    with store.connect(read_only=True) as con:
+        return con.execute(
+            "SELECT run_id, phase, coalesce(batch_size, -1) AS batch, count(*) AS size FROM samples "
+            "WHERE run_id IN (SELECT unnest(?::BIGINT[])) AND isfinite(value) AND value > 0 GROUP BY ALL",
+            _ids_arg(run_ids)).df()
+
+
+def _load_samples(store: Store, run_ids: Sequence[int]) -> pd.DataFrame:
+    """Every raw sample of these runs: run_id, phase, batch (−1 where none), value, unit — one query."""
+    with store.connect(read_only=True) as con:
+        return con.execute(
+            "SELECT run_id, phase, coalesce(batch_size, -1) AS batch, value, unit FROM samples "
+            "WHERE run_id IN (SELECT unnest(?::BIGINT[])) AND isfinite(value) AND value > 0 "
+            "ORDER BY run_id, phase, batch, idx", _ids_arg(run_ids)).df()
+
+
+def _latest(groups: pd.DataFrame, n: int | None, key: list[str]) -> pd.DataFrame:
+    """Keep the newest n runs of each series (groups: one row per run and series)."""
+    if n is None or groups.empty:
+        return groups
+    rank = groups.groupby(key, dropna=False)["run_id"].rank(method="first", ascending=False)
+    return groups[rank <= n]
+
+
+# -- statistics ------------------------------------------------------------------------------------------------------
+def _middle_uniforms(n: int, resamples: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """U(k) (and U(k+1) for even n) of n uniforms: the order statistics whose quantiles are a resample's median."""
+    k = (n + 1) // 2 if n % 2 else n // 2
+    first = rng.beta(k, n - k + 1, resamples)
+    if n % 2:
+        return [first]
+    return [first, first + (1 - first) * rng.beta(1, n - k, resamples)]
+
+
+def _mixture_quantiles(runs: list[np.ndarray], pooled: np.ndarray, weights: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Per resample b, the u[b]-quantile of the mixture Σ_r weights[b, r]·ECDF_r, on the pooled sorted values
+    (vectorised bisection over their index)."""
+    cdf = np.stack([np.searchsorted(np.sort(r), pooled, side="right") / len(r) for r in runs])  # runs × N
+    lo, hi = np.zeros(len(u), dtype=np.int64), np.full(len(u), len(pooled) - 1)
+    while (lo < hi).any():
+        mid = (lo + hi) // 2
+        above = np.einsum("bk,kb->b", weights, cdf[:, mid]) >= u - 1e-12
+        lo, hi = np.where(above, lo, mid + 1), np.where(above, mid, hi)
+    return pooled[lo]
+
+
+def bootstrap_medians(runs: Sequence[np.ndarray], resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """The medians of `resamples` bootstrap resamples of one side (its runs' samples pooled; runs drawn first when
+    there are several): drawn from their exact distribution in O(resamples), see the module docstring."""
+    runs = [np.asarray(r, dtype=float) for r in runs if len(r)]
+    pooled = np.sort(np.concatenate(runs))
+    n = len(pooled)
+    uniforms = _middle_uniforms(n, resamples, rng)
+    if len(runs) == 1:
+        picks = [pooled[np.clip(np.ceil(n * u).astype(np.int64) - 1, 0, n - 1)] for u in uniforms]
+    else:
+        weights = rng.multinomial(len(runs), np.full(len(runs), 1 / len(runs)), size=resamples) / len(runs)
+        picks = [_mixture_quantiles(runs, pooled, weights, u) for u in uniforms]
+    return np.mean(picks, axis=0)
+
+
+def ratio_ci(base: Sequence[np.ndarray], head: Sequence[np.ndarray], *, resamples: int = RESAMPLES,
+             alpha: float = ALPHA, seed: int = 0) -> tuple[float, float, float]:
+    """(median(head) / median(base), CI low, CI high): percentile bootstrap, both sides resampled independently."""
+    rng = np.random.default_rng(seed)
+    ratios = bootstrap_medians(head, resamples, rng) / bootstrap_medians(base, resamples, rng)
+    lo, hi = np.quantile(ratios, [alpha / 2, 1 - alpha / 2])
+    point = float(np.median(np.concatenate(head)) / np.median(np.concatenate(base)))
+    return point, float(lo), float(hi)
+
+
+def _average_ranks(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ranks 1..n with ties given their average rank, and the size of each group of ties."""
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    upper = np.cumsum(counts)
+    return (upper - (counts - 1) / 2.0)[inverse], counts
+
+
+def mann_whitney(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """(U of x, two-sided p): the normal approximation with the tie correction and a continuity correction of ½
+    (scipy.stats.mannwhitneyu(x, y, method='asymptotic'))."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    n1, n2 = len(x), len(y)
+    ranks, ties = _average_ranks(np.concatenate([x, y]))
+    u = float(ranks[:n1].sum() - n1 * (n1 + 1) / 2)
+    n = n1 + n2
+    variance = n1 * n2 / 12 * ((n + 1) - float((ties ** 3 - ties).sum()) / (n * (n - 1)))
+    if variance <= 0:  # every value equal
+        return u, 1.0
+    z = (abs(u - n1 * n2 / 2) - 0.5) / math.sqrt(variance)
+    return u, min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2)))
+
+
+def verdict(ratio: float, lo: float, hi: float, n_base: int, n_head: int, *, threshold: float = THRESHOLD,
+            min_samples: int = MIN_SAMPLES) -> str:
+    """slower / faster / unchanged / too few samples: significance via the CI AND a minimum effect size."""
+    if min(n_base, n_head) < min_samples:
+        return "too few samples"
+    if lo > 1 and ratio >= 1 + threshold:
+        return "slower"
+    if hi < 1 and ratio <= 1 / (1 + threshold):
+        return "faster"
+    return "unchanged"
+
+
+def parse_threshold(text: str | float) -> float:
+    """'5%' → 0.05, '0.05' → 0.05; a bare number ≥ 1 ('5') is ambiguous and refused."""
+    raw = str(text).strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise CompareError(f"threshold {raw!r} is not a number: write 5% or 0.05") from None
+    if not raw.endswith("%") and value >= 1:
+        raise CompareError(f"threshold {raw!r} is ambiguous: write {raw}% for a percentage or "
+                           f"{value / 100:g} for the same as a fraction")
+    if not 0 <= value < 1 or math.isnan(value):
+        raise CompareError(f"threshold {raw!r} must lie between 0 % and 100 %")
+    return value
+
+
+# -- correctness and reproduce commands ------------------------------------------------------------------------------
+CORRECTNESS = {"bench": ("max_abs_err", "max_rel_err"),
+               "levels": ("rel_l2_err", "tolerance"),
+               "llm": ("max_rel_err", "max_abs_err", "tokens_matched", "tolerance")}
+LOWER_IS_WORSE = ("tokens_matched",)
+
+
+MetricRows = dict[int, list[tuple[str | None, int, str, float]]]
+
+
+def _correctness_rows(store: Store, run_ids: Sequence[int]) -> MetricRows:
+    """run_id → its correctness metrics as (phase, batch (−1: none), name, value), one query."""
+    names = sorted({n for names in CORRECTNESS.values() for n in names})
+    with store.connect(read_only=True) as con:
+        rows = con.execute(
+            f"SELECT run_id, phase, coalesce(batch_size, -1), name, value FROM metrics "
+            f"WHERE run_id IN (SELECT unnest(?::BIGINT[])) AND name IN ({','.join('?' * len(names))})",
+            [*_ids_arg(run_ids), *names]).fetchall()
+    out: MetricRows = {}
+    for run_id, phase, batch, name, value in rows:
+        out.setdefault(int(run_id), []).append((phase, int(batch), name, float(value)))
+    return out
+
+
+def _side_correctness(metrics: MetricRows, runs: Sequence[int], phase: str, batch: int, kind: str
+                      ) -> dict[str, float]:
+    """Worst value of each correctness figure over a side's runs, at this phase/batch (or stored run-wide)."""
+    found: dict[str, list[float]] = {}
+    for run_id in runs:
+        for m_phase, m_batch, name, value in metrics.get(run_id, ()):
+            if m_phase in (None, phase) and m_batch in (-1, batch) and value == value:
+                found.setdefault(name, []).append(value)
+    return {name: (min if name in LOWER_IS_WORSE else max)(found[name]) for name in CORRECTNESS.get(kind, ())
+            if name in found}
+
+
+def correctness_text(base: dict[str, float], head: dict[str, float]) -> tuple[str, bool]:
+    """'max_rel_err 1e-06→3e-05 …' and whether the head got worse (an error ×10 up or past its tolerance, fewer
+    matching tokens)."""
+    parts, worse = [], False
+    tolerance = head.get("tolerance")
+    for name in dict.fromkeys([*base, *head]):
+        b, h = base.get(name), head.get(name)
+        parts.append(f"{name} {'—' if b is None else f'{b:.2g}'}→{'—' if h is None else f'{h:.2g}'}")
+        if name == "tolerance" or b is None or h is None:
+            continue
+        if name in LOWER_IS_WORSE:
+            worse |= h < b
+        else:
+            worse |= h > 10 * b and h > 0 or (tolerance is not None and h > tolerance)
+    return " · ".join(parts), worse
+
+
+def _flags(pairs: Sequence[tuple[str, Any, Any]], params: dict[str, Any]) -> list[str]:
+    """--flag value for each (flag, param key, default) whose stored value differs from the default."""
+    out: list[str] = []
+    for flag, key, default in pairs:
+        value = params.get(key)
+        if value is None or value == default:
+            continue
+        out += [flag] if value is True else [flag, shlex.quote(str(value))]
+    return out
+
+
+def _bench_command(params: dict[str, Any], mode: str, device: str, phase: str, batch: int) -> str:
+    what = (["--model", shlex.quote(str(params["model"]))]
+            + _flags([("--inputs", "inputs", None), ("--model-path", "model_path", None), ("--seed", "seed", 0)],
+                     params)) if params.get("model") else ["--workload", shlex.quote(str(params.get("workload")))]
+    sizes = "--batch-sizes" if phase == "infer" else "--train-batch-sizes"
+    loop = [] if "loop" not in params else ["--loop", "on" if params["loop"] else "off"]
+    return " ".join(["python -m engine bench", *what, "--mode", mode, "--device", device, "--phases", phase, sizes,
+                     str(batch), *_flags([("--iters", "iters", None), ("--warmup", "warmup", None)], params), *loop])
+
+
+def _levels_command(params: dict[str, Any], mode: str, device: str) -> str:
+    return " ".join(["python -m engine levels", "--component", str(params["component"]), "--level", mode,
+                     "--shape", str(params["shape"]), "--device", device,
+                     *_flags([("--iters", "iters", None), ("--warmup", "warmup", None)], params)])
+
+
+LLM_FLAGS = [("--layers", "layers", None), ("--prompt-len", "prompt_len", None), ("--new-tokens", "new_tokens", None),
+             ("--batch", "batch", None), ("--dtype", "dtype", None), ("--sdpa", "sdpa", None),
+             ("--autotune", "autotune", False), ("--prefill-iters", "prefill_iters", None),
+             ("--decode-passes", "decode_passes", None), ("--check-tokens", "check_tokens", None),
+             ("--deep", "deep", False), ("--top-k", "top_k", None), ("--seed", "seed", None), ("--tp", "tp", 1)]
+LLM_UNMAPPED = {"ceilings": "auto", "profile_decode_steps": 6}  # stored params no llm flag sets (their defaults)
+
+
+def _llm_command(params: dict[str, Any], mode: str, device: str) -> str:
+    parts = ["python -m engine llm", "--preset", str(params["preset"]), "--mode", mode, "--device", device,
+             *_flags(LLM_FLAGS, params)]
+    parts += ["--no-fuse"] if params.get("fuse") is False else []
+    parts += ["--no-profile"] if params.get("profile") is False else []
+    unmapped = [f"{k}={params[k]}" for k, default in LLM_UNMAPPED.items() if params.get(k, default) != default]
+    return " ".join(parts) + (f"  # not settable from the CLI: {', '.join(unmapped)}" if unmapped else "")
+
+
+REQUIRED = {"bench": ("workload",), "levels": ("component", "shape"), "llm": ("preset",)}
+
+
+def reproduce_command(kind: str, params: dict[str, Any], mode: str, device: str, phase: str, batch: int) -> str:
+    """The `python -m engine …` that re-runs this series from a run's stored params, or why there is none."""
+    missing = [k for k in REQUIRED.get(kind, ("?",)) if k not in params and not (kind == "bench" and "model" in params)]
+    if kind not in REQUIRED or missing:
+        return f"(no CLI command: the run's stored params lack {', '.join(missing) or kind})"
+    device = str(params.get("device") or device)
+    if kind == "bench":
+        return _bench_command(params, mode, device, phase, batch)
+    return _levels_command(params, mode, device) if kind == "levels" else _llm_command(params, mode, device)
+
+
+# -- the comparison --------------------------------------------------------------------------------------------------
+@dataclass
+class Row:
+    series: str
+    kind: str
+    workload: str
+    mode: str
+    phase: str
+    batch_size: int | None
+    config: str
+    device: str
+    n_base: int
+    n_head: int
+    runs_base: list[int]
+    runs_head: list[int]
+    median_base: float
+    median_head: float
+    unit: str
+    ratio: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    verdict: str
+    correctness: str
+    correctness_worse: bool
+    command: str
+
+
+@dataclass
+class Comparison:
+    base: str
+    head: str
+    threshold: float
+    alpha: float
+    resamples: int
+    seed: int
+    min_samples: int
+    base_runs: list[int]
+    head_runs: list[int]
+    across_devices: bool
+    rows: list[Row] = field(default_factory=list)
+    only_base: list[str] = field(default_factory=list)
+    only_head: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def regressed(self) -> bool:
+        return any(r.verdict == "slower" for r in self.rows)
+
+    def counts(self) -> dict[str, int]:
+        return {v: sum(r.verdict == v for r in self.rows) for v in VERDICTS}
+
+
+@dataclass
+class Options:
+    threshold: float = THRESHOLD
+    alpha: float = ALPHA
+    resamples: int = RESAMPLES
+    seed: int = 0
+    min_samples: int = MIN_SAMPLES
+    kinds: tuple[str, ...] = KINDS
+
+
+def _side_groups(store: Store, spec: Spec, side: str, kinds: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, one row per run × series) of one side, `latest` applied."""
+    runs = select_runs(store, spec, kinds)
+    if runs.empty:
+        raise CompareError(f"--{side} {spec.text!r} matches no finished bench, levels or llm run")
+    groups = _series_counts(store, list(runs["run_id"])).merge(runs, on="run_id")
+    groups = _latest(groups, spec.latest, SERIES_COLUMNS + ["device_name"])
+    return runs, groups.assign(side=side)
+
+
+def _pick_groups(store: Store, base: Spec, head: Spec, kinds: Sequence[str]
+                 ) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """Both sides' run × series rows (a run × series on both sides stays on the head), the runs, and notes."""
+    base_runs, base_groups = _side_groups(store, base, "base", kinds)
+    head_runs, head_groups = _side_groups(store, head, "head", kinds)
+    notes = []
+    shared = base_groups.merge(head_groups[["run_id", "phase", "batch"]], on=["run_id", "phase", "batch"],
+                               how="left", indicator=True)["_merge"].eq("both").to_numpy()
+    if shared.any():
+        both_ids = sorted(set(base_groups["run_id"][shared]))
+        notes.append(f"{int(shared.sum())} run × series selected by both sides kept on the head side only (runs "
+                     f"{', '.join(map(str, both_ids[:10]))}{' …' if len(both_ids) > 10 else ''})")
+        base_groups = base_groups[~shared]
+    if base_groups.empty or head_groups.empty:
+        side, spec = ("base", base) if base_groups.empty else ("head", head)
+        raise CompareError(f"--{side} {spec.text!r} has no samples left to compare"
+                           + (" once the runs the head selects are taken out" if shared.any() else ""))
+    return pd.concat([base_groups, head_groups], ignore_index=True), pd.concat([base_runs, head_runs]), notes
+
+
+def compare(store: Store, base: str | Spec, head: str | Spec, options: Options | None = None) -> Comparison:
+    """Compare the runs two SPECs select, series by series; raises CompareError for a bad or empty side."""
+    opts = options or Options()
+    base_spec = parse_spec(base) if isinstance(base, str) else base
+    head_spec = parse_spec(head) if isinstance(head, str) else head
+    groups, runs, notes = _pick_groups(store, base_spec, head_spec, opts.kinds)
+    names = groups.groupby("side")["device_name"].agg(lambda s: set(s.dropna()))
+    across = not (names.get("base", set()) & names.get("head", set()))
+    key = SERIES_COLUMNS + ([] if across else ["device_name"])
+    groups = groups.assign(series=groups.groupby(key, dropna=False).ngroup())
+    sides = groups.groupby("series")["side"].agg(set)
+    both = sides[sides.map(len) == 2].index
+    result = Comparison(base=base_spec.text, head=head_spec.text, threshold=opts.threshold, alpha=opts.alpha,
+                        resamples=opts.resamples, seed=opts.seed, min_samples=opts.min_samples,
+                        base_runs=sorted(set(groups.loc[groups["side"] == "base", "run_id"].astype(int))),
+                        head_runs=sorted(set(groups.loc[groups["side"] == "head", "run_id"].astype(int))),
+                        across_devices=across, notes=notes)
+    for side, target in (("base", result.only_base), ("head", result.only_head)):
+        lonely = groups[groups["series"].isin(sides[sides == {side}].index)].drop_duplicates("series")
+        target += [series_label(r, not across) for r in lonely.to_dict("records")]
+    if both.empty:
+        raise CompareError(f"no series in common: the base has {len(result.only_base)} "
+                           f"({'; '.join(result.only_base[:3])}…), the head {len(result.only_head)} "
+                           f"({'; '.join(result.only_head[:3])}…)")
+    result.rows = _rows(store, groups[groups["series"].isin(both)], runs, opts, across)
+    if across:
+        result.notes.append("the sides share no device name: series are matched across devices")
+    return result
+
+
+def _rows(store: Store, groups: pd.DataFrame, runs: pd.DataFrame, opts: Options, across: bool) -> list[Row]:
+    ids = sorted(set(groups["run_id"].astype(int)))
+    samples = _load_samples(store, ids)
+    by_run = {k: v["value"].to_numpy() for k, v in samples.groupby(["run_id", "phase", "batch"])}
+    units = samples.groupby(["run_id", "phase"])["unit"].first().to_dict()
+    metrics = _correctness_rows(store, ids)
+    params = dict(zip(runs["run_id"], runs["params"]))
+    rows = []
+    for _, series in groups.sort_values("run_id").groupby("series"):
+        sides = {side: part for side, part in series.groupby("side")}
+        newest = sides["head"].iloc[-1].to_dict()  # the head's newest run: the label, unit and command come from it
+        phase, batch = newest["phase"], int(newest["batch"])
+        arrays = {s: [by_run[(r, phase, batch)] for r in part["run_id"]] for s, part in sides.items()}
+        side_runs = {s: [int(r) for r in part["run_id"]] for s, part in sides.items()}
+        correct = [_side_correctness(metrics, side_runs[s], phase, batch, newest["kind"]) for s in ("base", "head")]
+        device = " → ".join(", ".join(sorted(set(sides[s]["device_name"].astype(str)))) for s in ("base", "head")) \
+            if across else str(newest["device_name"])
+        rows.append(_row(series_label(newest, not across), newest, device, arrays, side_runs, opts, correct,
+                         units.get((int(newest["run_id"]), phase), ""),
+                         reproduce_command(newest["kind"], params[newest["run_id"]], newest["mode"],
+                                           newest["device"], phase, batch)))
+    order = {v: i for i, v in enumerate(VERDICTS)}
+    return sorted(rows, key=lambda r: (order[r.verdict], -abs(math.log(r.ratio)), r.series))
+
+
+def _row(label: str, newest: dict[str, Any], device: str, arrays: dict[str, list[np.ndarray]],
+         side_runs: dict[str, list[int]], opts: Options, correct: list[dict[str, float]], unit: str,
+         command: str) -> Row:
+    base, head = arrays["base"], arrays["head"]
+    pooled_base, pooled_head = np.concatenate(base), np.concatenate(head)
+    ratio, lo, hi = ratio_ci(base, head, resamples=opts.resamples, alpha=opts.alpha,
+                             seed=zlib.crc32(label.encode()) ^ opts.seed)
+    text, worse = correctness_text(*correct)
+    batch = int(newest["batch"])
+    return Row(series=label, kind=newest["kind"], workload=newest["workload"], mode=newest["mode"],
+               phase=newest["phase"], batch_size=batch if batch >= 0 else None, config=newest["config"],
+               device=device, n_base=len(pooled_base), n_head=len(pooled_head), runs_base=side_runs["base"],
+               runs_head=side_runs["head"], median_base=float(np.median(pooled_base)),
+               median_head=float(np.median(pooled_head)), unit=unit, ratio=ratio, ci_low=lo, ci_high=hi,
+               p_value=mann_whitney(pooled_base, pooled_head)[1],
+               verdict=verdict(ratio, lo, hi, len(pooled_base), len(pooled_head), threshold=opts.threshold,
+                               min_samples=opts.min_samples),
+               correctness=text, correctness_worse=worse, command=command)
+
+
+# -- output ----------------------------------------------------------------------------------------------------------
+def fmt_value(value: float, unit: str) -> str:
+    if unit != "us":
+        return f"{value:.4g} {unit}".strip()
+    if value >= 1e6:
+        return f"{value / 1e6:.3f} s"
+    return f"{value / 1e3:.3f} ms" if value >= 1e3 else f"{value:.2f} µs"
+
+
+def table(comparison: Comparison) -> pd.DataFrame:
+    """One display row per series (the page's table and the CLI's)."""
+    return pd.DataFrame([{
+        "#": i, "series": r.series, "n base/head": f"{r.n_base}/{r.n_head}",
+        "median base → head": f"{fmt_value(r.median_base, r.unit)} → {fmt_value(r.median_head, r.unit)}",
+        "ratio [CI]": f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]", "p (MWU)": f"{r.p_value:.2g}",
+        "verdict": r.verdict, "correctness": ("⚠ " if r.correctness_worse else "") + (r.correctness or "—"),
+    } for i, r in enumerate(comparison.rows, 1)])
+
+
+def render(comparison: Comparison) -> str:
+    c = comparison
+    counts = ", ".join(f"{n} {v}" for v, n in c.counts().items() if n)
+    lines = [f"base: {c.base} ({len(c.base_runs)} runs)   head: {c.head} ({len(c.head_runs)} runs)",
+             f"head/base ratio of medians, {100 * (1 - c.alpha):g} % percentile-bootstrap CI (B = {c.resamples}, "
+             f"seed {c.seed}); slower/faster: CI clear of 1 and the ratio beyond {100 * c.threshold:g} %", "",
+             table(c).to_string(index=False), "", "reproduce the head side:"]
+    lines += [f"  [{i}] {r.command}" for i, r in enumerate(c.rows, 1)]
+    for title, names in (("only in the base", c.only_base), ("only in the head", c.only_head)):
+        if names:
+            lines.append(f"{title} ({len(names)}): " + "; ".join(names[:8]) + (" …" if len(names) > 8 else ""))
+    lines += [f"note: {n}" for n in c.notes]
+    lines.append(f"\n{counts}" + (" — REGRESSION" if c.regressed else ""))
+    return "\n".join(lines)
+
+
+def to_json(comparison: Comparison) -> str:
+    data = asdict(comparison)
+    data["regressed"] = comparison.regressed
+    data["counts"] = comparison.counts()
+    return json.dumps(data, indent=2, default=str)

@@ -1,0 +1,267 @@
+"""Who may use a device, machine-wide: an flock on one file per device (the kernel drops it when its holder dies, so
+it never goes stale).
+
+    device_lock(device)        exclusive for a whole run: the supervisor holds it around one worker (engine.runner.jobs)
+    PhaseHold / exclusive()    a worker that prepares beside other runs of its group (`llm --mode all` on a GPU):
+                               shared while it builds, checks and compiles — untimed work, any number at once —
+                               and exclusive while it times or profiles; a shared holder never overlaps an exclusive
+                               one, so two timings (or a timing and another run's compile) never share the device
+
+Code that times (engine.measure.timing users, the GEMV's choice, Triton's autotuner) wraps the timed part in
+`exclusive()`: a
+no-op in an ordinary worker, whose supervisor already holds the device alone. Host-only work (native builds, C++ and
+Triton compiles) runs in `released()`: on a GPU machine with cores to spare it gives the device up, so other runs may
+time meanwhile, and moves to the cores a timing never uses — a timing holds two cores (`timing_cores`), a released
+block the rest — so a compile beside a timing neither launches work on its device nor takes its cores.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def lock_dir() -> Path:
+    return Path(os.environ.get("MODELAB_LOCK_DIR") or tempfile.gettempdir())
+
+
+def lock_path(device: str) -> Path:
+    name = device if ":" in device else (device + ":0" if device == "cuda" else device)
+    return lock_dir() / f"modelab-device-{name.replace(':', '')}.lock"
+
+
+def _open(device: str) -> int:
+    path = lock_path(device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+
+
+def _take(fd: int, kind: int, poll_s: float, on_wait: Callable[[], None] | None = None) -> float:
+    """Poll for the lock (non-blocking tries, so a signal or timeout always gets through); returns seconds waited."""
+    t0 = time.perf_counter()
+    waited = False
+    while True:
+        try:
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
+            return time.perf_counter() - t0
+        except BlockingIOError:
+            if on_wait and not waited:
+                on_wait()
+            waited = True
+            time.sleep(poll_s)
+
+
+@contextmanager
+def device_lock(device: str, on_wait: Callable[[str], None] | None = None, poll_s: float = 0.2) -> Iterator[None]:
+    """Exclusive, machine-wide lock on a device for as long as the block runs."""
+    path = lock_path(device)
+    fd = _open(device)
+    try:
+        def waiting() -> None:
+            if on_wait:
+                holder = Path(path).read_text().strip() or "other runs (preparing)"
+                on_wait(f"waiting for {device}: held by {holder}")
+
+        _take(fd, fcntl.LOCK_EX, poll_s, waiting)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _drain_device(device: str) -> None:
+    """Let this process's queued work on `device` finish before it gives up the device (kernels run behind the
+    host)."""
+    torch = sys.modules.get("torch")
+    if device.startswith("cuda") and torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize(torch.device(device))
+
+
+# Below this many cores a compile beside a timing would share its cores: released() holds on to the device there.
+MIN_CORES_TO_SPLIT = 8
+TIMING_CORES = 2
+
+
+def split_cores(device: str) -> tuple[set[int], set[int]] | None:
+    """(cores a timing holds, cores a released block runs on) for a phased worker on `device`; None where host-only
+    work cannot be kept off a timing's cores (a CPU device, whose timings use every core; too few cores; no
+    affinity calls on this system)."""
+    if not device.startswith("cuda") or not hasattr(os, "sched_getaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < MIN_CORES_TO_SPLIT:
+        return None
+    timing = timing_cores(cores)
+    return timing, set(cores) - timing
+
+
+def _physical_core(cpu: int) -> tuple[str, str] | None:
+    base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+    try:
+        return (base / "physical_package_id").read_text().strip(), (base / "core_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def timing_cores(cores: list[int]) -> set[int]:
+    """The TIMING_CORES cores a timing holds: MODELAB_TIMING_CORES (e.g. "6,7") if set; else the last ones, each on
+    its own physical core — hyperthread siblings would share one core's pipeline, and core 0 often takes more of a
+    machine's interrupts (on the H100 machine either choice measured the same: docs/architecture.md)."""
+    wanted = os.environ.get("MODELAB_TIMING_CORES", "").strip()
+    if wanted:
+        try:
+            chosen = {int(c) for c in wanted.split(",") if c.strip()}
+        except ValueError:
+            raise ValueError(f"MODELAB_TIMING_CORES={wanted!r}: give core numbers, e.g. 6,7") from None
+        if not chosen or not chosen < set(cores):
+            raise ValueError(f"MODELAB_TIMING_CORES={wanted!r}: not a proper subset of this process's cores {cores}")
+        return chosen
+    chosen, physical = set(), set()
+    for cpu in reversed(cores):
+        where = _physical_core(cpu)
+        if where is not None and where in physical:
+            continue
+        chosen.add(cpu)
+        physical.add(where or ("cpu", str(cpu)))
+        if len(chosen) == TIMING_CORES:
+            return chosen
+    return set(cores[-TIMING_CORES:])  # fewer physical cores than that: the last ones
+
+
+class PhaseHold:
+    """One worker's hold on its device, shared or exclusive, switched as its run moves from preparing to timing.
+    `waited_s` adds up the time spent waiting for the lock, so a caller can take it out of a wall-clock figure."""
+
+    def __init__(self, device: str, on_wait: Callable[[str], None] | None = None, poll_s: float = 0.005,
+                 group_size: int = 1, on_switch: Callable[[str | None], None] | None = None) -> None:
+        self.device = device
+        self.on_switch = on_switch  # told each new state once it holds it (a worker's timeline records them)
+        self.group_size = group_size  # runs of the group that may prepare at once (this one included)
+        self.on_wait = on_wait
+        self.poll_s = poll_s
+        self.state: str | None = None  # None | "shared" | "exclusive"
+        self.waited_s = 0.0
+        self.exclusive_s = 0.0  # time held exclusively (timing and profiling)
+        self._since = 0.0
+        self._fd = _open(device)
+        self.cores = split_cores(device)  # None: released() passes straight through, affinity is left alone
+        self._all_cores = set(os.sched_getaffinity(0)) if self.cores else set()
+        self.released_s = 0.0  # time given up for host-only work (released())
+
+    def _pin(self, state: str | None) -> None:
+        """This thread's cores: a timing's two while it times, the rest otherwise — a thread's mask, inherited by the
+        threads and processes it starts (compile pools, ninja, nvcc), so only a timing ever runs on its two."""
+        if self.cores:
+            timing, others = self.cores
+            os.sched_setaffinity(0, timing if state == "exclusive" else others)
+
+    def _switch(self, state: str | None) -> None:
+        if state == self.state:
+            return
+        if self.state is not None:
+            _drain_device(self.device)
+            if self.state == "exclusive":
+                self.exclusive_s += time.perf_counter() - self._since
+                os.ftruncate(self._fd, 0)  # no stale "(timing)" label for whoever waits next
+            if self.on_switch:  # told before the lock goes (and after it is taken, below): a recorded hold lies
+                self.on_switch(None)  # inside the real one, so recorded timelines can be checked for overlaps
+            fcntl.flock(self._fd, fcntl.LOCK_UN)  # explicit: flock's own conversion is not atomic either
+            self.state = None
+        if state is None:
+            self._pin(None)
+            return
+        kind = fcntl.LOCK_EX if state == "exclusive" else fcntl.LOCK_SH
+        what = ("waiting for the device: other runs are preparing or timing" if state == "exclusive"
+                else "waiting for the device: another run is timing")
+        self.waited_s += _take(self._fd, kind, self.poll_s, (lambda: self.on_wait(what)) if self.on_wait else None)
+        self.state = state
+        self._pin(state)
+        self._since = time.perf_counter()
+        if state == "exclusive":  # named to whoever waits (device_lock's message)
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, f"pid {os.getpid()} (timing)".encode(), 0)
+        if self.on_switch:
+            self.on_switch(state)
+
+    def shared(self) -> None:
+        self._switch("shared")
+
+    def exclusive(self) -> None:
+        self._switch("exclusive")
+
+    def release(self) -> None:
+        self._switch(None)
+
+    def close(self) -> None:
+        self.release()
+        if self.cores:
+            os.sched_setaffinity(0, self._all_cores)
+        os.close(self._fd)
+
+
+_HOLD: PhaseHold | None = None
+
+
+def begin_phases(device: str, on_wait: Callable[[str], None] | None = None, group_size: int = 2,
+                 on_switch: Callable[[str | None], None] | None = None) -> PhaseHold:
+    """Make this process a phased worker: it holds `device` shared from now on (engine.runner.worker calls this)."""
+    global _HOLD
+    end_phases()
+    _HOLD = PhaseHold(device, on_wait, group_size=group_size, on_switch=on_switch)
+    _HOLD.shared()
+    return _HOLD
+
+
+def end_phases() -> None:
+    global _HOLD
+    if _HOLD is not None:
+        _HOLD.close()
+        _HOLD = None
+
+
+def current() -> PhaseHold | None:
+    """This process's phased hold, or None in an ordinary worker (whose supervisor holds the device alone)."""
+    return _HOLD
+
+
+@contextmanager
+def exclusive() -> Iterator[None]:
+    """Own the device for the block: waits until no other run of the group prepares or times; then back to shared.
+    Nested blocks and ordinary workers pass straight through."""
+    hold = _HOLD
+    if hold is None or hold.state == "exclusive":
+        yield
+        return
+    before = hold.state
+    hold.exclusive()
+    try:
+        yield
+    finally:
+        hold._switch(before)
+
+
+@contextmanager
+def released() -> Iterator[None]:
+    """Give the device up for a block of host-only work (a native build, a C++ or Triton compile, waiting for a
+    compile pool): other runs of the group may time meanwhile. The hold comes back as it was before the block (waiting
+    while another run times). Nested blocks and ordinary workers pass straight through."""
+    hold = _HOLD
+    if hold is None or hold.state is None or hold.cores is None:
+        yield
+        return
+    before = hold.state
+    hold.release()
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        hold.released_s += time.perf_counter() - start
+        hold._switch(before)

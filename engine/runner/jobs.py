@@ -1,0 +1,591 @@
+"""The job runner: every run executes in a worker process, watched by a supervisor that owns its record.
+
+    dashboard / CLI ──create runs (queued)──▶ store
+         │ submit(): detached supervisor          run_jobs(): the CLI itself supervises
+         ▼
+    supervisor ── takes the device lock ── starts a worker for the run ──────────── tails progress.jsonl
+         │            (forked by the lane's fork server, engine.runner.forkserver,          writes progress to store
+         │             or `python -m engine.runner.worker job.json`; own session, PDEATHSIG)
+         └── exit 0 + result.json → record_result (one transaction, status ok)
+             anything else (exception, signal, timeout) → status failed with the reason and the log's tail
+
+A segfault, CUDA error, OOM kill or hang therefore only ends the worker; the dashboard never imports the code that
+crashed. A run whose supervisor is killed (kill -9) stays 'running' until `Store.fail_stale_runs` sees its pid gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.runner.device_lock import device_lock, lock_dir, lock_path  # noqa: F401 - the runner's lock, named here too
+from engine.runner.forkserver import ForkServer, ForkServerError
+from engine.runner.forkserver import enabled as forkserver_enabled
+from engine.store.db import REPO_ROOT, Artifact, RunResult, Store
+
+TARGETS = {"bench": "engine.bench.run:bench_job", "train": "engine.housing.train:train_job",
+           "profile": "engine.profiling.profile:profile_job", "ceilings": "engine.measure.ceilings:ceilings_job",
+           "levels": "engine.levels.run:levels_job", "llm": "engine.llm.run:llm_job"}
+# Entry points that moved; runs queued under the old names still start.
+MOVED_TARGETS = {"engine.workloads.user_model:bench_job": "engine.bench.run:bench_job",
+                 "engine.workloads.user_model:profile_job": "engine.profiling.profile:profile_job"}
+DEFAULT_TIMEOUT_S = 1800.0
+# The detached supervisor `submit` starts: the group planner's entry point. Named, like TARGETS, never imported —
+# the runner knows nothing of how a group is planned.
+SUPERVISOR = "engine.runner.plan"
+OnProgress = Callable[[int, float, str], None]
+
+
+@dataclass
+class JobSpec:
+    kind: str
+    workload: str
+    mode: str
+    device: str
+    params: dict[str, Any] = field(default_factory=dict)
+    target: str | None = None  # "module:function"; defaults to TARGETS[kind]
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+
+def artifacts_root(store: Store) -> Path:
+    return Path(os.environ.get("ARTIFACTS_DIR") or store.path.parent / "artifacts")
+
+
+def create_runs(store: Store, specs: Sequence[JobSpec], group_id: str | None = None) -> list[int]:
+    store.init()
+    ids = []
+    for spec in specs:
+        target = spec.target or TARGETS[spec.kind]
+        params = {**spec.params, "_target": target, "_timeout_s": spec.timeout_s}
+        ids.append(store.create_run(spec.kind, spec.workload, spec.mode, spec.device, params, group_id))
+    return ids
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    threading.Thread(target=proc.wait, daemon=True).start()  # no zombies in a long-lived dashboard
+
+
+def _child_env() -> dict[str, str]:
+    from engine.native.toolchain import with_libstdcxx_preloaded
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return with_libstdcxx_preloaded(env)  # AOTInductor models load in workers (see engine/native/toolchain.py)
+
+
+def submit(store: Store, specs: Sequence[JobSpec], group_id: str | None = None) -> list[int]:
+    """Queue runs and return at once; a detached supervisor process (SUPERVISOR) plans the group and runs it."""
+    ids = create_runs(store, specs, group_id)
+    root = artifacts_root(store)
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(root / f"supervisor-{ids[0]}.log", "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", SUPERVISOR, "--db", str(store.path), *map(str, ids)],
+                cwd=REPO_ROOT, env=_child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C or reload of the dashboard does not kill running jobs
+            )
+    except BaseException as exc:
+        # The runs are owned by this (live) process, so the stale check would never fail them: do it here.
+        for run_id in ids:
+            store.fail_run(run_id, f"could not start the supervisor process: {exc}")
+        raise
+    store.set_owner(ids, proc.pid)
+    _reap(proc)
+    return ids
+
+
+def describe_exit(returncode: int, timed_out: bool, timeout_s: float) -> str:
+    if timed_out:
+        return f"timed out: no result after {timeout_s:.0f} s (hang?); the worker was killed"
+    if returncode < 0:
+        sig = signal.Signals(-returncode)
+        why = {
+            signal.SIGSEGV: "segmentation fault",
+            signal.SIGKILL: "killed: out of memory (the kernel's OOM killer) or kill -9",
+            signal.SIGABRT: "aborted (a C++ assertion or a CUDA error)",
+            signal.SIGBUS: "bus error",
+            signal.SIGFPE: "floating-point exception",
+        }.get(sig, "terminated by a signal")
+        return f"worker crashed with {sig.name}: {why}"
+    return f"worker exited with code {returncode} without a result"
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    # faulthandler's one-line list of extension modules is noise next to the stack.
+    kept = [line for line in text if not line.startswith("Extension modules:")]
+    return "\n".join(kept[-lines:])
+
+
+class _Tail:
+    """New complete lines of a file another process appends to (a worker's progress.jsonl)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.partial = path, 0, b""
+
+    def new_lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(chunk)
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        return [line.decode(errors="replace") for line in lines if line.strip()]
+
+
+class _FreshWorker:
+    """`python -m engine.runner.worker job.json` in its own session: the fallback when no fork server serves."""
+
+    def __init__(self, spec_file: Path, log_file: Path) -> None:
+        with open(log_file, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "engine.runner.worker", str(spec_file)], cwd=REPO_ROOT,
+                                         env=_child_env(), stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.pid = self.proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def kill(self) -> None:
+        os.killpg(self.pid, signal.SIGKILL)
+
+    def wait_killed(self) -> int:
+        return self.proc.wait()
+
+
+class _ForkedWorker:
+    """A child of the fork server (its own session too, so killpg reaches everything it started)."""
+
+    def __init__(self, server: ForkServer, spec_file: Path, log_file: Path) -> None:
+        self.server = server
+        self.pid = server.spawn(spec_file, log_file)
+
+    def poll(self) -> int | None:
+        return self.server.exit_code(self.pid)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def wait_killed(self) -> int:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                code = self.poll()
+            except ForkServerError:
+                return -signal.SIGKILL
+            if code is not None:
+                return code
+            time.sleep(0.02)
+        return -signal.SIGKILL
+
+
+# Imported once by the fork server so that no run pays for them: torch, dynamo, Inductor's config and Triton. Inductor's
+# compiler (torch._inductor.compile_fx) only where there is no NVIDIA device: on the H100 machine importing it starts
+# the CUDA driver (a "cuda…" thread), after which a forked child could not use CUDA; the server would refuse to serve.
+PRELOAD = ("torch", "torch._dynamo", "torch._inductor.config", "triton")
+PRELOAD_WITHOUT_GPU = ("torch._inductor.compile_fx",)
+
+
+def default_preload() -> tuple[str, ...]:
+    no_gpu = not any(Path("/dev").glob("nvidia*"))  # no device node: nothing can start the CUDA driver
+    return PRELOAD + (PRELOAD_WITHOUT_GPU if no_gpu else ())
+
+
+def preload_for_kind(kind: str, device: str) -> tuple[str, ...]:
+    """What a lane's fork server may import for runs of `kind` on `device`. A kernel-level run off CUDA switches
+    Triton to its interpreter inside the worker (engine.levels.base.use_triton_interpreter), which only works while
+    Triton is not imported yet, and dynamo and Inductor import it: such lanes preload torch alone."""
+    if kind == "levels" and not device.startswith("cuda"):
+        return ("torch",)
+    return default_preload()
+
+
+def preload_for(store: Store, run_ids: Sequence[int]) -> tuple[str, ...]:
+    """What a lane's fork server may import for these runs (the narrowest any of them needs)."""
+    runs = [run for run in (store.run(i) for i in run_ids) if run is not None]
+    return min((preload_for_kind(str(r["kind"]), str(r["device"])) for r in runs), key=len, default=default_preload())
+
+
+class Launcher:
+    """Starts the workers of one supervisor lane: forked by a fork server (engine.runner.forkserver) when it can, else a
+    fresh `python -m engine.runner.worker`. Either way every run is its own process; the server only saves the
+    imports."""
+
+    def __init__(self, log_path: Path | None = None, preload: Sequence[str] | None = None) -> None:
+        self.preload = list(default_preload() if preload is None else preload)
+        self.log_path = log_path
+        self.server: ForkServer | None = None
+        self.why_not: str | None = None if forkserver_enabled() and log_path else "fork server off"
+        self._lock = threading.Lock()
+
+    def prestart(self) -> None:
+        """Start the fork server's imports without waiting for them (they overlap whatever the caller does next)."""
+        if self.server is not None or self.why_not:
+            return
+        try:
+            self.server = ForkServer(self.preload, _child_env(), REPO_ROOT, self.log_path)
+        except OSError as exc:
+            self.why_not = f"fork server unavailable, workers start afresh: {exc}"
+
+    def open(self) -> None:
+        """Have a ready fork server (started outside any device lock); on failure, fall back to fresh workers."""
+        self.prestart()
+        if self.server is None:
+            return
+        try:
+            self.server.wait_ready()
+        except ForkServerError as exc:
+            self.server = None
+            self.why_not = f"fork server unavailable, workers start afresh: {exc}"
+            print(self.why_not, file=sys.stderr)
+
+    def start(self, spec_file: Path, log_file: Path) -> _FreshWorker | _ForkedWorker:
+        with self._lock:  # runs that prepare side by side start their workers from several threads
+            return self._start(spec_file, log_file)
+
+    def _start(self, spec_file: Path, log_file: Path) -> _FreshWorker | _ForkedWorker:
+        self.open()
+        if self.server is not None and self.server.alive():
+            try:
+                return _ForkedWorker(self.server, spec_file, log_file)
+            except ForkServerError as exc:  # a dead server costs a fresh one for the rest of the lane
+                print(f"fork server failed ({exc}); starting a new one", file=sys.stderr)
+                self.server.close()
+                self.server = None
+                self.open()
+                if self.server is not None:
+                    return _ForkedWorker(self.server, spec_file, log_file)
+        return _FreshWorker(spec_file, log_file)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
+def new_launcher(store: Store, name: str = "lane", preload: Sequence[str] | None = None) -> Launcher:
+    return Launcher(artifacts_root(store) / f"forkserver-{os.getpid()}-{name}.log", preload)
+
+
+def lane_preload(kind: str, device_spec: str) -> tuple[str, ...] | None:
+    """What a command's one lane preloads (preload_for_kind); None for a sweep over several devices, whose lanes
+    each start their own server."""
+    if "," in device_spec or device_spec.endswith(":all"):
+        return None
+    return preload_for_kind(kind, device_spec)
+
+
+@contextmanager
+def prestarted_launcher(store: Store, preload: Sequence[str] | None) -> Iterator[Launcher | None]:
+    """A lane's launcher whose fork server (importing `preload`) starts now, before the caller imports torch and
+    checks its arguments: the server's imports (~10 s on the GPU machine) then overlap the caller's instead of
+    following them. None where `preload` is None. Closed when the block ends."""
+    if preload is None:
+        yield None
+        return
+    launcher = new_launcher(store, preload=preload)
+    launcher.prestart()
+    try:
+        yield launcher
+    finally:
+        launcher.close()
+
+
+@contextmanager
+def lane_launcher(store: Store, run_ids: Sequence[int], name: str = "lane",
+                  launcher: Launcher | None = None) -> Iterator[Launcher]:
+    """The lane's launcher (the given one, perhaps pre-started by the CLI, or a new one); closed at the end."""
+    launcher = launcher or new_launcher(store, name, preload_for(store, run_ids))
+    try:
+        if len(run_ids) > 1:  # one run gains nothing from a server: it would import the same modules once anyway
+            launcher.open()
+        else:
+            launcher.why_not = launcher.why_not or "a single run"
+        yield launcher
+    finally:
+        launcher.close()
+
+
+# Kinds whose workers mark their timed sections (engine.runner.device_lock.exclusive), so they may prepare side by side.
+PHASED_KINDS = frozenset({"llm", "bench", "levels"})
+
+
+@dataclass
+class _RunFiles:
+    """What a run's worker reads and writes, all in the run's own artifacts folder."""
+    workdir: Path
+
+    @property
+    def spec(self) -> Path:
+        return self.workdir / "job.json"
+
+    @property
+    def result(self) -> Path:
+        return self.workdir / "result.json"
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / "worker.log"
+
+    @property
+    def error(self) -> Path:
+        return self.workdir / "error.json"
+
+    @property
+    def progress(self) -> Path:
+        return self.workdir / "progress.jsonl"
+
+
+@dataclass
+class _Exit:
+    """How a worker ended, as the supervisor saw it."""
+    returncode: int | None = None
+    timed_out: bool = False
+    lost: str | None = None  # the fork server died with the worker in it
+
+
+def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None,
+            launcher: Launcher | None = None, group_size: int = 1) -> str:
+    """Supervise one queued run to its end; returns the final status ('ok' or 'failed').
+
+    group_size > 1 (a run of a kind in PHASED_KINDS, supervised beside up to group_size - 1 others of its group): the
+    supervisor does not hold the device; the worker holds it shared while it prepares and exclusively while it times
+    (engine.runner.device_lock), so the group's compiles overlap and its timings never do."""
+    run = store.run(run_id)
+    if run is None:
+        raise ValueError(f"no run {run_id} in {store.path}")
+    if run["status"] != "queued":
+        return str(run["status"])
+    phased = group_size > 1
+    if phased and run["kind"] not in PHASED_KINDS:
+        raise ValueError(f"run {run_id} ({run['kind']}) does not mark its timed sections: it cannot share its device")
+
+    def report(frac: float, message: str) -> None:
+        if on_progress:
+            on_progress(run_id, frac, message)
+
+    def waiting(message: str) -> None:
+        store.update_progress(run_id, 0.0, message)
+        report(0.0, message)
+
+    files = _RunFiles(artifacts_root(store) / f"run_{run_id}")
+    timeout_s = _write_job(store, run_id, run, files, group_size if phased else 1)
+    with (contextlib.nullcontext() if phased else device_lock(run["device"], on_wait=waiting)):
+        store.start_run(run_id, "starting worker")
+        report(0.0, "starting worker")
+        own_launcher = launcher is None
+        launcher = launcher or Launcher()
+        try:
+            outcome = _watch(store, run_id, launcher.start(files.spec, files.log), files, timeout_s, report)
+        finally:
+            if own_launcher:
+                launcher.close()
+    status = _record(store, run_id, outcome, files, timeout_s)
+    report(1.0, "done" if status == "ok" else "failed")
+    return status
+
+
+def _write_job(store: Store, run_id: int, run: dict[str, Any], files: _RunFiles, group_size: int) -> float:
+    """The worker's job.json (target, params, where to write its result and progress), stale outputs cleared;
+    returns the run's timeout in seconds."""
+    params = dict(run["params"])
+    target = params.pop("_target", None) or TARGETS[run["kind"]]
+    target = MOVED_TARGETS.get(target, target)
+    timeout_s = float(params.pop("_timeout_s", DEFAULT_TIMEOUT_S))
+    files.workdir.mkdir(parents=True, exist_ok=True)
+    params.setdefault("artifacts_dir", str(files.workdir))
+    params.setdefault("db", str(store.path))
+    for stale in (files.result, files.error, files.progress):
+        stale.unlink(missing_ok=True)
+    files.log.write_bytes(b"")
+    job = {"run_id": run_id, "target": target, "params": params, "result_file": str(files.result),
+           "progress_file": str(files.progress)}
+    if group_size > 1:
+        job["device_phases"] = {"device": run["device"], "group_size": group_size}
+    files.spec.write_text(json.dumps(job))
+    return timeout_s
+
+
+def _watch(store: Store, run_id: int, worker: _FreshWorker | _ForkedWorker, files: _RunFiles, timeout_s: float,
+           report: Callable[[float, str], None]) -> _Exit:
+    """Tail the worker's progress into the store until it exits, dies with its fork server, or runs out of time."""
+    progress_lines = _Tail(files.progress)
+    deadline = time.monotonic() + timeout_s
+    last_write = 0.0
+    pending: tuple[float, str] | None = None
+    outcome = _Exit()
+    while True:
+        try:
+            outcome.returncode = worker.poll()
+        except ForkServerError as exc:  # the server died: its child (our run) died with it
+            outcome.lost = str(exc)
+        finished = outcome.returncode is not None or outcome.lost is not None
+        for line in progress_lines.new_lines():
+            try:
+                msg = json.loads(line)
+                pending = (float(msg["progress"]), str(msg["message"]))
+                report(*pending)
+            except (ValueError, KeyError, TypeError):
+                continue
+        # Throttled: the dashboard polls about once a second; more writes only contend for the file lock.
+        if pending and time.monotonic() - last_write > 0.5:
+            store.update_progress(run_id, *pending)
+            last_write, pending = time.monotonic(), None
+        if finished:
+            return outcome
+        if time.monotonic() > deadline:
+            worker.kill()
+            return _Exit(worker.wait_killed(), timed_out=True)
+        time.sleep(0.05)
+
+
+def _record(store: Store, run_id: int, outcome: _Exit, files: _RunFiles, timeout_s: float) -> str:
+    """Store the worker's result (status ok) or why there is none (status failed, with the log's tail)."""
+    if outcome.lost is not None:
+        tail = _tail(files.log)
+        store.fail_run(run_id, outcome.lost + (f"\n--- last lines of {files.log} ---\n{tail}" if tail else ""))
+        return "failed"
+    if outcome.returncode == 0 and files.result.exists():
+        try:
+            result = RunResult.from_json(files.result.read_text())
+        except (ValueError, TypeError) as exc:
+            store.fail_run(run_id, f"worker wrote an unreadable result: {exc}")
+            return "failed"
+        result.artifacts.append(Artifact(kind="log", name="worker.log", path=str(files.log)))
+        if files.progress.exists():  # the run's phases with their times (see engine.runner.worker)
+            result.artifacts.append(Artifact(kind="log", name="progress.jsonl", path=str(files.progress)))
+        store.record_result(run_id, result)
+        return "ok"
+    store.fail_run(run_id, _failure(outcome, files, timeout_s))
+    return "failed"
+
+
+def _failure(outcome: _Exit, files: _RunFiles, timeout_s: float) -> str:
+    """Why a worker left no result: the exception it wrote down, else how it exited and its log's last lines."""
+    error = describe_exit(outcome.returncode, outcome.timed_out, timeout_s)
+    if files.error.exists() and not outcome.timed_out:  # the worker caught an exception and wrote it down
+        try:
+            caught = json.loads(files.error.read_text())
+            return f"{caught['error']}\n--- traceback (full log: {files.log}) ---\n{caught.get('traceback', '')}"
+        except (ValueError, KeyError, TypeError):
+            pass
+    tail = _tail(files.log)
+    return error + (f"\n--- last lines of {files.log} ---\n{tail}" if tail else "")
+
+
+def run_jobs(store: Store, run_ids: Sequence[int], on_progress: OnProgress | None = None,
+             launcher: Launcher | None = None, prepare_parallel: int = 1) -> dict[int, str]:
+    """Supervise runs in this process (the CLI's path; `submit` runs this detached): one after another, or with
+    prepare_parallel > 1, up to that many at once, each preparing beside the others and timing alone (run_one's
+    group_size; only for runs of PHASED_KINDS on one device)."""
+    store.set_owner(run_ids, os.getpid())
+    statuses: dict[int, str] = {}
+    slots = min(prepare_parallel, len(run_ids))
+    if slots > 1:
+        runs = [store.run(i) for i in run_ids]
+        if any(r is None or r["kind"] not in PHASED_KINDS for r in runs) or len({r["device"] for r in runs}) > 1:
+            raise ValueError(f"only runs of {', '.join(sorted(PHASED_KINDS))} on one device prepare side by side")
+    todo = list(run_ids)
+    guard = threading.Lock()
+
+    def lane(launcher: Launcher) -> None:
+        while True:
+            with guard:
+                if not todo:
+                    return
+                run_id = todo.pop(0)
+            try:
+                status = run_one(store, run_id, on_progress, launcher, group_size=slots)
+            except Exception as exc:  # the supervisor must leave no run behind in 'running'
+                store.fail_run(run_id, f"supervisor error: {type(exc).__name__}: {exc}")
+                status = "failed"
+            with guard:
+                statuses[run_id] = status
+
+    with lane_launcher(store, run_ids, launcher=launcher) as launcher:
+        if slots <= 1:
+            lane(launcher)  # in this thread, as always: Ctrl-C stops the supervisor where it is
+        else:
+            threads = [threading.Thread(target=lane, args=(launcher,), name=f"slot-{i}", daemon=True)
+                       for i in range(slots)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                while thread.is_alive():  # join in slices, so Ctrl-C reaches this thread
+                    thread.join(0.5)
+    return {run_id: statuses.get(run_id, "failed") for run_id in run_ids}
+
+
+def run_jobs_spread(store: Store, run_ids: Sequence[int], on_progress: OnProgress | None = None) -> dict[int, str]:
+    """Supervise runs on several devices at once: one thread per device, each taking its device's runs in order.
+    The per-device lock still holds, so two timing runs never share a device; runs on one device behave exactly as
+    under run_jobs."""
+    store.set_owner(run_ids, os.getpid())
+    by_device: dict[str, list[int]] = {}
+    for run_id in run_ids:
+        run = store.run(run_id)
+        by_device.setdefault(run["device"] if run else "?", []).append(run_id)
+    statuses: dict[int, str] = {}
+    lock = threading.Lock()
+
+    def lane(device: str, ids: list[int]) -> None:
+        with lane_launcher(store, ids, device.replace(":", "")) as launcher:
+            for run_id in ids:
+                try:
+                    status = run_one(store, run_id, on_progress, launcher)
+                except Exception as exc:  # the supervisor must leave no run behind in 'running'
+                    store.fail_run(run_id, f"supervisor error: {type(exc).__name__}: {exc}")
+                    status = "failed"
+                with lock:
+                    statuses[run_id] = status
+
+    threads = [threading.Thread(target=lane, args=(device, ids), name=f"lane-{device}")
+               for device, ids in by_device.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {run_id: statuses.get(run_id, "failed") for run_id in run_ids}
+
+
+def spread(devices: Sequence[str], count: int) -> list[str]:
+    """Round-robin device assignment for `count` runs of a sweep."""
+    return [devices[i % len(devices)] for i in range(count)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Supervise queued runs one after another, in the order given (no planning: see engine.runner.plan)."""
+    parser = argparse.ArgumentParser(prog="python -m engine.runner.jobs",
+                                     description="Supervise queued runs (internal).")
+    parser.add_argument("--db", required=True)
+    parser.add_argument("run_ids", nargs="+", type=int)
+    args = parser.parse_args(argv)
+    statuses = run_jobs(Store(args.db), args.run_ids)
+    print(json.dumps(statuses))
+    return 0 if all(s == "ok" for s in statuses.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""The group planner: how a group of queued runs is supervised — in which order, and how many prepare side by side.
+
+It sits above the job runner (engine.runner.jobs), which supervises whatever order and slot count it is given and knows
+nothing of what a run is for. Kind-specific knowledge stays with its feature: an LLM group's memory-bound slots and
+its ceilings-first rule come from engine.llm.group.
+
+    CLI (`llm --mode all`, …)  ─┐
+                                ├─▶ plan_group() ─▶ engine.runner.jobs.run_jobs(order, prepare_parallel=slots)
+    dashboard: jobs.submit()  ──┘   (`python -m engine.runner.plan`, the detached supervisor)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+from engine.measure.ceilings import ensure_ceilings
+from engine.native import prebuild
+from engine.runner.device_lock import TIMING_CORES
+from engine.runner.jobs import PHASED_KINDS, OnProgress, preload_for, prestarted_launcher, run_jobs
+from engine.store.db import Store
+
+
+@dataclass
+class GroupPlan:
+    slots: int  # runs preparing at once (each still times alone)
+    order: list[int]  # the order runs start in
+    why: str  # one line: why that many at once
+
+    def describe(self) -> str:
+        return f"preparing {self.why}; timing one at a time"
+
+
+def plan_group(store: Store, run_ids: Sequence[int], requested: int | str = "auto", serial: bool = False
+               ) -> GroupPlan:
+    """The plan for a group of queued runs. Runs of one kind on one device prepare side by side where their worker
+    marks its timed sections (engine.runner.jobs.PHASED_KINDS): an LLM group as engine.llm.group says (memory-bound
+    slots,
+    ceilings first), a bench or levels group as _side_by_side says. Anything else runs one at a time, as given."""
+    runs = [store.run(i) for i in run_ids]
+    if len(runs) < 2 or any(r is None for r in runs):
+        return GroupPlan(1, list(run_ids), "one run at a time")
+    kinds, devices = {r["kind"] for r in runs}, {r["device"] for r in runs}
+    if len(kinds) > 1 or len(devices) > 1:
+        return GroupPlan(1, list(run_ids), "one run at a time (not one kind of run on one device)")
+    kind, device = kinds.pop(), devices.pop()
+    if kind == "llm":
+        from engine.llm.group import plan_group as plan_llm_group
+
+        slots, order, why = plan_llm_group(store, run_ids, requested, serial)
+        return GroupPlan(slots, order, why)
+    if kind not in PHASED_KINDS:
+        return GroupPlan(1, list(run_ids), f"one run at a time ({kind} runs hold the device from start to end)")
+    slots, why = _side_by_side(len(runs), device, requested, serial)
+    if slots > 1:
+        ensure_ceilings(store, device, float(runs[0]["params"].get("_timeout_s", 1800)))
+    order = [i for _, i in sorted(zip(runs, run_ids), key=lambda ri: _prepare_cost(ri[0]), reverse=True)]
+    return GroupPlan(slots, order, why)
+
+
+# The most bench or levels runs that prepare at once on a GPU: measured on a 16-core H100 machine (2026-11-24,
+# `bench --mode all`, fresh caches / rerun): 4 at a time 144.9 s / 44.8 s, 6 at a time 139.0 s / 36.7 s.
+MAX_GPU_SLOTS = 6
+
+
+def _side_by_side(count: int, device: str, requested: int | str, serial: bool) -> tuple[int, str]:
+    """How many bench or levels runs prepare at once: their models are small, so the cores bound it — on a GPU two
+    of the cores a timing leaves free each (a compile uses several threads; most of a warm run's preparation is its
+    worker's start, CUDA's included, beside the others), on the CPU one per core (whoever times holds the cores
+    alone: preparing runs wait)."""
+    if serial:
+        return 1, "one run at a time (--serial)"
+    if requested != "auto":
+        return min(int(requested), count), f"--prepare-parallel {requested}"
+    cores = os.cpu_count() or 1
+    if device.startswith("cuda"):
+        slots = max(1, min(count, (cores - TIMING_CORES) // 2, MAX_GPU_SLOTS))
+    else:
+        slots = max(1, min(count, cores, 4))
+    if slots == 1:
+        return 1, f"one run at a time ({cores} cores)"
+    return slots, f"{slots} at a time ({cores} cores)"
+
+
+def _prepare_cost(run: dict) -> int:
+    """A rough rank of how long a run takes to prepare, so the slow ones start first and the quick fill in behind:
+    native builds and autotuning, then compiles, then the rest."""
+    name = str(run["mode"])
+    if name in ("cuda", "aoti", "custom_op", "L5-cuda") or "max-autotune" in name:
+        return 3
+    if name.startswith("compile") or name in ("L3-compile", "L4-triton", "triton"):
+        return 2
+    return 1
+
+
+def supervise(store: Store, run_ids: Sequence[int], on_progress: OnProgress | None = None, launcher=None,
+              requested: int | str = "auto", serial: bool = False, out: TextIO | None = None,
+              what: str = "runs") -> dict[int, str]:
+    """Plan the group, say how it will run ("N runs; preparing …"), and supervise it to its end; {run id: status}."""
+    plan = plan_group(store, run_ids, requested, serial)
+    if len(plan.order) > 1:
+        print(f"{len(plan.order)} {what}; {plan.describe()}", file=out or sys.stdout, flush=True)
+    if plan.slots > 1:  # side by side: the group's native builds start now, in the background
+        runs = [store.run(i) for i in plan.order]
+        prebuild.start([str(r["mode"]) for r in runs if r], str(runs[0]["device"]) if runs[0] else "cpu")
+    return run_jobs(store, plan.order, on_progress, launcher, prepare_parallel=plan.slots)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The detached supervisor the dashboard starts (engine.runner.jobs.submit): plans the group, then supervises it."""
+    parser = argparse.ArgumentParser(prog="python -m engine.runner.plan", description="Plan and supervise queued runs "
+                                     "(internal: the dashboard's detached supervisor).")
+    parser.add_argument("--db", required=True)
+    parser.add_argument("run_ids", nargs="+", type=int)
+    args = parser.parse_args(argv)
+    store = Store(args.db)
+    kinds = {run["kind"] for run in (store.run(i) for i in args.run_ids) if run}
+    # The lane's fork server starts before planning, whose ceilings check imports torch: the imports overlap.
+    preload = preload_for(store, args.run_ids) if len(args.run_ids) > 1 else None
+    with prestarted_launcher(store, preload) as launcher:
+        statuses = supervise(store, args.run_ids, launcher=launcher, what="LLM runs" if kinds == {"llm"} else "runs")
+    print(json.dumps(statuses))
+    return 0 if all(s == "ok" for s in statuses.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
