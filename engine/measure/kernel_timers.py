@@ -15,10 +15,12 @@ The CUDA path (profiler_kernel_us on a GPU) was written without a GPU and has no
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from engine.measure.op_stats import union_length
 
 # Bounds. Each is a ratio plus an absolute floor in µs: medians of separate measurements differ by a few % from
 # run to run, CUPTI's per-kernel timestamps and event resolution are good to ~1 µs, and a graph replay still pays
@@ -45,22 +47,6 @@ class CrossTimers:
     events_us: float
     graph_us: float | None
     kernel_us: float | None
-
-
-def busy_union_us(intervals: Iterable[tuple[float, float]]) -> float:
-    """Total length of the union of [start, end) intervals. Kernels on several streams overlap: a plain sum of their
-    durations would count the overlap twice and exceed the wall time the device was busy."""
-    total, cur_start, cur_end = 0.0, None, None
-    for start, end in sorted((s, e) for s, e in intervals if e > s):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
 
 
 def is_device_work(event) -> bool:
@@ -94,7 +80,7 @@ def profiler_kernel_us(call: Callable[[], object], calls: int) -> float | None:
     work = [(e.time_range.start, e.time_range.end) for e in prof.events() if is_device_work(e)]
     if not work:
         raise RuntimeError("the profiler saw no kernel, memcpy or memset (CUPTI unavailable?)")
-    return busy_union_us(work) / calls
+    return union_length(work) / calls
 
 
 def disagreements(t: CrossTimers) -> list[str]:

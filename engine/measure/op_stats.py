@@ -158,7 +158,8 @@ def timed_events(trace: dict[str, Any] | list) -> list[Event]:
 
 
 def union_length(intervals: Iterable[tuple[float, float]], lo: float | None = None, hi: float | None = None) -> float:
-    """Total length covered by the intervals, each clipped to [lo, hi]."""
+    """Total length covered by the intervals, each clipped to [lo, hi]. Kernels on several streams overlap: a plain sum
+    of their durations would count the overlap twice and exceed the wall time the device was busy."""
     clipped = sorted((max(s, lo) if lo is not None else s, min(e, hi) if hi is not None else e) for s, e in intervals)
     total, cur_s, cur_e = 0.0, None, None
     for s, e in clipped:

@@ -13,7 +13,8 @@ from torch.autograd import DeviceType
 
 from engine.levels import run as level_run
 from engine.measure import kernel_timers as timers
-from engine.measure.kernel_timers import CrossTimers, busy_union_us, disagreements, is_device_work, profiler_kernel_us
+from engine.measure.kernel_timers import CrossTimers, disagreements, is_device_work, profiler_kernel_us
+from engine.measure.op_stats import union_length
 from engine.store.db import Metric, RunResult, Store
 
 EPS = 0.01  # µs either side of a bound
@@ -93,7 +94,7 @@ def test_several_disagreements_each_get_a_prefixed_note() -> None:
     ([(0.0, 10.0), (2.0, 4.0), (8.0, 12.0), (50.0, 51.0)], 13.0),
 ])
 def test_busy_union_of_intervals(intervals: list[tuple[float, float]], busy: float) -> None:
-    assert busy_union_us(intervals) == pytest.approx(busy)
+    assert union_length(intervals) == pytest.approx(busy)
 
 
 def event(name: str, start: float, end: float, device: DeviceType = DeviceType.CUDA, **extra) -> SimpleNamespace:
