@@ -335,15 +335,33 @@ def configure_inductor() -> None:
 def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = None, autotune: bool = False
             ) -> Prepared:
     """The prefill callable and the decoder of `mode` over `model` (whose cache is set up). Compilation happens
-    lazily, at the first call (timed by the caller as the first-call cost)."""
+    lazily, at the first call (timed by the caller as the first-call cost). Steps: reset the compiler → transform the
+    model (fuse, quantize, swap in the lab's kernels) → pick the next-token kernel → the prefill → the decoder."""
     mode = on_device(mode, device)
-    backend = mode.sdpa or sdpa
-    dtype = model.lm_head.weight.dtype
+    dtype = model.lm_head.weight.dtype  # before quantization replaces the head
     notes: list[str] = []
-    quantize_s: float | None = None
     if mode.compiles:
         torch._dynamo.reset()
         configure_inductor()
+    quantize_s = _transform_model(mode, model, device, notes)
+    build = _Build(mode, model, device, dtype, sdpa, backend=mode.sdpa or sdpa, pick=_next_token_kernel(mode, notes),
+                   compile_mode="max-autotune-no-cudagraphs" if autotune else None,
+                   # the peer line of a quantized mode is gpt-fast's: its decode step compiled with coordinate-descent
+                   # tuning
+                   fuse_gemv_loads=bool(mode.quant) and mode.quant_impl == "plain" and device.startswith("cuda"))
+    if build.fuse_gemv_loads:
+        notes.append("decode step compiled with coordinate-descent tuning (gpt-fast's setting): one-row products "
+                     "become reductions that dequantize inside their weight loads")
+    plain = step_fn(model)
+    prefill = _compile(plain, build.compile_mode) if mode.prefill == "compile" else plain
+    decoder = _decoder(build, notes)
+    return Prepared(prefill=_with_sdpa(prefill, build.backend), decoder=decoder, notes=notes, quantize_s=quantize_s)
+
+
+def _transform_model(mode: LLMMode, model: LlamaDecoder, device: str, notes: list[str]) -> float | None:
+    """Change the model in place as the mode asks: fused projections, quantized weights, the lab's GEMV, decode
+    attention and fused decode ops. Returns the quantization's seconds (None when the mode does not quantize)."""
+    quantize_s: float | None = None
     if mode.fused:
         model.fuse_projections()  # before the swap, so the fused projections are GEMV linears too (prefill aside)
     if mode.quant:  # before the swap: quantize_model takes exactly nn.Linear (the fused projections included)
@@ -371,53 +389,77 @@ def prepare(mode: LLMMode, model: LlamaDecoder, device: str, sdpa: str | None = 
             layer.self_attn.decode_attn = decode_attention
         notes.append("decode attention: the Triton flash-decoding kernel (engine/kernels/triton/decode_attention.py)")
     if mode.fused:
+        from engine.kernels.triton.decode_attention import decode_attention_qkv
         from engine.kernels.triton.gemv import FusedDecodeOps
 
         model.set_fused_ops(FusedDecodeOps)
-        from engine.kernels.triton.decode_attention import decode_attention_qkv
-
         for layer in model.layers:
             layer.self_attn.decode_attn_qkv = decode_attention_qkv
         notes.append("decode step: RMSNorm inside the qkv, gate_up and lm_head GEMVs, SwiGLU in the gate_up GEMV's "
                      "epilogue, residual adds inside the o and down GEMVs (engine.kernels.triton.gemv.norm_linear / "
                      "norm_swiglu / linear_add); RoPE and the KV-cache write inside the decode attention "
                      "kernel (decode_attention_qkv)")
-    plain = step_fn(model)
-    pick = _next_token_kernel(mode, notes)
-    compile_mode = "max-autotune-no-cudagraphs" if autotune else None
-    # the peer line of a quantized mode is gpt-fast's: its decode step compiled with coordinate-descent tuning
-    fuse_gemv_loads = bool(mode.quant) and mode.quant_impl == "plain" and device.startswith("cuda")
-    if fuse_gemv_loads:
-        notes.append("decode step compiled with coordinate-descent tuning (gpt-fast's setting): one-row products "
-                     "become reductions that dequantize inside their weight loads")
-    prefill = _compile(plain, compile_mode) if mode.prefill == "compile" else plain
-    decoder: Decoder | None
-    reason = phase_unavailable(mode, "decode", device, dtype, sdpa)
+    return quantize_s
+
+
+@dataclass
+class _Build:
+    """What the decoder builders share: the mode, its model and device, and the choices prepare made."""
+
+    mode: LLMMode
+    model: LlamaDecoder
+    device: str
+    dtype: torch.dtype  # the model's before quantization
+    sdpa: str | None
+    backend: str | None
+    pick: Callable[[torch.Tensor], torch.Tensor]
+    compile_mode: str | None
+    fuse_gemv_loads: bool
+
+
+def _eager_decoder(b: _Build, notes: list[str]) -> Decoder:
+    return Decoder(_with_sdpa(step_fn(b.model, b.pick), b.backend))
+
+
+def _compiled_decoder(b: _Build, notes: list[str]) -> Decoder:
+    # A separate compiled function from the prefill's: each gets its own graph (t = P vs t = 1).
+    return Decoder(_with_sdpa(_compile(step_fn(b.model, b.pick), b.compile_mode), b.backend))
+
+
+def _reduce_overhead_decoder(b: _Build, notes: list[str]) -> Decoder:
+    return Decoder(_with_sdpa(_compile(step_fn(b.model, b.pick), "reduce-overhead"), b.backend),
+                   before_step=torch.compiler.cudagraph_mark_step_begin)
+
+
+def _graph_decoder(b: _Build, notes: list[str]) -> Decoder:
+    if b.pick is greedy:
+        return GraphDecoder(_with_sdpa(_compile(step_fn(b.model), b.compile_mode, b.fuse_gemv_loads), b.backend))
+    # the lab's own argmax after the compiled forward, in the same graph (_next_token_kernel says why), in its in-place
+    # form: the token into the graph's token buffer and the position on, in its own kernel
+    from engine.kernels.triton.argmax import argmax_rows_into
+
+    forward = _with_sdpa(_compile(step_fn(b.model, _no_pick), b.compile_mode, b.fuse_gemv_loads), b.backend)
+    notes.append("the argmax writes the next token into the graph's token buffer and moves the position in its last "
+                 "kernel (argmax_rows_into): no copy or add kernels in the step")
+    return GraphDecoder(pick_into_after(forward, argmax_rows_into), advances=True)
+
+
+# How each decode kind builds its decoder.
+DECODERS: dict[str, Callable[[_Build, list[str]], Decoder]] = {
+    "eager": _eager_decoder, "compile": _compiled_decoder, "reduce-overhead": _reduce_overhead_decoder,
+    "cudagraph": _graph_decoder,
+}
+
+
+def _decoder(b: _Build, notes: list[str]) -> Decoder | None:
+    """The mode's decoder, or None (with the reason in the notes) where its decode cannot run here."""
+    reason = phase_unavailable(b.mode, "decode", b.device, b.dtype, b.sdpa)
     if reason:
         notes.append(f"decode not measured: {reason}")
-        decoder = None
-    elif mode.decode == "eager":
-        decoder = Decoder(_with_sdpa(step_fn(model, pick), backend))
-    elif mode.decode == "compile":
-        # A separate compiled function from the prefill's: each gets its own graph (t = P vs t = 1).
-        decoder = Decoder(_with_sdpa(_compile(step_fn(model, pick), compile_mode), backend))
-    elif mode.decode == "reduce-overhead":
-        decoder = Decoder(_with_sdpa(_compile(step_fn(model, pick), "reduce-overhead"), backend),
-                          before_step=torch.compiler.cudagraph_mark_step_begin)
-    elif mode.decode == "cudagraph":
-        if pick is greedy:
-            decoder = GraphDecoder(_with_sdpa(_compile(step_fn(model), compile_mode, fuse_gemv_loads), backend))
-        else:  # the lab's own argmax after the compiled forward, in the same graph (_next_token_kernel says why),
-            # in its in-place form: the token into the graph's token buffer and the position on, in its own kernel
-            from engine.kernels.triton.argmax import argmax_rows_into
-
-            forward = _with_sdpa(_compile(step_fn(model, _no_pick), compile_mode, fuse_gemv_loads), backend)
-            decoder = GraphDecoder(pick_into_after(forward, argmax_rows_into), advances=True)
-            notes.append("the argmax writes the next token into the graph's token buffer and moves the position in "
-                         "its last kernel (argmax_rows_into): no copy or add kernels in the step")
-    else:
-        raise ValueError(f"unknown decode kind {mode.decode!r}")
-    return Prepared(prefill=_with_sdpa(prefill, backend), decoder=decoder, notes=notes, quantize_s=quantize_s)
+        return None
+    if b.mode.decode not in DECODERS:
+        raise ValueError(f"unknown decode kind {b.mode.decode!r}")
+    return DECODERS[b.mode.decode](b, notes)
 
 
 def _next_token_kernel(mode: LLMMode, notes: list[str]) -> Callable[[torch.Tensor], torch.Tensor]:
