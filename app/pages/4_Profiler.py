@@ -182,10 +182,8 @@ show_flash()
 watch_active_runs(kind="profile")
 
 # -- the selected profile -------------------------------------------------------------------------------------------
-if runs.empty:
-    st.info("No profiles yet. Open **New profile**, pick a mode and press **Profile**; results appear here when the "
-            "run finishes (a CPU profile takes seconds).", icon=":material/info:")
-else:
+def show_profile(runs: pd.DataFrame) -> None:
+    """The selected profile: its figures, operators and kernels, trace, deep profile, and a comparison."""
     records = {int(r["id"]): r for r in runs.to_dict("records")}
     ids = list(records)
     top = st.columns([3, 2, 1])
@@ -200,7 +198,14 @@ else:
     steps = max(m.get("steps", 1.0), 1.0)
     on_device = "device_busy_us" in m
     stats = store.op_stats([run_id], phase)
+    _cards(run_id, run, m, on_device)
+    _operators(stats, m, steps, k)
+    _trace(run_id, run, phase)
+    _deep(run_id, phase)
+    _comparison(records, run_id, run, phase, m, stats, steps, k)
 
+
+def _cards(run_id: int, run: dict[str, Any], m: dict[str, float], on_device: bool) -> None:
     with st.container(border=True, key="cards"):
         cols = st.columns(6)
         cols[0].metric("Host wall / step", fmt_us(m.get("step_wall_us")))
@@ -226,6 +231,8 @@ else:
         for note in (store.run(run_id) or {}).get("notes", []):
             st.caption(f":material/info: {note}")
 
+
+def _operators(stats: pd.DataFrame, m: dict[str, float], steps: float, k: int) -> None:
     if stats.empty:
         st.info("This profile stored no operator statistics.", icon=":material/info:")
     else:
@@ -250,7 +257,8 @@ else:
             st.dataframe(table[["kind", "device", "name", "calls_per_step", "self_us_per_step", "total_us_per_step",
                                 "device_us", "input_shapes", "parent"]], hide_index=True, key="op-table")
 
-    # -- trace download -----------------------------------------------------------------------------------------
+
+def _trace(run_id: int, run: dict[str, Any], phase: str | None) -> None:
     traces = store.artifacts(run_id)
     traces = traces[traces["kind"] == "chrome_trace"] if not traces.empty else traces
     with st.container(border=True, key="trace"):
@@ -272,7 +280,8 @@ else:
             st.caption("Open it in [Perfetto](https://ui.perfetto.dev) or chrome://tracing (both read .json.gz). "
                        f"Stored at `{path}`.")
 
-    # -- Nsight Compute ------------------------------------------------------------------------------------------
+
+def _deep(run_id: int, phase: str | None) -> None:
     with st.container(border=True, key="deep"):
         st.markdown("**Deep profile (Nsight Compute)**")
         kernels = store.kernel_metrics([run_id])
@@ -296,9 +305,11 @@ else:
         else:
             st.caption("This run has no Nsight Compute metrics: profile on a CUDA device with *Deep profile* on.")
 
-    # -- comparison ----------------------------------------------------------------------------------------------
+
+def _comparison(records: dict[int, dict[str, Any]], run_id: int, run: dict[str, Any], phase: str | None,
+                m: dict[str, float], stats: pd.DataFrame, steps: float, k: int) -> None:
     st.subheader("Compare two profiles")
-    others = [i for i in ids if i != run_id]
+    others = [i for i in records if i != run_id]
     if not others:
         st.info("Profile a second mode to compare kernels, launches and device time side by side.",
                 icon=":material/info:")
@@ -349,12 +360,21 @@ else:
                             "self_us_b": "µs/step B", "delta_us": "Δ µs/step (B − A)"}),
                             hide_index=True, key=f"compare-{where.replace(' ', '-')}")
 
-# -- failures -------------------------------------------------------------------------------------------------------
-failed = store.runs(kind="profile", status=["failed"], limit=10)
-if not failed.empty:
-    st.subheader("Failed profiles")
-    for row in failed.itertuples():
-        st.markdown(f"**#{row.id}** `{row.mode}` on {row.device} · {fmt_time(row.finished_at)}")
-        st.error(first_line(row.error) or "failed without a message", icon=":material/error:")
-        with st.expander(f"Full error of profile #{row.id}"):
-            st.code(row.error or "", language=None)
+
+def show_failures() -> None:
+    failed = store.runs(kind="profile", status=["failed"], limit=10)
+    if not failed.empty:
+        st.subheader("Failed profiles")
+        for row in failed.itertuples():
+            st.markdown(f"**#{row.id}** `{row.mode}` on {row.device} · {fmt_time(row.finished_at)}")
+            st.error(first_line(row.error) or "failed without a message", icon=":material/error:")
+            with st.expander(f"Full error of profile #{row.id}"):
+                st.code(row.error or "", language=None)
+
+
+if runs.empty:
+    st.info("No profiles yet. Open **New profile**, pick a mode and press **Profile**; results appear here when the "
+            "run finishes (a CPU profile takes seconds).", icon=":material/info:")
+else:
+    show_profile(runs)
+show_failures()
