@@ -166,9 +166,6 @@ def tune(weights: Iterable[TileWeight], l2_multiple: float = 3.0, replays: int =
     line per product tuned. Why measure rather than rule: on the H100 the fastest block differs by product (the 1B
     down 16 warps × 8 groups 5.7 µs against 16 × 4 6.1; the 7B gate_up 8 × 8 19.3 against 19.6, and 16 × 8 26.2;
     docs/quantization.md, session 19)."""
-    from engine.measure.timing import time_in_graph
-    from engine.runner.device_lock import exclusive
-
     lines = []
     seen: set[tuple[int, int, bool, int]] = set()
     for w in weights:
@@ -176,43 +173,62 @@ def tune(weights: Iterable[TileWeight], l2_multiple: float = 3.0, replays: int =
         if key in seen or key in _TUNED:
             continue
         seen.add(key)
-        gen = torch.Generator(device=w.q.device).manual_seed(w.n * 31 + w.k)
-        x = torch.randn(w.k, device=w.q.device, generator=gen).bfloat16()
-        norm = torch.ones(w.k, device=w.q.device, dtype=torch.bfloat16) if w.glu else None
-        l2 = torch.cuda.get_device_properties(w.q.device).L2_cache_size or (50 << 20)
-        nbytes = w.q.nbytes + w.s.nbytes
-        copies = max(2, min(64, int(l2_multiple * l2 // nbytes) + 1))
-        try:
-            rotating = [w] + [TileWeight(w.q.clone(), w.s.clone(), w.n, w.k, w.glu) for _ in range(copies - 1)]
-        except torch.cuda.OutOfMemoryError:  # a model that fills the device: its products keep the untuned block
-            torch.cuda.empty_cache()
-            lines.append(f"{w.n}×{w.k}{' glu' if w.glu else ''}: not tuned, no memory for {copies - 1} copies of "
-                         f"{nbytes / 1e6:.1f} MB (the untuned {kslices(w.k)} warps × 4-group batches)")
+        name = f"{w.n}×{w.k}{' glu' if w.glu else ''}"
+        rotating, why_not = _rotating_copies(w, l2_multiple)
+        if rotating is None:
+            lines.append(f"{name}: not tuned, {why_not}")
             continue
-        reference = int4_gemv(x, w, norm, 1e-5, ks=kslices(w.k), batch=4).float()
-        times: dict[tuple[int, int], float] = {}
-        with exclusive():
-            for ks in KSLICES:
-                for batch in RING_BATCHES:
-                    # the blocks add the same fp32 products in other orders: equal within bf16 rounding, so only a
-                    # gross difference is a fault (each block is held to float64 by tests/engine/kernels)
-                    got = int4_gemv(x, w, norm, 1e-5, ks=ks, batch=batch).float()
-                    rel = float((got - reference).norm() / reference.norm().clamp_min(1e-30))
-                    if not rel <= 1e-2:
-                        raise RuntimeError(f"int4 GEMV {w.n}×{w.k}: block {ks}×{batch} differs from the untuned "
-                                           f"block by {rel:.1e} (relative L2)")
-                    calls = [lambda t=t, ks=ks, batch=batch: int4_gemv(x, t, norm, 1e-5, ks=ks, batch=batch)
-                             for t in rotating]
-                    times[(ks, batch)] = time_in_graph(calls, replays=replays).stats.median
+        times = _time_blocks(w, rotating, replays)
         del rotating
         untuned = (kslices(w.k), 4)
         best = min(times, key=times.get)
         if times[best] > (1 - MIN_GAIN) * times[untuned]:
-            best = untuned  # a smaller gain alone did not show end to end (MIN_GAIN)
+            best = untuned  # a smaller gain alone does not show end to end (MIN_GAIN)
         _TUNED[key], _TIMES[key] = best, times
-        lines.append(f"{w.n}×{w.k}{' glu' if w.glu else ''}: {best[0]} warps × {best[1]}-group batches "
-                     f"{times[best]:.1f} µs (untuned {untuned[0]} × {untuned[1]}: {times[untuned]:.1f} µs)")
+        lines.append(f"{name}: {best[0]} warps × {best[1]}-group batches {times[best]:.1f} µs (untuned "
+                     f"{untuned[0]} × {untuned[1]}: {times[untuned]:.1f} µs)")
     return lines
+
+
+def _rotating_copies(w: TileWeight, l2_multiple: float) -> tuple[list[TileWeight] | None, str]:
+    """`w` and enough copies of it that the calls read more bytes than L2 holds, as in a decode step; (None, why)
+    where the device has no memory for them (a model that fills the device keeps the untuned block)."""
+    l2 = torch.cuda.get_device_properties(w.q.device).L2_cache_size or (50 << 20)
+    nbytes = w.q.nbytes + w.s.nbytes
+    copies = max(2, min(64, int(l2_multiple * l2 // nbytes) + 1))
+    try:
+        return [w] + [TileWeight(w.q.clone(), w.s.clone(), w.n, w.k, w.glu) for _ in range(copies - 1)], ""
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return None, (f"no memory for {copies - 1} copies of {nbytes / 1e6:.1f} MB (the untuned {kslices(w.k)} "
+                      "warps × 4-group batches)")
+
+
+def _time_blocks(w: TileWeight, rotating: list[TileWeight], replays: int) -> dict[tuple[int, int], float]:
+    """{(warps, batch): median µs} of every block over the rotating copies, each block's output checked against the
+    untuned block's first, with the device to this run alone."""
+    from engine.measure.timing import time_in_graph
+    from engine.runner.device_lock import exclusive
+
+    gen = torch.Generator(device=w.q.device).manual_seed(w.n * 31 + w.k)
+    x = torch.randn(w.k, device=w.q.device, generator=gen).bfloat16()
+    norm = torch.ones(w.k, device=w.q.device, dtype=torch.bfloat16) if w.glu else None
+    reference = int4_gemv(x, w, norm, 1e-5, ks=kslices(w.k), batch=4).float()
+    times: dict[tuple[int, int], float] = {}
+    with exclusive():
+        for ks in KSLICES:
+            for batch in RING_BATCHES:
+                # the blocks add the same fp32 products in other orders: equal within bf16 rounding, so only a gross
+                # difference is a fault (each block is held to float64 by tests/engine/kernels)
+                got = int4_gemv(x, w, norm, 1e-5, ks=ks, batch=batch).float()
+                rel = float((got - reference).norm() / reference.norm().clamp_min(1e-30))
+                if not rel <= 1e-2:
+                    raise RuntimeError(f"int4 GEMV {w.n}×{w.k}: block {ks}×{batch} differs from the untuned block "
+                                       f"by {rel:.1e} (relative L2)")
+                calls = [lambda t=t, ks=ks, batch=batch: int4_gemv(x, t, norm, 1e-5, ks=ks, batch=batch)
+                         for t in rotating]
+                times[(ks, batch)] = time_in_graph(calls, replays=replays).stats.median
+    return times
 
 
 @dataclass(frozen=True)
