@@ -1,80 +1,29 @@
-"""Weight-only quantized decode: the weights of the decoder layers stored as int8, fp8 or int4, quantized once.
+"""Weight-only quantized decode: the decoder's linear weights stored as int8, fp8 or int4, quantized once.
 
 Schemes (`SCHEMES`), all weight-only (activations, the KV cache and every accumulation stay in the model's dtype or
-fp32):
+fp32): int8-wo (symmetric int8, one bf16 scale per output channel), fp8-wo (float8_e4m3fn, one scale per output
+channel) and int4-wo (symmetric 4-bit, value = (code − 8) · scale, one scale per group of INT4_GROUP = 64 weights
+along K, packed in engine/kernels/int4_layout.py's order). Scales are rounded to bf16 before the codes are
+computed, so the codes are the best ones for the scale actually stored.
 
-| scheme  | codes                                   | scales                                   | bytes / weight   |
-| ------- | --------------------------------------- | ---------------------------------------- | ---------------- |
-| int8-wo | int8, symmetric, [-127, 127]            | bf16, one per output channel (row)       | 1 + 2/K          |
-| fp8-wo  | float8_e4m3fn (max 448)                 | bf16, one per output channel (row)       | 1 + 2/K          |
-| int4-wo | 4-bit, SYMMETRIC (no zero points):      | bf16, one per group of INT4_GROUP = 64   | 0.5 + 2/64       |
-|         | code = round(w / s) + 8 in [1, 15],     | consecutive weights of a row (the last   |                  |
-|         | two per byte, interleaved per group     | group of a row may be shorter)           |                  |
-|         | (pack_int4: 32 bytes per 64 weights)    |                                          |                  |
+What is quantized: every linear layer inside the decoder layers and the LM head (`QUANTIZE_LM_HEAD`: at B = 1 the
+head is a large share of a small model's step). The token embedding (a step reads B of its rows) and the RMSNorm
+weights stay in the model's dtype.
 
-int4 is symmetric: s = max|w| / 7 over the group, value = (code − 8) · s. Zero points would add a level and
-handle groups whose weights are not centred on 0; the decoder's weights (random here, and trained Llama weights
-alike) are centred per group, so symmetric codes lose little, and the kernel saves the zero-point load and a
-subtract. Scales are rounded to bf16 *before* the codes are computed, so the codes are the best ones for the scale
-actually stored. fp8 codes are exact on CPU (torch.float8_e4m3fn packs and unpacks there); the fp8 GEMV needs sm_89+
-on a GPU.
+- `QuantLinear`: a bias-free linear layer over the codes. impl "plain" dequantizes in PyTorch, then F.linear (on CUDA
+  the LLM modes compile the step so Inductor dequantizes inside the product's loads: engine.llm.modes); "triton"
+  runs engine/kernels/triton/quant_gemv.py for one row and the one-kernel dequantization then cuBLAS for several.
+- `quantize_model` swaps a model's linears for QuantLinears; quantization is timed (`QuantReport.seconds`) and cached
+  by a hash of the weight and the scheme, in the process and on disk under engine.native.build.build_root()/quant/.
+- The accuracy gate (`gate_model`, `check_gate`): the quantized model fed the reference's tokens (teacher forcing),
+  compared with the reference at the prefill's last position and GATE_STEPS decode steps by top-1 agreement and mean
+  KL(ref ‖ quant) in nats; `gate_for(scheme, layers)` gives the thresholds, calibrated per depth on the lab's
+  random-weight presets (`python -m engine.llm.quant` prints the calibration figures). A miss raises
+  engine.measure.checks.ToleranceError with both numbers.
+- `decode_bytes_per_token` / `decode_counts`: what a quantized decode step moves (codes, scales, norms, embedding
+  rows, the KV cache read), for MBU.
 
-What is quantized: every linear layer inside the decoder layers (q, k, v, o or the fused qkv; gate, up, down or the
-fused gate_up), and the LM head, in every scheme (`QUANTIZE_LM_HEAD`). Kept in the model's dtype (bf16 in the lab's
-runs): the token embedding (a decode step reads B of its rows: quantizing it saves nothing on the step; with tied
-embeddings the table stays as it is and the head gets its own codes) and the RMSNorm weights (kilobytes). Why the
-head too: at B = 1 it is a large share of a small model's step (a fifth of the Llama-3.2-1B shape's bytes), so a
-bf16 head caps what any scheme can gain there; gpt-fast's int8 and int4 handlers likewise replace every nn.Linear,
-the output layer included. The cost shows in the calibration below: with the head quantized the worst int8 top-1
-fell from 1.00 to 0.88 (fp32) and fp8's KL doubled (1.1e-4 → 2.1e-4), every KL within its gate; on the GPU the
-7B-shaped triton-fp8-wo missed its gate (top-1 0.667, KL 9.9e-4 over 9 positions; H100, 2026-11-24; it passes
-the 7B's own gate over 25 positions since 2026-11-25). Keeping
-fp8's head in bf16 was tried: the triton-fp8-wo run then hung at its first decode step on the H100 (twice, in a
-group and alone; not diagnosed in that session), so the head is quantized in every scheme for now.
-
-Two implementations of the product (`QuantLinear.impl`): "plain" dequantizes the whole weight in PyTorch and calls
-F.linear (on CUDA the LLM modes compile the decode step the gpt-fast way, coordinate-descent tuning on, so Inductor
-writes each one-row product as a reduction that dequantizes in its loads: engine.llm.modes._compile; without it the
-dequantized weight was written and read back every step; on CPU it runs eagerly); "triton" is
-engine/kernels/triton/quant_gemv.py, dequantizing inside the weight loads.
-
-Quantization is timed (`QuantReport.seconds`) and cached (`quantize_cached`): keyed by a hash of the weight's bytes,
-its shape and dtype, and the scheme; an in-process dict, and a file under engine.native.build.build_root()/quant/
-(torch.save), so a second process (the next mode of `llm --mode all`) loads instead of quantizing.
-
-The accuracy gate (`gate_metrics`, `check_gate`): the quantized model, fed the reference's tokens (teacher
-forcing, so one early disagreement does not derail every later position), against the reference (bf16 or fp32
-model) at the prefill's last position and every decode step: top-1 agreement (fraction of positions × sequences
-where both pick the same greedy token) and the mean KL divergence KL(ref ‖ quant) of the next-token distribution
-(nats), over GATE_STEPS decode steps and the prefill's last position. A mode passes when agreement ≥ min_top1 and
-KL ≤ max_kl of `gate_for(scheme, layers)` — GATES for models of up to 4 layers, DEEP_GATES (calibrated on the 1B
-and 7B presets on an H100) for deeper ones; a miss raises engine.measure.checks.ToleranceError with both numbers.
-
-Calibration of GATES (CPU, the lab's random-weight "tiny" and "small" presets, seeds 0–4, prompt 16, 24 decode
-steps, so 25 positions; float32 and bfloat16 models, each against its unquantized self;
-`python -m engine.llm.quant [--dtype bfloat16]` prints the table, docs/quantization.md has it per seed):
-
-    scheme    worst top-1 fp32 / bf16      worst mean KL (nats) fp32 / bf16     gate: top-1 ≥, KL ≤
-    int8-wo   0.88 / 0.92                  8.2e-6 / 2.2e-5                      0.80, 2e-4
-    fp8-wo    0.88 / 0.84                  2.1e-4 / 2.4e-4                      0.75, 1e-3
-    int4-wo   0.76 / 0.68                  2.3e-3 / 2.3e-3                      0.50, 5e-3
-(2026-11-24, the LM head quantized; before, the worst figures were int8 1.00 / 0.96, 5.5e-6 / 1.9e-5; fp8
-0.92 / 0.88, 1.1e-4 / 1.3e-4; int4 0.84 / 0.64, 1.5e-3 / 1.4e-3, and int8's top-1 gate was 0.85.)
-
-How the thresholds account for random weights: a random model's next-token distribution is nearly flat (small
-logits, no confident winner, the top two often within quantization noise), so top-1 flips that a trained model's
-margins would absorb happen here (int4 on "small" in bf16 agrees on as few as 16 of 25 positions), while the KL of a
-flat distribution is small in absolute terms. Top-1 gates therefore sit well below the worst calibration figure (it
-is a coarse check here), and the KL gates about 2× (int4), 4× (fp8) and 9× (int8) above it — KL does not depend on a
-winner and is the sharp check: one layer's scales × 4 (tests/engine/llm/test_quant.py) lands at KL 0.014–0.018 and
-top-1 0.52–0.68 on "tiny" for every scheme, well past every gate. A subtler error (one layer's scales × 0.5: KL 5e-4
-to 1.1e-3) is caught by the int8 gate only. On trained weights (peaked distributions) KL grows with the logit scale:
-these absolute KL gates are for the lab's random presets and would need calibrating again for a checkpoint (not
-done: no checkpoint runs here). Deeper random models compound the error (7B int4: KL 8.8e-3 against "small"'s
-2.3e-3), hence DEEP_GATES, each below the KL of one layer's scales × 4 on that preset (`--scale-error 4`).
-
-`decode_bytes_per_token` counts what a quantized decode step must move (for MBU): packed codes + scales of the
-quantized linears and the LM head, norms and embedding rows in the model's dtype, and the KV cache read.
+docs/quantization.md describes the schemes, the kernels and the gate's calibration.
 """
 
 from __future__ import annotations
@@ -249,23 +198,6 @@ def clear_memory_cache() -> None:
 
 
 # -- the model ------------------------------------------------------------------------------------------------------
-# How the lab's modes form the weight a compiled prefill (several rows) multiplies by. "inductor": the plain
-# dequantization written in torch, which Inductor fuses into one kernel of its own; "kernel": the triton_op
-# quant_gemv.dequantized_weight (one hand-written kernel, launched from Inductor's code as a user-defined kernel).
-# Both give the same weight bit for bit. Eagerly (interpreted, or not compiled) it is always the kernel.
-PREFILL_ENV = "MODELAB_QUANT_PREFILL"
-PREFILL_FORMS = ("inductor", "kernel")
-DEFAULT_PREFILL_FORM = "kernel"
-
-
-def prefill_form() -> str:
-    """$MODELAB_QUANT_PREFILL (unset: DEFAULT_PREFILL_FORM); ValueError naming the forms for anything else."""
-    form = os.environ.get(PREFILL_ENV, "").strip().lower() or DEFAULT_PREFILL_FORM
-    if form not in PREFILL_FORMS:
-        raise ValueError(f"${PREFILL_ENV}={form!r}: choose one of {', '.join(PREFILL_FORMS)}")
-    return form
-
-
 class QuantLinear(nn.Module):
     """A bias-free linear layer over a QuantWeight. impl "plain": dequantize in PyTorch, then F.linear;
     impl "triton": engine.kernels.triton.quant_gemv's ops (one row: the fused GEMV kernel; several rows: the weight
@@ -289,8 +221,6 @@ class QuantLinear(nn.Module):
         from engine.kernels.triton import quant_gemv
 
         if x.numel() != x.shape[-1]:  # several rows (prefill): the weight formed in one kernel, then the GEMM
-            if torch.compiler.is_compiling() and prefill_form() == "inductor":
-                return F.linear(x, dequantize(self.weight_(), x.dtype))
             return F.linear(x, quant_gemv.dequantized_weight(self.q, self.scales, self.in_features, x.dtype))
         if self.scheme == "int4-wo":
             return quant_gemv.int4_linear(x, self.q, self.scales)
@@ -421,7 +351,7 @@ class Gate:
 # the calibration ran. engine.llm.run generates eager's reference this far for a quantized mode.
 GATE_STEPS = 24
 
-# Calibrated on the random-weight presets (module docstring; docs/quantization.md, "Calibration"). A random model's
+# Calibrated on the random-weight presets (docs/quantization.md, "Calibration"). A random model's
 # quantization error compounds with depth (KL grows from the 2-layer "tiny" to the 32-layer 7B shape by ~10x for
 # int8 and int4), so the gates are kept per depth: a model takes the gates of the shallowest calibrated preset at
 # least as deep as it is (a deeper one, the deepest's).
@@ -438,7 +368,7 @@ DEEP_GATES: dict[int, dict[str, Gate]] = {
     },
     32: {  # 7B-shaped (H100, bf16, prompt 512): worst top-1 0.92 / 0.84 / 0.48, KL 1.7e-4 / 9.7e-4 / 8.8e-3
         "int8-wo": Gate(min_top1=0.80, max_kl=5e-4),
-        # top-1 0.76 on the LLM run's own prompt (2026-11-25, same KL as calibrated): 0.65 keeps three positions of
+        # top-1 0.76 on the LLM run's own prompt (the KL as calibrated): 0.65 keeps three positions of
         # room over 25 and stays above the injected error's 0.56 (its KL, 1.8e-2, is what the KL gate catches)
         "fp8-wo": Gate(min_top1=0.65, max_kl=3e-3),
         # below the 2.5e-2 of int4 with the middle layer's down_proj scales × 4 (the error it must catch)

@@ -260,29 +260,24 @@ def test_a_quantized_step_compiles_without_a_graph_break(name: str) -> None:
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_the_labs_compiled_prefill_forms_its_weight_as_the_env_says(scheme: str, monkeypatch) -> None:
-    """$MODELAB_QUANT_PREFILL: "kernel" traces the triton_op (quant_dequantize) into the compiled prefill, "inductor"
-    the plain dequantization in torch ops (for Inductor to fuse); both multiply by the same weight bit for bit."""
+def test_the_labs_compiled_prefill_forms_its_weight_with_the_kernel(scheme: str) -> None:
+    """The lab's compiled prefill traces the triton_op (quant_dequantize) into its graph and multiplies by the same
+    weight, bit for bit, as the eager layer."""
     layer = quant.QuantLinear(quant.quantize(_weight(48, 200), scheme), impl="triton", dtype=torch.float32)
     x = torch.randn(5, 200, generator=torch.Generator().manual_seed(1))
+    graphs: list[str] = []
+
+    def record(gm, _inputs):
+        graphs.append(str(gm.graph))
+        return gm.forward
+
     with torch.no_grad():
         eager = layer(x)
-        for form, op_in_graph in (("kernel", True), ("inductor", False)):
-            monkeypatch.setenv(quant.PREFILL_ENV, form)
-            graphs: list[str] = []
-
-            def record(gm, _inputs, graphs=graphs):
-                graphs.append(str(gm.graph))
-                return gm.forward
-
-            torch._dynamo.reset()
-            got = torch.compile(layer, backend=record, fullgraph=True)(x)
-            assert torch.equal(got, eager), form
-            assert ("quant_dequantize" in graphs[0]) == op_in_graph, (form, graphs[0])
+        torch._dynamo.reset()
+        got = torch.compile(layer, backend=record, fullgraph=True)(x)
     torch._dynamo.reset()
-    monkeypatch.setenv(quant.PREFILL_ENV, "fused")
-    with pytest.raises(ValueError, match="MODELAB_QUANT_PREFILL='fused': choose one of inductor, kernel"):
-        quant.prefill_form()
+    assert torch.equal(got, eager)
+    assert "quant_dequantize" in graphs[0], graphs[0]
 
 
 def test_the_plain_way_compiles_its_decode_step_as_gpt_fast_does(monkeypatch) -> None:
