@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 
 from engine.store.db import Store, StoreError, default_db_path
 
@@ -140,27 +141,36 @@ def add_model_args(p: argparse.ArgumentParser, *, seed: bool = True) -> None:
         g.add_argument("--seed", type=int, default=0, help="seed of --model's weights and inputs (default 0)")
 
 
-def user_model(args: argparse.Namespace, *, probe: bool = True):
-    """The --model of these arguments registered as a workload (engine.workloads.user_model.Prepared), or None.
-    Imports the user's module and, with probe, runs one forward: a bad model is one line (CliError) here."""
+@dataclass
+class UserModel:
+    """A --model that its check in a child process accepted: its workload's name and the params its runs carry."""
+
+    name: str
+    params: dict
+
+
+def user_model(args: argparse.Namespace, *, probe: bool = True) -> UserModel | None:
+    """The --model of these arguments, checked in a child process with a time limit (import, factory, one forward
+    unless not `probe`, inputs at the asked batch sizes), or None. The user's code never runs in the CLI's own
+    process: whatever it does (raise, exit, crash, hang) is one line here (CliError)."""
     if not getattr(args, "model", None):
         if getattr(args, "inputs", None):
             raise CliError("--inputs needs --model (the lab's workloads bring their own inputs)")
         return None
-    from engine.workloads import register_user_model
-    from engine.workloads.user_model import UserModelError, build_inputs, spec_from_args
+    from engine.workloads.user_model import UserModelError, check_in_subprocess, spec_from_args
 
     sizes = [*(getattr(args, "batch_sizes", None) or ()), *(getattr(args, "train_batch_sizes", None) or ()),
              *([args.batch_size] if getattr(args, "batch_size", None) else [])]
     try:
-        prepared = register_user_model(spec_from_args(args), probe=probe)
-        for size in dict.fromkeys(sizes):  # fixed-shape inputs take only their own batch size
-            build_inputs(prepared.resolved, size, "meta")
+        spec = spec_from_args(args)
     except UserModelError as exc:
         raise CliError(f"--model {args.model}: {exc}") from exc
-    for note in prepared.notes:
+    report = check_in_subprocess(spec, sizes=sizes, probe=probe)
+    if not report.ok:
+        raise CliError(f"--model {args.model}: {report.error}")
+    for note in report.notes:
         print(f"note: {note}", file=sys.stderr)
-    return prepared
+    return UserModel(report.name, spec.params())
 
 
 class Bars:

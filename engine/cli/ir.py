@@ -92,13 +92,11 @@ def _check_args(args: argparse.Namespace) -> ModelSpec | None:
     if args.model:
         if args.workload or args.preset:
             raise CliError("give --workload (and --preset) or --model, not both")
-        from engine.workloads.user_model import UserModelError, resolve, spec_from_args
+        from engine.cli.args import user_model
+        from engine.workloads.user_model import ModelSpec
 
-        try:
-            user_spec = spec_from_args(args)
-            resolve(user_spec)
-        except UserModelError as exc:
-            raise CliError(f"--model {args.model}: {exc}") from exc
+        checked = user_model(args, probe=False)  # imported in a child: the CLI never imports the user's code
+        user_spec = ModelSpec.from_params(checked.params) if checked else None
     elif args.inputs:
         raise CliError("--inputs needs --model (zoo models bring their own inputs)")
     elif not args.workload:
@@ -120,10 +118,20 @@ def _extract(store: Store, args: argparse.Namespace, user_spec: ModelSpec | None
     from engine.ir.runs import extract_run
     from engine.workloads.user_model import UserModelError
 
-    try:
-        ex = extract_run(store, args.workload, args.preset, spec=user_spec)
-    except (IRError, UserModelError) as exc:
-        raise CliError(f"extraction failed: {exc}") from exc
+    if user_spec is not None:  # the user's code is imported in a worker process, never in the CLI's
+        from engine.ir.runs import extract_spec, extraction_of
+        from engine.runner.jobs import create_runs, run_jobs
+
+        (run_id,) = create_runs(store, [extract_spec(user_spec)])
+        if run_jobs(store, [run_id])[run_id] != "ok":
+            error = (store.run(run_id) or {}).get("error") or "failed without a message"
+            raise CliError(f"extraction failed (run {run_id}): {error.strip().splitlines()[0]}")
+        ex = extraction_of(store, run_id)
+    else:
+        try:
+            ex = extract_run(store, args.workload, args.preset, spec=None)
+        except (IRError, UserModelError) as exc:
+            raise CliError(f"extraction failed: {exc}") from exc
     m = ex.metrics
     print(f"run {ex.run_id}: {ex.ir.summary()}")
     print(f"export {m['export_s']:.2f} s, conversion {m['convert_s']:.3f} s, JSON {m['json_s']:.3f} s "

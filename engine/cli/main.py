@@ -66,11 +66,11 @@ def _bench(args: argparse.Namespace, devices: list[str], launcher) -> int:
         raise CliError("; ".join(f"mode {m} is not available on {args.device}: {r}" for m, r in skipped.items()))
     for name, reason in skipped.items():
         print(f"skipping {name}: {reason}", file=sys.stderr)
-    mine = user_model(args)  # your own model: imported and run once here, so a bad one fails before any run
-    workload = mine.workload.name if mine else args.workload or "house_price"
+    mine = user_model(args)  # your own model: checked in a child first, so a bad one fails before any run
+    workload = mine.name if mine else args.workload or "house_price"
     store = open_store(args)
     params = {"workload": workload, "device": args.device, "phases": list(args.phases), "warmup": args.warmup,
-              "iters": args.iters, **(mine.resolved.spec.params() if mine else {})}
+              "iters": args.iters, **(mine.params if mine else {})}
     if args.batch_sizes:
         params["batch_sizes"] = list(args.batch_sizes)
     if args.train_batch_sizes:

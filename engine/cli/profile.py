@@ -106,12 +106,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
         reason = ncu.unavailable(args.device)
         if reason:
             print(f"warning: --deep: {reason}; the profile runs without it", file=sys.stderr)
-    mine = user_model(args)  # your own model: imported and run once here, so a bad one fails before any run
-    workload = mine.workload.name if mine else args.workload or "house_price"
+    mine = user_model(args)  # your own model: checked in a child first, so a bad one fails before any run
+    workload = mine.name if mine else args.workload or "house_price"
     store = open_store(args)
     params = {"workload": workload, "device": args.device, "wait": args.wait, "warmup": args.warmup,
               "active": args.active, "deep": args.deep, "top_k": min(args.top_k, 10),
-              **(mine.resolved.spec.params() if mine else {})}
+              **(mine.params if mine else {})}
     if args.batch_size:
         params["batch_size"] = args.batch_size
     specs = [JobSpec("profile", workload, m.name, args.device, {**params, "mode": m.name, "phases": phases[m.name]},

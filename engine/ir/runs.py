@@ -150,6 +150,16 @@ def extract_spec(spec: Any, timeout_s: float = 900) -> JobSpec:
                    target=EXTRACT_TARGET, timeout_s=timeout_s)
 
 
+def extraction_of(store: Store, run_id: int) -> Extraction:
+    """A finished extraction run read back from the store: its IR, files and metrics."""
+    from engine.ir.serialize import load_ir
+
+    arts = store.artifacts(run_id)
+    path = {row.name: Path(row.path) for row in arts.itertuples()}
+    metrics = {row.name: float(row.value) for row in store.metrics([run_id]).itertuples()}
+    return Extraction(run_id, load_ir(path["ir.json"]), path["ir.json"], path["graph.mmd"], metrics)
+
+
 def ir_bytes(ir: IR) -> int:
     """Bytes of real parameters and buffers the IR's model needs."""
     import torch

@@ -38,7 +38,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -642,10 +642,13 @@ class CheckReport:
     error: str = ""
 
 
-def check(spec: ModelSpec) -> CheckReport:
-    """Full validation (import, factory, inputs, one forward) as a report; never raises for the user's errors."""
+def check(spec: ModelSpec, sizes: Sequence[int] = (), probe: bool = True) -> CheckReport:
+    """Full validation (import, factory, inputs, one forward unless not `probe`, and inputs at each of `sizes`) as a
+    report; never raises for the user's errors."""
     try:
-        p = prepare(spec)
+        p = prepare(spec, probe=probe)
+        for size in dict.fromkeys(sizes):  # fixed-shape inputs take only their own batch size
+            build_inputs(p.resolved, size, "meta")
     except UserModelError as exc:
         return CheckReport(ok=False, error=str(exc))
     w = p.workload
@@ -654,14 +657,21 @@ def check(spec: ModelSpec) -> CheckReport:
                        output=p.output)
 
 
-def check_in_subprocess(spec: ModelSpec, timeout_s: float = 180.0) -> CheckReport:
-    """check() in a fresh Python process: the dashboard never imports the user's code (a crash or a hang in it ends
-    that process, not the dashboard)."""
+# How long a user model's check may take in its child (import, factory, one forward on the CPU).
+CHECK_TIMEOUT_S = 180.0
+
+
+def check_in_subprocess(spec: ModelSpec, timeout_s: float | None = None, sizes: Sequence[int] = (),
+                        probe: bool = True) -> CheckReport:
+    """check() in a fresh Python process: neither the dashboard nor the CLI imports the user's code (an exit, a crash
+    or a hang in it ends that process, not theirs)."""
     from engine.store.db import REPO_ROOT
 
+    timeout_s = CHECK_TIMEOUT_S if timeout_s is None else timeout_s
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "engine.workloads.user_model", "--json", json.dumps(spec.params())]
+    cmd = [sys.executable, "-m", "engine.workloads.user_model", "--json", json.dumps(spec.params()),
+           "--sizes", ",".join(str(s) for s in sizes)] + ([] if probe else ["--no-probe"])
     try:
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout_s,
                               stdin=subprocess.DEVNULL)
@@ -674,16 +684,21 @@ def check_in_subprocess(spec: ModelSpec, timeout_s: float = 180.0) -> CheckRepor
         except (ValueError, TypeError):
             continue
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    return CheckReport(ok=False, error=f"checking {spec.model} crashed (exit code {proc.returncode}): {tail[:300]}")
+    how = (f"was killed by signal {-proc.returncode}" if proc.returncode < 0
+           else f"exited with code {proc.returncode} before reporting")
+    return CheckReport(ok=False, error=f"checking {spec.model} {how} (its import, factory or forward): {tail[:300]}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.workloads.user_model",
                                      description="Check a user model spec; prints one JSON line (internal).")
     parser.add_argument("--json", required=True, help="the spec's params as JSON")
+    parser.add_argument("--sizes", default="", help="batch sizes the inputs must take, comma-separated")
+    parser.add_argument("--no-probe", action="store_true", help="no forward on the CPU (import and inputs only)")
     args = parser.parse_args(argv)
     spec = ModelSpec.from_params(json.loads(args.json))
-    report = check(spec) if spec else CheckReport(ok=False, error="no model given")
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    report = check(spec, sizes, probe=not args.no_probe) if spec else CheckReport(ok=False, error="no model given")
     sys.stdout.flush()
     print(json.dumps(asdict(report)), flush=True)
     return 0
