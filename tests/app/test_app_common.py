@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -46,3 +48,22 @@ def test_charts_build_from_frames() -> None:
     assert charts.history_line(hist, modes).data[0].mode == "lines+markers"
     curve = charts.price_curve(np.array([1.0, 2.0]), np.array([10.0, 20.0]), 1.5, 15.0, "x")
     assert len(curve.data) == 2
+
+
+def test_the_dashboard_settings_close_what_a_localhost_tool_should() -> None:
+    """Read through Streamlit's own loader, so a misspelt option name fails here rather than being ignored."""
+    import os
+
+    from streamlit import config
+
+    here = os.getcwd()
+    os.chdir(Path(__file__).resolve().parents[2])
+    try:
+        config.get_config_options(force_reparse=True)
+        assert config.get_option("server.address") == "127.0.0.1"
+        assert sorted(config.get_option("server.allowedHosts")) == ["127.0.0.1", "localhost"]
+        assert config.get_option("client.showErrorDetails") == "type"
+        assert config.get_option("server.enableXsrfProtection") is True
+    finally:
+        os.chdir(here)
+        config.get_config_options(force_reparse=True)
