@@ -124,6 +124,22 @@ class GpuReader:
         return sorted({int(p.pid) for p in procs if int(p.pid) != own_pid})
 
 
+def nvml_index(device: str) -> int:
+    """NVML's index of a torch CUDA device ("cuda", "cuda:1"): CUDA_VISIBLE_DEVICES renumbers torch's, not NVML's."""
+    import torch
+
+    index = torch.device(device).index
+    if index is None:
+        index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    to_nvml = getattr(torch.cuda, "_get_nvml_device_index", None)
+    if to_nvml is not None and torch.cuda.is_available():
+        try:
+            return int(to_nvml(index))
+        except Exception:  # an unusual CUDA_VISIBLE_DEVICES spelling: torch's own index
+            return index
+    return index
+
+
 def open_device(index: int) -> tuple[GpuReader | None, str]:
     """(reader, "") for GPU `index`, or (None, the reason NVML is not available for it)."""
     global _started
