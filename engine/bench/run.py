@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 
 from engine.bench import ahead as bench_ahead
-from engine.measure import nvtx_ranges
+from engine.measure import conditions, noise, nvtx_ranges
 from engine.measure.caches import cache_metrics, counter_snapshot
 from engine.measure.checks import compare
 from engine.measure.inductor_timing import begin_run
-from engine.measure.timing import Measurement, time_blocks, time_first_call, time_fn
+from engine.measure.timing import ADAPT_MAX_ROUNDS, Measurement, time_adaptive, time_blocks, time_first_call
 from engine.modes import Mode, Prepared, get_mode
 from engine.modes.base import TRAIN_LR
 from engine.native.build import take_build_events
@@ -46,6 +46,9 @@ class BenchConfig:
     train_batch_sizes: tuple[int, ...] | None = None
     warmup: int = 10
     iters: int = 100
+    # While the spread stays wide, more rounds of `iters` calls within a time budget (engine.measure.timing
+    # .time_adaptive); False: exactly `iters`.
+    adaptive: bool = True
     # Also time blocks of back-to-back calls (engine.measure.timing.time_blocks: metrics loop_*); None: on CUDA only,
     # where
     # per-call events add the host's event cost to every launch-bound sample.
@@ -256,9 +259,12 @@ def _tuning(mode: Mode) -> contextlib.AbstractContextManager:
 
 
 def _time_step(step: Callable[[], torch.Tensor], phase: str, batch_size: int, cfg: BenchConfig) -> Measurement:
-    """warm-up, then cfg.iters timed calls of the checked step (inference under no_grad)."""
-    with torch.set_grad_enabled(phase == "train"), nvtx_ranges.range(f"timed {phase} B={batch_size}"):
-        return time_fn(step, cfg.device, warmup=cfg.warmup, iters=cfg.iters, first_call=False)
+    """warm-up, then cfg.iters timed calls of the checked step (inference under no_grad), more rounds while the
+    spread is wide (cfg.adaptive); the machine's conditions recorded around them (engine.measure.conditions)."""
+    with torch.set_grad_enabled(phase == "train"), nvtx_ranges.range(f"timed {phase} B={batch_size}"), \
+            conditions.window(cfg.device, phase, batch_size):
+        return time_adaptive(step, cfg.device, warmup=cfg.warmup, iters=cfg.iters,
+                             max_rounds=ADAPT_MAX_ROUNDS if cfg.adaptive else 1)
 
 
 def _extra_metrics(checked: _Checked, workload: Workload, phase: str, batch_size: int, cfg: BenchConfig,
@@ -291,6 +297,9 @@ def _record_phase(result: RunResult, checked: _Checked, extra: list[Metric], mod
     m = checked.timed
     stats = m.stats
     result.samples.append(Samples(phase=phase, batch_size=batch_size, values=m.samples_us, unit="us"))
+    if m.rounds > 1:
+        result.notes.append(f"{phase} B={batch_size}: the spread was wide, so {m.rounds} rounds of timed calls "
+                            f"({len(m.samples_us)} samples)" + ("" if m.settled else "; it never settled"))
     for name in ("median", "p10", "p90", "p25", "p75", "iqr", "mean", "std", "min", "max"):
         result.metrics.append(Metric(name, getattr(stats, name), "us", **tag))
     result.metrics.append(Metric("first_call", checked.first_us, "us", **tag))
@@ -334,6 +343,7 @@ def bench_mode(cfg: BenchConfig, progress: Progress = lambda f, msg: None) -> Ru
     if not ok:
         raise RuntimeError(f"mode {mode.name} is not available on {cfg.device}: {reason}")
     result = RunResult(env=begin_run(cfg.device))
+    conditions.reset()
     # Ranges name every phase in Nsight timelines; on CPU nothing reads them, so they stay out of the timed loop.
     nvtx_ranges.enable(cfg.device.startswith("cuda"))
     base_model = workload.make_model().to(cfg.device)
@@ -357,6 +367,7 @@ def bench_mode(cfg: BenchConfig, progress: Progress = lambda f, msg: None) -> Ru
     finally:
         if ahead is not None:
             ahead.stop()
+    result.conditions = noise.record(result.samples, conditions.take_windows())
     progress(1.0, "done")
     return result
 

@@ -49,6 +49,8 @@ class Measurement:
     samples_us: list[float]
     first_call_us: float
     device: str
+    rounds: int = 1  # rounds of timed calls (time_adaptive takes more while the spread is wide)
+    settled: bool = True  # False: the spread stayed wide through every round time_adaptive allowed
 
     @property
     def stats(self) -> Stats:
@@ -131,6 +133,33 @@ def time_fn(fn: Callable[[], object], device: str, *, warmup: int = 10, iters: i
             if on_iter:
                 on_iter(i)
     return Measurement(samples_us=samples, first_call_us=first, device=device)
+
+
+# time_adaptive's limits on extra rounds: at most this many rounds in all, and this much time for the extra ones.
+ADAPT_MAX_ROUNDS = 8
+ADAPT_BUDGET_S = 3.0
+
+
+def time_adaptive(fn: Callable[[], object], device: str, *, warmup: int = 10, iters: int = 100,
+                  budget_s: float = ADAPT_BUDGET_S, max_rounds: int = ADAPT_MAX_ROUNDS,
+                  on_iter: Callable[[int], None] | None = None) -> Measurement:
+    """`time_fn` (no first call), then, while the samples' spread is wide (engine.measure.noise.settled), another
+    round of `iters` calls — until it settles, `max_rounds` rounds in all, or the extra rounds took `budget_s` —
+    as torch.utils.benchmark's adaptive_autorange keeps measuring until its estimate is good enough. A brief
+    disturbance (another process's burst) is outweighed by the rounds after it; one that lasts stays in the spread,
+    and the Measurement says it never settled (then the series is flagged: engine.measure.noise). Every sample of
+    every round is kept."""
+    from engine.measure.noise import settled
+
+    m = time_fn(fn, device, warmup=warmup, iters=iters, first_call=False, on_iter=on_iter)
+    deadline = time.perf_counter() + budget_s
+    m.settled = settled(m.samples_us)
+    while not m.settled and m.rounds < max_rounds and time.perf_counter() < deadline:
+        more = time_fn(fn, device, warmup=0, iters=iters, first_call=False)
+        m.samples_us += more.samples_us
+        m.rounds += 1
+        m.settled = settled(m.samples_us)
+    return m
 
 
 def time_blocks(fn: Callable[[], object], device: str, *, block: int = 20, reps: int = 25) -> Measurement:

@@ -58,8 +58,8 @@ def _take(fd: int, kind: int, poll_s: float, on_wait: Callable[[], None] | None 
 
 
 @contextmanager
-def device_lock(device: str, on_wait: Callable[[str], None] | None = None, poll_s: float = 0.2) -> Iterator[None]:
-    """Exclusive, machine-wide lock on a device for as long as the block runs."""
+def device_lock(device: str, on_wait: Callable[[str], None] | None = None, poll_s: float = 0.2) -> Iterator[float]:
+    """Exclusive, machine-wide lock on a device for as long as the block runs; yields the seconds it waited."""
     path = lock_path(device)
     fd = _open(device)
     try:
@@ -68,10 +68,10 @@ def device_lock(device: str, on_wait: Callable[[str], None] | None = None, poll_
                 holder = Path(path).read_text().strip() or "other runs (preparing)"
                 on_wait(f"waiting for {device}: held by {holder}")
 
-        _take(fd, fcntl.LOCK_EX, poll_s, waiting)
+        waited = _take(fd, fcntl.LOCK_EX, poll_s, waiting)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
-        yield
+        yield waited
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
@@ -225,6 +225,20 @@ def end_phases() -> None:
     if _HOLD is not None:
         _HOLD.close()
         _HOLD = None
+
+
+_RUN_WAIT_S = [0.0]  # what the supervisor waited for this run's whole-run lock (job.json), set by the worker
+
+
+def note_run_wait(seconds: float) -> None:
+    """The worker's record of how long its supervisor waited for the device before starting it."""
+    _RUN_WAIT_S[0] = max(0.0, float(seconds))
+
+
+def waited_s() -> float:
+    """Seconds this worker's run has waited for its device so far: its supervisor's wait for the whole-run lock and,
+    beside a group, every wait of its phased hold (engine.measure.conditions reports each timing's share)."""
+    return _RUN_WAIT_S[0] + (_HOLD.waited_s if _HOLD is not None else 0.0)
 
 
 def current() -> PhaseHold | None:

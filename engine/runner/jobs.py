@@ -392,7 +392,9 @@ def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None,
 
     files = _RunFiles(artifacts_root(store) / f"run_{run_id}")
     timeout_s = _write_job(store, run_id, run, files, group_size if phased else 1)
-    with (contextlib.nullcontext() if phased else device_lock(run["device"], on_wait=waiting)):
+    with (contextlib.nullcontext() if phased else device_lock(run["device"], on_wait=waiting)) as waited:
+        if waited:  # the worker's timings record the wait before them (engine.measure.conditions)
+            _note_wait(files, waited)
         store.start_run(run_id, "starting worker")
         report(0.0, "starting worker")
         own_launcher = launcher is None
@@ -426,6 +428,13 @@ def _write_job(store: Store, run_id: int, run: dict[str, Any], files: _RunFiles,
         job["device_phases"] = {"device": run["device"], "group_size": group_size}
     files.spec.write_text(json.dumps(job))
     return timeout_s
+
+
+def _note_wait(files: _RunFiles, waited_s: float) -> None:
+    """Add the supervisor's wait for the device lock to the worker's job.json."""
+    job = json.loads(files.spec.read_text())
+    job["device_wait_s"] = round(float(waited_s), 3)
+    files.spec.write_text(json.dumps(job))
 
 
 def _watch(store: Store, run_id: int, worker: _FreshWorker | _ForkedWorker, files: _RunFiles, timeout_s: float,

@@ -100,6 +100,10 @@ def run_job(job_path: str | Path) -> int:
         from engine.native.build import configure_compile_caches
 
         configure_compile_caches()
+        if job.get("device_wait_s"):  # how long the supervisor waited for the device before starting this run
+            from engine.runner.device_lock import note_run_wait
+
+            note_run_wait(job["device_wait_s"])
         if job.get("device_phases"):  # preparing beside other runs of its group: shared now, exclusive to time
             from engine.runner.device_lock import begin_phases
 

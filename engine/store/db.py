@@ -192,6 +192,10 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             merged_at TIMESTAMP
         )""",
     ]),
+    (5, "the conditions a run was timed under and its noise judgement", [
+        # JSON (engine.measure.noise.record): {"state": clean|noisy|interfered, "flags": [...], "series": [...]}
+        "ALTER TABLE runs ADD COLUMN conditions VARCHAR",
+    ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 OP_STATS_COLUMNS = ("phase", "kind", "device", "name", "calls", "self_us", "total_us", "device_us", "input_shapes",
@@ -236,6 +240,8 @@ class RunResult:
     # Profiles: rows for the op_stats and ncu_kernel_metrics tables (dicts keyed by column name, run_id left out).
     op_stats: list[dict[str, Any]] = field(default_factory=list)
     kernel_metrics: list[dict[str, Any]] = field(default_factory=list)
+    # The timing conditions and noise judgement (engine.measure.noise.record): stored in runs.conditions.
+    conditions: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps({
@@ -246,6 +252,7 @@ class RunResult:
             "notes": self.notes,
             "op_stats": self.op_stats,
             "kernel_metrics": self.kernel_metrics,
+            "conditions": self.conditions,
         })
 
     @classmethod
@@ -259,6 +266,7 @@ class RunResult:
             notes=d.get("notes", []),
             op_stats=d.get("op_stats", []),
             kernel_metrics=d.get("kernel_metrics", []),
+            conditions=d.get("conditions"),
         )
 
 
@@ -517,8 +525,9 @@ class Store:
                                     [[run_id, *(row.get(c) for c in columns)] for row in rows])
             con.execute(
                 "UPDATE runs SET status = 'ok', progress = 1, message = 'done', error = NULL, notes = ?, "
-                "finished_at = ? WHERE id = ?",
-                [json.dumps(result.notes) if result.notes else None, _now(), run_id],
+                "conditions = ?, finished_at = ? WHERE id = ?",
+                [json.dumps(result.notes) if result.notes else None,
+                 json.dumps(result.conditions) if result.conditions else None, _now(), run_id],
             )
 
     def fail_stale_runs(self) -> list[int]:
@@ -551,6 +560,7 @@ class Store:
         row = frame.iloc[0].to_dict()
         row["params"] = json.loads(row["params"]) if row.get("params") else {}
         row["notes"] = json.loads(row["notes"]) if row.get("notes") else []
+        row["conditions"] = json.loads(row["conditions"]) if row.get("conditions") else None
         return row
 
     def runs(self, *, kind: str | None = None, workload: str | None = None, device: str | None = None,
