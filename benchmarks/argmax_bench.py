@@ -5,8 +5,7 @@ Inductor (what the compiled decode step runs) and engine/kernels/triton/argmax.p
 
 Each is checked first against torch.argmax on rows with a planted maximum (and a tie after it), then timed as the
 step runs it: 20 calls back to back in one CUDA graph (engine.measure.timing.time_in_graph), bf16 logits. The table
-gives
-the median µs per call; MODELAB_TRITON_ARGMAX=1 makes the lab's Triton modes use the Triton kernel.
+gives the median µs per call; the lab's Triton modes take their next token with the Triton kernel.
 """
 
 from __future__ import annotations

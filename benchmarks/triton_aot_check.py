@@ -105,7 +105,7 @@ def jobs(arch: int):
         yield (f"decode_attention combine {preset}", da._combine_kernel, combine_sig,
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLITS_PAD": 1 << (640 // split - 1).bit_length(),
                 "PDL": pdl}, 4)  # the splits of the lab's P + N = 640 cached positions
-    # the next token's argmax (MODELAB_TRITON_ARGMAX=1): a short row in one program, a longer one in chunks
+    # the next token's argmax: a short row in one program, a longer one in chunks
     from engine.kernels.triton import argmax as am
 
     chunk_sig = {"x_ptr": "*bf16", "out_ptr": "*i64", "part_val_ptr": "*fp32", "part_at_ptr": "*i32",

@@ -120,6 +120,9 @@ def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunR
     component, shape, level = _resolve(cfg)
     device = cfg.device
     result = RunResult(env=begin_run(device))
+    from engine.measure import conditions, noise  # the timing's surroundings, judged with its samples
+
+    conditions.reset()
     progress(0.02, "ceilings")
     with device_lock.exclusive():  # measures them if this device has none: a timing like any other
         ceilings = ceilings_for(device, cfg.db, quick=cfg.quick_ceilings) if cfg.db else None
@@ -135,8 +138,8 @@ def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunR
             guard.probe(level.build(component, shape, naive, device).fn)
         checked = _build_and_check(component, shape, level, naive, sets, tol, device, progress)
     # Beside other runs of its group (engine.runner.plan) this worker prepared holding the device shared; it times
-    # alone.
-    with device_lock.exclusive():
+    # alone, the machine's conditions recorded meanwhile (engine.measure.conditions).
+    with device_lock.exclusive(), conditions.window(device):
         with torch.no_grad():
             progress(0.4, f"timing {level.key}")
             saved = [[x.clone() if isinstance(x, torch.Tensor) else x for x in s] for s in sets] if guard else []
@@ -165,6 +168,7 @@ def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunR
         result.notes += [n for n in checked.built.late_notes() if n not in result.notes]
     if len(sets) > 1:
         result.notes.append(f"timed over {len(sets)} rotating input sets so repeated calls do not run from L2")
+    result.conditions = noise.record(result.samples, conditions.take_windows())
     return result
 
 

@@ -463,20 +463,17 @@ def _decoder(b: _Build, notes: list[str]) -> Decoder | None:
 
 
 def _next_token_kernel(mode: LLMMode, notes: list[str]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """How the decode step takes its next token: in the lab's own Triton modes engine.kernels.triton.argmax (unless
-    MODELAB_TRITON_ARGMAX=0), called after the compiled forward, inside the step's CUDA graph — as a custom op inside
-    the compiled step, Inductor's compile of the 1B int4 step had not finished after 130-200 s (H100, torch 2.11,
-    2026-11-27; the worker was deep in the recursive str() of the step's IR nodes) where without it the whole run
-    took 85 s. Measured in the 1B step (H100, 2026-11-28): triton-fused 866.2 µs against 885.4 with torch's argmax,
-    triton-int4-wo 415.3 against 416.4. The peer modes always keep torch's (compiled with the step)."""
+    """How the decode step takes its next token: in the lab's own Triton modes engine.kernels.triton.argmax, called
+    after the compiled forward, inside the step's CUDA graph — as a custom op inside the compiled step, Inductor's
+    compile of the int4 step takes minutes (the recursive str() of the step's IR nodes), so it runs outside the
+    compiled forward. It makes the 1B step faster than torch's argmax
+    (docs/figures.md). The peer modes always keep torch's (compiled with the step)."""
     if not (mode.gemv or mode.fused or mode.quant_impl == "triton"):
         return greedy
-    from engine.kernels.triton import argmax as triton_argmax  # (these modes have imported Triton's kernels already)
+    from engine.kernels.triton import argmax  # noqa: F401 - registers modelab::argmax_rows (Triton already loaded)
 
-    if not triton_argmax.enabled():
-        return greedy
-    notes.append("next token: the Triton argmax (engine/kernels/triton/argmax.py; MODELAB_TRITON_ARGMAX=0 for "
-                 "torch's), after the compiled forward in the step's CUDA graph")
+    notes.append("next token: the Triton argmax (engine/kernels/triton/argmax.py), after the compiled forward in "
+                 "the step's CUDA graph")
     return torch.ops.modelab.argmax_rows
 
 

@@ -95,13 +95,17 @@ def llm_run(cfg: LLMConfig, progress: Progress = lambda f, m: None) -> RunResult
         from engine.llm.hf_route import route_run
 
         return route_run(cfg, progress)
+    from engine.measure import conditions, noise  # the timing's surroundings, judged with its samples
+
+    conditions.reset()
     run = _start(cfg, progress, wall0)  # the mode available here? the run's folder, result, ceilings
     with torch.no_grad():
         ref = _reference(run)  # 1-2: build; eager's generation, checked against a recompute; the tolerance
         compiled = _compile(run, ref)  # 3: prepare the mode; its first calls timed on their own
         _take_device(run, compiled)  # from here the device is this run's alone (GEMV tiles tuned here)
         _check(run, ref, compiled.prepared)  # 3: the mode's generation against eager's
-        timings = _time(run, ref, compiled)  # 4: TTFT and TPOT samples
+        with conditions.window(run.device):  # what else the machine did meanwhile (engine.measure.conditions)
+            timings = _time(run, ref, compiled)  # 4: TTFT and TPOT samples
         if cfg.prompts:
             _prompt_set(run, ref, compiled)  # 4: TTFT and TPOT across the --prompts file's prompts
         decode_rows = _profile_phases(run, ref, compiled.prepared) if cfg.profile else []  # 5: torch.profiler
@@ -109,6 +113,7 @@ def llm_run(cfg: LLMConfig, progress: Progress = lambda f, m: None) -> RunResult
     _share_device(run)  # the rest is arithmetic and files: the next run of the group may time
     progress(0.92, "figures and reports")
     _figures(run, timings)  # 6: MFU, MBU, throughput
+    run.result.conditions = noise.record(run.result.samples, conditions.take_windows())
     _write_reports(run)
     progress(1.0, "done")
     return run.result

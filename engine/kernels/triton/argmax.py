@@ -1,27 +1,23 @@
 """Greedy decoding's argmax over each row of the logits (B, V) → (B, 1) int64, as torch.argmax gives it.
 
 Why: at B = 1 it is one long row (V = 32000 for the presets, 128256 for Llama 3), and the decode profile puts the
-compiled step's argmax at 6.4 µs (1B) and 7.1 µs (7B) on the critical path of the int4 steps (docs/quantization.md,
-sessions 17 and 19): one reduction kernel over the row. Here the row is split in CHUNK-sized programs that each load
-their whole chunk at once, and a second kernel reduces their (max, index) pairs; a row of up to CHUNK values is one
-program.
+compiled step's argmax at 6.4 µs (1B) and 7.1 µs (7B) on the critical path of the int4 steps (docs/quantization.md):
+one reduction kernel over the row. Here the row is split in CHUNK-sized programs that each load their whole chunk at
+once, and a second kernel reduces their (max, index) pairs; a row of up to CHUNK values is one program.
 
 Semantics are torch.argmax's: the first index of the maximum; a NaN counts as larger than everything (the first NaN
 wins); a row of -inf gives 0. Each program reduces three things in one pass over its values: the first NaN's index,
 the largest non-NaN value, and the first index holding it.
 
-The lab's Triton decode modes take their next token with it (engine.llm.modes; MODELAB_TRITON_ARGMAX=0 gives them
-torch's back): inside the 1B step on an H100 (2026-11-28, `benchmarks/gpu_check.sh argmax`) `triton-fused` 866.2 µs
-against 885.4 with torch's, `triton-int4-wo` 415.3 against 416.4. `benchmarks/argmax_bench.py` times both alone.
-In the CUDA-graphed step they run in place (`argmax_rows_into`, since session 25): the token straight into the
-decoder's token buffer and its position one on, in the last kernel — where a copy and an add, two more kernels a
-step, did it before: 1B `triton-int4-wo` 384.7–388.0 µs against 390.9 with torch's argmax and the copies (H200,
-2026-11-28; docs/quantization.md, "session 26").
+The lab's Triton decode modes take their next token with it (engine.llm.modes): inside the 1B step on an H100
+`triton-fused` takes 866.2 µs a step against 885.4 with torch's argmax, `triton-int4-wo` 415.3 against 416.4;
+`benchmarks/argmax_bench.py` times both alone. In the CUDA-graphed step they run in place (`argmax_rows_into`): the
+token straight into the decoder's token buffer and its position one on, in the last kernel, where a copy and an add
+would be two more kernels a step (1B `triton-int4-wo` on an H200: 384.7–388.0 µs against 390.9 with torch's argmax
+and the copies).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -34,7 +30,6 @@ from engine.kernels.triton._common import check_device, is_interpreted, pdl_enab
 CHUNK = 8192
 ONE_PROGRAM_MAX = CHUNK  # a row up to this long is one program and one kernel
 _NONE = 2**31 - 1  # "no index": larger than any index of a row (V < 2**31)
-ENV = "MODELAB_TRITON_ARGMAX"
 
 
 @triton.jit
@@ -174,15 +169,6 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
 @argmax_rows.register_fake
 def _(x):
     return x.new_empty(x.shape[0], 1, dtype=torch.int64)
-
-
-def enabled() -> bool:
-    """Whether the lab's Triton decode modes take the next token with this kernel: yes unless MODELAB_TRITON_ARGMAX=0
-    (torch's argmax, compiled with the step)."""
-    raw = os.environ.get(ENV, "1").strip()
-    if raw not in ("0", "1"):
-        raise ValueError(f"{ENV}={raw!r}: want 1 (engine.kernels.triton.argmax, the default) or 0 (torch.argmax)")
-    return raw == "1"
 
 
 def _reference(x: torch.Tensor) -> torch.Tensor:

@@ -454,22 +454,21 @@ def test_the_triton_argmax_runs_after_the_compiled_forward_and_takes_its_tokens(
     assert decoder.pos.tolist() == [prompt.shape[1] + 4]
 
 
-def test_the_triton_argmax_switch_takes_the_same_tokens_in_the_labs_modes_only(monkeypatch) -> None:
-    """MODELAB_TRITON_ARGMAX=1: the lab's Triton modes take the next token with engine.kernels.triton.argmax (the
-    same tokens as torch's argmax, and the notes say so); the plain (peer) modes keep torch's."""
+def test_the_labs_triton_modes_take_the_next_token_with_the_triton_argmax_and_the_peers_with_torchs() -> None:
+    """The lab's Triton modes take the next token with engine.kernels.triton.argmax (the same tokens as torch's
+    argmax over the same prepared model, and the notes say so); the plain (peer) modes keep torch's."""
     from engine.kernels.triton.argmax import _chunk_kernel
     from engine.kernels.triton.quant_gemv import _wo_int4_kernel
 
     if not (_interpreted(_wo_int4_kernel) and _interpreted(_chunk_kernel)):
         pytest.skip("the Triton kernels are compiled, not interpreted (TRITON_INTERPRET=1 unset)")
-    runs = {}
-    for name, switch in (("triton-int4-wo", "0"), ("triton-int4-wo", "1"), ("int4-wo", "1")):
-        monkeypatch.setenv("MODELAB_TRITON_ARGMAX", switch)
+    says = {}
+    for name in ("triton-int4-wo", "int4-wo"):
         model, prompt, _ = _tiny(seed=4, steps=3)
         with torch.no_grad():
             prepared = modes.prepare(modes.get_mode(name), model, "cpu")
-            runs[name, switch] = (generate(prepared.prefill, prepared.decoder, prompt, 3).tokens,
-                                  any("Triton argmax" in n for n in prepared.notes))
-    assert torch.equal(runs["triton-int4-wo", "1"][0], runs["triton-int4-wo", "0"][0])
-    assert [runs[k][1] for k in (("triton-int4-wo", "0"), ("triton-int4-wo", "1"), ("int4-wo", "1"))] == \
-        [False, True, False]
+            got = generate(prepared.prefill, prepared.decoder, prompt, 3).tokens
+            with_torchs = generate(step_fn(model), Decoder(step_fn(model)), prompt, 3).tokens
+        assert torch.equal(got, with_torchs), name
+        says[name] = any("Triton argmax" in n for n in prepared.notes)
+    assert says == {"triton-int4-wo": True, "int4-wo": False}
