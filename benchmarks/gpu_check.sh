@@ -20,7 +20,6 @@ bench-all      `bench --mode all --device cuda` twice (cold, then warm): each ru
 aoti           the aoti mode cold then warm, its phase timeline, then aoti_timing.py (where a load's time goes)
 gemv           GEMV tests, cuBLAS vs Triton per weight shape (gemv_bench.py), 1B/7B compile-cudagraph vs triton-gemv
 decode         decode-attention and GEMV tests, the sm_90 compile check, 1B and 7B in triton-gemv/-decode/-fused
-pdl            1B and 7B triton-fused with programmatic dependent launch off and on (MODELAB_TRITON_PDL=0/1)
 argmax         the next token's argmax alone (argmax_bench.py): torch's, eager and compiled, beside the Triton one
 decode-path    1B triton-fused and triton-int4-wo profiled: each decode kernel's time on the critical path per step
 llm-1b-all     1B, every LLM mode, prepared side by side and timed alone: total seconds and each run's phase timeline
@@ -142,11 +141,6 @@ case $part in
               >"$out/llm${preset}_decode.log" 2>&1
             tail -8 "$out/llm${preset}_decode.log"
           done ;;
-  pdl) for preset in ${PDL_PRESETS:-1B 7B}; do for pdl in 0 1; do
-         MODELAB_TRITON_PDL=$pdl t llm --preset $preset --no-profile --mode triton-fused \
-           >"$out/llm${preset}_pdl$pdl.log" 2>&1
-         echo "$preset PDL=$pdl"; tail -4 "$out/llm${preset}_pdl$pdl.log" | head -2
-       done; done ;;
   argmax) t python3 benchmarks/argmax_bench.py >"$out/argmax_bench.log" 2>&1; tail -8 "$out/argmax_bench.log" ;;
   decode-path) LLM_LIMIT=300 t llm --preset 1B --mode triton-fused,triton-int4-wo >"$out/decode_path.log" 2>&1
                grep -E "^ +[0-9]+ triton" "$out/decode_path.log"

@@ -41,29 +41,21 @@ OPS = "modelab_levels"  # the TORCH_LIBRARY namespace (bindings.cpp)
 # Attention variants (the table in csrc/levels/attention.cu). 0..3 are mma.sync (sm_80+); 2 and 3 exist for bf16 with
 # D=128 only. 4..6 are wgmma (csrc/levels/attention_sm90.cu), built for sm_90a on compute capability 9.0 with D=128:
 # 4 for bf16 and fp16, 5 and 6 for bf16. 7 is FlashAttention-3's design (csrc/levels/attention_ws.cu: TMA producer
-# warpgroup, two consumer warpgroups taking turns), sm_90a, D=128 or 64, bf16 and fp16: the default where it is built
-# and has passed a GPU run (D=64, added 2026-11-27 without one, passed its child check on an H100 on 2026-11-27:
-# ViT B=64 H=12 S=197 v7 70.1 µs, v0 72.7, v1 74.6, SDPA 46.8; benchmarks/cuda_levels_gpu.py --only attn).
-# H100, 2026-11-27, bf16 causal S=4096 B=4 H=16 (benchmarks/gpu_check.sh frontier): v0 1104.7 µs, v1 957.4, v2 971.2,
-# v3 1021.6, v4 709.2, v5 883.0, v6 775.7, v7 524.8 (SDPA 472.8); S=1024: v4 68.4, v7 55.6 (SDPA 50.7). v7 with its
-# head-major grid (same day, `levels`): S=4096 484.9 µs per call (SDPA 474.3), S=1024 56.2 in a graph (SDPA 50.1);
-# with the causal diagonal's masked half not multiplied (session 18): 475.1 (SDPA 477.0), 54.3 (SDPA 50.5).
+# warpgroup, two consumer warpgroups taking turns), sm_90a, D=128 or 64, bf16 and fp16. The default is the fastest
+# built variant that has passed a GPU run (`default_variant`); benchmarks/cuda_levels_gpu.py times them all
+# (docs/figures.md, "Kernel levels").
 ATTENTION_VARIANTS = (0, 1)
 ATTENTION_VARIANTS_BF16_D128 = (0, 1, 2, 3)
 WGMMA_VARIANTS = {torch.bfloat16: (4, 5, 6, 7, 8), torch.float16: (4, 7, 8)}
 WGMMA_VARIANTS_D64 = (7, 8)  # bf16 and fp16
-# 8 is 7 with FlashAttention-3's epilogue: O through shared memory, stored by TMA (built 2026-11-27, session 21;
-# its child checks passed at D=128 and 64 on an H100 on 2026-11-28, and it is the default since). The levels, H100,
-# 2026-11-28, `levels --component causal_attention --shape S=4096,S=1024 --level L1-native,L5-cuda` with
-# MODELAB_L5_ATTENTION_VARIANT=7/8 alternated, twice each: S=4096 per call v8 464.2, 465.4 µs (SDPA 481.1, 483.0:
-# 1.036×, 1.038×), v7 478.2, 479.0 (SDPA 481.7, 481.0); S=1024 in a graph v8 50.1, 49.8 (SDPA 50.4, 50.4), v7 54.6,
-# 54.6 (SDPA 50.0, 50.6); ViT (cuda_levels_gpu.py) v8 66.5, v7 70.2 (SDPA 47.1). Not explained: timed on one input
-# set over and over (cuda_levels_gpu.py), v8 at S=4096 is the slower (516.2 against 484.4; 490 against 470 in
-# another script), while over rotating sets, as the levels time, it is the faster.
+# 8 is 7 with FlashAttention-3's epilogue: O through shared memory, stored by TMA, so a block's tail does not wait on
+# scattered global stores; the levels (rotating input sets) time it faster than 7 at both sequence lengths and on the
+# ViT shape. Timed on one input set over and over (as cuda_levels_gpu.py times) it is the slower at S=4096: not
+# explained (docs/kernel-levels.md).
 # (variant, head dim) builds not yet run on a GPU. benchmarks/cuda_levels_gpu.py and the GPU tests check them in a
 # child process with a timeout before anything else (`check_variant_in_child`): a hang or a fault there fails that
 # check, not the whole run; `attention` does not pick them by default. A build leaves this tuple once a GPU run has
-# passed it. (7 at D=128 and at D=64 passed on an H100 on 2026-11-27, 8 at both on 2026-11-28.)
+# passed it; every build here has.
 UNVERIFIED: tuple[tuple[int, int], ...] = ()
 # The error bound of an attention variant against float64 (the GPU tests' ATTN_TOL), per dtype.
 ATTN_TOL = {torch.bfloat16: 1.5e-2, torch.float16: 4e-3}

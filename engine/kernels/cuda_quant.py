@@ -2,23 +2,21 @@
 engine/kernels/int4_layout.py's order, then re-ordered into 16-row tiles by `tile_major`), with the decode step's
 fusions (RMSNorm, SwiGLU, residual), built on first use.
 
-Which products take it: $MODELAB_INT4_GEMV (`impl`, `takes`): auto (the default) sends the products of K >= 2048
-inputs on compute capability 9.0 here and the rest to the Triton kernel (engine/kernels/triton/quant_gemv.py): the
-rule measured on an H100, where this kernel made the 7B step faster end to end (2.04 against 2.12 ms/token) and,
-since its blocks are tuned per product (`tune`), the 1B's too (416–419 against 428–430 µs with only K >= 4096 here);
-cuda sends every product here, triton none. Each product runs the block (warps × groups per bulk copy) that `tune`
-timed fastest for it on this device while the mode prepared ($MODELAB_INT4_GEMV_TILE forces one). The triton-int4-wo
-mode loads the kernel while it prepares (`ensure()`; nothing here builds on a call's path; where it cannot build,
-the Triton kernel runs and the note says why), gives each int4 projection that takes it a copy of its codes in this
-kernel's tile order (engine.llm.quant.attach_int4_tiles, `tile_major`: each 16-row tile's codes group by group, so a
-warp's batch is one contiguous run that a single bulk copy brings in on sm_90), and the decode step's fused products
-(engine.kernels.triton.gemv.FusedDecodeOps) send their one-row bf16 calls here.
-Why a second kernel: the Triton one multiplies on the CUDA cores after unpacking (4.3–5.3 instructions per weight);
-this one unpacks with a PRMT, a shift and two LOP3s per 4 weights and lets mma.sync do the products
-(csrc/quant/int4_gemv.cu says how the packed order is already the fragment order). Per GEMV (benchmarks/
-quant_gemv_bench.py --fused, H100, 2026-11-27) it is faster than the Triton kernel's tiles on 7B gate_up (21.2
-against 23.1 µs) and 1B down (6.3 against 7.1), level on the LM heads, slower on qkv and o; in the decode step's
-graph the 7B's products together ran faster with it (docs/quantization.md has the tables).
+Which products take it: $MODELAB_INT4_GEMV (`impl`, `takes`): auto (the default) sends the products of K >= 2048 inputs
+on compute capability 9.0 here and the rest to the Triton kernel (engine/kernels/triton/quant_gemv.py): on an H100, with
+its blocks tuned per product (`tune`), this kernel makes both the 1B and the 7B decode step faster end to end; other
+GPUs are not measured, so they keep the Triton kernel. cuda sends every product here, triton none. Each product runs the
+block (warps × groups per bulk copy) that `tune` timed fastest for it on this device while the mode prepared
+($MODELAB_INT4_GEMV_TILE forces one). The triton-int4-wo mode loads the kernel while it prepares (`ensure()`; nothing
+here builds on a call's path; where it cannot build, the Triton kernel runs and the note says why), gives each int4
+projection that takes it a copy of its codes in this kernel's tile order (engine.llm.quant.attach_int4_tiles,
+`tile_major`: each 16-row tile's codes group by group, so a warp's batch is one contiguous run that a single bulk copy
+brings in on sm_90), and the decode step's fused products (engine.kernels.triton.gemv.FusedDecodeOps) send their one-row
+bf16 calls here.
+Why a second kernel: the Triton one multiplies on the CUDA cores after unpacking (4.3–5.3 instructions per weight); this
+one unpacks with a PRMT, a shift and two LOP3s per 4 weights and lets mma.sync do the products (csrc/quant/int4_gemv.cu
+says how the packed order is already the fragment order). docs/quantization.md describes both kernels; docs/figures.md
+has their times.
 
     load() -> path       build (cached, ~30 s the first time) and load; NativeBuildError with the reason
     available() -> None | reason   never raises
@@ -49,10 +47,8 @@ IMPLS = {
     "cuda": "the tensor-core kernel for every product",
     "triton": "the Triton kernel for every product",
 }
-# auto's rule, measured on an H100 (docs/quantization.md): end to end, 7B triton-int4-wo (K 4096 and 11008) 2.04
-# ms/token with this kernel against 2.12 with Triton's (2026-11-27); the 1B (K 2048, down 8192) with every product
-# here 416.3 and 419.0 µs against 429.5 and 428.5 with its K = 2048 products on Triton's, one H100, interleaved (session
-# 19, tuned blocks: 8 warps for K = 2048 — with 4 warps and the deeper ring of session 16 it was 516.5 against 468.8).
+# auto's rule: from K = 2048 (the 1B's smallest) the tensor-core kernel, with 8 warps a block there, makes the
+# decode step faster end to end on an H100 than the Triton kernel (docs/quantization.md).
 AUTO_MIN_K = 2048
 KSLICES = (4, 8, 16)  # warps per block, each a slice of K (the kernel's instantiations)
 RING_SLOTS = 2  # csrc/quant/int4_gemv.cu's DEPTH: batches of codes in flight per warp
@@ -114,11 +110,9 @@ def ensure(ks: Iterable[int] | None = None, device: torch.device | str | None = 
 
 
 def kslices(k: int) -> int:
-    """Warps per block (each a contiguous slice of K's groups of 64) for K inputs. From K = 4096 16 (one block per
-    SM): on the H100 with the 2 × 4-group ring, 16 against 8 warps on the fused 7B products (K 4096) qkv 11.3 / 11.5,
-    o 5.8 / 5.8, gate_up 19.7 / 19.7 µs, down (K 11008) 12.0 / 12.5; the 1B's down (K 8192) 6.0 / 7.4 (2026-11-27);
-    8 against 4 from K = 2048: the 1B's qkv 3.1 / 4.6, o 2.7 / 3.8, gate_up 8.7 / 9.3 µs (2026-11-27, session 19).
-    The untuned default: the decode step runs what `tune` measured fastest."""
+    """Warps per block (each a contiguous slice of K's groups of 64) for K inputs: 16 from K = 4096 (one block per
+    SM), 8 from K = 2048, else 4 — on the H100 the fastest or level of the three for every 1B and 7B product
+    (benchmarks/quant_gemv_bench.py). The untuned default: the decode step runs what `tune` measured fastest."""
     groups = -(-k // 64)
     return 16 if groups >= 64 else 8 if groups >= 32 else 4
 
@@ -138,10 +132,9 @@ def tile_from_env() -> tuple[int, int] | None:
     return ks, batch
 
 
-# A block replaces the untuned one only where it is at least this much faster alone: on the H100 the 7B's tuned
-# blocks (gate_up, o and the LM head 8 warps × 8 groups, 0.4–1.5 % faster alone) ran the step at 1800.5, 1830.6 and
-# 1818.5 µs against 1810.2, 1809.0 (and 1798.4, 1809.6) untuned (session 19): no gain end to end. The 1B down's
-# 16 × 8 is 5–7 % faster alone.
+# A block replaces the untuned one only where it is at least this much faster alone: gains of a percent or two on a
+# product alone do not show end to end (the step's time varies more than that between runs), while a product 5 %
+# faster alone does.
 MIN_GAIN = 0.03
 # (n, k, glu, device index) → the (warps, batch) `tune` measured fastest for that product on that device
 _TUNED: dict[tuple[int, int, bool, int], tuple[int, int]] = {}
@@ -162,10 +155,8 @@ def tune(weights: Iterable[TileWeight], l2_multiple: float = 3.0, replays: int =
     `block` where it beats the untuned block by MIN_GAIN: calls on rotating copies of the codes (more bytes than L2
     holds, as in a decode step) captured in one CUDA graph, with the device to this run alone
     (engine.runner.device_lock.exclusive); each candidate's output checked against the untuned block's first. Returns
-    one
-    line per product tuned. Why measure rather than rule: on the H100 the fastest block differs by product (the 1B
-    down 16 warps × 8 groups 5.7 µs against 16 × 4 6.1; the 7B gate_up 8 × 8 19.3 against 19.6, and 16 × 8 26.2;
-    docs/quantization.md, session 19)."""
+    one line per product tuned. Why measure rather than rule: the fastest block differs by product and by GPU
+    (docs/figures.md lists the H100's)."""
     lines = []
     seen: set[tuple[int, int, bool, int]] = set()
     for w in weights:

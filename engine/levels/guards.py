@@ -55,14 +55,14 @@ GUARD_SETS = (GuardSet("seed 101", 101, 1.0), GuardSet("seed 202", 202, 1.0),
               GuardSet("tiny x1e-6", 303, 1e-6, precision=True), GuardSet("sharp x10", 404, 10.0, precision=True))
 BACKGROUND_WINDOW_S = 0.05
 BACKGROUND_CPU_FRACTION = 0.5  # other threads busier than half a core while the caller sleeps: flagged
-# ... beyond the baseline and a quarter of it: the runtime's own pools are noisy where they are busy. On a 32-core GPU
-# host (H200, 2026-11-28, two test processes at once) the lab's L1 left 196 ms of other threads' CPU in the 50 ms
-# pause and an honest kernel 231 ms, which the half-core margin alone flagged.
+# ... beyond the baseline and a quarter of it: the runtime's own pools are noisy where they are busy. On a loaded
+# many-core GPU host the lab's own L1 can leave ~200 ms of other threads' CPU in the 50 ms pause and an honest kernel
+# a little more, which the half-core margin alone would flag.
 BACKGROUND_BASELINE_SLACK = 0.25
 BACKGROUND_TRIES = 3  # the smallest of these pauses counts: spikes pass, work left running does not
 # Beside that: threads the calls started (not alive before them) that are still busier than half a core in the pause
-# are flagged whatever the baseline — on a 64-core GPU host under load (four test processes, 2026-11-28) the pools'
-# own noise hid four threads left computing by a cheat. Linux only (per-thread CPU from /proc, 10 ms ticks).
+# are flagged whatever the baseline — on a 64-core GPU host under load the pools' own noise can hide threads left
+# computing by a cheat. Linux only (per-thread CPU from /proc, 10 ms ticks).
 TIMED_SAMPLES = 8
 # device work past the caller's stream: flagged beyond 4 us + 1 % of the work inside its events (an honest call's excess
 # is the lag of one event record and the timers' granularity, ~1 us; see StreamSpan)

@@ -21,6 +21,7 @@ import torch
 
 from engine.levels import get_component, get_level, guards, yours
 from engine.levels.base import Built, Level
+from engine.measure import energy
 from engine.measure import kernel_timers as timers
 from engine.measure.ceilings import Ceilings, ceiling_metrics, ceilings_for, dtype_key
 from engine.measure.inductor_timing import begin_run
@@ -143,8 +144,10 @@ def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunR
         with torch.no_grad():
             progress(0.4, f"timing {level.key}")
             saved = [[x.clone() if isinstance(x, torch.Tensor) else x for x in s] for s in sets] if guard else []
-            m = (guard.time(checked.built.fn, sets, cfg.warmup, cfg.iters) if guard is not None
-                 else _time_rotating(checked.built.fn, sets, cfg))
+            if guard is not None:
+                m = guard.time(checked.built.fn, sets, cfg.warmup, cfg.iters)
+            else:
+                m = _time_with_energy(result, checked.built.fn, sets, cfg)
             stage_measurements = {}
             for stage, stage_fn in checked.built.stages.items():
                 progress(0.8, f"timing stage {stage}")
@@ -180,9 +183,8 @@ DEEP_METRICS = ("gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sust
 DEEP_CALLS = 2  # calls inside the measured range: every kernel of a call, twice (ncu replays each for its metrics)
 # What the SM's time goes to, where the figures above leave it open (an SM busy at 52 % of its peak, not waiting on
 # DRAM): the tensor pipe's activity, the XU pipe (MUFU: the softmax's exponentials), and warps stalled per issued
-# instruction on memory (long scoreboard), a barrier, a fixed-latency wait and a busy math pipe. On the H100
-# (Nsight Compute of CUDA 13, 2026-11-27) the hmma pipe counter counts wgmma too (cuDNN's Hopper attention: 69 %),
-# and the gmma one gave no value, so it is not asked for.
+# instruction on memory (long scoreboard), a barrier, a fixed-latency wait and a busy math pipe. On Hopper (Nsight
+# Compute of CUDA 13) the hmma pipe counter counts wgmma too, and the gmma one gives no value, so it is not asked for.
 PIPE_METRICS = ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
                 "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
                 "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
@@ -326,6 +328,22 @@ def _time_rotating(fn: Callable[..., torch.Tensor], sets: list[tuple], cfg: Leve
         return fn(*sets[counter[0] % len(sets)])
 
     return time_fn(call, cfg.device, warmup=cfg.warmup, iters=cfg.iters, first_call=False)
+
+
+def _time_with_energy(result: RunResult, fn: Callable[..., torch.Tensor], sets: list[tuple], cfg: LevelsConfig
+                      ) -> Measurement:
+    """_time_rotating inside an energy window (engine.measure.energy): J per call beside the latency. A user's
+    kernel (guarded) is timed with the L2 flushed between calls, so it gets no energy figure: the flushes would
+    be in it."""
+    meter = energy.open_for_run(cfg.device, cfg.db, result)
+    m, window = energy.measure(meter, lambda: _time_rotating(fn, sets, cfg),
+                               units=lambda m: cfg.warmup + len(m.samples_us),
+                               again=lambda: cfg.warmup + len(_time_rotating(fn, sets, cfg).samples_us))
+    result.metrics += energy.energy_metrics(window, "step", phase="forward")
+    note = energy.window_note(window, "the timed calls")
+    if note:
+        result.notes.append(note)
+    return m
 
 
 def _record_forward(result: RunResult, component: Component, shape: Shape, checked: _Checked, m: Measurement,

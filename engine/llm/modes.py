@@ -110,11 +110,11 @@ _QUANT_MODES = (
     ("int4-wo", "int4, symmetric, groups of 64 along K", ""),
 )
 # engine/llm/run.py checks every mode's logits against eager's within the bf16 tolerance, which a quantized model
-# misses by design; the quantized modes are gated by engine.llm.quant.check_gate instead. True once run.py does that
-# (docs/quantization.md, "Wiring"); until then the modes are declared, prepared and tested, but not offered to runs.
+# misses by design; the quantized modes are gated by engine.llm.quant.check_gate instead (docs/quantization.md,
+# "The accuracy gate").
 MODES: dict[str, LLMMode] = {m.name: m for m in (
-    LLMMode("eager", "PyTorch eager, op by op; SDPA picks its backend (on the H100 with torch 2.11 it picked cuDNN "
-            "attention for both the causal prefill and the masked decode)."),
+    LLMMode("eager", "PyTorch eager, op by op; SDPA picks its backend (on an H100 with torch 2.11: cuDNN attention "
+            "for both the causal prefill and the masked decode)."),
     LLMMode("sdpa-flash", "Eager with SDPA forced to FlashAttention (CUDA: prefill only, it takes no mask; CPU: "
             "its flash kernel also takes the decode's mask).", sdpa="flash"),
     LLMMode("sdpa-efficient", "Eager with SDPA forced to the memory-efficient kernel (CUDA only).", sdpa="efficient"),
@@ -311,8 +311,8 @@ def _compile(fn: StepFn, mode: str | None, fuse_gemv_loads: bool = False) -> Ste
     """torch.compile of a step. fuse_gemv_loads: coordinate-descent tuning on for this compile only, as gpt-fast
     sets it globally. With it, Inductor's mm decomposition writes a one-row product as (x · Wᵀ).sum, a reduction
     kernel that fuses whatever produces W — the plain quantized modes' dequantization — into its loads; without it
-    the mm is cuBLAS and the dequantized bf16 weight is written to memory and read back every step (H100,
-    2026-11-27, 7B int8-wo: 13.07 ms/token, 17.9 % of copy bandwidth)."""
+    the mm is cuBLAS and the dequantized bf16 weight is written to memory and read back every step, at a fraction of
+    the copy bandwidth."""
     if not fuse_gemv_loads:
         return torch.compile(fn, mode=mode, dynamic=False, fullgraph=True)
     from torch._inductor import list_mode_options
@@ -323,10 +323,9 @@ def _compile(fn: StepFn, mode: str | None, fuse_gemv_loads: bool = False) -> Ste
 
 def configure_inductor() -> None:
     """Kernel names that say which ops they fused (readable operator tables), as gpt-fast sets. gpt-fast also turns
-    on coordinate-descent tuning; here it is left off globally. Measured on an H100 (2026-11-23, 1B preset, P=512,
-    cold caches): first prefill + first decode step took 48.0 s + 42.8 s with it on, 21.6 s + 14.7 s with it off.
-    The plain quantized modes turn it on for their decode step alone (`_compile`'s fuse_gemv_loads): without it
-    their dequantization is not fused."""
+    on coordinate-descent tuning; here it is left off globally, since it about doubles the first prefill's and the
+    first decode step's compile time (cold caches). The plain quantized modes turn it on for their decode step
+    alone (`_compile`'s fuse_gemv_loads): without it their dequantization is not fused."""
     import torch._inductor.config as inductor_config
 
     inductor_config.triton.unique_kernel_names = True
@@ -466,8 +465,8 @@ def _next_token_kernel(mode: LLMMode, notes: list[str]) -> Callable[[torch.Tenso
     """How the decode step takes its next token: in the lab's own Triton modes engine.kernels.triton.argmax, called
     after the compiled forward, inside the step's CUDA graph — as a custom op inside the compiled step, Inductor's
     compile of the int4 step takes minutes (the recursive str() of the step's IR nodes), so it runs outside the
-    compiled forward. It makes the 1B step faster than torch's argmax
-    (docs/figures.md). The peer modes always keep torch's (compiled with the step)."""
+    compiled forward. It makes the 1B step faster than torch's argmax (docs/figures.md). The peer modes always keep
+    torch's (compiled with the step)."""
     if not (mode.gemv or mode.fused or mode.quant_impl == "triton"):
         return greedy
     from engine.kernels.triton import argmax  # noqa: F401 - registers modelab::argmax_rows (Triton already loaded)

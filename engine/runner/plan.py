@@ -63,8 +63,8 @@ def plan_group(store: Store, run_ids: Sequence[int], requested: int | str = "aut
     return GroupPlan(slots, order, why)
 
 
-# The most bench or levels runs that prepare at once on a GPU: measured on a 16-core H100 machine (2026-11-24,
-# `bench --mode all`, fresh caches / rerun): 4 at a time 144.9 s / 44.8 s, 6 at a time 139.0 s / 36.7 s.
+# The most bench or levels runs that prepare at once on a GPU: on a 16-core GPU machine `bench --mode all` is faster
+# cold and warm at 6 than at 4 (docs/figures.md, "bench --mode all").
 MAX_GPU_SLOTS = 6
 
 

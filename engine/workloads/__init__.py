@@ -1,4 +1,7 @@
-"""The registry of workloads (model + inputs + loss). Later issues add kernels and LLM workloads here.
+"""Workloads: what a run measures. The registry here holds the bench workloads (model + inputs + loss: the
+house-price MLP, house_price and its dataset housing_data); beside it, the Llama-style decoder (llama), the Kernel
+Levels' components (component, causal_attention, vit_patch_attention, gnn_message_passing) and the IR explorer's
+model zoo (zoo).
 
 Your own model (engine/workloads/user_model.py) joins the registry of the process that runs it: register_user_model,
 or get_workload in a child process, which rebuilds the model its parent worker exported.

@@ -8,7 +8,6 @@ object itself, so a process that set the variable late still gets a consistent a
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -149,10 +148,9 @@ class LaunchCache:
 
 def pdl_enabled(device: torch.device) -> bool:
     """Programmatic dependent launch for the decode step's kernels (the GEMVs, decode attention): on sm_90+ (Hopper
-    and later), unless MODELAB_TRITON_PDL=0 — the switch that lets a run measure the same step without it. A kernel
-    launched this way may start while the one before it drains; it waits (gdc_wait) before reading anything that
-    kernel wrote, so it is as correct as a plain launch after any kernel."""
-    if os.environ.get("MODELAB_TRITON_PDL", "1") == "0" or device.type != "cuda":
+    and later). A kernel launched this way may start while the one before it drains; it waits (gdc_wait) before
+    reading anything that kernel wrote, so it is as correct as a plain launch after any kernel."""
+    if device.type != "cuda":
         return False
     return _major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
 

@@ -2,21 +2,18 @@
 
 Why: at decode, attention is one query row per head against L cached keys: a memory-bound read of the cache. A
 prefill-style kernel gives one program per (batch, kv head) — 8 programs for the 1B preset at B=1 on a 132-SM H100 —
-so it streams the cache at a fraction of the bandwidth (measured: cuDNN's SDPA kernel took 12 µs per layer for 1.3 MB
-of cache in the 1B decode step). Here every (batch, kv head, split of SPLIT positions) is a program:
+so it streams the cache at a fraction of the bandwidth (cuDNN's SDPA kernel in the 1B decode step reads 1.3 MB of
+cache a layer at ~0.1 TB/s). Here every (batch, kv head, split of SPLIT positions) is a program:
 
     split kernel  — its query rows (the GQA group that shares this kv head: REP rows, padded to a power of two) against
                     positions [s·SPLIT, min((s+1)·SPLIT, L)) of the cache, in BLOCK_S chunks with an online softmax;
                     writes the running max m, the sum l and the unnormalised output o (fp32) of its split;
     combine kernel — per (batch, head): out = Σ exp(m_i − M)·o_i / Σ exp(m_i − M)·l_i over the splits, M = max m_i.
 
-Where one split covers the whole (short) cache, the split kernel writes the output itself and no combine runs (a
-cache of 640 positions in one program per kv head measured 2.4× slower alone than the splits: docs/figures.md).
-Tried and dropped (docs/figures.md, docs/quantization.md): the split kernel handing the TMA unit bulk L2 prefetches of
-the layer's next weights (every size made the step slower); the last split program of each kv head combining the
-splits, counted by an atomic (one kernel per layer, but the 1B int4 step 434.9 / 436.0 against 413.8 / 411.2 µs,
-interleaved on one H100); a CUDA kernel doing both, the splits the CTAs of a thread-block cluster combined through
-distributed shared memory (412.7 / 413.6 against 390.7 / 391.1 µs on one H200; its code is in commit c314902).
+Where one split covers the whole (short) cache, the split kernel writes the output itself and no combine runs; a
+long cache is always split, since a few programs walking it one tile at a time wait on memory at every tile. The
+combine stays a kernel of its own: under PDL it is resident before the split ends, which costs less than combining
+inside the split kernel (a fence and an atomic count) or inside a thread-block cluster (docs/quantization.md).
 
 L = input_pos + 1 is read from a device tensor and the grids depend only on the static cache length, so a CUDA graph
 captures both kernels once for every position. Splits that start at or beyond L write m = −inf, l = 0 and add nothing.
@@ -173,21 +170,16 @@ def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, NUM_SPLITS,
 
 
 # The split kernel's tile: (SPLIT positions per program, BLOCK_S positions per inner step, num_warps).
-# With tl.dot (GQA groups, 16-bit cache) one 64-position tile per split: on the H100, 1B decode step 889.7 / 889.9 µs
-# against 901.1 with 32-position tiles (SPLIT, BLOCK_S = 128, 64: 909.3; 128, 32: 935.2), one machine, one session;
-# `python benchmarks/decode_attention_bench.py --preset 1B` (H100, 2026-11-25, position 575 of 640): 3.98 µs, the best
-# of 39 tiles 3.85 (32 × 32 × 4). Tried and dropped (H200, 2026-11-27): one program per kv head over the whole cache,
-# storing the output itself (no combine kernel): 8.7–14.1 µs alone against 3.7, and the 1B step 769.2–802.5 µs against
-# 688.3 with the split (int4: 582.7 against 416.3) — eight programs walking 640 positions one tile at a time wait on
-# memory at every tile, where 80 short splits have theirs in flight at once.
+# With tl.dot (GQA groups, 16-bit cache) one 64-position tile per split: the fastest in the 1B decode step, and
+# within a few percent of the fastest of the 39 tiles `python benchmarks/decode_attention_bench.py --preset 1B` times
+# alone. Many short splits keep their loads in flight at once, where a few long ones wait on memory at every tile.
 TILE_DOT = (64, 64, 4)
-# One query row per kv head (the 7B): the broadcast products. The same bench, 7B: 64 × 32 × 4 (the
-# tile before) 10.89 µs for 9.4 MB of cache (866 GB/s), 32 × 32 × 2 7.55 µs (1251 GB/s), the best of 39: a program's
-# fixed work (RoPE of its rows, the new position's write, m / l / o out) is what the short splits pay, and more of
-# them in flight at 2 warps each hide it better.
+# One query row per kv head (the 7B): the broadcast products. The fastest of the 39 tiles the same bench times for the
+# 7B: a program's fixed work (RoPE of its rows, the new position's write, m / l / o out) is what the short splits
+# pay, and more of them in flight at 2 warps each hide it better.
 TILE_ROWS = (32, 32, 2)
 # GQA groups on the broadcast path (a float32 cache): REP rows × BLOCK_S × D products per step, so registers bound the
-# tile; the one used before the sweep, not re-measured.
+# tile (the bench does not sweep this path).
 TILE_GROUPS = (64, 32, 4)
 INTERPRETER = {"SPLIT": 16, "BLOCK_S": 8}  # small tiles under the interpreter: CPU tests use short caches
 
@@ -214,9 +206,9 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     rep = h // kvh
     interpreted = is_interpreted(_split_kernel)
     # Compiled, with a 16-bit cache and GQA groups: tl.dot on rows padded to 16 (the broadcast products of a
-    # 4 × 32 × 64 tile needed 255 registers per thread, 113 with the dot, and the split took 9.4 µs per 1B layer on
-    # the H100). The interpreter keeps the broadcast form (it mishandles bf16 dot operands), as do float32 caches (a
-    # dot would round them to tf32) and one query row per kv head (the 7B: 15 of 16 padded rows would be waste).
+    # 4 × 32 × 64 tile need 255 registers per thread, the dot 113, and the split is slower for it). The interpreter
+    # keeps the broadcast form (it mishandles bf16 dot operands), as do float32 caches (a dot would round them to
+    # tf32) and one query row per kv head (the 7B: 15 of 16 padded rows would be waste).
     use_dot = not interpreted and k_c.dtype in (torch.bfloat16, torch.float16) and rep >= 2
     rep_pad = max(16, triton.next_power_of_2(rep)) if use_dot else triton.next_power_of_2(rep)
     tile = tile or tile_from_env()
@@ -267,9 +259,7 @@ def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     """The decode step's attention from the qkv projection's output (B, 1, (H + 2·KVH)·D), before RoPE: RoPE on q
     and the new k (cos, sin: the rotary tables, (positions ≥ S_max, D), read at input_pos[-1] on the device, so no
     indexing kernel runs per step), k and v written into the cache at input_pos[-1], then
-    flash-decoding → (B, H, 1, D). One kernel does what RoPE, the cache writes and a copy of q did in four.
-    (Tried and dropped: the same work and the combine in one CUDA kernel, the splits of each kv head the CTAs of
-    a thread-block cluster combining through distributed shared memory — slower, docs/quantization.md.)"""
+    flash-decoding → (B, H, 1, D). One kernel does what RoPE, the cache writes and a copy of q would do in four."""
     _, kvh, s_max, d = k_cache.shape
     b = qkv.shape[0]
     if qkv.numel() != b * qkv.shape[-1] or qkv.shape[-1] % d or qkv.shape[-1] // d <= 2 * kvh:

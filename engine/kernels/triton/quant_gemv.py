@@ -10,13 +10,11 @@ kernel before it drains. What changes is what a weight load brings in:
   per word makes each byte code + 128; one PRMT per code (inline PTX on the GPU; shifts and masks under the
   interpreter) places that byte in the mantissa of 2^23, the float 2^23 + 128 + code exactly; one subtract and one
   FMA with x[4t + j] follow, into one fp32 accumulator per word. The plain conversion (`.to(tl.float32)`) is an
-  I2F per code, and I2F runs on the SM's narrow conversion pipe: ncu on the 7B gate_up GEMV (H100, 2026-11-25) put
-  that pipe 61 % busy with DRAM at 66 %. Over the five fused GEMVs, each at its best of 14 tiles, the word kernel
-  takes 1B 53.4 / 7B 128.5 µs where the byte kernel took 59.8 / 139.5.
+  I2F per code, and I2F runs on the SM's narrow conversion pipe, which would then limit the kernel before memory
+  does (Nsight Compute shows that pipe busy and DRAM well short of its peak).
 - fp8 (the same kernel, FP8, K % 4 == 0): the same word tiles; each word's two 16-bit halves go through
-  cvt.rn.f16x2.e4m3x2 (two codes per instruction, subnormals exact), then f16 → f32 per code, then the FMA. The
-  byte tile paid byte extraction and packing (PRMT) per code around the same conversion: 1B 70.5 / 7B 161.5 µs
-  over the five fused GEMVs where the word kernel takes 52.9 / 129.1 (H100, 2026-11-25).
+  cvt.rn.f16x2.e4m3x2 (two codes per instruction, subnormals exact), then f16 → f32 per code, then the FMA; a byte
+  tile would pay byte extraction and packing (PRMT) per code around the same conversion.
 - int8 or fp8 with K % 4 != 0 (`_wo_channel_kernel`): a (BLOCK_N, BLOCK_K) tile of 1-byte codes, converted to
   fp32 in registers.
   For all three, the per-output-channel scale is the same along the whole row, so it multiplies the row's sum once at
@@ -30,11 +28,10 @@ kernel before it drains. What changes is what a weight load brings in:
   multiplies it by x[64 g + 8 j + t]; each group's
   8 products per word are summed, then scaled by the group's scale (one per 64 weights of a row, loaded with the
   tile). The tile is [group, row, word] so that Triton lays the lanes along each row's contiguous words and a
-  thread holds several rows, reusing its x values (and the norm work on them) across those rows: with
-  rows first each thread held one row and converted an x value for every 8 codes. Offline SASS (sm_90, the fused
-  tiles): 4.3–5.3 instructions per weight in the loop, from 6.4–8.2. Symmetric codes (value = (code − 8) · scale).
-  Measured on an H100 (benchmarks/quant_gemv_bench.py --fused, 2026-11-25): the five fused GEMVs 1B 38.4 µs,
-  7B 84.6 µs at the launched tiles (the kernel before: 61.4, 130.8). On an H100 the decode step's fused int4 products
+  thread holds several rows, reusing its x values (and the norm work on them) across those rows (with rows first
+  each thread would hold one row and convert an x value for every 8 codes). Offline SASS (sm_90, the fused tiles):
+  4.3–5.3 instructions per weight in the loop. Symmetric codes (value = (code − 8) · scale). On an H100 the decode
+  step's fused int4 products
   of K >= 2048 take the tensor-core kernel instead (engine/kernels/cuda_quant.py, over a tile-order copy of the
   codes; $MODELAB_INT4_GEMV says which, docs/quantization.md why).
 
@@ -47,7 +44,8 @@ under the interpreter.
 B > 1) take dequantize-then-F.linear, the weight dequantized by one Triton kernel (`dequantize_channel_fused`,
 `dequantize_int4_fused`: the plain way's values, one pass where its torch ops make three or six over N × K), then
 cuBLAS's GEMM; engine.llm.quant.QuantLinear reaches that kernel through the triton_op `dequantized_weight`, which
-torch.compile traces into (Inductor launches the kernel itself: a 1B prefill's TTFT 11.4 → 6.2 ms). The references
+torch.compile traces into (Inductor launches the kernel itself, so the compiled prefill has no opaque op whose host
+cost would leave the device idle). The references
 are float64 dequantize-then-matmul (`_reference_channel`, `_reference_int4`); the checks sit in
 tests/engine/kernels/test_quant_gemv.py, the offline sm_90 compile in benchmarks/triton_aot_check.py.
 """
@@ -67,45 +65,39 @@ from engine.workloads.llama import rms_norm  # the decoder's own RMSNorm: the un
 
 GROUP = int4_layout.GROUP  # int4 group size along K (engine.llm.quant.INT4_GROUP is this value)
 
-# (BLOCK_N, BLOCK_K, num_warps) launched on the GPU (untimed stand-ins, see the module docstring), and every tile
-# the offline compile check (benchmarks/triton_aot_check.py) builds.
-# Chosen from `python benchmarks/quant_gemv_bench.py --preset 1B,7B` on an H100 (2026-11-24): the tile with the least
-# time summed over each preset's weight shapes (qkv, o, gate_up, down, lm_head), the same for both presets within 2 %.
-# int8 and fp8 (`_wo_word_kernel`, codes read as words) as the decode step launches it -- with the RMSNorm, the
-# residual or SwiGLU fused in, and PDL (`channel_tile`). A norm-fused GEMV forms its input in every program (the
-# norm's sum of squares over all of K), so that work scales with the number of programs; under PDL a
-# program's first weight tile, loaded before it waits, overlaps the kernel before it. Per fusion and size, from
-# `python benchmarks/quant_gemv_bench.py --preset 1B,7B --schemes int8-wo --fused --top 6` (H100, 2026-11-25), µs:
+# (BLOCK_N, BLOCK_K, num_warps) launched on the GPU, and every tile the offline compile check
+# (benchmarks/triton_aot_check.py) builds. Each launched tile is the fastest of the candidates
+# `python benchmarks/quant_gemv_bench.py --preset 1B,7B --schemes SCHEME --fused` times for its fusion and shape, the
+# GEMV launched as the decode step launches it -- with the RMSNorm, the residual or SwiGLU fused in, and PDL
+# (`channel_tile`, `int4_tile`). Why the rule goes by fusion: a norm-fused GEMV forms its input in every program (the
+# norm's sum of squares over all of K), so that work scales with the number of programs and wants more rows per
+# program; a residual-only GEMV wants long K tiles; under PDL a program's first weight tile, loaded before it waits,
+# overlaps the kernel before it. docs/figures.md has the times.
+# int8 and fp8 (`_wo_word_kernel`, codes read as words):
 TILE_WORDS = (16, 1024, 4)  # no fusion (not in the decode step): the best single tile over the fused shapes
-TILE_WORDS_NORM_LONG = (32, 512, 4)  # +norm, K >= 4096 (7B qkv, gate_up, lm_head): 18.7 / 33.8 / 48.0 (16x256x4:
-# 19.8 / 36.3 / 46.2; gate_up's best, 64x256x4, 32.8)
-TILE_WORDS_NORM_WIDE = (16, 256, 4)  # +norm, K < 4096, N >= 8192 (1B gate_up, lm_head): 13.3 / 24.8
-TILE_WORDS_NORM = (4, 1024, 4)  # +norm, K < 4096, N < 8192 (1B qkv): 4.0 (best 8x2048x4, 3.9)
-TILE_WORDS_ADD = (4, 1024, 4)  # +residual (o), 2048 < K < 8192: 7B 8.0
-TILE_WORDS_ADD_SHORT = (4, 2048, 4)  # +residual, K <= 2048 (a whole row per tile; 1B o): 3.0
-# down, its input SwiGLU'd by gate_up's epilogue (`python benchmarks/quant_gemv_bench.py --preset 1B,7B --schemes
-# int8-wo --fused --shapes gate_up,down --top 5`, H100, 2026-11-25; as SwiGLU formed in down's own loads: 9.1 / 19.0):
-TILE_WORDS_ADD_LONG = (8, 2048, 8)  # +residual, K >= 8192, N < 4096 (1B down): 7.6
-TILE_WORDS_ADD_LONG_WIDE = (8, 1024, 4)  # +residual, K >= 8192, N >= 4096 (7B down): 17.9
-# fp8 codes, read as words too, take the same tiles: swept over them (fp8, --fused, H100, 2026-11-25), the five GEMVs
-# at these tiles 1B 52.9 / 7B 129.1 µs, each shape at its best tile 52.2 / 124.7 (the byte kernel: 70.5 / 161.5).
-# Except where fp8's conversion makes it want its own, by `python benchmarks/quant_gemv_bench.py --preset 7B --schemes
-# fp8-wo --fused --top 3` (H100, 2026-11-27; the five at the int8 tiles 129.8 µs, at each shape's best 124.5): the
-# norm-fused GEMVs with K >= 4096, more rows per program on fewer words, µs at the int8 tile → this one:
-TILE_FP8_NORM_LONG = (16, 256, 8)  # N < 16384 (7B qkv): 21.1 → 19.4
-TILE_FP8_NORM_WIDE = (8, 512, 4)  # 16384 <= N < 32000 (7B gate_up): 35.4 → 34.3
-TILE_FP8_NORM_VOCAB = (16, 256, 4)  # N >= 32000 (7B lm_head): 48.1 → 46.0
-# (o and down: the best fp8 tile within 0.2 µs of the int8 one, so they keep it.)
+TILE_WORDS_NORM_LONG = (32, 512, 4)  # +norm, K >= 4096 (7B qkv, gate_up, lm_head)
+TILE_WORDS_NORM_WIDE = (16, 256, 4)  # +norm, K < 4096, N >= 8192 (1B gate_up, lm_head)
+TILE_WORDS_NORM = (4, 1024, 4)  # +norm, K < 4096, N < 8192 (1B qkv)
+TILE_WORDS_ADD = (4, 1024, 4)  # +residual (o), 2048 < K < 8192 (7B o)
+TILE_WORDS_ADD_SHORT = (4, 2048, 4)  # +residual, K <= 2048 (a whole row per tile; 1B o)
+# down, its input already SwiGLU'd by gate_up's epilogue:
+TILE_WORDS_ADD_LONG = (8, 2048, 8)  # +residual, K >= 8192, N < 4096 (1B down)
+TILE_WORDS_ADD_LONG_WIDE = (8, 1024, 4)  # +residual, K >= 8192, N >= 4096 (7B down)
+# fp8 codes, read as words too, take the same tiles except where fp8's conversion makes it want its own: the
+# norm-fused GEMVs with K >= 4096, more rows per program on fewer words. (o and down: fp8's best tile is level with
+# int8's, so they keep it.)
+TILE_FP8_NORM_LONG = (16, 256, 8)  # N < 16384 (7B qkv)
+TILE_FP8_NORM_WIDE = (8, 512, 4)  # 16384 <= N < 32000 (7B gate_up)
+TILE_FP8_NORM_VOCAB = (16, 256, 4)  # N >= 32000 (7B lm_head)
 # Codes with K % 4 != 0 (no LLM shape) take the byte kernel (`_wo_channel_kernel`) at one tile.
 TILE_BYTES = (4, 1024, 4)
-# int4: (BLOCK_N, GROUPS of 64 weights per tile, num_warps), by fusion and shape, from `python
-# benchmarks/quant_gemv_bench.py --preset 1B,7B --schemes int4-wo --fused --top 8` (H100, 2026-11-25), µs:
+# int4: (BLOCK_N, GROUPS of 64 weights per tile, num_warps), by fusion and shape:
 TILE_INT4 = (16, 16, 4)  # no fusion (not in the decode step): the best single tile over the fused shapes
-TILE_INT4_NORM_VOCAB = (128, 4, 8)  # +norm, N >= 32000 (lm_head): 1B 15.1, 7B 29.0 (TILE_INT4_NORM_WIDE: 16.4, 29.7)
-TILE_INT4_NORM_WIDE = (64, 8, 4)  # +norm, N >= 16384 (gate_up): 1B 8.4, 7B 23.5 (best 32x8x4, 22.8)
-TILE_INT4_NORM_LONG = (32, 8, 4)  # +norm, K >= 4096, N < 16384 (7B qkv): 12.3
-TILE_INT4_NORM = (8, 32, 4)  # +norm, K < 4096, N < 16384 (1B qkv): 3.1
-TILE_INT4_ADD = (8, 32, 4)  # +residual (o, down): 1B 2.8 / 7.0, 7B 5.2 / 12.7 (down forming SwiGLU: 9.0 / 14.6)
+TILE_INT4_NORM_VOCAB = (128, 4, 8)  # +norm, N >= 32000 (lm_head)
+TILE_INT4_NORM_WIDE = (64, 8, 4)  # +norm, N >= 16384 (gate_up)
+TILE_INT4_NORM_LONG = (32, 8, 4)  # +norm, K >= 4096, N < 16384 (7B qkv)
+TILE_INT4_NORM = (8, 32, 4)  # +norm, K < 4096, N < 16384 (1B qkv)
+TILE_INT4_ADD = (8, 32, 4)  # +residual (o, down)
 AOT_TILES_BYTES = (TILE_BYTES,)  # the byte kernel, int8 and fp8
 # what channel_tile returns, int8 or fp8 codes
 LAUNCHED_TILES_WORDS = (TILE_WORDS, TILE_WORDS_NORM_LONG, TILE_WORDS_NORM_WIDE, TILE_WORDS_NORM, TILE_WORDS_ADD,
@@ -535,8 +527,8 @@ def _dequant_channel_kernel(q_ptr, s_ptr, w_ptr, N, K, stride_qn, stride_wn, BLO
              (f * scale[:, None]).to(w_ptr.dtype.element_ty), mask=ok)
 
 
-# (BLOCK_N, BLOCK_K, num_warps): 4 KB of codes in, 8 KB of bf16 out. Within 1 % of the best of ten tiles on every
-# 1B and 7B shape, int8 and fp8, 3.3-3.9 TB/s (one H200, benchmarks/prefill_dequant_bench.py, docs/quantization.md)
+# (BLOCK_N, BLOCK_K, num_warps): 4 KB of codes in, 8 KB of bf16 out. Within 1 % of the fastest of the ten tiles
+# benchmarks/prefill_dequant_bench.py times, on every 1B and 7B shape, int8 and fp8
 TILE_DEQUANT_CHANNEL = (16, 256, 4)
 INTERPRETER_TILE_DEQUANT_CHANNEL = (8, 64, 1)
 
@@ -600,9 +592,8 @@ def _dequant_int4_kernel(q_ptr, s_ptr, w_ptr, N, K, stride_qn, stride_sn, stride
                  mask=ok[:, :, None] & (k < K))
 
 
-# (BLOCK_N, GROUPS, num_warps): 2 KB of codes in, 8 KB of bf16 out a program. The fastest of ten tiles on every 1B
-# and 7B shape, one H200 (benchmarks/prefill_dequant_bench.py): the 7B's products' dequantization 625 us against
-# 797 at (16, 8, 4) before, 1.27-1.37 TB/s (docs/quantization.md, session 29)
+# (BLOCK_N, GROUPS, num_warps): 2 KB of codes in, 8 KB of bf16 out a program. The fastest of the ten tiles
+# benchmarks/prefill_dequant_bench.py times, on every 1B and 7B shape
 TILE_DEQUANT = (8, 8, 4)
 INTERPRETER_TILE_DEQUANT = (8, 2, 1)
 
@@ -645,8 +636,8 @@ def dequantized_weight(q: torch.Tensor, scales: torch.Tensor, k: int, dtype: tor
     """The (N, K) weight of int4 (packed uint8), int8 or fp8 codes in `dtype`, formed by one kernel: what a quantized
     layer multiplies several rows (the prefill) by. A triton_op, not an opaque custom op: torch.compile traces into
     it and launches the kernel from its own generated code, so a compiled prefill pays Inductor's launch per weight
-    rather than a Python op's dispatch, checks and Triton launch (~110-130 us of host a product under the profiler,
-    which left the device idle 85 % of the 1B prefill: docs/quantization.md, session 29)."""
+    rather than a Python op's dispatch, checks and Triton launch (~0.1 ms of host a product under the profiler,
+    enough to leave the device idle most of a 1B prefill)."""
     int4 = q.dtype == torch.uint8
     if is_interpreted(_dequant_int4_kernel if int4 else _dequant_channel_kernel) and is_fake(q):
         # traced under the interpreter (CPU tests): its kernels cannot run on fake tensors, so the graph takes the
