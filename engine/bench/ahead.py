@@ -1,8 +1,8 @@
 """Compile ahead: an autotuning mode's later phases compile in helper processes while its first phase runs.
 
-compile-max-autotune's first call at one batch size is a whole compile with autotuning — 20–80 s each on an H100
-(2026-11-24), most of it Triton compiling coordinate-descent variants one after another in one process — and a bench
-run has four such phases, so one run's compiles in a row were the critical path of `bench --mode all`.
+compile-max-autotune's first call at one batch size is a whole compile with autotuning — tens of seconds on a GPU,
+most of it Triton compiling coordinate-descent variants one after another in one process — and a bench run has four
+such phases, so one run's compiles in a row would be the critical path of `bench --mode all`.
 
 Beside its group (a phased worker on a GPU machine with cores to spare), such a run starts one helper per later
 phase. A helper (`python -m engine.bench.run --first-call`) does what the run does for that phase up to the end of the

@@ -24,7 +24,7 @@ workload's analytic FLOPs and bytes: max(FLOPs / matmul rate, bytes / copy bandw
 with kernels = 1 (one persistent kernel) and the per-kernel cost of a kernel inside a replayed CUDA graph on a GPU, of
 one eager op call on a CPU. Every floor names the ceilings it divides by.
 
-Why not Holistic Trace Analysis (evaluated 2026-11-23, holistictraceanalysis 0.5.0): it installs 106 packages
+Why not Holistic Trace Analysis (holistictraceanalysis 0.5.0): it installs 106 packages
 (~500 MB, jupyterlab and pytest among its runtime requirements) into a lab that otherwise stays small, and it analyses
 GPU streams only — on this lab's CPU traces its idle-time breakdown and temporal breakdown raise and its launch
 statistics are empty, while the explanation must work on both. Its idle-time split (host wait / kernel wait) is what

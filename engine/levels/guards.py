@@ -17,7 +17,7 @@ into a metric guard_<name> (1 pass, 0 flagged); the first failing guard fails th
     other_stream  (CUDA) device work outlasting the end event on the current stream (profiler span), the calls
                   queued behind a lead so the device sets the pace                                           flag
     l2_flush      (CUDA) timed with a 2x-L2 buffer zeroed between calls (size from get_device_properties)    note
-The CUDA paths ran on an H100 (tests/engine/levels/test_yours.py, its CUDA tests; docs/your-own-kernel.md).
+The CUDA paths are tested on a GPU by tests/engine/levels/test_yours.py's CUDA tests (docs/your-own-kernel.md).
 """
 
 from __future__ import annotations

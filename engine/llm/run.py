@@ -505,7 +505,7 @@ def _profile_phases(run: _Run, ref: _Reference, prepared: Prepared) -> list[dict
         with nvtx_ranges.range("decode"):
             decoder.step()
         # A graph replay returns at once: without the sync the kernels of earlier replays would be
-        # counted in later steps (seen on the H100: 19.5 "per step" of a kernel that runs 16 times).
+        # counted in later steps (a kernel that runs 16 times a step would show more than 16 "per step").
         sync(device)
 
     return _profile(decode_step, device, out_dir / "trace-decode.json.gz", warm, active, "decode", result)

@@ -10,8 +10,8 @@ time (engine.runner.device_lock.exclusive). torch.compile times candidate kernel
 
 Coordinate-descent tuning (max-autotune's second pass over each generated kernel) and pad_mm's padded-or-not check
 time single configs outside those two methods: they run with the device shared — beside other runs' preparations,
-never their timings. Taken alone, each of coordinate descent's hundreds of timings waited for every preparing run of
-the group: the training phase's compile went from ~80 s to ~180 s on the H100 (2026-11-24, `bench --mode all`).
+never their timings. Taken alone, each of coordinate descent's hundreds of timings would wait for every preparing
+run of the group, which about doubles a training phase's compile in `bench --mode all` on a GPU.
 `time_candidates_alone()` wraps them in `device_lock.exclusive()`, once per process, so tracing, lowering and
 compiling the candidates stay shared with the group and only the timings wait for the device. Outside a phased
 worker the wrapper passes straight through. Where a torch version lacks one of them, `installed()` says so and the

@@ -192,7 +192,8 @@ def load(pt2: Path | str, device: torch.device | str):
 
     Not through torch._inductor.aoti_load_package: before loading, it compares this machine with the package's
     metadata only to log an advisory warning, and that comparison picks the CPU vector ISA by test-compiling C++ —
-    57 s in a fresh process on the H100 machine (benchmarks/aoti_timing.py), twice per CUDA run with the child check."""
+    about a minute in a fresh process on the GPU machine (benchmarks/aoti_timing.py), twice per CUDA run with the child
+    check."""
     device = torch.device(device)
     index = device.index if device.type == "cuda" and device.index is not None else -1
     try:

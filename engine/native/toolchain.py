@@ -102,10 +102,9 @@ def shared_library_exports_std(cxx: str) -> bool | None:
 
     Why it matters for the CUDA/C++ extension libraries: a library that exports its own copy of libstdc++'s code
     interposes it for the whole process. On the GPU image `$CXX` (/opt/gcc/bin/g++) links libstdc++ statically into
-    shared objects (the quant library exported 594 std:: functions and needed no libstdc++.so): a TORCH_CHECK thrown
-    from it killed the process with SIGSEGV where, with the system libstdc++ preloaded, the same call raised its
-    RuntimeError (2026-11-28, H200, docs/aoti.md). Here, g++ -static-libstdc++ does the same and a throw's message
-    lost its formatted numbers."""
+    shared objects (such a library exports hundreds of std:: functions and needs no libstdc++.so): a TORCH_CHECK
+    thrown from it kills the process with SIGSEGV instead of raising its RuntimeError (docs/aoti.md). Here, g++
+    -static-libstdc++ does the same and a throw's message loses its formatted numbers."""
     with tempfile.TemporaryDirectory(prefix="modelab-cxx-probe-") as tmp:
         src, lib = Path(tmp) / "probe.cpp", Path(tmp) / "probe.so"
         src.write_text(_PROBE_SOURCE)
@@ -193,10 +192,10 @@ def libstdcxx_to_preload() -> str | None:
 def with_libstdcxx_preloaded(env: dict[str, str]) -> dict[str, str]:
     """`env` with this process's libstdc++ first in LD_PRELOAD (unless $MODELAB_PRELOAD_LIBSTDCXX=0).
 
-    Why: on the GPU image (torch 2.11+cu130) every AOTInductor model .so — CUDA and CPU — segfaulted in its
-    constructor, inside std::regex (parse_device_str): a library loaded earlier in the Python process interposes some
-    libstdc++ symbols. With libstdc++ preloaded the same package loads and runs (docs/aoti.md: exit 139 plain, 0
-    preloaded). Preloading the library every C++ program loads anyway changes nothing elsewhere.
+    Why: on the GPU image (torch 2.11+cu130) an AOTInductor model .so — CUDA or CPU — segfaults in its constructor,
+    inside std::regex (parse_device_str), when a library loaded earlier in the Python process interposes some
+    libstdc++ symbols; with libstdc++ preloaded the same package loads and runs (docs/aoti.md). Preloading the
+    library every C++ program loads anyway changes nothing elsewhere.
     """
     if env.get(PRELOAD_ENV, "1") == "0":
         return env

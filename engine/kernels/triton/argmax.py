@@ -1,20 +1,18 @@
 """Greedy decoding's argmax over each row of the logits (B, V) → (B, 1) int64, as torch.argmax gives it.
 
-Why: at B = 1 it is one long row (V = 32000 for the presets, 128256 for Llama 3), and the decode profile puts the
-compiled step's argmax at 6.4 µs (1B) and 7.1 µs (7B) on the critical path of the int4 steps (docs/quantization.md):
-one reduction kernel over the row. Here the row is split in CHUNK-sized programs that each load their whole chunk at
-once, and a second kernel reduces their (max, index) pairs; a row of up to CHUNK values is one program.
+Why: at B = 1 it is one long row (V = 32000 for the presets, 128256 for Llama 3), and torch's compiled argmax is one
+reduction kernel over the row, a few µs on the decode step's critical path. Here the row is split in CHUNK-sized
+programs that each load their whole chunk at once, and a second kernel reduces their (max, index) pairs; a row of up to
+CHUNK values is one program.
 
 Semantics are torch.argmax's: the first index of the maximum; a NaN counts as larger than everything (the first NaN
 wins); a row of -inf gives 0. Each program reduces three things in one pass over its values: the first NaN's index,
 the largest non-NaN value, and the first index holding it.
 
-The lab's Triton decode modes take their next token with it (engine.llm.modes): inside the 1B step on an H100
-`triton-fused` takes 866.2 µs a step against 885.4 with torch's argmax, `triton-int4-wo` 415.3 against 416.4;
-`benchmarks/argmax_bench.py` times both alone. In the CUDA-graphed step they run in place (`argmax_rows_into`): the
-token straight into the decoder's token buffer and its position one on, in the last kernel, where a copy and an add
-would be two more kernels a step (1B `triton-int4-wo` on an H200: 384.7–388.0 µs against 390.9 with torch's argmax
-and the copies).
+The lab's Triton decode modes take their next token with it (engine.llm.modes), which makes their step faster than
+torch's argmax does; `benchmarks/argmax_bench.py` times both alone (docs/figures.md). In the CUDA-graphed step they
+run in place (`argmax_rows_into`): the token straight into the decoder's token buffer and its position one on, in the
+last kernel, where a copy and an add would be two more kernels a step.
 """
 
 from __future__ import annotations

@@ -180,9 +180,9 @@ def _prune(configs: list[triton.Config], nargs: dict, **kwargs) -> list[triton.C
     kept = [c for c in configs
             if not (c.kwargs["BLOCK_M"] > 64 and s <= 64)
             and not (d == 128 and c.kwargs["BLOCK_N"] < 64)
-            # 128x64 tiles on 4 warps spill registers at D=128 (ptxas, sm_90; through descriptors too, less). At
-            # 2 stages it won do_bench's autotuning at S=4096 once on the H100, then ran 6 % slower than 64x64 in
-            # the level's own timing (rotating inputs): not a candidate
+            # 128x64 tiles on 4 warps spill registers at D=128 (ptxas, sm_90; through descriptors too, less): at 2
+            # stages such a tile can win do_bench's autotuning yet run slower than 64x64 in the level's own timing
+            # (rotating inputs), so it is not a candidate
             and not (d == 128 and c.kwargs["BLOCK_M"] == 128 and c.num_warps == 4)]
     return kept or configs[-1:]
 
@@ -334,10 +334,9 @@ def _choose(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
             gluon_fn) -> str:  # type: ignore[no-untyped-def]
     """The faster kernel for this shape: both timed once per process as device time (four calls in a CUDA graph,
     the device this run's alone — per call from Python the Gluon launch's host cost, ~130 µs measured, hides a short
-    kernel), their outputs checked against each other first. Measured on an H100 (2026-11-27, bf16 D=128 causal):
-    the Gluon kernel 0.97× SDPA at S=4096 where the tl one is 0.82×, but 0.80× at S=1024 (tl 0.87×) and far behind
-    at the ViT's S=197, D=64 — hence a choice per shape, not a rule. Inside a CUDA graph capture nothing can be
-    timed: a shape not yet chosen runs the tl kernel."""
+    kernel), their outputs checked against each other first. The Gluon kernel wins on long rows (S=4096) and loses on
+    short ones (S=1024, the ViT's S=197): hence a choice per shape, not a rule. Inside a CUDA graph capture nothing can
+    be timed: a shape not yet chosen runs the tl kernel."""
     key = _choice_key(q, causal)
     if key not in _CHOICES:
         if q.is_cuda and torch.cuda.is_current_stream_capturing():

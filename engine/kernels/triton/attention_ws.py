@@ -1,7 +1,7 @@
 """Kernel Levels' L4 attention on Hopper in Triton's Gluon dialect: warp-specialised, FlashAttention-3's layout of
 work (sm_90, bf16/fp16, D 64 or 128, causal or not, any S).
 
-Why: the tl kernel (attention.py) reached 0.85× SDPA at S = 4096 on the H100, and what is left is FlashAttention-3's
+Why: the tl kernel (attention.py) stays behind SDPA at S = 4096 on Hopper, and what is left is FlashAttention-3's
 design — a producer warp loading by TMA while consumer warpgroups run the matrix products — which tl cannot express
 on Hopper (docs/kernel-levels.md). Gluon, Triton 3.6's lower-level dialect, can: explicit layouts, shared memory,
 mbarriers, TMA copies, asynchronous warpgroup MMAs and `warp_specialize` with a register count per partition.
@@ -21,13 +21,13 @@ OVERLAP (the default; attention_ws(overlap=False) takes one tile at a time): ins
 FlashAttention-3's order — q K(n)ᵀ issued with O += P(n-1) V(n-1), the softmax of S(n) while that P V runs (in the
 sm_90 SASS all 66 exponentials of a tile sit between the two waits; a test reads them).
 
-PINGPONG (attention_ws(pingpong=True), off by default: slower than plain overlap at S = 4096 on the H100): the two
+PINGPONG (attention_ws(pingpong=True), off by default: slower than plain overlap at S = 4096 on Hopper): the two
 consumers also take turns to issue their products through two mbarriers, so one's softmax meets the other's matrix
 products (the CUDA variant 7 does this with named barriers).
 
-On the H100 (2026-11-27, docs/kernel-levels.md): overlapped, bf16 causal S = 4096 D = 128, 504.5 µs per call, 0.97×
-SDPA (the tl kernel 0.82×); behind the tl kernel at S = 1024 and on the ViT's short rows. `attention.attention`
-therefore times both once per shape and keeps the faster (MODELAB_L4_ATTENTION forces one).
+Overlapped, it is ahead of the tl kernel at S = 4096 and behind it at S = 1024 and on the ViT's short rows
+(docs/kernel-levels.md), so `attention.attention` times both once per shape and keeps the faster
+(MODELAB_L4_ATTENTION forces one).
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ break), CUDA graphs capture it. Rows other than one (B > 1, prefill) take F.line
 would lose to a GEMM. For one row it picks, per weight shape and fusion and once per process, whichever of this
 kernel and cuBLAS (F.linear) is faster here, both timed the way the decode step runs them (`time_choice`): like
 Inductor's max-autotune, which keeps cuBLAS among its candidates. A fused op's cuBLAS side is timed with the ops it
-then runs one by one (`_unfused`: the norm, the SwiGLU, the add): a 1B triton-fused step whose gate_up took cuBLAS
-on a tie of the bare products (18.9 against 18.9 µs, H200, 2026-11-28) ran at 982.9 µs a token against ~690 with
-the fused kernel. `choices()` lists what was picked, with both times.
+then runs one by one (`_unfused`: the norm, the SwiGLU, the add): timed bare, cuBLAS can tie a product the fused
+kernel wins once the unfused ops are counted, and a step that took it would run those ops as kernels of their own.
+`choices()` lists what was picked, with both times.
 `norm_linear`, `norm_swiglu` and `linear_add` (custom ops `modelab::gemv_norm_linear` / `gemv_norm_swiglu` /
 `gemv_linear_add`, the `triton-fused` mode) run the same kernel with an RMSNorm in its prologue, SwiGLU in the gate_up
 product's epilogue, or a residual in its epilogue: at B=1 the norms, the adds and the SwiGLU are kernels of their own
