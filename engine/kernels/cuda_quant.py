@@ -7,12 +7,12 @@ on compute capability 9.0 here and the rest to the Triton kernel (engine/kernels
 its blocks tuned per product (`tune`), this kernel makes both the 1B and the 7B decode step faster end to end; other
 GPUs are not measured, so they keep the Triton kernel. cuda sends every product here, triton none. Each product runs the
 block (warps × groups per bulk copy) that `tune` timed fastest for it on this device while the mode prepared
-($MODELAB_INT4_GEMV_TILE forces one). The triton-int4-wo mode loads the kernel while it prepares (`ensure()`; nothing
-here builds on a call's path; where it cannot build, the Triton kernel runs and the note says why), gives each int4
-projection that takes it a copy of its codes in this kernel's tile order (engine.llm.quant.attach_int4_tiles,
-`tile_major`: each 16-row tile's codes group by group, so a warp's batch is one contiguous run that a single bulk copy
-brings in on sm_90), and the decode step's fused products (engine.kernels.triton.gemv.FusedDecodeOps) send their one-row
-bf16 calls here.
+(benchmarks/quant_gemv_bench.py times every block by passing `ks` and `batch`). The triton-int4-wo mode loads the kernel
+while it prepares (`ensure()`; nothing here builds on a call's path; where it cannot build, the Triton kernel runs and
+the note says why), gives each int4 projection that takes it a copy of its codes in this kernel's tile order
+(engine.llm.quant.attach_int4_tiles, `tile_major`: each 16-row tile's codes group by group, so a warp's batch is one
+contiguous run that a single bulk copy brings in on sm_90), and the decode step's fused products
+(engine.kernels.triton.gemv.FusedDecodeOps) send their one-row bf16 calls here.
 Why a second kernel: the Triton one multiplies on the CUDA cores after unpacking (4.3–5.3 instructions per weight); this
 one unpacks with a PRMT, a shift and two LOP3s per 4 weights and lets mma.sync do the products (csrc/quant/int4_gemv.cu
 says how the packed order is already the fragment order). docs/quantization.md describes both kernels; docs/figures.md
@@ -28,7 +28,6 @@ has their times.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -53,7 +52,6 @@ AUTO_MIN_K = 2048
 KSLICES = (4, 8, 16)  # warps per block, each a slice of K (the kernel's instantiations)
 RING_SLOTS = 2  # csrc/quant/int4_gemv.cu's DEPTH: batches of codes in flight per warp
 RING_BATCHES = (4, 8)  # its BATCH instantiations: groups of 64 per batch (one bulk copy of BATCH × 16 rows × 32 bytes)
-TILE_ENV = "MODELAB_INT4_GEMV_TILE"  # "KS,BATCH" runs every product with that block (to measure); unset: tuned
 
 _library = cuda_levels.CudaLibrary("cuda_quant", SOURCE_DIR, SOURCES, HEADERS, INCLUDE_DIRS)
 
@@ -117,21 +115,6 @@ def kslices(k: int) -> int:
     return 16 if groups >= 64 else 8 if groups >= 32 else 4
 
 
-def tile_from_env() -> tuple[int, int] | None:
-    """(warps, batch) from $MODELAB_INT4_GEMV_TILE ("KS,BATCH"), for measuring one block shape inside the real decode
-    step; None where unset. ValueError naming the choices for anything else."""
-    raw = os.environ.get(TILE_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        ks, batch = (int(v) for v in raw.split(","))
-    except ValueError:
-        raise ValueError(f"${TILE_ENV}={raw!r}: want two integers KS,BATCH (e.g. 16,4)") from None
-    if ks not in KSLICES or batch not in RING_BATCHES:
-        raise ValueError(f"${TILE_ENV}={raw!r}: KS must be one of {KSLICES}, BATCH one of {RING_BATCHES}")
-    return ks, batch
-
-
 # A block replaces the untuned one only where it is at least this much faster alone: gains of a percent or two on a
 # product alone do not show end to end (the step's time varies more than that between runs), while a product 5 %
 # faster alone does.
@@ -142,11 +125,8 @@ _TIMES: dict[tuple[int, int, bool, int], dict[tuple[int, int], float]] = {}
 
 
 def block(n: int, k: int, glu: bool, device: torch.device) -> tuple[int, int]:
-    """The (warps, batch) a product of n rows and k inputs runs with: $MODELAB_INT4_GEMV_TILE where set, else what
-    `tune` measured fastest here, else `kslices(k)` warps and batches of 4 groups (the untuned default)."""
-    forced = tile_from_env()
-    if forced is not None:
-        return forced
+    """The (warps, batch) a product of n rows and k inputs runs with: what `tune` measured fastest here, else
+    `kslices(k)` warps and batches of 4 groups (the untuned default)."""
     return _TUNED.get((n, k, glu, torch.device(device).index or 0), (kslices(k), 4))
 
 

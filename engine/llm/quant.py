@@ -323,11 +323,7 @@ def use_tensor_core_int4(model: nn.Module, device: str) -> list[str]:
         notes.append(f"{attached} int4 projections take the tensor-core kernel, their codes also held in its tile "
                      "order (a second copy in memory)" + (f"; {left} left on the Triton kernel: their copy would not "
                                                          "fit beside the device's reserve" if left else ""))
-        forced = cuda_quant.tile_from_env()
-        if forced is not None:
-            notes.append(f"int4 tensor-core GEMV blocks: {forced[0]} warps × {forced[1]}-group batches for every "
-                         f"product (${cuda_quant.TILE_ENV}), not tuned")
-        elif attached:
+        if attached:
             weights = [cuda_quant.TileWeight(m.tile_q, m.tile_s, m.out_features, m.in_features, m.tile_glu)
                        for m in model.modules() if isinstance(m, QuantLinear)
                        and getattr(m, "tile_q", None) is not None]

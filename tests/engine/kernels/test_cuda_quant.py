@@ -105,21 +105,13 @@ def _reference(x, qw, fusion, g, r) -> torch.Tensor:
     return y
 
 
-def test_a_products_block_is_the_environments_then_the_tuned_then_the_default(monkeypatch) -> None:
-    """$MODELAB_INT4_GEMV_TILE (KS,BATCH) wins; else what tune() measured for that product and device; else
-    kslices(k) warps and 4-group batches. Bad values are refused with the choices."""
-    monkeypatch.delenv(cuda_quant.TILE_ENV, raising=False)
+def test_a_products_block_is_the_tuned_one_else_the_default(monkeypatch) -> None:
+    """What tune() measured for that product and device; else kslices(k) warps and 4-group batches."""
     monkeypatch.setattr(cuda_quant, "_TUNED", {(22016, 4096, True, 0): (8, 8)})
     assert cuda_quant.block(22016, 4096, True, torch.device("cuda", 0)) == (8, 8)
     assert cuda_quant.block(22016, 4096, True, torch.device("cuda", 1)) == (16, 4)  # tuned on another device
     assert cuda_quant.block(3072, 2048, False, torch.device("cuda", 0)) == (8, 4)
     assert cuda_quant.block(2048, 1000, False, torch.device("cuda", 0)) == (4, 4)
-    monkeypatch.setenv(cuda_quant.TILE_ENV, "16,8")
-    assert cuda_quant.block(22016, 4096, True, torch.device("cuda", 0)) == (16, 8)
-    for bad, match in (("16", "want two integers KS,BATCH"), ("12,4", "KS must be one of"), ("8,6", "BATCH one of")):
-        monkeypatch.setenv(cuda_quant.TILE_ENV, bad)
-        with pytest.raises(ValueError, match=match):
-            cuda_quant.block(64, 64, False, torch.device("cuda", 0))
 
 
 @needs_kernel
