@@ -3,7 +3,8 @@ memory), as plain JSON a downstream compiler can consume, with an executor and a
 the model computes.
 
 One concept per module: errors, graph (dataclasses), export (meta checks, torch.export, conversion), serialize (JSON),
-execute, verify, mermaid (graphs for the browser), zoo (models), runs (the store), cli.
+execute, verify, mermaid (graphs for the browser), overlay (a profile's measured time on the graph), zoo (models),
+runs (the store). `python -m engine ir` is engine/cli/ir.py.
 """
 
 from engine.ir.errors import (

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.levels import get_component, get_level, guards, yours
-from engine.levels.base import Built, Level
+from engine.levels.base import Built, Level, use_triton_interpreter
 from engine.measure import energy
 from engine.measure import kernel_timers as timers
 from engine.measure.ceilings import Ceilings, ceiling_metrics, ceilings_for, dtype_key
@@ -120,6 +120,10 @@ class _Checked:
 def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunResult:
     component, shape, level = _resolve(cfg)
     device = cfg.device
+    if level.key == "L4-triton":
+        # Off CUDA Triton runs interpreted, a switch read when Triton is first imported: set it before begin_run,
+        # which beside a group wraps Inductor's compile functions and so imports dynamo, and Triton with it.
+        use_triton_interpreter(device)
     result = RunResult(env=begin_run(device))
     from engine.measure import conditions, noise  # the timing's surroundings, judged with its samples
 
