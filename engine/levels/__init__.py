@@ -1,4 +1,8 @@
-"""The registry of kernel-levels components and levels (see engine/levels/base.py for what a level is)."""
+"""Kernel Levels: one component written five ways, L1 naive PyTorch to L5 CUDA, checked, timed and compared.
+
+This module is the registry of components and levels; base (what a level is), builders (the levels), run (one
+levels run: check, time, record), guards and yours (your own kernel or component, and the guards it passes), deep
+(Nsight Compute per level), results (the tables a run stores and shows)."""
 
 from __future__ import annotations
 
