@@ -78,10 +78,16 @@ def _bench(args: argparse.Namespace, devices: list[str], launcher) -> int:
     if args.loop != "auto":
         params["loop"] = args.loop == "on"
     lanes = spread(devices, len(modes))
-    specs = [JobSpec("bench", workload, m.name, d, {**params, "mode": m.name, "device": d},
-                     timeout_s=args.timeout) for m, d in zip(modes, lanes)]
+    # --repeat N: each mode in N worker processes, interleaved across modes (A B C A B C …); each process is a run
+    # whose params say which repeat it is, so its samples keep their process (engine.compare.verdict resamples them).
+    repeat = getattr(args, "repeat", 1)
+    rounds = [{"repeat": r, "repeats": repeat} if repeat > 1 else {} for r in range(repeat)]
+    specs = [JobSpec("bench", workload, m.name, d, {**params, "mode": m.name, "device": d, **extra},
+                     timeout_s=args.timeout) for extra in rounds for m, d in zip(modes, lanes)]
     ids = create_runs(store, specs, group_id=uuid.uuid4().hex[:12])
-    bars = Bars({i: f"bench {m.name}" + (f" {d}" if len(devices) > 1 else "") for i, m, d in zip(ids, modes, lanes)})
+    labels = [(m, d, r) for r in range(repeat) for m, d in zip(modes, lanes)]
+    bars = Bars({i: f"bench {m.name}" + (f" {d}" if len(devices) > 1 else "") + (f" #{r + 1}" if repeat > 1 else "")
+                 for i, (m, d, r) in zip(ids, labels)})
     if len(devices) > 1:
         statuses = run_jobs_spread(store, ids, bars)
     else:
@@ -96,13 +102,20 @@ def _bench(args: argparse.Namespace, devices: list[str], launcher) -> int:
 
 
 def print_bench_table(store: Store, run_ids: Sequence[int]) -> None:
-    from engine.store.report import bench_table
+    """The group's table, then why any row is flagged: a speedup in parentheses rests on a noisy or interfered
+    series (engine.measure.noise) and is no headline."""
+    from engine.store.report import bench_flags, bench_table
 
     frame = bench_table(store, run_ids)
     if frame.empty:
         return
     print()
     print(frame.to_string(index=False))
+    flags = bench_flags(store, run_ids)
+    if flags:
+        print("\nflagged (a speedup in parentheses rests on a flagged series: not a headline):")
+        for line in flags:
+            print(f"  {line}")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -163,16 +176,44 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    from engine.store.report import run_state
+
     store = open_store(args)
     frame = store.runs(kind=args.kind, status=[args.status] if args.status else None, limit=args.limit)
     if frame.empty:
-        print("no runs")
+        if not args.json:
+            print("no runs")
+        return 0
+    judged = [run_state(c) for c in frame.get("conditions", [None] * len(frame))]
+    repeats = [_repeat_label(p) for p in frame["params"]]
+    if args.json:  # one object per line per run; "flags" empty when its timing was clean (or never judged)
+        for row, (state, flags), repeat in zip(frame.to_dict("records"), judged, repeats):
+            print(json.dumps({"id": int(row["id"]), "group_id": row["group_id"], "kind": row["kind"],
+                              "workload": row["workload"], "mode": row["mode"], "device": row["device"],
+                              "status": row["status"], "repeat": repeat or None, "created_at": str(row["created_at"]),
+                              "error": (row["error"] or "").split("\n")[0] or None, "state": state or None,
+                              "flags": flags}))
         return 0
     cols = ["id", "kind", "workload", "mode", "device", "status", "created_at", "error"]
     frame = frame[cols].copy()
+    frame.insert(5, "rep", repeats)
+    frame.insert(7, "timing", [state + (f": {flags[0]}" + (f" (+{len(flags) - 1})" if len(flags) > 1 else "")
+                                        if flags else "") for state, flags in judged])
+    frame["timing"] = frame["timing"].str[:60]
     frame["error"] = frame["error"].fillna("").str.split("\n").str[0].str[:70]
+    if not any(repeats):
+        frame = frame.drop(columns=["rep"])
     print(frame.to_string(index=False))
     return 0
+
+
+def _repeat_label(params: object) -> str:
+    """'2/3' for the second of three processes of a `bench --repeat 3` measurement, else ''."""
+    try:
+        p = json.loads(params) if isinstance(params, str) else dict(params or {})
+    except (TypeError, ValueError):
+        return ""
+    return f"{int(p['repeat']) + 1}/{int(p['repeats'])}" if int(p.get("repeats", 1) or 1) > 1 else ""
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
@@ -287,6 +328,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                    help="also time blocks of 20 back-to-back calls, one event pair per block (metrics loop_*): "
                         "the step time a loop sees without per-call event cost (default: auto = on CUDA only)")
     p.add_argument("--timeout", type=positive_float, default=1800, help="seconds before a run counts as hung")
+    p.add_argument("--repeat", type=positive_int, default=1, metavar="N",
+                   help="run each mode in N worker processes, interleaved across modes (A B C A B C …): the "
+                        "process-to-process noise `compare` needs (2 or more) to call a change (default: 1)")
     add_common_args(p)
     add_group_args(p)
     add_model_args(p)
@@ -323,6 +367,8 @@ def _add_runs(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kind", default=None)
     p.add_argument("--status", choices=["queued", "running", "ok", "failed"], default=None)
     p.add_argument("--limit", type=positive_int, default=30)
+    p.add_argument("--json", action="store_true", help="one JSON object per line per run, with its timing's state "
+                   "and flags (short reasons; empty when clean)")
     add_common_args(p)
     p.set_defaults(func=cmd_runs)
 

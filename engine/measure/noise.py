@@ -77,7 +77,8 @@ def spread_flags(s: Spread) -> list[str]:
     if s.p90_p10 >= MAX_P90_P10:
         flags.append(f"p90/p10 = {_times(s.p90_p10)}")
     if s.iqr_rel >= MAX_IQR_REL:
-        flags.append(f"IQR = {100 * s.iqr_rel:.0f} % of the median")
+        flags.append(f"IQR = {_times(s.iqr_rel)} the median" if s.iqr_rel >= 2 else
+                     f"IQR = {100 * s.iqr_rel:.0f} % of the median")
     if s.outlier_frac > MAX_OUTLIER_FRAC:
         flags.append(f"{s.outliers} of {s.n} samples far out (beyond p75 + 3·IQR)")
     return flags

@@ -56,10 +56,17 @@ def plan_group(store: Store, run_ids: Sequence[int], requested: int | str = "aut
         return GroupPlan(slots, order, why)
     if kind not in PHASED_KINDS:
         return GroupPlan(1, list(run_ids), f"one run at a time ({kind} runs hold the device from start to end)")
+    repeats = max(int(r["params"].get("repeats", 1) or 1) for r in runs)
+    if repeats > 1 and requested == "auto" and not serial:
+        # `bench --repeat N`: the processes of each mode time in the order given, interleaved across modes (A B C A
+        # B C …), so a slow drift of the machine falls on every mode alike; side by side, whoever finished preparing
+        # first would time first.
+        return GroupPlan(1, list(run_ids), f"one run at a time ({repeats} repeats, interleaved across modes)")
     slots, why = _side_by_side(len(runs), device, requested, serial)
     if slots > 1:
         ensure_ceilings(store, device, float(runs[0]["params"].get("_timeout_s", 1800)))
-    order = [i for _, i in sorted(zip(runs, run_ids), key=lambda ri: _prepare_cost(ri[0]), reverse=True)]
+    order = list(run_ids) if repeats > 1 else \
+        [i for _, i in sorted(zip(runs, run_ids), key=lambda ri: _prepare_cost(ri[0]), reverse=True)]
     return GroupPlan(slots, order, why)
 
 

@@ -1,38 +1,147 @@
-"""Tables built from the store, shared by the CLI and the dashboard (one definition of 'speedup')."""
+"""Tables built from the store, shared by the CLI and the dashboard (one definition of 'speedup', one of a flag)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from engine.store.db import Store
+
+FLAGGED_STATES = ("noisy", "interfered")  # engine.measure.noise's states that make a figure no headline
+
+
+# -- the noise judgement stored with each run (runs.conditions, engine.measure.noise.record) ------------------------
+def parse_conditions(value: Any) -> dict[str, Any] | None:
+    """runs.conditions as stored (JSON text, or already a dict) → dict, or None for a run judged before it existed."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str) and value:
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            return None
+        return parsed if isinstance(parsed, dict) else None
+    return None
+
+
+def run_state(conditions: Any) -> tuple[str, list[str]]:
+    """(state, flags) of a whole run: its worst series' state and every flag; ("", []) where it was never judged."""
+    c = parse_conditions(conditions)
+    if c is None:
+        return "", []
+    return str(c.get("state") or ""), [str(f) for f in c.get("flags") or []]
+
+
+def series_state(conditions: Any, phase: str | None, batch_size: Any) -> tuple[str, list[str]]:
+    """(state, flags) of one series of a run (phase, batch size); ("", []) where it was never judged."""
+    c = parse_conditions(conditions)
+    if c is None:
+        return "", []
+    batch = None if batch_size is None or batch_size != batch_size else int(batch_size)
+    for entry in c.get("series") or []:
+        if entry.get("phase") == phase and entry.get("batch_size") == batch:
+            return str(entry.get("state") or ""), [str(f) for f in entry.get("flags") or []]
+    return "", []
+
+
+def run_conditions(store: Store, run_ids: Sequence[int]) -> dict[int, dict[str, Any] | None]:
+    """run id → its stored conditions record (None where it has none)."""
+    ids = sorted({int(r) for r in run_ids})
+    if not ids:
+        return {}
+    frame = store.query(f"SELECT id, conditions FROM runs WHERE id IN ({','.join('?' * len(ids))})", ids)
+    return {int(i): parse_conditions(c) for i, c in zip(frame.get("id", []), frame.get("conditions", []))}
+
+
+def with_noise(summary: pd.DataFrame, store: Store) -> pd.DataFrame:
+    """Add `state` (clean | noisy | interfered, '' where never judged) and `flags` ('; '-joined reasons) per row
+    (run_id, phase, batch_size) of a latency summary."""
+    if summary.empty:
+        return summary.assign(state=pd.Series(dtype=str), flags=pd.Series(dtype=str))
+    found = run_conditions(store, summary["run_id"].tolist())
+    states = [series_state(found.get(int(r)), p, b)
+              for r, p, b in zip(summary["run_id"], summary["phase"], summary["batch_size"])]
+    return summary.assign(state=[s for s, _ in states], flags=["; ".join(f) for _, f in states])
 
 
 def with_speedup(summary: pd.DataFrame) -> pd.DataFrame:
     """Add `speedup_vs_eager` = eager median / mode median, per device, phase and batch size.
 
     Eager's median comes from the eager row of the same frame (the same group of runs, or the latest eager run);
-    without an eager row the speedup is left empty rather than guessed.
+    without an eager row the speedup is left empty rather than guessed. Where the frame has `state` and `flags`
+    (with_noise), `speedup_flag` says why a speedup is no headline: the mode's or eager's series was flagged
+    ('' when both are clean).
     """
     if summary.empty:
-        return summary.assign(speedup_vs_eager=pd.Series(dtype=float))
+        return summary.assign(speedup_vs_eager=pd.Series(dtype=float), speedup_flag=pd.Series(dtype=str))
     keys = ["device", "phase", "batch_size"]
+    noise = [c for c in ("state", "flags") if c in summary.columns]
     eager = (summary[summary["mode"] == "eager"].sort_values("run_id").groupby(keys, as_index=False).last()
-             [keys + ["median_us"]].rename(columns={"median_us": "eager_median_us"}))
+             [keys + ["median_us", *noise]].rename(columns={"median_us": "eager_median_us", "state": "eager_state",
+                                                            "flags": "eager_flags"}))
     out = summary.merge(eager, on=keys, how="left")
     out["speedup_vs_eager"] = out["eager_median_us"] / out["median_us"]
-    return out.drop(columns=["eager_median_us"])
+    out["speedup_flag"] = [_speedup_flag(row) for row in out.to_dict("records")] if noise else ""
+    return out.drop(columns=["eager_median_us", *(f"eager_{c}" for c in noise)])
 
 
-def bench_table(store: Store, run_ids: Sequence[int]) -> pd.DataFrame:
-    """Readable per-(mode, phase, batch) table for the given runs."""
+def _speedup_flag(row: dict[str, Any]) -> str:
+    """Why a row's speedup rests on a flagged series (its own or eager's), or ''."""
+    parts = []
+    if row.get("state") in FLAGGED_STATES:
+        parts.append(f"{row['mode']} {row['state']}" + (f": {row['flags']}" if row.get("flags") else ""))
+    if row["mode"] != "eager" and row.get("eager_state") in FLAGGED_STATES:
+        parts.append(f"eager {row['eager_state']}" + (f": {row['eager_flags']}" if row.get("eager_flags") else ""))
+    return " · ".join(parts)
+
+
+def pooled_summary(store: Store, run_ids: Sequence[int]) -> pd.DataFrame:
+    """One row per (mode, device, phase, batch size) of these bench runs, its processes pooled: a mode run in
+    several worker processes (`bench --repeat N`) is one row whose median, p10 and p90 come from every process's
+    samples, with `procs` (how many), `proc_spread` ((max - min) / median of the processes' medians), the worst
+    `state` of its processes and their `flags`; `run_id` is the newest process's."""
     frame = store.latency_summary(latest_only=False)
     if frame.empty:
         return frame
-    frame = with_speedup(frame[frame["run_id"].isin([int(r) for r in run_ids])])
+    frame = with_noise(frame[frame["run_id"].isin([int(r) for r in run_ids])], store)
     if frame.empty:
         return frame
+    samples = store.samples(sorted(set(frame["run_id"].astype(int))))
+    by_series = {k: v["value"].to_numpy() for k, v in samples.groupby(["run_id", "phase", "batch_size"])} \
+        if not samples.empty else {}
+    rows = []
+    for (mode, device, phase, batch), part in frame.groupby(["mode", "device", "phase", "batch_size"], sort=False):
+        part = part.sort_values("run_id")
+        pooled = [by_series[k] for k in zip(part["run_id"], part["phase"], part["batch_size"]) if k in by_series]
+        values = np.concatenate(pooled) if pooled else np.array([])
+        medians = part["median_us"].to_numpy(dtype=float)
+        states = [s for s in part["state"] if s]
+        p10, p50, p90 = (np.percentile(values, [10, 50, 90]) if values.size else
+                         (part["p10_us"].median(), np.median(medians), part["p90_us"].median()))
+        flags = list(dict.fromkeys(f for text in part["flags"] if text for f in text.split("; ")))
+        rows.append({
+            "run_id": int(part["run_id"].iloc[-1]), "mode": mode, "device": device, "phase": phase,
+            "batch_size": batch, "procs": len(part), "median_us": float(p50), "p10_us": float(p10),
+            "p90_us": float(p90), "proc_spread": float((medians.max() - medians.min()) / np.median(medians))
+            if len(part) > 1 else float("nan"),
+            "first_call_us": float(part["first_call_us"].median()), "max_abs_err": float(part["max_abs_err"].max()),
+            "state": max(states, key=["clean", *FLAGGED_STATES].index) if states else "",
+            "flags": "; ".join(flags)})
+    return pd.DataFrame(rows)
+
+
+def bench_table(store: Store, run_ids: Sequence[int]) -> pd.DataFrame:
+    """Readable per-(mode, phase, batch) table for the given runs: a mode's processes pooled (pooled_summary), its
+    noise state, and a speedup that rests on a flagged series shown in parentheses, not as a headline
+    (bench_flags lists why)."""
+    frame = pooled_summary(store, run_ids)
+    if frame.empty:
+        return frame
+    frame = with_speedup(frame)
     table = pd.DataFrame({
         "mode": frame["mode"],
         "phase": frame["phase"],
@@ -41,10 +150,34 @@ def bench_table(store: Store, run_ids: Sequence[int]) -> pd.DataFrame:
         "p10_us": frame["p10_us"].round(1),
         "p90_us": frame["p90_us"].round(1),
         "first_call_ms": (frame["first_call_us"] / 1e3).round(1),
-        "speedup": frame["speedup_vs_eager"].round(2),
+        "speedup": [_speedup_text(v, flag) for v, flag in zip(frame["speedup_vs_eager"], frame["speedup_flag"])],
+        "state": frame["state"].replace("", "—"),
         "max_abs_err": frame["max_abs_err"].map(lambda v: f"{v:.1e}"),
     })
+    if (frame["procs"] > 1).any():
+        table.insert(3, "procs", frame["procs"].astype(int))
+        table.insert(7, "proc_spread", frame["proc_spread"].map(lambda v: "" if v != v else f"{100 * v:.1f}%"))
     return table.sort_values(["phase", "batch", "mode"]).reset_index(drop=True)
+
+
+def _speedup_text(value: float, flag: str) -> str:
+    if value != value:
+        return ""
+    return f"({value:.2f})" if flag else f"{value:.2f}"
+
+
+def bench_flags(store: Store, run_ids: Sequence[int]) -> list[str]:
+    """One line per (mode, phase, batch) whose series or speedup is flagged: what the table's state and
+    parenthesised speedups rest on."""
+    frame = pooled_summary(store, run_ids)
+    if frame.empty:
+        return []
+    frame = with_speedup(frame)
+    lines = []
+    for row in frame.sort_values(["phase", "batch_size", "mode"]).to_dict("records"):
+        if row["state"] in FLAGGED_STATES:
+            lines.append(f"{row['mode']} {row['phase']} B={int(row['batch_size'])} {row['state']}: {row['flags']}")
+    return lines
 
 
 def _progress_events(store: Store, run_id: int) -> list[dict]:
