@@ -33,7 +33,7 @@ dev machine with two threads same-commit pairs were called "slower" (1.150) and 
 runs a side compare's cluster bootstrap draws runs first (docs/compare.md), so that spread widens the interval:
 same-commit sides whose pooled medians were 5.3 % apart, one run of four being 9 % slow, stayed "unchanged" (1.053
 [0.998, 1.097]). Two runs a side is still optimistic (the interval cannot be wider than the runs' spread), so the
-threshold stays the gate. --runs 1 is the issue's literal "two runs of the same commit"; it is allowed, and it is the
+threshold stays the gate. --runs 1 is the literal "two runs of the same commit"; it is allowed, and it is the
 fragile variant.
 
 Why one thread on the CPU (OMP_NUM_THREADS=1 by default there; --threads 0 for torch's default): with two intra-op

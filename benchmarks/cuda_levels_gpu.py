@@ -11,9 +11,9 @@
    sum/mean, sorted/unsorted, isolated nodes), then at the real shapes against torch in fp32/fp64.
 3. Times each kernel and its torch baseline with CUDA events (warm-up, then the median of --iters calls; message
    passing and patch embedding rotate over several input sets so L2 does not hold the inputs between calls).
-4. Prints a short table last: µs, TFLOP/s or TB/s, the baseline, and whether the issue's target is met.
+4. Prints a short table last: µs, TFLOP/s or TB/s, the baseline, and whether each target is met.
 
-Counting (as in the issue): causal attention FLOPs = 2*B*H*S^2*D (half of 4*B*H*S^2*D), non-causal 4*B*H*S^2*D;
+Counting: causal attention FLOPs = 2*B*H*S^2*D (half of 4*B*H*S^2*D), non-causal 4*B*H*S^2*D;
 patch embed 2*M*E*K; message passing bytes = E*F*itemsize + N*F*itemsize + E*(2*idx_itemsize + w_itemsize).
 Exit status 1 if any check failed.
 """
@@ -271,7 +271,7 @@ def attention_real(iters: int) -> None:
             note_check(f"attn real S={S} causal={causal} v{var} vs SDPA fp32", cl._rel_l2(out, ref), 1.5e-2)
             t = time_us(lambda i: cl._attention_variant(q, k, v, causal, None, var), iters)
             tf = flops / t[0] / 1e6
-            # the issue's targets (causal): S=4096 at least SDPA's speed, S=1024 at least 0.9x
+            # the targets (causal): S=4096 at least SDPA's speed, S=1024 at least 0.9x
             ratio = 1.0 if S == 4096 else 0.9
             add_row(f"attn L5 v{var} S={S} causal={causal}", t, f"{tf:.0f} TFLOP/s", "SDPA", sdpa[0],
                     f">={ratio}x SDPA" if causal else "", (tf >= ratio * sdpa_tf) if causal else None)

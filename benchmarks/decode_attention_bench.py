@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 # (SPLIT positions per program, BLOCK_S positions per inner step, num_warps): 39 tiles, ~1 minute per preset on an
-# H100 (a sweep twice as wide, with 16-position splits and 1 warp, did not finish the 7B in 400 s)
+# H100 (a sweep twice as wide, with 16-position splits and 1 warp, would not fit one 10-minute call for the 7B)
 TILES = [(s, b, w) for s, b, w in itertools.product((32, 64, 128, 256), (16, 32, 64, 128), (2, 4, 8)) if b <= s]
 # One split over the whole cache (SPLIT ≥ the cache's length): one program per kv head writes the output itself,
 # no combine kernel (decode_attention._attend); long inner steps and many warps keep its loads in flight.

@@ -27,9 +27,9 @@ levels         every kernel level of the three components at their real shapes
 cuda-levels    the L5 CUDA kernels: build (ptxas registers), checks, timings against torch (cuda_levels_gpu.py)
 triton-levels  the L4 Triton kernels: checks and timings against torch (benchmarks/triton_kernels_gpu.py)
 host-cost      host time per call of the Triton levels and its cProfile (benchmarks/triton_host_cost.py)
-quant          weight-only decode (issue 23): 1B and 7B, bf16 triton-fused beside every quantized mode, its modes table;
+quant          weight-only quantized decode: 1B and 7B, bf16 triton-fused beside every quantized mode, its modes table;
                then the prefill's dequantization per tile (prefill_dequant_bench.py; QUANT_PREFILL=0 leaves it out)
-frontier       issue 26: L5 attention variants vs SDPA (unverified ones in a child first), attention levels (FRONTIER_DEEP=1:
+frontier       the targets: L5 attention variants vs SDPA (unverified ones in a child first), attention levels (FRONTIER_DEEP=1:
                with ncu per kernel), 1B/7B MBU (FRONTIER_PRESETS)
 gluon-l4       the L4 attention's Gluon kernel: checked against float64 in a child process, then, if it passed, each
                consumer order timed beside SDPA and the tl kernel, and the causal-attention L4 level (its per-shape
@@ -64,17 +64,12 @@ case $part in
   tests) # the Makefile's three slices (and its selection), one per GPU at once where the machine has several; each
          # GPU's slices get their own build dir, device-lock dir and store; SUITE_LIMIT bounds each slice (SIGINT:
          # pytest still prints what ran); SLICES picks some (e.g. "kernels levels" on two GPUs in one 10-minute
-         # call, then "rest": on two H200s kernels and levels each took ~8 minutes, the rest ~7; NAME=A,B runs
-         # pytest on A B (commas for spaces). SLICES=four: four slices of under ~8 minutes each on four H200s
-         # (2026-11-28: the levels without their two slowest files ~5 min, the rest ~8.5, the CUDA kernels with those
-         # two files ~8, the other kernel files ~7.5; three slices there ran past 9 minutes; session 27 on an
-         # nvidia-h200-x4, one 10-minute call: levels 5.1, rest 8.1, CUDA kernels 7.4, the others 7.5 min;
-         # session 29 likewise: 4.6, 7.7, 6.7, 7.2 min; session 30: 5.1, 8.2, 7.2, 7.9 min). On two GPUs:
-         # SLICES=four-1, then SLICES=four-2 in a second call (two H200s, 2026-11-28 session 26: levels 4.2 min, rest
-         # 6.8, CUDA kernels 7.9, the other kernel files 9 min for 228 of their 232 tests — the last four, the Gluon
-         # and L4-choice tests of test_triton_kernels.py, took 2.4 min alone in the next call: on two GPUs that
-         # slice does not fit one 10-minute call; each slice's log now lists every test of 2 s or more, to
-         # rebalance the four by).
+         # call, then "rest": on two H200s kernels and levels each take ~8 minutes, the rest ~7; NAME=A,B runs
+         # pytest on A B (commas for spaces). SLICES=four: four slices of 5-8 minutes each, one per GPU of an
+         # nvidia-h200-x4 in one 10-minute call (the levels without their two slowest files, the rest, the CUDA
+         # kernels with those two files, the other kernel files). On two GPUs: SLICES=four-1, then SLICES=four-2 in
+         # a second call; there the other kernel files' slice can run past a 10-minute call. Each slice's log lists
+         # every test of 2 s or more, to rebalance the four by.
          gpus=$(nvidia-smi -L | wc -l); [ "$gpus" -ge 1 ] || gpus=1
          sel=$(sed -n 's/^GPU_TESTS ?= //p' Makefile)
          slices=()

@@ -3,8 +3,8 @@
     python benchmarks/triton_host_cost.py [--calls 300] [--only mp]   (CUDA, under a minute)
     TRITON_INTERPRET=1 python benchmarks/triton_host_cost.py   (no GPU: interpreted, checks the script only)
 
-On the H100 the Triton levels' per-call medians sit far above their in-graph (device) times — attention S=1024
-269 vs 58 µs, patch embed B=64 154 vs 50 µs — while Triton's own JIT dispatch is documented at ~10–20 µs. This
+A Triton level's per-call median can sit far above its in-graph (device) time — several times over for a kernel of
+a few tens of µs — while Triton's own JIT dispatch is documented at ~10–20 µs. This
 prints, per kernel: host µs per call (calls issued back to back, one sync at the end), the device time of one call
 (CUDA events), and the 12 functions with the most own time under cProfile, to name the cost before changing code.
 """

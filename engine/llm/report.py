@@ -564,7 +564,7 @@ def roofline_points(store: Store, run_ids: list[int]) -> pd.DataFrame:
 
 # -- what the native route buys -------------------------------------------------------------------------------------
 # A native checkpoint (Llama, Mistral, Qwen) run in the lab's modes and, in the same group, as transformers' own
-# module (transformers-*): the issue's headline is the ratio of their decode TPOTs. Runs compare only within one
+# module (transformers-*): the headline figure is the ratio of their decode TPOTs. Runs compare only within one
 # configuration: the same checkpoint, device, dtype, B, P and N.
 SAME_RUN = ("checkpoint", "device", "dtype", "batch", "prompt_len", "new_tokens")
 

@@ -120,7 +120,7 @@ def test_hopper_builds_sm90a_with_the_wgmma_variants_and_other_gpus_do_not(monke
     defaults = [cl.default_variant(t, d) for t, d in ((torch.bfloat16, 128), (torch.float16, 128),
                                                       (torch.bfloat16, 64), (torch.float16, 64))]
     assert defaults == [8, 8, 8, 8]
-    # a build listed as not yet run on a GPU (cl.UNVERIFIED) is never the default: 8 was, until 2026-11-28
+    # a build listed as not yet run on a GPU (cl.UNVERIFIED) is never the default
     monkeypatch.setattr(cl, "UNVERIFIED", ((8, 64),))
     assert cl.default_variant(torch.bfloat16, 64) == cl.default_variant(torch.float16, 64) == 7
     assert cl.default_variant(torch.bfloat16, 128) == 8
@@ -504,8 +504,8 @@ def test_cuda_errors_surface_as_exceptions():
     """The C++ side checks too: a variant the library does not have fails with a clear error, not a crash.
 
     Run as a worker runs: in a child with libstdc++ preloaded. On the GPU image a C++ exception thrown from an
-    extension crashes a process that did not preload it (the interposition csrc/README.md describes for AOTInductor;
-    seen on the H100, 2026-11-23), which is why every worker preloads it (engine.native.toolchain).
+    extension can crash a process that did not preload it (the interposition docs/aoti.md describes), which is why
+    every worker preloads it (engine.native.toolchain).
     """
     import os
     import subprocess

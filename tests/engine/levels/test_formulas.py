@@ -30,7 +30,7 @@ def test_vit_counts_by_hand() -> None:
     weights = 64 * 192 + 64 + 64 + 17 * 64 + 3 * 64 * 64 + 3 * 64
     assert vit_patch_attention.min_bytes(shape) == (2 * 3 * 32 * 32 + weights + 2 * 17 * 64) * 4
     real = vit_patch_attention.SHAPES["ViT-B/16"]
-    assert vit_patch_attention.patch_embed_flops(real) == pytest.approx(14.8e9, rel=0.01)  # the issue's 14.8 GFLOP
+    assert vit_patch_attention.patch_embed_flops(real) == pytest.approx(14.8e9, rel=0.01)  # ViT-B/16's 14.8 GFLOP
 
 
 def test_gnn_counts_by_hand() -> None:

@@ -42,8 +42,8 @@ def _store_ceilings(store: Store, matmul_fp32: float) -> None:
 
 
 # The background guard compares the CPU other threads spend after a call with what they spend after the lab's L1; on
-# a 64-core GPU host under load (four test processes and a compile, 2026-11-28, session 30) the 64-thread pools'
-# spin-down noise flagged the honest kernel (over 344 ms in the 50 ms pause, 255 after L1). The honest-kernel tests
+# a 64-core GPU host under load (several test processes and a compile) a 64-thread pool's spin-down noise can flag an
+# honest kernel (more than 300 ms in the 50 ms pause, against ~250 after L1). The honest-kernel tests
 # run on a few threads, as a typical user's machine: the guard's verdict on an honest kernel is what they check, not
 # the pool's noise on that many cores (the cheats' tests keep the machine's threads).
 FEW_THREADS = 4
@@ -101,7 +101,7 @@ def test_a_planted_cheat_fails_its_run_with_its_verdict(cheat: str) -> None:
 def test_the_background_guard_allows_for_a_noisy_baseline_but_not_a_spinning_thread() -> None:
     from engine.levels.guards import BACKGROUND_WINDOW_S, background_flagged
 
-    assert not background_flagged(0.231, 0.196)  # the GPU host's noise (2026-11-28): an honest kernel
+    assert not background_flagged(0.231, 0.196)  # a loaded GPU host's noise: an honest kernel
     assert not background_flagged(0.020, 0.0)
     assert background_flagged(BACKGROUND_WINDOW_S, 0.0)  # one thread spinning through the whole pause
     assert background_flagged(0.196 + 0.11, 0.196)  # two more cores busy beside the noise

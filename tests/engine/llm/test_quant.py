@@ -97,7 +97,7 @@ def test_the_cache_keys_on_weights_and_scheme_and_keeps_a_disk_copy(tmp_path) ->
 
 def test_side_by_side_quantizers_of_one_weight_all_write_the_disk_cache(tmp_path, monkeypatch) -> None:
     """Runs of a group prepare side by side and quantize the same weights: each writer keeps its own temporary file
-    (one shared name failed three of eight runs on the H100: the first rename took the others' file away)."""
+    (with one shared name the first rename would take the others' file away)."""
     import threading
 
     class NoMemory(dict):  # every thread misses the in-process cache, as separate processes do

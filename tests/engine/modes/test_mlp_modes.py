@@ -1,4 +1,4 @@
-"""The hand-written modes of issue 9 — cuda-graph, triton, cuda — against eager.
+"""The hand-written modes — cuda-graph, triton, cuda — against eager.
 
 Without a GPU: triton runs under Triton's interpreter (this module sets TRITON_INTERPRET=1 before triton is
 imported; small batches, the interpreter is slow); cuda-graph and cuda are unavailable and say why. With a GPU: every

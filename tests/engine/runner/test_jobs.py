@@ -22,7 +22,7 @@ from engine.store.db import Store, pid_alive
 REPO_ROOT = Path(__file__).resolve().parents[3]
 TARGETS = "tests.engine.runner.fault_targets"
 # The hang's timeout runs from the worker's start: a fresh worker imports torch before its target runs (~1-3 s here,
-# 5-6 s on the GPU machine, where 4 s ended the run before its target had started — 2026-11-24, H100).
+# 5-6 s on a GPU machine, where 4 s would end the run before its target had started).
 HANG_TIMEOUT_S = 12.0 if any(Path("/dev").glob("nvidia*")) else 4.0
 
 

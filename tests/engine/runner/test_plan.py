@@ -103,8 +103,8 @@ def _timing_misses(serial: list[dict], side: list[dict]) -> list[tuple]:
     serial groups' own spread, 25 %) on the slow side, or 2× on the fast side. The least median of a few groups
     estimates the undisturbed time on both sides. One-sided because a run preparing beside a timing can only slow
     it; a side-by-side group that came out faster met a faster machine (the 2-core CI machine's speed drifts: a
-    side-by-side eager at 184.5 µs against serial groups' 289, 262 and 269 in a fresh clone, 2026-11-27), and only a
-    timing that skipped work would come out 2× faster."""
+    side-by-side eager can run ~30 % faster than every serial group before it), and only a timing that skipped work
+    would come out 2× faster."""
     out = []
     for key in serial[0]:
         serial_key = [g[key] for g in serial]
@@ -120,13 +120,12 @@ def _timing_misses(serial: list[dict], side: list[dict]) -> list[tuple]:
 def test_a_side_by_side_bench_group_times_alone_and_matches_serial_groups(store) -> None:
     """Two serial groups, then a side-by-side one; while a key misses (see _timing_misses), one more serial and one
     more side-by-side group run and the comparison is made again over all of them. On the 2-core CI machine the
-    machine's own speed drifts between groups: a neighbour once slowed one group's eager by 1.43× (2026-11-25), and
-    a side-by-side torchscript once ran 160 µs against serial groups' 203 and 218 (2026-11-27). A run's median there
-    is two-valued, ~115 or ~150–177 µs, in serial groups as often as side by side (eight groups of each, 60 or 1000
-    iterations alike; a bare torch loop over the same MLP, one fresh process each, 109–149 µs; 2026-11-28). CI once
-    met the slow value for eager and fx in both side-by-side groups (185–217 against 117–127), so misses add groups
-    until one side-by-side group of each key meets the fast value, four at most — a timing slowed by its neighbours
-    is slow in all four, and the hold timelines show it anyway."""
+    machine's own speed drifts between groups (a neighbour can slow one group's eager by ~1.4×, or a side-by-side
+    group can meet a faster machine), and a run's median there is two-valued, ~115 or ~150–177 µs, in serial groups
+    as often as side by side, as in a bare torch loop over the same MLP (docs/measurement.md). Both side-by-side
+    groups can meet the slow value, so misses add groups until one side-by-side group of each key meets the fast
+    value, four at most — a timing slowed by its neighbours is slow in all four, and the hold timelines show it
+    anyway."""
     params = {"phases": ["infer"], "batch_sizes": [64], "warmup": 5, "iters": 60, "loop": False}
     modes = ["eager", "fx", "torchscript"]
     serial = [_serial_group(store, modes, params) for _ in range(2)]
@@ -141,7 +140,7 @@ def test_a_side_by_side_bench_group_times_alone_and_matches_serial_groups(store)
 
 def test_timing_misses_compares_the_least_medians_within_the_serial_spread() -> None:
     key = ("eager", "infer", 64)
-    assert not _timing_misses([{key: 203.0}, {key: 218.0}], [{key: 160.0}])  # CI, 2026-11-27: faster, not disturbed
+    assert not _timing_misses([{key: 203.0}, {key: 218.0}], [{key: 160.0}])  # faster: not disturbed
     assert not _timing_misses([{key: 289.4}, {key: 262.4}, {key: 269.3}], [{key: 184.5}, {key: 228.5}])  # a clone
     assert not _timing_misses([{key: 203.0}, {key: 218.0}, {key: 161.0}], [{key: 160.0}, {key: 170.0}])
     assert _timing_misses([{key: 100.0}, {key: 102.0}, {key: 101.0}], [{key: 180.0}, {key: 175.0}])  # slow each time

@@ -38,8 +38,7 @@ def test_bench_sweep_over_two_lanes_lands_every_run_once(child_env: dict[str, st
     metrics = store.metrics(list(runs["id"]))
     assert (metrics[metrics["name"] == "median"].groupby("run_id").size() == 1).all()
     # That the lanes run side by side is the next test's: these runs last under a second, and a lane whose fork
-    # server starts late on a loaded 2-core machine may begin after the other lane has finished (a fresh clone's
-    # suite, 2026-11-28: the second lane's first run started after the first lane's last had ended).
+    # server starts late on a loaded 2-core machine may begin after the other lane has finished.
 
 
 def test_each_devices_lane_runs_beside_the_others(tmp_path, monkeypatch) -> None:
