@@ -69,9 +69,9 @@ template <int N>
 __device__ __forceinline__ void regs_alloc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
 // The softmax of S(n) is meant to run while P(n-1) V(n-1) is on the tensor cores, but nothing ties it to the wait
-// for that product, and ptxas scheduled the wait (WARPGROUP.DEPBAR.LE 0) before the whole softmax (seen in the SASS,
-// CUDA 13.0; an empty asm fence on the scores did not help). A shared-memory store of the row sums — which depend
-// on every probability of the tile — stays in order with the wait, so the softmax must finish first.
+// for that product, so ptxas (CUDA 13.0) schedules the wait (WARPGROUP.DEPBAR.LE 0) before the whole softmax, and an
+// empty asm fence on the scores does not stop it. A shared-memory store of the row sums — which depend on every
+// probability of the tile — stays in order with the wait, so the softmax must finish first.
 __device__ __forceinline__ void keep_before_wait(uint32_t sink, const float (&row_sum)[2]) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sink), "f"(row_sum[0]), "f"(row_sum[1]) : "memory");
 }
@@ -148,8 +148,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
   // Head-major grid: the CTAs running at once are a few heads' row blocks, so those heads' K and V (2 MB each at
   // S=4096) are read from DRAM about once and then from L2. With the head index fastest, the ~132 CTAs in flight
-  // spanned 64 heads at the same row block, and each later row block read its head's K and V from DRAM again: ncu
-  // (H100, S=4096 causal) put DRAM at 69 % of peak for this kernel against cuDNN's 16 %.
+  // would span 64 heads at the same row block, and each later row block would read its head's K and V from DRAM
+  // again (several times cuDNN's DRAM traffic).
   const int bh = blockIdx.y;
   const int m_block = gridDim.x - 1 - blockIdx.x;  // causal: within a head the longest rows are dispatched first
   const int m0 = m_block * kRows;
@@ -208,9 +208,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   auto need_mask = [&](int n) { return (n + 1) * kRows > S || (causal && (n + 1) * kRows - 1 > wg_row0); };
   // Causal: a key tile that starts at this warpgroup's first row (consumer 1's diagonal tile, always its last) has
   // keys 64..127 past all of its 64 rows, so their probabilities are zero and its P V takes the first 64 keys only.
-  // (Its q k^T on 64 keys too was tried: a branch between wgmma sequences inside the loop made ptxas serialise every
-  // wgmma of the kernel, C7511; with the diagonal's step peeled off the loop it compiled clean and measured no
-  // faster: docs/kernel-levels.md.)
+  // Its q k^T stays whole: a branch between wgmma sequences inside the loop makes ptxas serialise every wgmma of the
+  // kernel (C7511), and the diagonal's step peeled off the loop is no faster (docs/kernel-levels.md).
   auto half_tile = [&](int n) { return causal && n * kRows >= wg_row0; };
 
   // Turns: consumer 0 goes first. Each takes num_n turns and hands over after each but its last; consumer 1's

@@ -1,8 +1,8 @@
 // Registers the tensor-core int4 GEMV as the torch operator `modelab_quant::int4_gemv` (CUDA dispatch key only).
 // engine/kernels/cuda_quant.py builds this library, loads it, validates inputs (ValueError) and calls the op;
-// int4_gemv.cu checks them again (TORCH_CHECK) so a direct call stops before any launch. On the GPU image such a
-// throw once killed the process (SIGSEGV): the library had been linked with libstdc++ inside it, which
-// engine.native.toolchain.library_cxx now avoids (docs/aoti.md); the Python checks still come first, as ValueErrors.
+// int4_gemv.cu checks them again (TORCH_CHECK) so a direct call stops before any launch. Such a throw raises a
+// RuntimeError because the library is linked without a libstdc++ of its own (engine.native.toolchain.library_cxx,
+// docs/aoti.md); the Python checks come first, as ValueErrors.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 

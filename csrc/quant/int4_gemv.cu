@@ -43,10 +43,9 @@ constexpr int WORDS = GROUP / 8;  // 32-bit words per group and row
 constexpr int ROWS = 16;          // output rows per block (one mma tile)
 constexpr int DEPTH = 2;          // ring slots per warp: batches in flight ahead of the one being multiplied
 // BATCH (a template parameter, 4 or 8: groups a warp takes per step, one ring slot, one bulk copy of BATCH × 16 rows
-// × 32 bytes) × DEPTH measured on the H100 (the four fused 7B products, rotating copies in a graph, 2026-11-27):
-// 4 × 2 51.2–51.6 µs; 4 × 4 (before) 56.4, 8 × 2 53.1, 4 × 1 54.6, 4 × 3 54.7, 2 × 2 56.8, 4 × 6 61.3, 16 × 1 65.3.
-// More bytes in flight per warp was slower, not faster (docs/quantization.md); per product the batch is
-// engine/kernels/cuda_quant.py's ring_batch.
+// × 32 bytes) × DEPTH: 4 × 2 is the fastest of the ring shapes timed on the fused 7B products (rotating copies in a
+// graph); deeper rings and larger copies, more bytes in flight per warp, are slower (docs/quantization.md). Per
+// product the batch is the one engine/kernels/cuda_quant.py's tune keeps.
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
@@ -80,9 +79,8 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
 // The weights in tile order (engine/kernels/cuda_quant.py, tile_major): q as [tile][group][16 rows][8 words] and the
 // scales as [tile][group][8][2] bf16 (the pair of rows quad and quad + 8 in one 32-bit word), a tile's rows being
 // output rows 16·tile … 16·tile + 15, or with GLU gate rows 8·tile … + 7 then the matching up rows. So a warp's
-// batch of 4 groups is 2 KB contiguous (one bulk copy) and each lane's scales one 4-byte load a group. Measured
-// against the row-major packing (a 128-byte run per row and batch, 16-byte cp.async per lane): the five fused 7B
-// GEMVs 90.2 → 88.2 µs with the tile order, → 83.2 with bulk copies (H100, docs/quantization.md).
+// batch of 4 groups is 2 KB contiguous (one bulk copy) and each lane's scales one 4-byte load a group, where the
+// row-major packing gives a 128-byte run per row and batch, fetched by 16-byte cp.async per lane.
 struct Args {
   const __nv_bfloat16* x;  // (K,)
   const uint32_t* q;       // [tiles][groups][16][8] words
@@ -104,9 +102,9 @@ __device__ __forceinline__ int x_slot(int i) {
 
 // Persistent: a block walks tiles blockIdx.x, + gridDim.x, ... (the grid is what fits on the GPU at once), so each
 // warp stages its slice of x once. Codes stream into shared memory through a ring of DEPTH batches per warp (sm_90: a
-// bulk copy per batch; before, cp.async), issued DEPTH batches ahead across tile boundaries: what is in flight costs
-// no registers (the register double buffer before it kept one batch, 2 KB a warp, in flight and reached 1.7–2.1
-// TB/s), and no ramp or drain per tile. The scales (2 bytes a row and group) are loaded into registers when their
+// bulk copy per batch; before sm_90, cp.async), issued DEPTH batches ahead across tile boundaries: what is in flight
+// costs no registers (a register double buffer would hold one batch, 2 KB a warp, at most), and no ramp or drain per
+// tile. The scales (2 bytes a row and group) are loaded into registers when their
 // batch is issued, so they too arrive DEPTH batches early.
 template <int KSLICES, int BATCH, bool NORM, bool ADD, bool GLU>
 __global__ void __launch_bounds__(KSLICES * 32, 16 / KSLICES) int4_gemv_kernel(const Args a, const int tiles) {
@@ -361,8 +359,8 @@ void launch(const Args& args, int tiles, bool pdl, cudaStream_t stream) {
                    2 * KSLICES * ROWS * 4;
   modelab_levels::allow_dynamic_smem(kernel, smem);
   // persistent: as many blocks as fit on the GPU at once (never more than there are tiles). Fewer, to leave each SM
-  // room for the next kernel's blocks to start early under PDL, was slower: at most 1 block per SM, 1B int4 step
-  // 482.7 / 482.8 against 413.9 / 417.7 µs, 7B with 8-warp blocks 2.51 against 1.80 ms (H100, 2026-11-27).
+  // room for the next kernel's blocks to start early under PDL, makes the decode step slower (one block per SM: the
+  // 1B int4 step ~15 % slower, the 7B's ~40 %).
   int device = 0, sms = 0, per_sm = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
