@@ -48,6 +48,24 @@ positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
 
 
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def memory_size(text: str) -> int:
+    """'80GB', '80 GiB', '81920M', '1.5T' → bytes (GB = 10^9, GiB and bare G = 2^30)."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a memory size (e.g. 80GB, 80GiB, 81920MiB)")
+    value = int(float(m.group(1)) * _UNITS[unit])
+    if not 1 << 20 <= value <= 1 << 50:
+        raise argparse.ArgumentTypeError(f"{text!r}: a device memory size is between 1 MiB and 1 PiB")
+    return value
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

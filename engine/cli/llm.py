@@ -26,6 +26,7 @@ from engine.cli.args import (
     add_group_args,
     check_device,
     device_arg,
+    memory_size,
     open_store,
     positive_float,
     positive_int,
@@ -91,6 +92,9 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tp", type=positive_int, default=1, help="tensor parallelism over N ranks (torchrun: one "
                    "per GPU with NCCL on cuda, N gloo processes on cpu), beside a 1-rank baseline; eager only")
+    p.add_argument("--device-memory", type=memory_size, default=None, metavar="SIZE",
+                   help="the most device memory the lab may use, e.g. 80GB: groups admit runs within it and each run "
+                        "is held to it, so a smaller card can be rehearsed on a larger one (CUDA)")
     add_group_args(p)
     p.add_argument("--list", action="store_true", help="list the modes and whether each runs on --device")
     p.add_argument("--timeout", type=positive_float, default=1800, help="seconds before a run counts as hung")
@@ -190,12 +194,14 @@ def _base_config(args: argparse.Namespace) -> LLMConfig:
     """The run the flags describe (its mode and swept value set per job by _job_specs)."""
     from engine.llm.config import LLMConfig
 
+    if args.device_memory and not args.device.startswith("cuda"):
+        raise CliError(f"--device-memory caps a GPU's memory; --device is {args.device}")
     return LLMConfig(preset=args.preset, hf=args.hf, hf_config=args.hf_config, prompts=args.prompts,
                      layers=args.layers, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                      batch=args.batch, device=args.device, dtype=args.dtype, seed=args.seed, fuse=not args.no_fuse,
                      sdpa=args.sdpa, autotune=args.autotune, prefill_iters=args.prefill_iters,
                      decode_passes=args.decode_passes, check_tokens=args.check_tokens, profile=not args.no_profile,
-                     deep=args.deep, top_k=args.top_k, tp=args.tp)
+                     deep=args.deep, top_k=args.top_k, tp=args.tp, device_memory=args.device_memory)
 
 
 def _print_modes(device: str, dtype: torch.dtype) -> None:

@@ -48,6 +48,7 @@ class LLMConfig:
     db: str | None = None
     sweep: str | None = None  # the swept parameter of this run's group ("batch" or "prompt"), for the page
     tp: int = 1  # tensor parallelism over this many ranks (engine.llm.tp_launch; eager only)
+    device_memory: int | None = None  # bytes the lab may use on the device (--device-memory): a smaller card rehearsed
     hf: str | None = None  # a Hugging Face checkpoint folder (engine.llm.hf): its weights instead of a preset's
     hf_config: str | None = None  # a Hugging Face config.json: its architecture with seeded random weights
     prompts: str | None = None  # a JSONL prompt file (engine.llm.prompts): validated; the timing runs prompt_len
@@ -184,6 +185,8 @@ def config_from_params(params: dict[str, Any]) -> LLMConfig:
 def params_of(cfg: LLMConfig) -> dict[str, Any]:
     """The run's parameters as the store keeps them (the local paths and `extra` left out)."""
     params = {k: v for k, v in asdict(cfg).items() if k not in ("artifacts_dir", "db", "extra")}
+    if params.get("device_memory") is None:  # runs without a cap keep the params they always had
+        params.pop("device_memory", None)
     if not (cfg.hf or cfg.hf_config or cfg.prompts):  # preset runs keep the params they always had
         for key in ("hf", "hf_config", "prompts", "checkpoint", "model"):
             params.pop(key)
@@ -202,8 +205,20 @@ def memory_needed(cfg: LLMConfig) -> int:
     return need
 
 
+def device_budget(cfg: LLMConfig) -> tuple[int, int, str]:
+    """(free bytes the lab may use on the run's GPU, total, how it is capped): the free memory, or less where
+    --device-memory caps it (what a smaller card would have, less what other processes hold now)."""
+    free, total = torch.cuda.mem_get_info(torch.device(cfg.device))
+    if cfg.device_memory:
+        used_elsewhere = total - free
+        return max(0, min(free, cfg.device_memory - used_elsewhere)), min(total, cfg.device_memory), (
+            f" (--device-memory {cfg.device_memory / 2**30:.0f} GiB)")
+    return free, total, ""
+
+
 def check_memory(cfg: LLMConfig) -> None:
-    """A clear error before allocating a model that cannot fit on this GPU (or, for a checkpoint, this device)."""
+    """A clear error before allocating a model that cannot fit on this GPU (or, for a checkpoint, this device), or in
+    what --device-memory leaves of it."""
     if cfg.hf or cfg.hf_config:
         from engine.llm import hf
 
@@ -212,13 +227,22 @@ def check_memory(cfg: LLMConfig) -> None:
         hf.check_fits(ckpt, cfg.device, cfg.torch_dtype, cfg.batch, cfg.max_seq)
     if not cfg.device.startswith("cuda"):
         return
-    free, total = torch.cuda.mem_get_info(torch.device(cfg.device))
+    free, total, capped = device_budget(cfg)
     need = memory_needed(cfg)
     if need > 0.95 * free:
         raise MemoryError(f"{cfg.preset} with B={cfg.batch}, {cfg.max_seq} cached positions needs "
                           f"{need / 2**30:.1f} GiB of weights and KV cache (the float32 twin that calibrates the "
                           f"check included); {cfg.device} has {free / 2**30:.1f} GiB free of {total / 2**30:.1f} "
-                          "GiB. Use a smaller preset, batch or length.")
+                          f"GiB{capped}. Use a smaller preset, batch or length.")
+
+
+def cap_device_memory(cfg: LLMConfig) -> None:
+    """Hold this process to --device-memory on its GPU, so that a run rehearsing a smaller card fails where that card
+    would (torch's caching allocator refuses beyond the fraction)."""
+    if cfg.device_memory and cfg.device.startswith("cuda"):
+        device = torch.device(cfg.device)
+        _free, total = torch.cuda.mem_get_info(device)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.device_memory / total), device)
 
 
 # -- the model ------------------------------------------------------------------------------------------------------

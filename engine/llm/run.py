@@ -46,6 +46,7 @@ from engine.llm.config import (
     MAX_POSITIONS,
     LLMConfig,
     build,
+    cap_device_memory,
     check_memory,
     config_from_params,
     memory_needed,
@@ -135,6 +136,7 @@ class _Run:
     ceilings: Ceilings | None
     progress: Progress
     wall0: float
+    reference_peak: int = 0  # device bytes reserved at most while building and calibrating (the float32 twin's phase)
 
     @property
     def device(self) -> str:
@@ -210,6 +212,7 @@ def _reference(run: _Run) -> _Reference:
     and its distance from a float32 twin sets the run's tolerance."""
     cfg, device, result = run.cfg, run.device, run.result
     run.progress(0.05, f"building {cfg.name} ({cfg.torch_dtype}) on {device}")
+    cap_device_memory(cfg)
     check_memory(cfg)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(torch.device(device))
@@ -237,6 +240,8 @@ def _reference(run: _Run) -> _Reference:
     if cfg.hf or cfg.hf_config:
         _checkpoint_reference(run, prompt, ref, calib)
     if device.startswith("cuda"):  # the float32 twin is gone: peak memory counts this run's own model from here
+        run.reference_peak = torch.cuda.max_memory_reserved(torch.device(device))
+        torch.cuda.empty_cache()  # the twin's blocks back to the device, for the runs preparing beside this one
         torch.cuda.reset_peak_memory_stats(torch.device(device))
     return _Reference(model, prompt, positions, eager, ref, calib, k, gate_ref)
 
@@ -319,6 +324,10 @@ def _take_device(run: _Run, compiled: _Compiled) -> None:
 
         run.progress(0.44, f"{mode.name}: compiling the GEMV tiles to tune")
         gemv_kernels.compile_pending()  # untimed: the timing part of tuning waits for the device below
+    if run.device.startswith("cuda"):  # what preparing held at most, for the group planner's next admission
+        device = torch.device(run.device)
+        result.metrics.append(Metric("prepare_peak_bytes", float(max(run.reference_peak,
+                                                                     torch.cuda.max_memory_reserved(device))), "B"))
     if run.hold is not None:
         run.progress(0.45, f"{mode.name}: waiting to time alone")
         run.hold.exclusive()

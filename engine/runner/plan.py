@@ -115,7 +115,9 @@ def supervise(store: Store, run_ids: Sequence[int], on_progress: OnProgress | No
     if plan.slots > 1:  # side by side: the group's native builds start now, in the background
         runs = [store.run(i) for i in plan.order]
         prebuild.start([str(r["mode"]) for r in runs if r], str(runs[0]["device"]) if runs[0] else "cpu")
-    return run_jobs(store, plan.order, on_progress, launcher, prepare_parallel=plan.slots)
+    statuses = run_jobs(store, plan.order, on_progress, launcher, prepare_parallel=plan.slots) if plan.order else {}
+    # a run the planner refused (it cannot fit the device alone) is failed already: its status as stored
+    return {i: statuses.get(i) or str((store.run(i) or {}).get("status", "failed")) for i in run_ids}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
