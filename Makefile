@@ -35,13 +35,11 @@ test: lint
 
 # The tests that need (or select on) a CUDA device, with the machine's own Python: `make test-gpu` on the GPU machine.
 # Left out: the offline sm_90 builds (names with without_one, sm90a, sm90_offline, without_spilling), which need no
-# GPU and run in `make test` wherever nvcc is. In thirds, one 10-minute device call each, or one slice per GPU at once
-# (`benchmarks/gpu_check.sh tests` does either): GPU_PATHS=tests/engine/kernels, GPU_PATHS=tests/engine/levels, then
-# GPU_PATHS="tests/engine --ignore=tests/engine/kernels --ignore=tests/engine/levels". With the offline builds in
-# (2026-11-28, two H200s, a slice per GPU): kernels ran past 540 s (545 of its 550), levels past 480 s (106 of 110),
-# the rest 413 s. Without them, four H200s (session 23): levels 108 of 110 in 544 s (its last file, test_yours.py,
-# 69 s alone), the rest 468 s, the kernels in two slices 122 s (test_cuda_levels, test_cuda_quant) and 439 s.
-# Session 24 found levels' two slowest files belong beside the CUDA kernels: SLICES=four in gpu_check.sh.
+# GPU and run in `make test` wherever nvcc is. The whole selection takes longer than one 10-minute device call, so it
+# runs in slices, one call each or one slice per GPU at once (`benchmarks/gpu_check.sh tests` does either):
+# GPU_PATHS=tests/engine/kernels, GPU_PATHS=tests/engine/levels, then
+# GPU_PATHS="tests/engine --ignore=tests/engine/kernels --ignore=tests/engine/levels". On four GPUs SLICES=four in
+# gpu_check.sh balances four slices (the levels' two slowest files beside the CUDA kernels), each well inside a call.
 # The 15 slowest tests are listed at the end (where a shorter suite would come from).
 GPU_TESTS ?= (cuda or gpu or triton or gemv or decode or levels or llm) and not (without_one or sm90a or sm90_offline or without_spilling)
 GPU_PATHS ?= tests/engine
