@@ -65,9 +65,10 @@ from engine.llm.verify import (
     calibrate,
     check_cache_against_recompute,
     check_generation,
+    err_text,
     rel_l2,
 )
-from engine.measure import nvtx_ranges
+from engine.measure import energy, nvtx_ranges
 from engine.measure.ceilings import Ceilings, Datasheet, ceiling_metrics, ceilings_for, dtype_key
 from engine.measure.timing import summarize
 from engine.runner import device_lock as device_phases
@@ -268,10 +269,10 @@ def _checkpoint_reference(run: _Run, prompt: torch.Tensor, ref: Generation, cali
     errs = [rel_l2(ref.logits[j][:1], want[j]) for j in range(len(want))]
     worst = max(range(len(errs)), key=errs.__getitem__)
     result.metrics.append(Metric("hf_reference_rel_err", errs[worst], ""))
-    if errs[worst] > tol:
+    if not errs[worst] <= tol:  # rel_l2 is inf where either side has a NaN or inf
         where = "prefill" if worst == 0 else f"decode step {worst}"
         raise ToleranceError(f"{hf.checkpoint_of(cfg.hf, None).label()}: the lab's logits differ from transformers' "
-                             f"forward of the same checkpoint at {where} (relative L2 error {errs[worst]:.3g} > "
+                             f"forward of the same checkpoint at {where} (relative L2 error {err_text(errs[worst])} > "
                              f"{tol:g})")
     agree = sum(int(torch.equal(want[j].argmax(-1), ref.tokens[:1, j].cpu())) for j in range(len(want)))
     result.metrics.append(Metric("hf_reference_tokens_matched", float(agree), ""))
@@ -399,23 +400,51 @@ def _time(run: _Run, ref: _Reference, compiled: _Compiled) -> _Timings:
     cfg, mode, device, result = run.cfg, run.mode, run.device, run.result
     prepared, decoder = compiled.prepared, compiled.prepared.decoder
     prompt, positions, B, P, N = ref.prompt, ref.positions, cfg.batch, cfg.prompt_len, cfg.new_tokens
+    meter = energy.open_for_run(device, cfg.db, result)  # the energy counter read around each timed region
     run.progress(0.55, f"{mode.name}: timing prefill")
     for _ in range(2):
         prepared.prefill(prompt, positions)
+
+    def prefills() -> list[float]:
+        return timed_calls(lambda: prepared.prefill(prompt, positions), cfg.prefill_iters, device)
+
     with nvtx_ranges.range("prefill"):
-        timings = _Timings(timed_calls(lambda: prepared.prefill(prompt, positions), cfg.prefill_iters, device))
+        prefill_us, prefill_energy = energy.measure(meter, prefills, cfg.prefill_iters, again=lambda: len(prefills()))
+    timings = _Timings(prefill_us)
     result.samples.append(Samples(phase="prefill", values=timings.prefill_us, batch_size=B))
+    _energy_figures(run, prefill_energy, "prefill", "prefill", B * P)
     if decoder is not None:
         run.progress(0.65, f"{mode.name}: timing decode ({cfg.decode_passes} × {N} steps)")
         token0, _ = prepared.prefill(prompt, positions)
         decode_pass(decoder, token0, P, min(N, 8), device)  # warm: CUDA graph trees record here
-        for _ in range(cfg.decode_passes):
-            token0, _ = prepared.prefill(prompt, positions)
-            with nvtx_ranges.range("decode"):
-                timings.decode_us += decode_pass(decoder, token0, P, N, device)
+
+        def decode_passes(passes: int) -> list[float]:
+            """`passes` passes of N steps, each after an untimed prefill of the prompt."""
+            us: list[float] = []
+            for _ in range(passes):
+                token0, _ = prepared.prefill(prompt, positions)
+                with nvtx_ranges.range("decode"):
+                    us += decode_pass(decoder, token0, P, N, device)
+            return us
+
+        timings.decode_us, window = energy.measure(meter, lambda: decode_passes(cfg.decode_passes),
+                                                   units=lambda us: len(us) * B,
+                                                   again=lambda: len(decode_passes(1)) * B)
         result.samples.append(Samples(phase="decode", values=timings.decode_us, batch_size=B))
+        if window is not None and prefill_energy is not None:  # the prefill before each pass taken out
+            window = window.less(prefill_energy, count=cfg.decode_passes + window.runs - 1, units=window.units)
+        _energy_figures(run, window, "decode", "token", 1)
     _after_timing(run, compiled)
     return timings
+
+
+def _energy_figures(run: _Run, window: energy.EnergyWindow | None, phase: str, per: str, tokens: float) -> None:
+    """J per prefill or per decoded token (whole board, and above the stored idle draw), tokens per joule, power and
+    clocks over the window (engine.measure.energy); nothing where the run has no meter."""
+    run.result.metrics += energy.energy_metrics(window, per, tokens_per_unit=tokens, **run.tag(phase))
+    note = energy.window_note(window, f"the timed {phase}")
+    if note:
+        run.result.notes.append(note)
 
 
 def _prompt_set(run: _Run, ref: _Reference, compiled: _Compiled) -> None:
