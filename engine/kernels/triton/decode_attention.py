@@ -26,7 +26,6 @@ as one opaque call; `_reference` is SDPA's math with the decode mask, in float64
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -211,7 +210,6 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     # tf32) and one query row per kv head (the 7B: 15 of 16 padded rows would be waste).
     use_dot = not interpreted and k_c.dtype in (torch.bfloat16, torch.float16) and rep >= 2
     rep_pad = max(16, triton.next_power_of_2(rep)) if use_dot else triton.next_power_of_2(rep)
-    tile = tile or tile_from_env()
     split, block_s, warps = tile or (TILE_DOT if use_dot else TILE_ROWS if rep == 1 else TILE_GROUPS)
     tiles = INTERPRETER if interpreted and tile is None else {"SPLIT": split, "BLOCK_S": block_s}
     num_splits = triton.cdiv(s_max, tiles["SPLIT"])
@@ -230,27 +228,6 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
     _combine_kernel[(b * h,)](m, l, o, out, num_splits, REP=rep, REP_PAD=rep_pad, D=d,
                               SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4, **pdl)
     return out
-
-
-TILE_ENV = "MODELAB_DECODE_ATTENTION_TILE"
-
-
-def tile_from_env() -> tuple[int, int, int] | None:
-    """The split kernel's tile from MODELAB_DECODE_ATTENTION_TILE ("SPLIT,BLOCK_S,WARPS"), for measuring a tile inside
-    the real decode step (benchmarks/decode_attention_bench.py times tiles alone); None where unset."""
-    raw = os.environ.get(TILE_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        split, block_s, warps = (int(v) for v in raw.split(","))
-    except ValueError:
-        raise ValueError(f"{TILE_ENV}={raw!r}: want three integers SPLIT,BLOCK_S,WARPS (e.g. 64,64,4)") from None
-    # BLOCK_S ≥ 16: on the GPU it is the K of the P·V tensor-core product (tl.dot takes no fewer)
-    pow2 = all(v > 0 and v & (v - 1) == 0 for v in (split, block_s, warps))
-    if not pow2 or block_s < 16 or warps > 16 or split < block_s:
-        raise ValueError(f"{TILE_ENV}={raw!r}: SPLIT, BLOCK_S and WARPS must be powers of two, SPLIT ≥ BLOCK_S ≥ 16, "
-                         "WARPS ≤ 16")
-    return split, block_s, warps
 
 
 def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,

@@ -104,18 +104,16 @@ def _rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     return x * cos + _rotate_half(x) * sin
 
 
-@pytest.mark.parametrize("tile", [None, "16,16,2", "64,16,4"], ids=["default-tile", "tile-from-env", "one-split"])
+@pytest.mark.parametrize("tile", [None, (16, 16, 2), (64, 16, 4)], ids=["default-tile", "tile-passed", "one-split"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("b,h,kvh,d,s", SHAPES)
-def test_qkv_variant_applies_rope_writes_the_cache_and_attends(b, h, kvh, d, s, dtype, tile, monkeypatch) -> None:
+def test_qkv_variant_applies_rope_writes_the_cache_and_attends(b, h, kvh, d, s, dtype, tile) -> None:
     """From the qkv product's raw output: RoPE on q and the new k, k and v written at the position (nothing else of
-    the cache touched), attention over positions 0..pos — against the model's own ops in float64; also with a tile
-    set through MODELAB_DECODE_ATTENTION_TILE (16-position splits: two or three over the caches here), and with one
-    64-position split (the whole cache: the split kernel writes the output, no combine kernel)."""
+    the cache touched), attention over positions 0..pos — against the model's own ops in float64; through the
+    custom op with the default tile, and with a tile passed as the benchmark passes it (16-position splits: two or
+    three over the caches here; one 64-position split: the whole cache, the split kernel writes the output, no
+    combine kernel)."""
     from dataclasses import replace
-
-    if tile:
-        monkeypatch.setenv(da.TILE_ENV, tile)
 
     from engine.workloads.llama import preset, rope_tables
 
@@ -128,8 +126,11 @@ def test_qkv_variant_applies_rope_writes_the_cache_and_attends(b, h, kvh, d, s, 
         k_before, v_before = k_cache.clone(), v_cache.clone()
         cos, sin = cos_t[pos:pos + 1].to(DEVICE, dtype), sin_t[pos:pos + 1].to(DEVICE, dtype)  # the reference's row
         input_pos = torch.tensor([pos], device=DEVICE)
-        out = da.decode_attention_qkv(qkv, cos_t.to(DEVICE, dtype), sin_t.to(DEVICE, dtype), k_cache, v_cache,
-                                      input_pos)  # the whole tables: the kernel reads row pos
+        tables = (cos_t.to(DEVICE, dtype), sin_t.to(DEVICE, dtype))  # the whole tables: the kernel reads row pos
+        if tile is None:
+            out = da.decode_attention_qkv(qkv, *tables, k_cache, v_cache, input_pos)
+        else:
+            out = da.decode_attention_qkv_fwd(qkv, *tables, k_cache, v_cache, input_pos, tile=tile)
 
         q, k, v = qkv.double().split([h * d, kvh * d, kvh * d], dim=-1)
         q = _rope_reference(q.view(b, 1, h, d).transpose(1, 2), cos.double(), sin.double())
@@ -143,14 +144,6 @@ def test_qkv_variant_applies_rope_writes_the_cache_and_attends(b, h, kvh, d, s, 
         assert torch.equal(v_cache[:, :, pos], v_ref[:, :, pos].to(dtype))
         want = da._reference(q, k_ref, v_ref, input_pos)
         assert out.shape == (b, h, 1, d) and rel_err(out, want) < 2 * TOL[dtype], (pos, rel_err(out, want))
-
-
-@pytest.mark.parametrize("raw", ["64,64", "a,b,c", "64,48,4", "64,64,32", "16,64,4", "-64,64,4", "0,64,4",
-                                 "64,8,4"])
-def test_a_bad_tile_in_the_environment_is_refused_with_the_form(raw, monkeypatch) -> None:
-    monkeypatch.setenv(da.TILE_ENV, raw)
-    with pytest.raises(ValueError, match=da.TILE_ENV):
-        da.tile_from_env()
 
 
 def test_qkv_variant_refuses_shapes_it_does_not_handle() -> None:
