@@ -6,8 +6,8 @@ code loading while a compile runs inside `depyf.prepare_debug(folder)`, and writ
 `__compiled_fn_*.{Captured_Graph,Forward_graph,Backward_graph,kernel_N}.py`.
 
 The dump runs in a child process, after the profile: depyf loads the generated kernels its own way, and a process
-that compiled under it ran the compiled CPU step about 60× slower (0.6 ms → 39 ms, measured on the house-price
-inference at B=64), also after leaving `prepare_debug`. A child keeps that away from every timed or profiled call.
+that compiled under it runs the compiled CPU step dozens of times slower (the house-price inference at B=64), also
+after leaving `prepare_debug`. A child keeps that away from every timed or profiled call.
 The files become artifacts of kind `depyf` of the profile run; the explainer shows them beside a compiled mode.
 Without depyf, or when the child fails, the profile runs on with a note.
 

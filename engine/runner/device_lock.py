@@ -114,7 +114,7 @@ def _physical_core(cpu: int) -> tuple[str, str] | None:
 def timing_cores(cores: list[int]) -> set[int]:
     """The TIMING_CORES cores a timing holds: MODELAB_TIMING_CORES (e.g. "6,7") if set; else the last ones, each on
     its own physical core — hyperthread siblings would share one core's pipeline, and core 0 often takes more of a
-    machine's interrupts (on the H100 machine either choice measured the same: docs/architecture.md)."""
+    machine's interrupts (on a GPU machine either choice times the same: docs/architecture.md)."""
     wanted = os.environ.get("MODELAB_TIMING_CORES", "").strip()
     if wanted:
         try:

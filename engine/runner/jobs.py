@@ -202,7 +202,7 @@ class _ForkedWorker:
 
 
 # Imported once by the fork server so that no run pays for them: torch, dynamo, Inductor's config and Triton. Inductor's
-# compiler (torch._inductor.compile_fx) only where there is no NVIDIA device: on the H100 machine importing it starts
+# compiler (torch._inductor.compile_fx) only where there is no NVIDIA device: on a GPU machine importing it starts
 # the CUDA driver (a "cuda…" thread), after which a forked child could not use CUDA; the server would refuse to serve.
 PRELOAD = ("torch", "torch._dynamo", "torch._inductor.config", "triton")
 PRELOAD_WITHOUT_GPU = ("torch._inductor.compile_fx",)

@@ -310,7 +310,8 @@ def _gpu_configs(shapes: list[tuple[int, int]]) -> list[triton.Config]:
 
 _segment_reduce_tuned = triton.autotune(_gpu_configs([(8, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8)]),
                                         key=["N", "F"])(_segment_reduce)
-# measured on the H100 (N=100k, E=1M, F=128): 4–32 rows per program within a few per cent, 64 rows slower
+# the linked reduce's candidates: at the real shape (N=100k, E=1M, F=128) 4–32 rows per program are within a few per
+# cent of each other (benchmarks/triton_kernels_gpu.py), 64 rows slower
 _linked_reduce_tuned = triton.autotune(_gpu_configs([(4, 1), (8, 2), (16, 4), (32, 4), (32, 8)]),
                                        key=["N", "F"])(_linked_reduce)
 _SEGMENT = LaunchCache(_segment_reduce_tuned)
