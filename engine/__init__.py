@@ -5,8 +5,10 @@ By layer, lowest first; a package imports only the layers below it (tests/engine
 - store/: the DuckDB file — runs, metrics, samples, artifacts, schema and migrations, the environment of each run.
 - runner/: runs in worker processes (queue, fork server, supervisor), the device lock, the order a group runs in.
 - measure/: timers, checks against a reference, cache state, the device's measured ceilings, profiler reductions.
-- workloads/: the models and components a run measures (house-price MLP, Llama-style decoder, Kernel Levels).
-- modes/: the execution modes of the house-price workloads (eager, compile, cuda-graph, triton, cuda, aoti …).
+- workloads/: what a run measures — the house-price MLP, your own model, the Llama-style decoder, Kernel Levels'
+  components, the IR explorer's model zoo.
+- modes/: the execution modes bench checks and times (eager, fx, torchscript, compile, cuda-graph, triton, cuda,
+  custom_op, aoti).
 - kernels/: hand-written kernels — Triton (Kernel Levels L4, the LLM decode step) and the CUDA wrappers (L5, int4).
 - native/: building csrc/ against the installed torch, custom ops, AOTInductor packages and the native runner.
 - bench/: a workload's modes checked against eager, then timed (`bench`).
