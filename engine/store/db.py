@@ -23,7 +23,7 @@ from typing import Any
 import duckdb
 import pandas as pd
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 STATUSES = ("queued", "running", "ok", "failed")
 
 
