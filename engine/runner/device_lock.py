@@ -136,6 +136,11 @@ def timing_cores(cores: list[int]) -> set[int]:
     return set(cores[-TIMING_CORES:])  # fewer physical cores than that: the last ones
 
 
+# The progress message of a worker whose wait for its device is over (after "waiting for the device: …").
+HAS_DEVICE = "has the device"
+WAITING_PREFIX = "waiting for the device"
+
+
 class PhaseHold:
     """One worker's hold on its device, shared or exclusive, switched as its run moves from preparing to timing.
     `waited_s` adds up the time spent waiting for the lock, so a caller can take it out of a wall-clock figure."""
@@ -181,7 +186,10 @@ class PhaseHold:
         kind = fcntl.LOCK_EX if state == "exclusive" else fcntl.LOCK_SH
         what = ("waiting for the device: other runs are preparing or timing" if state == "exclusive"
                 else "waiting for the device: another run is timing")
-        self.waited_s += _take(self._fd, kind, self.poll_s, (lambda: self.on_wait(what)) if self.on_wait else None)
+        waited = _take(self._fd, kind, self.poll_s, (lambda: self.on_wait(what)) if self.on_wait else None)
+        self.waited_s += waited
+        if waited and self.on_wait:  # the wait is over: the supervisor counts time against the run again from here
+            self.on_wait(HAS_DEVICE)
         self.state = state
         self._pin(state)
         self._since = time.perf_counter()

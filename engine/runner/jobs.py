@@ -30,9 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.runner.device_lock import device_lock, lock_dir, lock_path  # noqa: F401 - the runner's lock, named here too
+from engine.runner.device_lock import (  # noqa: F401 - the runner's lock, named here too
+    WAITING_PREFIX,
+    device_lock,
+    lock_dir,
+    lock_path,
+)
 from engine.runner.forkserver import ForkServer, ForkServerError
 from engine.runner.forkserver import enabled as forkserver_enabled
+from engine.runner.worker_env import with_libstdcxx_preloaded
 from engine.store.db import REPO_ROOT, Artifact, RunResult, Store
 
 TARGETS = {"bench": "engine.bench.run:bench_job", "train": "engine.housing.train:train_job",
@@ -78,12 +84,10 @@ def _reap(proc: subprocess.Popen) -> None:
 
 
 def _child_env() -> dict[str, str]:
-    from engine.native.toolchain import with_libstdcxx_preloaded
-
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    return with_libstdcxx_preloaded(env)  # AOTInductor models load in workers (see engine/native/toolchain.py)
+    return with_libstdcxx_preloaded(env)  # AOTInductor models load in workers (see engine.runner.worker_env)
 
 
 def submit(store: Store, specs: Sequence[JobSpec], group_id: str | None = None) -> list[int]:
@@ -442,6 +446,7 @@ def _watch(store: Store, run_id: int, worker: _FreshWorker | _ForkedWorker, file
     """Tail the worker's progress into the store until it exits, dies with its fork server, or runs out of time."""
     progress_lines = _Tail(files.progress)
     deadline = time.monotonic() + timeout_s
+    waiting_since: float | None = None  # the worker is waiting for its device (another run holds it): not its time
     last_write = 0.0
     pending: tuple[float, str] | None = None
     outcome = _Exit()
@@ -456,6 +461,11 @@ def _watch(store: Store, run_id: int, worker: _FreshWorker | _ForkedWorker, file
                 msg = json.loads(line)
                 pending = (float(msg["progress"]), str(msg["message"]))
                 report(*pending)
+                if pending[1].startswith(WAITING_PREFIX):
+                    waiting_since = waiting_since or time.monotonic()
+                elif waiting_since is not None:  # a run waiting behind a hung one is not blamed for the hang
+                    deadline += time.monotonic() - waiting_since
+                    waiting_since = None
             except (ValueError, KeyError, TypeError):
                 continue
         # Throttled: the dashboard polls about once a second; more writes only contend for the file lock.
@@ -464,7 +474,7 @@ def _watch(store: Store, run_id: int, worker: _FreshWorker | _ForkedWorker, file
             last_write, pending = time.monotonic(), None
         if finished:
             return outcome
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline + (time.monotonic() - waiting_since if waiting_since else 0.0):
             worker.kill()
             return _Exit(worker.wait_killed(), timed_out=True)
         time.sleep(0.05)
