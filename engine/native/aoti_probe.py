@@ -54,7 +54,7 @@ def _child_env() -> dict[str, str]:
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    # MODELAB_PRELOAD_LIBSTDCXX=0 shows the crash again (engine/native/toolchain.py says why it is preloaded)
+    # libstdc++ preloaded, as in every worker (engine.runner.worker_env says why)
     return with_libstdcxx_preloaded(env)
 
 

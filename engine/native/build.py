@@ -8,8 +8,9 @@ building the same thing at once; cpp_extension's own "baton" file would be left 
 next one wait forever, so it is cleared while we hold the lock.
 
 Workers also keep Inductor's caches (FX graph, AOTAutograd, autotune, Triton) under the same folder
-(`configure_compile_caches`), and every build or package records whether it was a cache hit (`record_build`), which
-bench stores as `cache_*` metrics of the phase (engine.measure.caches).
+(`configure_compile_caches`; the folder and the worker's environment are engine.runner.worker_env's), and every build
+or package records whether it was a cache hit (`record_build`), which bench stores as `cache_*` metrics of the phase
+(engine.measure.caches).
 
 Nothing here is imported by the dashboard: availability checks (`custom_ops_missing`, `compiler_missing`) only look
 for tools and never build.
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
@@ -33,6 +34,12 @@ import torch
 
 from engine.native.toolchain import exported_std_code, find_cxx, library_compiler, runner_cxx_candidates
 from engine.runner import device_lock
+from engine.runner.worker_env import (  # noqa: F401 - the build folder is the worker's; named here too
+    build_root,
+    build_tag,
+    configure_compile_caches,
+    inductor_cache_dir,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CSRC = REPO_ROOT / "csrc"
@@ -47,49 +54,10 @@ class NativeBuildError(RuntimeError):
     """A native build could not run or failed; the message says why and what to install."""
 
 
-def build_root() -> Path:
-    return Path(os.environ.get("MODELAB_BUILD_DIR") or REPO_ROOT / ".build")
-
-
 def extension_compiler() -> AbstractContextManager[str | None]:
     """$CXX set, for a cpp_extension build, to a compiler that keeps libstdc++ out of the library
     (toolchain.library_compiler; its probe remembered under the build root)."""
     return library_compiler(build_root() / "cxx_probe.json")
-
-
-def build_tag() -> str:
-    """One folder per torch + Python version (+ CUDA version): binaries never cross an upgrade."""
-    tag = f"torch-{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
-    # Wheels spell the CUDA version in torch.__version__ (+cu130); a source build ("2.11.0a0") does not.
-    if torch.version.cuda and "cu" not in torch.__version__.partition("+")[2]:
-        tag += f"-cu{torch.version.cuda}"
-    return tag.replace("+", "_").replace("/", "_")
-
-
-def inductor_cache_dir() -> Path:
-    """Where workers keep Inductor's on-disk caches (FX graph, AOTAutograd, autotune, Triton kernels).
-
-    Inductor keys every entry itself (graph, input metadata, configs, device properties and a hash of torch's own
-    source), so one folder per build tag only adds a second line of defence and lets a user wipe one torch's caches.
-    """
-    return build_root() / build_tag() / "inductor"
-
-
-def configure_compile_caches(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """Point Inductor's caches at inductor_cache_dir() (unless the user set their own) and turn them on explicitly:
-    the default /tmp/torchinductor_$USER is shared by everyone on the machine and wiped on reboot. Returns what was set.
-    """
-    env = os.environ if env is None else env
-    wanted = {"TORCHINDUCTOR_CACHE_DIR": str(inductor_cache_dir()),
-              "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",  # on by default on 2.11–2.13; explicit so a changed default shows
-              "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
-              "TORCHINDUCTOR_AUTOTUNE_LOCAL_CACHE": "1"}
-    applied = {}
-    for key, value in wanted.items():
-        if key not in env:
-            env[key] = value
-            applied[key] = value
-    return applied
 
 
 # Native builds and packages done (or found cached) in this process since the last take_build_events(): bench stores
@@ -268,7 +236,6 @@ def runner_command(output: Path, cxx: str | None = None) -> list[str]:
     # libtorch_cuda finds its CUDA libraries (pip's nvidia-* wheels) through its own RUNPATH at run time; the linker
     # need not resolve them now.
     cmd += ["-Wl,--as-needed", "-Wl,--allow-shlib-undefined"]
-    cmd += os.environ.get("MODELAB_RUNNER_LDFLAGS", "").split()  # e.g. for a diagnosis: -static-libstdc++
     return cmd
 
 

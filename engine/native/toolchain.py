@@ -1,7 +1,8 @@
 """The C++ toolchain as seen from this machine: which compiler, which libstdc++, and what a built executable exports.
 
-No torch import here: engine.runner.jobs calls `with_libstdcxx_preloaded` for every worker it starts, from a supervisor
-process that never loads torch.
+No torch import here. What a worker's environment needs (which compiler, which libstdc++ to preload) lives in
+engine.runner.worker_env, whose supervisor applies it to every worker it starts without loading torch; it is named
+here too.
 """
 
 from __future__ import annotations
@@ -13,47 +14,16 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-
-def find_cxx() -> str | None:
-    """The C++ compiler cpp_extension will use: $CXX, else c++ (then g++, clang++) on PATH."""
-    env = os.environ.get("CXX")
-    if env:
-        return shutil.which(env) or (env if Path(env).is_file() else None)
-    for name in ("c++", "g++", "clang++"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
-def _compiler_libstdcxx(cxx: str) -> str | None:
-    """The libstdc++.so.6 that `cxx` links against (resolved), or None if it names none."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        out = subprocess.run([cxx, "-print-file-name=libstdc++.so.6"], capture_output=True, text=True,
-                             timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return str(Path(out).resolve()) if out and Path(out).is_absolute() and Path(out).is_file() else None
-
-
-def loaded_libstdcxx() -> str | None:
-    """The libstdc++ this (torch-importing) process has loaded, resolved; None where /proc is missing."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
-    for line in maps.splitlines():
-        path = line.split()[-1] if line.split() else ""
-        if "/libstdc++.so" in path:
-            return str(Path(path).resolve())
-    return None
+from engine.runner.worker_env import (  # noqa: F401 - a worker's environment is the runner's; named here too
+    find_cxx,
+    libstdcxx_to_preload,
+    loaded_libstdcxx,
+    with_libstdcxx_preloaded,
+)
 
 
 def runner_cxx_candidates() -> list[str]:
@@ -177,32 +147,3 @@ def library_compiler(cache: Path | None = None) -> Iterator[str | None]:
             os.environ.pop("CXX", None)
         else:
             os.environ["CXX"] = before
-
-
-PRELOAD_ENV = "MODELAB_PRELOAD_LIBSTDCXX"
-
-
-@functools.lru_cache(maxsize=1)
-def libstdcxx_to_preload() -> str | None:
-    """The libstdc++ to preload: the one this process has loaded, else the compiler's (looked up once)."""
-    cxx = find_cxx()
-    return loaded_libstdcxx() or (_compiler_libstdcxx(cxx) if cxx else None)
-
-
-def with_libstdcxx_preloaded(env: dict[str, str]) -> dict[str, str]:
-    """`env` with this process's libstdc++ first in LD_PRELOAD (unless $MODELAB_PRELOAD_LIBSTDCXX=0).
-
-    Why: on the GPU image (torch 2.11+cu130) an AOTInductor model .so — CUDA or CPU — segfaults in its constructor,
-    inside std::regex (parse_device_str), when a library loaded earlier in the Python process interposes some
-    libstdc++ symbols; with libstdc++ preloaded the same package loads and runs (docs/aoti.md). Preloading the
-    library every C++ program loads anyway changes nothing elsewhere.
-    """
-    if env.get(PRELOAD_ENV, "1") == "0":
-        return env
-    lib = libstdcxx_to_preload()
-    if not lib:
-        return env
-    current = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p]
-    if lib not in current:
-        env = {**env, "LD_PRELOAD": " ".join([lib, *current])}
-    return env

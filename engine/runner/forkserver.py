@@ -58,9 +58,9 @@ def serve(preload: Sequence[str]) -> int:
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints of imported modules go to the server's log
     started = time.perf_counter()
-    from engine.native.build import configure_compile_caches
+    from engine.runner.worker_env import configure_compile_caches
 
-    configure_compile_caches()  # before any torch import: Inductor reads some of these at import time
+    configure_compile_caches()  # before the preload imports Inductor, which reads some of these at import time
     # torch (through numpy) starts OpenBLAS's thread server, which is fork-safe by design (pthread_atfork; torch's
     # DataLoader forks such processes all the time). Anything after it must start no thread at all.
     import torch  # noqa: F401

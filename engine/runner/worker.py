@@ -97,7 +97,7 @@ def run_job(job_path: str | Path) -> int:
     try:
         # Compiled artifacts (Inductor's FX graph / AOTAutograd / autotune caches) persist under MODELAB_BUILD_DIR,
         # keyed by torch version, so the next run's first call is a cache hit instead of a compile.
-        from engine.native.build import configure_compile_caches
+        from engine.runner.worker_env import configure_compile_caches
 
         configure_compile_caches()
         if job.get("device_wait_s"):  # how long the supervisor waited for the device before starting this run

@@ -1,5 +1,5 @@
-"""The toolchain checks behind the AOTInductor fixes: which compiler builds the runner, what it may export, and the
-libstdc++ preload given to processes that load model .so files (engine/native/toolchain.py says why each exists)."""
+"""The toolchain checks behind the AOTInductor fixes: which compiler builds the runner and what it may export
+(engine/native/toolchain.py says why each exists; the libstdc++ preload is tests/engine/runner/test_worker_env.py's)."""
 
 from __future__ import annotations
 
@@ -46,17 +46,6 @@ def test_cxx_from_the_environment_is_tried_first(monkeypatch):
     assert candidates[0] == gxx and len(candidates) == len(set(candidates))
     monkeypatch.delenv("CXX")
     assert gxx in toolchain.runner_cxx_candidates()
-
-
-def test_preload_puts_the_loaded_libstdcxx_first_once(monkeypatch):
-    lib = toolchain.libstdcxx_to_preload()
-    if lib is None:
-        pytest.skip("no libstdc++ found (not Linux, or no compiler)")
-    assert Path(lib).is_file() and "libstdc++" in lib
-    env = toolchain.with_libstdcxx_preloaded({"LD_PRELOAD": "/opt/other.so"})
-    assert env["LD_PRELOAD"].split() == [lib, "/opt/other.so"]
-    assert toolchain.with_libstdcxx_preloaded(env) == env  # idempotent: a worker's child does not add it twice
-    assert toolchain.with_libstdcxx_preloaded({toolchain.PRELOAD_ENV: "0"}) == {toolchain.PRELOAD_ENV: "0"}
 
 
 def _static_libstdcxx_compiler(tmp_path: Path) -> str:
