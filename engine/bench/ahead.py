@@ -29,7 +29,7 @@ from pathlib import Path
 
 from engine.runner import device_lock
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass

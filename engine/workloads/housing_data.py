@@ -25,7 +25,7 @@ import pandas as pd
 if TYPE_CHECKING:  # torch is imported lazily: the CSV checks and the generator should not pay for it
     import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CSV = REPO_ROOT / "data" / "housing.csv"
 TARGET = "price"
 MIN_ROWS = 32
