@@ -31,9 +31,9 @@ quant          weight-only quantized decode: 1B and 7B, bf16 triton-fused beside
                then the prefill's dequantization per tile (prefill_dequant_bench.py; QUANT_PREFILL=0 leaves it out)
 frontier       the targets: L5 attention variants vs SDPA (unverified ones in a child first), attention levels (FRONTIER_DEEP=1:
                with ncu per kernel), 1B/7B MBU (FRONTIER_PRESETS)
-gluon-l4       the L4 attention's Gluon kernel: checked against float64 in a child process, then, if it passed, each
-               consumer order timed beside SDPA and the tl kernel, and the causal-attention L4 level (its per-shape
-               choice between the two kernels in the runs' notes)
+gluon-l4       the L4 attention's Gluon kernel: checked against float64 in a child process, then, if it passed, timed
+               beside SDPA and the tl kernel, and the causal-attention L4 level (its per-shape choice between the two
+               kernels in the runs' notes)
 EOF
 }
 [ "$part" = list ] && { parts; exit 0; }

@@ -188,8 +188,7 @@ def attention_jobs(arch: int):
 
 def gluon_jobs(arch: int):
     """Kernel Levels' L4 attention in Gluon (engine/kernels/triton/attention_ws.py, Hopper only): bf16 and fp16,
-    D 128 and 64, causal and not; at bf16 D=128 each order of the consumers. Its descriptors' signatures come from
-    descriptors over CPU tensors."""
+    D 128 and 64, causal and not. Its descriptors' signatures come from descriptors over CPU tensors."""
     if arch != 90:
         return
     import torch
@@ -203,15 +202,9 @@ def gluon_jobs(arch: int):
             q_desc, k_desc, v_desc = aw.descriptors(t, t, t)
             sig = {"q_desc": mangle_type(q_desc), "k_desc": mangle_type(k_desc), "v_desc": mangle_type(v_desc),
                    "o_ptr": f"*{name}", "S": "i32", "qk_scale": "fp32"}
-            # every order (one tile at a time, overlapped, overlapped with turns) at the target shape's type and
-            # head dim; the default order elsewhere
-            orders = ((False, False), (True, False), (True, True)) if (name, d) == ("bf16", 128) else ((True, False),)
             for causal in (True, False):
-                for overlap, pingpong in orders:
-                    order = " ping-pong" if pingpong else " overlapped" if overlap else " one tile at a time"
-                    yield (f"gluon attn {name} D{d} {'causal' if causal else 'full'}{order}", aw._attn_ws_kernel, sig,
-                           {"HEAD_DIM": d, "BLOCK_N": aw.BLOCK_N, "STAGES": aw.STAGES, "CAUSAL": causal,
-                            "OVERLAP": overlap, "PINGPONG": pingpong}, 4)
+                yield (f"gluon attn {name} D{d} {'causal' if causal else 'full'}", aw._attn_ws_kernel, sig,
+                       {"HEAD_DIM": d, "BLOCK_N": aw.BLOCK_N, "STAGES": aw.STAGES, "CAUSAL": causal}, 4)
 
 
 def resource_usage(cubin: bytes) -> tuple[str, str]:

@@ -6,9 +6,8 @@ The last lines are a short table: us, TFLOP/s or TB/s, ratio to the baseline.
 
     python benchmarks/triton_kernels_gpu.py                       # everything, autotuned, on CUDA
     python benchmarks/triton_kernels_gpu.py --only attn --sweep   # also time each attention config on its own
-    python benchmarks/triton_kernels_gpu.py --only attn --gluon   # also the Gluon kernel (attention_ws.py) in each
-                                                               # order of its consumers (Hopper; check it first:
-                                                               # gpu_check.sh gluon-l4 does)
+    python benchmarks/triton_kernels_gpu.py --only attn --gluon   # also the Gluon kernel (attention_ws.py) (Hopper;
+                                                               # check it first: gpu_check.sh gluon-l4 does)
     python benchmarks/triton_kernels_gpu.py --only mp             # message passing: sorted; unsorted bucketed
                                                                # (bucketing timed alone too) and atomic; torch
                                                                # index_add_; PyG's scatter where installed
@@ -76,25 +75,22 @@ def report_timings(kernel: object, label: str) -> None:
 
 
 def run_gluon(name: str, q: torch.Tensor, causal: bool, ref: torch.Tensor, flops: int, t_sdpa: float) -> None:
-    """The Gluon attention (engine/kernels/triton/attention_ws.py) in each order of its consumers, checked, timed."""
+    """The Gluon attention (engine/kernels/triton/attention_ws.py), checked, timed."""
     from engine.kernels.triton import attention_ws
 
     why = attention_ws.unsupported(q)
     if why:
         print(f"{name} gluon: {why}")
         return
-    for label, overlap, pingpong in (("one tile at a time", False, False), ("overlapped", True, False),
-                                     ("ping-pong", True, True)):
-        out = attention_ws.attention_ws(q, q, q, causal, overlap=overlap, pingpong=pingpong)
-        err = rel_err(out, ref)
-        if err >= 1e-2:
-            print(f"{name} gluon {label}: err={err:.1e} FAIL, not timed")
-            continue
-        t = bench_us(lambda: attention_ws.attention_ws(q, q, q, causal, overlap=overlap, pingpong=pingpong))
-        print(f"{name} gluon {label}: {t:.1f} us {flops / t / 1e6:.0f} TFLOP/s | ratio {t_sdpa / t:.2f} to SDPA",
-              flush=True)
-        ROWS.append((f"{name} gluon {label}", t, f"{flops / t / 1e6:.0f} TFLOP/s", t_sdpa,
-                     f"{t_sdpa / t:.2f}x SDPA; err={err:.1e}"))
+    out = attention_ws.attention_ws(q, q, q, causal)
+    err = rel_err(out, ref)
+    if err >= 1e-2:
+        print(f"{name} gluon: err={err:.1e} FAIL, not timed")
+        return
+    t = bench_us(lambda: attention_ws.attention_ws(q, q, q, causal))
+    print(f"{name} gluon: {t:.1f} us {flops / t / 1e6:.0f} TFLOP/s | ratio {t_sdpa / t:.2f} to SDPA", flush=True)
+    ROWS.append((f"{name} gluon", t, f"{flops / t / 1e6:.0f} TFLOP/s", t_sdpa,
+                 f"{t_sdpa / t:.2f}x SDPA; err={err:.1e}"))
 
 
 def run_attention(small: bool, sweep: bool, gluon: bool = False) -> None:

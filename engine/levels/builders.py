@@ -104,11 +104,7 @@ def _attention_tiles(component: Component, shape: Shape):
         key = (d["S"], d["D"], True)
     else:  # the ViT: one token per patch plus the class token
         key = ((d["image"] // d["patch"]) ** 2 + 1, d["E"] // d["heads"], False)
-    forced = {"triton": "MODELAB_L4_ATTENTION=triton: the tl kernel only (no Gluon kernel timed beside it)",
-              "gluon": "MODELAB_L4_ATTENTION=gluon: on Hopper with 16-bit inputs the attention is the warp-specialised "
-                       "Gluon kernel (engine/kernels/triton/attention_ws.py), elsewhere the tl kernel"}
-    kernel = attention.l4_kernel()
-    return lambda: [t for t in [forced.get(kernel), attention.l4_choice(*key), attention.tuned_tile(*key)] if t]
+    return lambda: [t for t in [attention.l4_choice(*key), attention.tuned_tile(*key)] if t]
 
 
 def _cuda(component: Component, shape: Shape, naive: nn.Module, device: str) -> Built:

@@ -26,7 +26,6 @@ How it works (Flash-Attention 2, after Triton's 06-fused-attention tutorial):
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -293,37 +292,23 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     q, k, v: (B, H, S, D), contiguous, one dtype (bfloat16/float16; float32 too, with 3xTF32 dots, see FP32_DOT),
     D in {32, 64, 128}, any S >= 1. Returns a new (B, H, S, D) tensor of the same dtype. Softmax in fp32.
     On Hopper with inputs the warp-specialised Gluon kernel takes (attention_ws.py: 16-bit, D 64 or 128), the first
-    call of each shape times it and this module's kernel and keeps the faster (l4_choice says which);
-    MODELAB_L4_ATTENTION=triton or gluon forces one.
+    call of each shape times it and this module's kernel and keeps the faster (l4_choice says which).
     """
-    kernel = l4_kernel()
-    if kernel == "auto" and isinstance(q, torch.Tensor) and q.is_cuda:
+    if isinstance(q, torch.Tensor) and q.is_cuda:
         chosen = _CHOICES.get(_choice_key(q, causal))
         if chosen is not None and chosen["impl"] == "triton":  # the per-call host cost stays the tl kernel's
             return _attention(q, k, v, causal, scale)
-    if kernel != "triton" and isinstance(q, torch.Tensor) and q.is_cuda:
         from engine.kernels.triton.attention_ws import attention_ws, unsupported
 
         _check_inputs(q, k, v, causal, scale)
         if unsupported(q) is None and all(t.data_ptr() % 16 == 0 for t in (q, k, v)):
-            if kernel == "gluon" or _choose(q, k, v, causal, scale, attention_ws) == "gluon":
+            if _choose(q, k, v, causal, scale, attention_ws) == "gluon":
                 return attention_ws(q, k, v, causal, scale)
     return _attention(q, k, v, causal, scale)
 
 
-L4_ENV = "MODELAB_L4_ATTENTION"
 # (B, H, S, D, dtype, device index, causal) → {"impl": "triton" | "gluon", "triton_us": …, "gluon_us": …}
 _CHOICES: dict[tuple, dict] = {}
-
-
-def l4_kernel() -> str:
-    """Which kernel `attention` runs where the Gluon one can: "auto" (the default: the faster of the two, timed per
-    shape), "triton" (this module's) or "gluon" (attention_ws.py), from MODELAB_L4_ATTENTION."""
-    raw = os.environ.get(L4_ENV, "auto").strip()
-    if raw not in ("auto", "triton", "gluon"):
-        raise ValueError(f"{L4_ENV}={raw!r}: want auto (the default: the faster per shape), triton (the tl kernel) "
-                         "or gluon (the warp-specialised Gluon kernel, Hopper)")
-    return raw
 
 
 def _choice_key(q: torch.Tensor, causal: bool) -> tuple:

@@ -17,17 +17,11 @@ Causal: key tiles past the block's last row are never loaded; the diagonal tile 
 are read through one flat descriptor each, so a tile crossing S reads the next head's rows (or zeros past the end):
 their scores are masked to -inf and their P is 0. The output is stored through pointers, rows < S only.
 
-OVERLAP (the default; attention_ws(overlap=False) takes one tile at a time): inside each consumer
-FlashAttention-3's order — q K(n)ᵀ issued with O += P(n-1) V(n-1), the softmax of S(n) while that P V runs (in the
-sm_90 SASS all 66 exponentials of a tile sit between the two waits; a test reads them).
+Inside each consumer FlashAttention-3's order: q K(n)ᵀ issued with O += P(n-1) V(n-1), the softmax of S(n) while
+that P V runs (in the sm_90 SASS all 66 exponentials of a tile sit between the two waits; a test reads them).
 
-PINGPONG (attention_ws(pingpong=True), off by default: slower than plain overlap at S = 4096 on Hopper): the two
-consumers also take turns to issue their products through two mbarriers, so one's softmax meets the other's matrix
-products (the CUDA variant 7 does this with named barriers).
-
-Overlapped, it is ahead of the tl kernel at S = 4096 and behind it at S = 1024 and on the ViT's short rows
-(docs/kernel-levels.md), so `attention.attention` times both once per shape and keeps the faster
-(MODELAB_L4_ATTENTION forces one).
+It is ahead of the tl kernel at S = 4096 and behind it at S = 1024 and on the ViT's short rows
+(docs/kernel-levels.md), so `attention.attention` times both once per shape and keeps the faster.
 """
 
 from __future__ import annotations
@@ -128,37 +122,8 @@ def _consumer_start(c: gl.constexpr, k_smem, m0):
 
 
 @gluon.jit
-def _consume(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr,
-             head_row0, m0, S, qk_scale, num_n, causal):
-    """Consumer c: query rows m0 + 64c … of the head starting at flat row head_row0, over num_n key tiles."""
-    n_stages: gl.constexpr = k_smem.shape[0]
-    rows, m_i, l_i, acc, no_scores = _consumer_start(c, k_smem, m0)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
-    mbarrier.wait(q_bar, 0)
-    q = q_smem.index(c)
-    for n in range(num_n):
-        slot = n % n_stages
-        phase = (n // n_stages) & 1
-        mbarrier.wait(k_full.index(slot), phase)
-        qk = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), no_scores, use_acc=False, is_async=True)
-        qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
-        mbarrier.arrive(k_empty.index(slot))
-        if n == num_n - 1:
-            p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, rows, n, S, qk_scale, causal, True)
-        else:
-            p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, rows, n, S, qk_scale, causal, False)
-        acc = _rescale(acc, alpha)
-        p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
-        mbarrier.wait(v_full.index(slot), phase)
-        acc = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(v_empty.index(slot))
-    _store_rows(c, acc, l_i, o_ptr, head_row0, m0, S)
-
-
-@gluon.jit
-def _overlapped_step(c: gl.constexpr, n, q, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sink, turn, take_turns,
-                     rows, S, qk_scale, causal, acc, p_op, alpha, m_i, l_i, no_scores, MASK: gl.constexpr):
+def _overlapped_step(c: gl.constexpr, n, q, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sink, rows, S, qk_scale,
+                     causal, acc, p_op, alpha, m_i, l_i, no_scores, MASK: gl.constexpr):
     """One tile in FlashAttention-3's order: q K(n)ᵀ issued together with O += P(n-1) V(n-1), the softmax of S(n)
     while that P V runs. Returns (O, P(n) as the next product's operand, alpha, row max, row sum)."""
     n_stages: gl.constexpr = k_smem.shape[0]
@@ -166,11 +131,9 @@ def _overlapped_step(c: gl.constexpr, n, q, k_smem, v_smem, k_full, k_empty, v_f
     prev = (n - 1) % n_stages
     mbarrier.wait(k_full.index(slot), (n // n_stages) & 1)
     mbarrier.wait(v_full.index(prev), ((n - 1) // n_stages) & 1)
-    mbarrier.wait(turn.index(c), n & 1, pred=take_turns)  # this consumer's n-th turn
     qk = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), no_scores, use_acc=False, is_async=True)
     acc = _rescale(acc, alpha)  # O to tile n-1's row max while q K(n)ᵀ runs
     acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-    mbarrier.arrive(turn.index(1 - c), pred=take_turns)
     qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # S(n) has landed; P(n-1) V(n-1) may still run
     mbarrier.arrive(k_empty.index(slot))
     p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, rows, n, S, qk_scale, causal, MASK)
@@ -185,23 +148,19 @@ def _overlapped_step(c: gl.constexpr, n, q, k_smem, v_smem, k_full, k_empty, v_f
 
 
 @gluon.jit
-def _consume_overlapped(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr,
-                        head_row0, m0, S, qk_scale, num_n, causal, sink, turn, pingpong):
-    """Consumer c as _consume, with FlashAttention-3's order inside the warpgroup (_overlapped_step). pingpong (0 or
-    1): the two consumers also take turns to issue their products (turn[c] is this one's; consumer 0 starts), so
-    one's softmax meets the other's matrix products. The t-th turn of either waits for phase parity t & 1. Only the
-    last tile is masked: the unmasked tiles run in the loop, the last one after it."""
+def _consume(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0,
+             S, qk_scale, num_n, causal, sink):
+    """Consumer c: query rows m0 + 64c … of the head starting at flat row head_row0, over num_n key tiles, in
+    FlashAttention-3's order inside the warpgroup (_overlapped_step). Only the last tile is masked: the unmasked
+    tiles run in the loop, the last one after it."""
     n_stages: gl.constexpr = k_smem.shape[0]
     rows, m_i, l_i, acc, no_scores = _consumer_start(c, k_smem, m0)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
     mbarrier.wait(q_bar, 0)
     q = q_smem.index(c)
-    take_turns = pingpong != 0
     # tile 0: scores only
     mbarrier.wait(k_full.index(0), 0)
-    mbarrier.wait(turn.index(c), 0, pred=take_turns)
     qk = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), no_scores, use_acc=False, is_async=True)
-    mbarrier.arrive(turn.index(1 - c), pred=take_turns)
     qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
     mbarrier.arrive(k_empty.index(0))
     if num_n == 1:
@@ -209,7 +168,7 @@ def _consume_overlapped(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, 
     else:
         p, alpha, m_i, l_i = _softmax_tile(qk, m_i, l_i, rows, 0, S, qk_scale, causal, False)
     p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
-    step = (q, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sink, turn, take_turns, rows, S, qk_scale, causal)
+    step = (q, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sink, rows, S, qk_scale, causal)
     for n in range(1, num_n - 1):
         acc, p_op, alpha, m_i, l_i = _overlapped_step(c, n, *step, acc, p_op, alpha, m_i, l_i, no_scores, False)
     if num_n > 1:
@@ -218,46 +177,29 @@ def _consume_overlapped(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, 
     last = (num_n - 1) % n_stages
     mbarrier.wait(v_full.index(last), ((num_n - 1) // n_stages) & 1)
     acc = _rescale(acc, alpha)
-    mbarrier.wait(turn.index(c), num_n & 1, pred=take_turns)
     acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-    mbarrier.arrive(turn.index(1 - c), pred=take_turns)  # the last hand-over: consumer 1's finds no one waiting
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     mbarrier.arrive(v_empty.index(last))
     _store_rows(c, acc, l_i, o_ptr, head_row0, m0, S)
 
 
 @gluon.jit
-def _overlapped_0(q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S, qk_scale,
-                  num_n, causal, sink, turn, pingpong):
-    _consume_overlapped(0, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S,
-                        qk_scale, num_n, causal, sink, turn, pingpong)
-
-
-@gluon.jit
-def _overlapped_1(q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S, qk_scale,
-                  num_n, causal, sink, turn, pingpong):
-    _consume_overlapped(1, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S,
-                        qk_scale, num_n, causal, sink, turn, pingpong)
-
-
-@gluon.jit
 def _consumer_0(q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S, qk_scale,
-                num_n, causal):
+                num_n, causal, sink):
     _consume(0, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S, qk_scale,
-             num_n, causal)
+             num_n, causal, sink)
 
 
 @gluon.jit
 def _consumer_1(q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S, qk_scale,
-                num_n, causal):
+                num_n, causal, sink):
     _consume(1, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S, qk_scale,
-             num_n, causal)
+             num_n, causal, sink)
 
 
 @gluon.jit
 def _attn_ws_kernel(q_desc, k_desc, v_desc, o_ptr, S, qk_scale,
-                    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                    OVERLAP: gl.constexpr = False, PINGPONG: gl.constexpr = False):
+                    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     m_block = gl.num_programs(0) - 1 - gl.program_id(0)  # causal: the longest rows of a head are dispatched first
     bh = gl.program_id(1)  # head-major grid: a few heads' K and V are read from DRAM about once
     m0 = m_block * 128
@@ -280,25 +222,15 @@ def _attn_ws_kernel(q_desc, k_desc, v_desc, o_ptr, S, qk_scale,
         mbarrier.init(v_full.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)  # one arrive per consumer
         mbarrier.init(v_empty.index(i), count=2)
+    sink = gl.allocate_shared_memory(gl.float32, [2, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     fence_async_shared()
     head_row0 = bh * S
     # partitions take tensors, not constexprs: sizes come back from the shared-memory shapes, causal as an int
     consume = (q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, o_ptr, head_row0, m0, S, qk_scale,
-               num_n, 1 if CAUSAL else 0)
+               num_n, 1 if CAUSAL else 0, sink)
     produce = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty,
                head_row0 + m0, head_row0, num_n)
-    if OVERLAP:
-        sink = gl.allocate_shared_memory(gl.float32, [2, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(turn.index(0), count=1)
-        mbarrier.init(turn.index(1), count=1)
-        fence_async_shared()
-        mbarrier.arrive(turn.index(0), pred=PINGPONG)  # consumer 0's first turn is given
-        consume_sink = consume + (sink, turn, 1 if PINGPONG else 0)
-        gl.warp_specialize([(_overlapped_0, consume_sink), (_overlapped_1, consume_sink), (_producer, produce)],
-                           [4, 4], [232, 24])
-    else:
-        gl.warp_specialize([(_consumer_0, consume), (_consumer_1, consume), (_producer, produce)], [4, 4], [232, 24])
+    gl.warp_specialize([(_consumer_0, consume), (_consumer_1, consume), (_producer, produce)], [4, 4], [232, 24])
 
 
 def _gl_dtype(dtype: torch.dtype):
@@ -331,12 +263,8 @@ def unsupported(q: torch.Tensor) -> str | None:
 
 
 def attention_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                 scale: float | None = None, overlap: bool = True, pingpong: bool = False) -> torch.Tensor:
-    """softmax(q kᵀ · scale [+ causal mask]) v for contiguous (B, H, S, D) CUDA tensors (see unsupported).
-    overlap: the consumers in FlashAttention-3's order (_consume_overlapped); False: one tile at a time.
-    pingpong (with overlap): the consumers also take turns to issue their products."""
-    if pingpong and not overlap:
-        raise ValueError("pingpong takes overlap=True (the turns are the overlapped consumers')")
+                 scale: float | None = None) -> torch.Tensor:
+    """softmax(q kᵀ · scale [+ causal mask]) v for contiguous (B, H, S, D) CUDA tensors (see unsupported)."""
     why = unsupported(q)
     if why:
         raise ValueError(why)
@@ -348,6 +276,6 @@ def attention_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     q_desc, k_desc, v_desc = descriptors(q, k, v)
     grid = (-(-s // BLOCK_M), b * h)
     _attn_ws_kernel[grid](q_desc, k_desc, v_desc, out, s, scale * LOG2E, HEAD_DIM=d, BLOCK_N=BLOCK_N, STAGES=STAGES,
-                          CAUSAL=bool(causal), OVERLAP=bool(overlap), PINGPONG=bool(pingpong), num_warps=4)
+                          CAUSAL=bool(causal), num_warps=4)
     return out
 
