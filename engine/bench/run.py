@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 
 from engine.bench import ahead as bench_ahead
-from engine.measure import conditions, noise, nvtx_ranges
+from engine.measure import conditions, energy, noise, nvtx_ranges
 from engine.measure.caches import cache_metrics, counter_snapshot
 from engine.measure.checks import compare
 from engine.measure.inductor_timing import begin_run
-from engine.measure.timing import ADAPT_MAX_ROUNDS, Measurement, time_adaptive, time_blocks, time_first_call
+from engine.measure.timing import ADAPT_MAX_ROUNDS, Measurement, time_adaptive, time_blocks, time_first_call, time_fn
 from engine.modes import Mode, Prepared, get_mode
 from engine.modes.base import TRAIN_LR
 from engine.native.build import take_build_events
@@ -56,6 +56,7 @@ class BenchConfig:
     loop_block: int = 20
     loop_reps: int = 25
     artifacts_dir: str | None = None
+    db: str | None = None  # the store: where the device's idle draw is kept (engine.measure.energy)
     extra: dict = field(default_factory=dict)
 
 
@@ -163,11 +164,12 @@ class _Checked:
     max_abs: float
     max_rel: float
     timed: Measurement | None = None  # set by _time_step
+    energy_window: energy.EnergyWindow | None = None  # the energy window around the timed calls (None: no meter here)
 
 
 def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, phase: str, batch_size: int,
                 cfg: BenchConfig, result: RunResult, progress: Progress, frac: tuple[float, float],
-                ahead: bench_ahead.Ahead | None = None) -> None:
+                ahead: bench_ahead.Ahead | None = None, meter: energy.Meter | None = None) -> None:
     device = cfg.device
     inputs, target = workload.make_batch(batch_size, device)
     lo, hi = frac
@@ -188,7 +190,7 @@ def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, pha
     # Beside other runs of its group (engine.runner.plan) the worker prepared holding the device shared; it times alone.
     with device_lock.exclusive():
         progress(lo + 0.2 * (hi - lo), f"{phase} B={batch_size}: timing")
-        checked.timed = _time_step(checked.step, phase, batch_size, cfg)
+        checked.timed, checked.energy_window = _time_step(checked.step, phase, batch_size, cfg, meter)
         extra = _extra_metrics(checked, workload, phase, batch_size, cfg, progress, frac)
     if ahead_us is not None:  # the cold compile was the helper's; this process loaded it from Inductor's caches
         extra.append(Metric("first_call_here", checked.first_us, "us"))
@@ -258,13 +260,23 @@ def _tuning(mode: Mode) -> contextlib.AbstractContextManager:
     return device_lock.exclusive() if mode.autotunes and not installed() else contextlib.nullcontext()
 
 
-def _time_step(step: Callable[[], torch.Tensor], phase: str, batch_size: int, cfg: BenchConfig) -> Measurement:
+def _time_step(step: Callable[[], torch.Tensor], phase: str, batch_size: int, cfg: BenchConfig,
+               meter: energy.Meter | None = None) -> tuple[Measurement, energy.EnergyWindow | None]:
     """warm-up, then cfg.iters timed calls of the checked step (inference under no_grad), more rounds while the
-    spread is wide (cfg.adaptive); the machine's conditions recorded around them (engine.measure.conditions)."""
-    with torch.set_grad_enabled(phase == "train"), nvtx_ranges.range(f"timed {phase} B={batch_size}"), \
-            conditions.window(cfg.device, phase, batch_size):
+    spread is wide (cfg.adaptive); the machine's conditions recorded around them (engine.measure.conditions), and
+    the energy counter read just outside them (engine.measure.energy; a short loop runs again, untimed, until the
+    window is long enough for the counter)."""
+    def timed() -> Measurement:
         return time_adaptive(step, cfg.device, warmup=cfg.warmup, iters=cfg.iters,
                              max_rounds=ADAPT_MAX_ROUNDS if cfg.adaptive else 1)
+
+    def again() -> float:
+        return cfg.warmup + len(time_fn(step, cfg.device, warmup=cfg.warmup, iters=cfg.iters,
+                                        first_call=False).samples_us)
+
+    with torch.set_grad_enabled(phase == "train"), nvtx_ranges.range(f"timed {phase} B={batch_size}"), \
+            conditions.window(cfg.device, phase, batch_size):
+        return energy.measure(meter, timed, units=lambda m: cfg.warmup + len(m.samples_us), again=again)
 
 
 def _extra_metrics(checked: _Checked, workload: Workload, phase: str, batch_size: int, cfg: BenchConfig,
@@ -308,6 +320,10 @@ def _record_phase(result: RunResult, checked: _Checked, extra: list[Metric], mod
     result.metrics.append(Metric("throughput", batch_size / (stats.median * 1e-6), "samples/s", **tag))
     for metric in extra:
         result.metrics.append(Metric(metric.name, metric.value, metric.unit, **tag))
+    result.metrics += energy.energy_metrics(checked.energy_window, "step", **tag)
+    note = energy.window_note(checked.energy_window, f"{phase} B={batch_size}")
+    if note:
+        result.notes.append(note)
     for metric in cache_metrics(before.caches, counter_snapshot(), take_build_events(), mode.autotunes):
         result.metrics.append(Metric(metric.name, metric.value, metric.unit, **tag))
     if mode.compiles:
@@ -344,6 +360,7 @@ def bench_mode(cfg: BenchConfig, progress: Progress = lambda f, msg: None) -> Ru
         raise RuntimeError(f"mode {mode.name} is not available on {cfg.device}: {reason}")
     result = RunResult(env=begin_run(cfg.device))
     conditions.reset()
+    meter = energy.open_for_run(cfg.device, cfg.db, result)  # the idle draw: stored, else measured once here
     # Ranges name every phase in Nsight timelines; on CPU nothing reads them, so they stay out of the timed loop.
     nvtx_ranges.enable(cfg.device.startswith("cuda"))
     base_model = workload.make_model().to(cfg.device)
@@ -363,7 +380,7 @@ def bench_mode(cfg: BenchConfig, progress: Progress = lambda f, msg: None) -> Ru
         for i, (phase, batch_size) in enumerate(plan):
             with nvtx_ranges.range(f"{mode.name} {phase} B={batch_size}"):
                 bench_phase(workload, mode, base_model, phase, batch_size, cfg, result, progress,
-                            (i / len(plan), (i + 1) / len(plan)), ahead)
+                            (i / len(plan), (i + 1) / len(plan)), ahead, meter)
     finally:
         if ahead is not None:
             ahead.stop()

@@ -418,21 +418,27 @@ def _time(run: _Run, ref: _Reference, compiled: _Compiled) -> _Timings:
         token0, _ = prepared.prefill(prompt, positions)
         decode_pass(decoder, token0, P, min(N, 8), device)  # warm: CUDA graph trees record here
 
-        def decode_passes(passes: int) -> list[float]:
-            """`passes` passes of N steps, each after an untimed prefill of the prompt."""
+        last_token = [token0]
+
+        def decode_passes() -> list[float]:
+            """The timed passes of N steps, each after an untimed prefill of the prompt."""
             us: list[float] = []
-            for _ in range(passes):
-                token0, _ = prepared.prefill(prompt, positions)
+            for _ in range(cfg.decode_passes):
+                last_token[0], _ = prepared.prefill(prompt, positions)
                 with nvtx_ranges.range("decode"):
-                    us += decode_pass(decoder, token0, P, N, device)
+                    us += decode_pass(decoder, last_token[0], P, N, device)
             return us
 
-        timings.decode_us, window = energy.measure(meter, lambda: decode_passes(cfg.decode_passes),
-                                                   units=lambda us: len(us) * B,
-                                                   again=lambda: len(decode_passes(1)) * B)
+        def again() -> float:  # the last pass once more (same cache contents, same work), without its prefill
+            return len(decode_pass(decoder, last_token[0], P, N, device)) * B
+
+        timings.decode_us, window = energy.measure(meter, decode_passes, units=lambda us: len(us) * B, again=again)
         result.samples.append(Samples(phase="decode", values=timings.decode_us, batch_size=B))
-        if window is not None and prefill_energy is not None:  # the prefill before each pass taken out
-            window = window.less(prefill_energy, count=cfg.decode_passes + window.runs - 1, units=window.units)
+        if window is not None and prefill_energy is not None:  # the prefill before each timed pass taken out
+            window = window.less(prefill_energy, count=cfg.decode_passes, units=window.units)
+            if window is None:
+                result.notes.append("energy of the decode left out: the prefills between its timed passes took "
+                                    "over half of its energy window")
         _energy_figures(run, window, "decode", "token", 1)
     _after_timing(run, compiled)
     return timings

@@ -88,6 +88,11 @@ class Meter:
     min_window_s: float = GPU_MIN_WINDOW_S
     sample_interval_s: float = SAMPLE_INTERVAL_S
 
+    @property
+    def label(self) -> str:
+        return ("NVML's energy counter (the whole board)" if self.source == "nvml"
+                else "the RAPL package counters (whole CPU packages)")
+
     def read(self) -> Any:
         """A raw snapshot of the counter(s): NVML millijoules, or one microjoule reading per RAPL zone."""
         if self.source == "rapl":
@@ -149,14 +154,17 @@ class EnergyWindow:
     def sm_clocks(self) -> list[int]:
         return [s.sm_clock_mhz for s in self.samples if s.sm_clock_mhz is not None]
 
-    def less(self, other: EnergyWindow, count: float, units: float) -> EnergyWindow:
+    def less(self, other: EnergyWindow, count: float, units: float) -> EnergyWindow | None:
         """This window without `count` of `other`'s units (the prefills between decode passes, say), whose joules and
-        seconds per unit are taken out (so the share above idle stays consistent); `units`: what is left's count."""
+        seconds per unit are taken out (so the share above idle stays consistent); `units`: what is left's count.
+        None where they were over half the window: what is left would be mostly the error of that estimate."""
         if self.joules is None or other.joules is None:
             return self
-        return EnergyWindow(self.seconds - count * other.seconds / other.units,
-                            self.joules - count * other.joules / other.units, self.source, units, self.runs,
-                            self.idle_w, self.samples, self.reason)
+        joules = self.joules - count * other.joules / other.units
+        seconds = self.seconds - count * other.seconds / other.units
+        if joules < self.joules / 2 or seconds < self.seconds / 2:
+            return None
+        return EnergyWindow(seconds, joules, self.source, units, self.runs, self.idle_w, self.samples, self.reason)
 
     def reason_shares(self) -> dict[str, float]:
         """Each clock-event reason seen in the window: the % of samples it was set in."""
@@ -217,8 +225,10 @@ def open_for_run(device: str, db: str | None, result: RunResult) -> Meter | None
     _, run_id = idle_for(meter, db)
     if run_id is not None:
         result.metrics.append(Metric("idle_run_id", float(run_id), ""))
-    elif meter.idle_w is None:
-        result.notes.append("energy: the idle draw could not be measured; only the total is shown")
+    idle = (f"idle draw {meter.idle_w:.1f} W" + (f" (run {run_id})" if run_id is not None else "")
+            if meter.idle_w is not None else "the idle draw could not be measured, so only totals are shown")
+    result.notes.append(f"energy: {meter.label}, read just outside each timed region (a region shorter than "
+                        f"{meter.min_window_s:g} s runs again, untimed, inside the same window); {idle}")
     return meter
 
 
@@ -327,13 +337,16 @@ def energy_metrics(window: EnergyWindow | None, per: str, *, tokens_per_unit: fl
 
 
 def window_note(window: EnergyWindow | None, what: str) -> str | None:
-    """One line on how a window's energy was taken (or why it was not), for the run's notes."""
+    """A line for the run's notes where a window needs one: no energy figure (why), power samples instead of the
+    counter, or clocks held back for a reason (the % of samples each reason was set in); else None."""
     if window is None:
         return None
     if window.joules is None:
         return not_available_note(f"{what}: {window.reason}")
-    runs = f", the region run {window.runs}× to fill it" if window.runs > 1 else ""
-    idle = f"; idle {window.idle_w:.1f} W stored for this device" if window.idle_w is not None else ""
+    parts = []
+    if window.source.startswith("NVML power samples"):
+        parts.append(f"from {len(window.samples)} power samples (this GPU has no energy counter)")
     reasons = ", ".join(f"{r} {p:.0f}%" for r, p in window.reason_shares().items())
-    return (f"energy of {what}: {window.source}, {window.seconds:.2f} s window{runs}{idle}"
-            + (f"; clock-event reasons in the window: {reasons}" if reasons else ""))
+    if reasons:
+        parts.append(f"clock-event reasons in the window: {reasons}")
+    return f"energy of {what}: " + "; ".join(parts) if parts else None

@@ -43,6 +43,9 @@ def test_the_counter_read_around_a_region_gives_its_joules(fake_gpu: FakeNvml):
     assert window.above_idle_j == pytest.approx(7.5 - 50.0 * window.seconds)
     assert window.avg_power_w == pytest.approx(7.5 / window.seconds)
     assert min(window.sm_clocks) == 1500 and "sw_power_cap" in window.reason_shares()
+    assert "clock-event reasons in the window: sw_power_cap" in energy.window_note(window, "infer B=8")
+    plain = EnergyWindow(seconds=1.0, joules=5.0, source="NVML energy counter")
+    assert energy.window_note(plain, "infer B=8") is None  # nothing to say beyond the metrics
 
 
 def test_a_short_region_runs_again_until_the_window_is_long_enough(fake_gpu: FakeNvml):
@@ -72,6 +75,7 @@ def test_without_the_counter_power_samples_are_integrated(fake_gpu: FakeNvml):
     assert window is not None and window.source == "NVML power samples, integrated"
     span = window.samples[-1].t - window.samples[0].t
     assert window.joules == pytest.approx(200.0 * span)
+    assert "power samples (this GPU has no energy counter)" in energy.window_note(window, "decode")
 
 
 def test_nothing_readable_is_a_reason_not_a_figure(fake_gpu: FakeNvml):
@@ -127,6 +131,7 @@ def test_the_prefills_between_decode_passes_are_taken_out():
     only = decode.less(prefill, count=5, units=100)
     assert only.joules == pytest.approx(280.0) and only.seconds == pytest.approx(2.5)
     assert only.above_idle_j == pytest.approx(280.0 - 20.0 * 2.5)
+    assert decode.less(prefill, count=40, units=100) is None  # 160 J of 300: the rest would be mostly error
 
 
 # -- RAPL ------------------------------------------------------------------------------------------------------------
@@ -222,13 +227,13 @@ def test_levels_run_stores_joules_per_call(ticking_rapl: float, tmp_path: Path):
     window_s, calls = found["energy_window_s"].value, found["energy_window_runs"].value * 4
     assert window_s >= 0.05 and step.value == pytest.approx(ticking_rapl * window_s / calls, rel=0.05)
     assert found["avg_power_w"].value == pytest.approx(ticking_rapl, rel=0.05)
-    assert any(n.startswith("energy of the timed calls: RAPL package counters") for n in result.notes)
+    assert any(n.startswith("energy: the RAPL package counters") and "idle draw 30" in n for n in result.notes)
 
 
 def test_llm_run_stores_joules_per_token_and_per_prefill(ticking_rapl: float, tmp_path: Path):
     from engine.llm.run import LLMConfig, llm_run
 
-    cfg = LLMConfig(preset="tiny", prompt_len=8, new_tokens=4, batch=2, mode="eager", prefill_iters=2,
+    cfg = LLMConfig(preset="tiny", prompt_len=4, new_tokens=16, batch=2, mode="eager", prefill_iters=2,
                     decode_passes=1, check_tokens=2, profile=False, ceilings="none", db=str(tmp_path / "r.duckdb"),
                     artifacts_dir=str(tmp_path / "a"))
     result = llm_run(cfg)
@@ -237,8 +242,23 @@ def test_llm_run_stores_joules_per_token_and_per_prefill(ticking_rapl: float, tm
     assert decode["energy_per_token"].unit == "J/token" and decode["energy_per_token"].value > 0
     assert decode["tokens_per_j"].value == pytest.approx(1 / decode["energy_per_token"].value)
     assert prefill["energy_per_prefill"].unit == "J/prefill"
-    assert prefill["tokens_per_j"].value == pytest.approx(2 * 8 / prefill["energy_per_prefill"].value)
+    assert prefill["tokens_per_j"].value == pytest.approx(2 * 4 / prefill["energy_per_prefill"].value)
     # a steady 30 W: what the decode window drew, less its prefills, is 30 W over what is left of it
     assert decode["avg_power_w"].value == pytest.approx(ticking_rapl, rel=0.1)
     per_token = decode["energy_per_token"].value
     assert decode["energy_above_idle_per_token"].value == pytest.approx(0.0, abs=0.05 * per_token)
+
+
+def test_bench_stores_joules_per_step_for_each_phase(ticking_rapl: float, tmp_path: Path):
+    from engine.bench.run import BenchConfig, bench_mode
+
+    cfg = BenchConfig(mode="eager", batch_sizes=(4,), train_batch_sizes=(8,), warmup=1, iters=3, adaptive=False,
+                      loop=False, db=str(tmp_path / "r.duckdb"))
+    result = bench_mode(cfg)
+    for phase, batch in (("infer", 4), ("train", 8)):
+        found = {m.name: m for m in result.metrics if (m.phase, m.batch_size) == (phase, batch)}
+        step = found["energy_per_step"]
+        assert step.unit == "J/step" and found["energy_above_idle_per_step"].unit == "J/step"
+        calls = found["energy_window_runs"].value * 4  # each run of the region: 1 warm-up call and 3 timed
+        assert step.value == pytest.approx(ticking_rapl * found["energy_window_s"].value / calls, rel=0.05)
+    assert sum(n.startswith("energy: the RAPL package counters") for n in result.notes) == 1
