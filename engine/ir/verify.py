@@ -19,6 +19,7 @@ from torch import nn
 from engine.ir.errors import IRError
 from engine.ir.execute import execute_ir
 from engine.ir.graph import IR
+from engine.measure.checks import nonfinite
 
 
 @dataclass
@@ -89,8 +90,11 @@ def _compare(name: str, got: torch.Tensor, want: torch.Tensor, rtol: float, atol
     diff = (g - w).abs()
     max_abs = float(diff.max()) if diff.numel() else 0.0
     max_rel = float((diff / w.abs().clamp_min(1e-12)).max()) if diff.numel() else 0.0
-    ok = bool(torch.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True))
-    msg = "" if ok else f"exceeds rtol {rtol:g} / atol {atol:g}"
+    # A NaN or inf is never a match, even where both sides have it: there is no value to compare.
+    bad = {whose: nonfinite(t) for whose, t in (("IR's", g), ("model's", w))}
+    ok = not any(bad.values()) and bool(torch.allclose(g, w, rtol=rtol, atol=atol))
+    msg = ("" if ok else "; ".join(f"the {whose} output has NaN or inf ({b})" for whose, b in bad.items() if b)
+           or f"exceeds rtol {rtol:g} / atol {atol:g}")
     return OutputCheck(name, list(want.shape), str(want.dtype).removeprefix("torch."), max_abs, max_rel, ok, msg)
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.measure.checks import nonfinite
 from engine.measure.timing import Measurement, time_events_each, time_fn
 from engine.store.db import Metric
 from engine.workloads.component import Component, Shape, rel_l2_error
@@ -149,6 +150,9 @@ class Guard:
         ref = reference(self.naive, inputs, dtype)
         if tuple(out.shape) != tuple(ref.shape):
             return f"output shape {tuple(out.shape)} differs from the reference {tuple(ref.shape)}"
+        bad = nonfinite(out)
+        if bad:
+            return f"output has NaN or inf ({bad}) on input set '{gs.label}'"
         err = rel_l2_error(out, ref)
         if err <= self.tol:
             return None

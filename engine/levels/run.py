@@ -24,6 +24,7 @@ from engine.levels.base import Built, Level, use_triton_interpreter
 from engine.measure import energy
 from engine.measure import kernel_timers as timers
 from engine.measure.ceilings import Ceilings, ceiling_metrics, ceilings_for, dtype_key
+from engine.measure.checks import nonfinite
 from engine.measure.inductor_timing import begin_run
 from engine.measure.timing import Measurement, time_first_call, time_fn, time_in_graph
 from engine.runner import device_lock
@@ -74,8 +75,12 @@ def check(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float) -> float:
     if tuple(out.shape) != tuple(ref.shape):
         raise LevelMismatchError(f"{name}: output shape {tuple(out.shape)} differs from the reference "
                                  f"{tuple(ref.shape)}")
+    for whose, values in (("output", out), ("naive fp32 reference", ref)):
+        bad = nonfinite(values)
+        if bad:
+            raise LevelMismatchError(f"{name}: the {whose} has NaN or inf ({bad})")
     err = rel_l2_error(out.float(), ref)
-    if not err <= tol:  # NaN/inf give inf and fail here
+    if not err <= tol:
         raise LevelMismatchError(f"{name}: relative L2 error {err:.3g} against the naive fp32 reference exceeds "
                                  f"the tolerance {tol:g}")
     return err

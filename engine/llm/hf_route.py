@@ -29,6 +29,7 @@ the lab's fused kernels (every mode but the three above is refused: NATIVE_ONLY_
 
 from __future__ import annotations
 
+import math
 import re
 import tempfile
 import time
@@ -45,6 +46,7 @@ from engine.llm.generate import Decoder, Generation, StepFn, generate
 from engine.llm.modes import TRANSFORMERS_ROUTE_MODES, route_mode, route_unavailable
 from engine.llm.timed import decode_pass, sync, timed_calls
 from engine.llm.verify import TOLERANCE_FACTOR, TOLERANCE_FLOOR, TOLERANCE_FP32, check_generation, rel_l2
+from engine.measure.checks import ToleranceError
 from engine.measure.timing import summarize
 from engine.store.db import Metric, RunResult, Samples
 
@@ -313,6 +315,9 @@ def _route_reference(run: _RouteRun) -> None:
     errs = [rel_l2(first.logits[j], theirs.logits[j]) for j in range(steps)]
     if fp32:
         check_generation(first, theirs, TOLERANCE_FP32, f"{cfg.name} (transformers route, eager)")
+    elif not all(math.isfinite(e) for e in errs):  # rel_l2's inf: a tolerance from it would let every mode pass
+        raise ToleranceError(f"{cfg.name} (transformers route, eager): NaN or inf in eager's or transformers' logits; "
+                             "no tolerance can be calibrated from them")
     run.tolerance = TOLERANCE_FP32 if fp32 else max(TOLERANCE_FACTOR * errs[0], TOLERANCE_FLOOR)
     agree = int((first.tokens[0, :steps] == theirs.tokens[0, :steps]).sum())
     run.result.metrics += [Metric("hf_reference_rel_err", max(errs), ""),

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kernels.int4_layout import INT4_LAYOUT, int4_row_bytes, pack_int4, unpack_int4  # noqa: F401 - re-exported
-from engine.measure.checks import ToleranceError
+from engine.measure.checks import ToleranceError, nonfinite
 from engine.workloads.llama import LlamaConfig
 
 INT4_GROUP = 64  # engine.kernels.int4_layout.GROUP
@@ -415,6 +415,10 @@ def check_gate(scheme: str, ref_logits: list[torch.Tensor], got_logits: list[tor
                layers: int = 0) -> GateResult:
     """The gate of `scheme` for a `layers`-deep model (gate_for) on teacher-forced logits; raises ToleranceError
     (with both numbers) on a miss."""
+    for whose, logits in (("", got_logits), ("the reference's ", ref_logits)):
+        bad = next((b for b in map(nonfinite, logits) if b), None)
+        if bad:  # a NaN KL compares False with the gate; the reason is the logits, not the gate
+            raise ToleranceError(f"{what or scheme}: {whose}logits contain NaN or inf ({bad})")
     top1, kl, n = gate_metrics(ref_logits, got_logits)
     result = GateResult(scheme, top1, kl, n, gate_for(scheme, layers))
     if not result.passed:

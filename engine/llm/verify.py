@@ -6,13 +6,14 @@ Used by engine.llm.run (every mode against eager) and engine.llm.tp_rank (the sh
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.llm.config import LLMConfig
 from engine.llm.generate import Generation, step_fn
-from engine.measure.checks import ToleranceError
+from engine.measure.checks import ToleranceError, nonfinite
 from engine.workloads.llama import LlamaDecoder, build_model
 
 # How far a mode's logits may be from eager's, as relative L2 error ‖mode − eager‖ / ‖eager‖.
@@ -31,9 +32,17 @@ TOLERANCE_FLOOR = 1e-3
 
 
 def rel_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """‖actual − expected‖ / ‖expected‖, in float64."""
+    """‖actual − expected‖ / ‖expected‖, in float64; inf when either holds a NaN or inf (a NaN error would compare
+    False with any tolerance and pass)."""
     a, e = actual.double(), expected.double()
+    if not torch.isfinite(a).all() or not torch.isfinite(e).all():
+        return math.inf
     return float((a - e).norm() / e.norm().clamp_min(1e-30))
+
+
+def err_text(err: float) -> str:
+    """A relative error for a failure's reason; an infinite one says why (NaN or inf in the logits: rel_l2)."""
+    return f"{err:.3g}" if math.isfinite(err) else "inf: NaN or inf in the logits"
 
 
 @dataclass
@@ -57,13 +66,15 @@ def check_generation(got: Generation, ref: Generation, tol: float, what: str) ->
         a, e = got.logits[j], ref.logits[j]
         if a.shape != e.shape:
             raise ToleranceError(f"{what}: {where} logits have shape {tuple(a.shape)}, eager's {tuple(e.shape)}")
-        if not torch.isfinite(a).all():
-            raise ToleranceError(f"{what}: {where} logits contain NaN or inf")
+        for whose, values in (("", a), ("eager's (the reference's) ", e)):
+            bad = nonfinite(values)
+            if bad:
+                raise ToleranceError(f"{what}: {where} {whose}logits contain NaN or inf ({bad})")
         err = rel_l2(a, e)
         diff = (a - e).abs()
         max_abs = max(max_abs, float(diff.max()))
         errs.append(err)
-        if err > tol:
+        if not err <= tol:
             raise ToleranceError(f"{what}: {where} logits differ from eager's (relative L2 error {err:.3g} > "
                                  f"tolerance {tol:g}; max abs err {float(diff.max()):.3g})")
         mine, theirs = got.tokens[:, j].cpu(), ref.tokens[:, j].cpu()
@@ -96,10 +107,10 @@ def check_cache_against_recompute(model: LlamaDecoder, prompt: torch.Tensor, ref
                                     if len(ref.logits) > 1 else ((ref.logits[0][0], full[-2]),)):
         err = rel_l2(got, want)
         worst = max(worst, err)
-        if err > tol:
+        if not err <= tol:
             where = "prefill" if j == 0 else "the first decode step"
             raise ToleranceError(f"static KV cache: {where} logits differ from a full recompute without a cache "
-                                 f"(relative L2 error {err:.3g} > {tol:g})")
+                                 f"(relative L2 error {err_text(err)} > {tol:g})")
     return worst
 
 
@@ -141,4 +152,7 @@ def calibrate(cfg: LLMConfig, model: LlamaDecoder, prompt: torch.Tensor, ref: Ge
     if cfg.device.startswith("cuda"):
         torch.cuda.empty_cache()
     err = max(rel_l2(ref.logits[j][:1], fp32[j]) for j in range(len(fp32)))
+    if not math.isfinite(err):  # a tolerance from it would be inf and let every mode pass
+        raise ToleranceError("eager's logits against its float32 twin: NaN or inf in the logits; no tolerance "
+                             "can be calibrated from them")
     return Calibration(max(TOLERANCE_FACTOR * err, TOLERANCE_FLOOR), err, fp32)

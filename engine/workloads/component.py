@@ -79,9 +79,10 @@ def seeded(seed: int, device: str) -> torch.Generator:
 
 
 def rel_l2_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """‖actual − expected‖ / ‖expected‖ in float64; inf when actual has NaN/inf (never passes)."""
+    """‖actual − expected‖ / ‖expected‖ in float64; inf when either has a NaN/inf (never passes: a NaN error would
+    compare False with any tolerance)."""
     a, e = actual.detach().double(), expected.detach().double()
-    if not torch.isfinite(a).all():
+    if not torch.isfinite(a).all() or not torch.isfinite(e).all():
         return float("inf")
     denom = e.norm().item()
     return float((a - e).norm().item() / (denom if denom > 0 else 1.0))

@@ -59,3 +59,19 @@ def test_real_build_is_deterministic() -> None:
     b, xb = zoo.build("attention", "tiny", device="cpu", seed=3)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
     assert torch.equal(xa[0], xb[0])
+
+
+def test_nan_outputs_never_verify_even_where_model_and_ir_agree(zoo_irs, real_models) -> None:
+    """allclose(equal_nan=True) called a NaN in both the model and its IR a match; a NaN or inf is never one."""
+    model, inputs = real_models["house_price"]
+    poisoned = copy.deepcopy(model)
+    with torch.no_grad():
+        next(poisoned.parameters()).fill_(float("nan"))
+    both = verify_ir(zoo_irs["house_price"], poisoned, inputs)  # the IR runs on the poisoned model's weights too
+    assert not both.ok and "the IR's output has NaN or inf" in both.outputs[0].message
+    assert "the model's output has NaN or inf" in both.outputs[0].message
+    weights = {k: torch.full_like(v, float("inf")) if v.is_floating_point() else v
+               for k, v in model_weights(model).items()}
+    ir_only = verify_ir(zoo_irs["house_price"], model, inputs, weights=weights)
+    assert not ir_only.ok and "the IR's output has NaN or inf" in ir_only.outputs[0].message
+    assert "model's" not in ir_only.outputs[0].message

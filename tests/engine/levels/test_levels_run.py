@@ -106,8 +106,12 @@ def test_check_rejects_shape_nan_and_drift() -> None:
     assert check("ok", ref + 1e-6, ref, 1e-3) < 1e-3
     with pytest.raises(LevelMismatchError, match="shape"):
         check("bad", ref[:2], ref, 1e-3)
-    with pytest.raises(LevelMismatchError, match="inf"):
+    with pytest.raises(LevelMismatchError, match=r"nan: the output has NaN or inf \(16 NaN and 0 inf"):
         check("nan", ref * float("nan"), ref, 1e-3)
+    with pytest.raises(LevelMismatchError, match=r"the output has NaN or inf \(0 NaN and 1 inf"):
+        check("inf", torch.where(ref == ref.max(), float("inf"), ref), ref, 1e-3)
+    with pytest.raises(LevelMismatchError, match="the naive fp32 reference has NaN or inf"):
+        check("nan ref", ref, ref * float("nan"), 1e-3)
     with pytest.raises(LevelMismatchError, match="exceeds"):
         check("drift", ref * 1.1, ref, 1e-3)
 

@@ -139,3 +139,23 @@ def test_a_token_flip_between_near_tied_candidates_is_a_tie_not_an_error() -> No
     got2 = Generation(tokens=torch.tensor([[1]]), logits=[torch.tensor([[5.0, 1.0, 0.0]])])
     with pytest.raises(ToleranceError, match="generated token differs"):
         check_generation(got2, ref2, 1e-2, "mode")
+
+
+def test_nan_or_inf_logits_never_pass_a_check() -> None:
+    """A NaN error compares False with any tolerance: the checks ask for finite logits first and say so."""
+    from engine.llm.generate import Generation
+    from engine.llm.verify import err_text
+
+    good = Generation(torch.tensor([[0, 1]]), [torch.tensor([[2.0, 1.0]]), torch.tensor([[1.0, 2.0]])])
+    nan = Generation(good.tokens, [good.logits[0], torch.tensor([[float("nan"), 2.0]])])
+    inf = Generation(good.tokens, [torch.tensor([[float("inf"), 1.0]]), good.logits[1]])
+    assert check_generation(good, good, 1e-4, "same").tokens_matched == 2
+    with pytest.raises(ToleranceError, match=r"decode step 1 logits contain NaN or inf \(1 NaN and 0 inf"):
+        check_generation(nan, good, 1e-4, "nan")
+    with pytest.raises(ToleranceError, match=r"prefill logits contain NaN or inf \(0 NaN and 1 inf"):
+        check_generation(inf, good, 1e-4, "inf")
+    with pytest.raises(ToleranceError, match="decode step 1 eager's \\(the reference's\\) logits contain NaN"):
+        check_generation(good, nan, 1e-4, "nan reference")
+    assert rel_l2(nan.logits[1], good.logits[1]) == float("inf") == rel_l2(good.logits[1], nan.logits[1])
+    assert not rel_l2(nan.logits[1], good.logits[1]) <= 1e-4
+    assert err_text(float("inf")) == "inf: NaN or inf in the logits"

@@ -472,3 +472,14 @@ def test_the_labs_triton_modes_take_the_next_token_with_the_triton_argmax_and_th
         assert torch.equal(got, with_torchs), name
         says[name] = any("Triton argmax" in n for n in prepared.notes)
     assert says == {"triton-int4-wo": True, "int4-wo": False}
+
+
+def test_the_gate_fails_nan_or_inf_logits_saying_so() -> None:
+    """A NaN KL compares False with the gate; the gate names the logits' NaN or inf instead of a KL of nan."""
+    ref = [torch.tensor([[2.0, 1.0, 0.5, 0.0]])] * 2
+    nan = [ref[0], torch.tensor([[float("nan"), 1.0, 0.5, 0.0]])]
+    with pytest.raises(ToleranceError, match=r"int8-wo: logits contain NaN or inf \(1 NaN and 0 inf of 4 values\)"):
+        quant.check_gate("int8-wo", ref, nan)
+    with pytest.raises(ToleranceError, match="int8-wo: the reference's logits contain NaN or inf"):
+        quant.check_gate("int8-wo", nan, ref)
+    assert quant.check_gate("int8-wo", ref, ref).passed
