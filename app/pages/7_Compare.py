@@ -14,7 +14,8 @@ from engine.compare.verdict import KINDS, CompareError, Comparison, Options, com
 
 BY = {"commit": "git commit", "torch": "torch version", "device": "device", "merged": "merged store",
       "ids": "run ids", "latest": "latest run of each series"}
-COLORS = {"slower": "crimson", "faster": "seagreen", "unchanged": "grey", "too few samples": "lightgrey"}
+COLORS = {"slower": "crimson", "faster": "seagreen", "unchanged": "grey", "cannot tell": "orange",
+          "too few samples": "lightgrey"}
 
 st.set_page_config(page_title="Compare · Mode Lab", layout="wide")
 store = get_store()
@@ -78,24 +79,30 @@ c1, c2 = st.columns(2)
 threshold = c1.number_input("Threshold (smallest change that counts, %)", min_value=0.0, max_value=99.0, value=5.0,
                             step=1.0, key="threshold")
 kind = c2.selectbox("Kind", ["all", *KINDS], key="kind")
+include_flagged = st.toggle("Count runs flagged noisy or interfered", key="include-flagged",
+                            help="Left out by default: their timing shared the machine (engine.measure.noise).")
 st.code(f"python -m engine compare --base {shlex.quote(base)} --head {shlex.quote(head)} --threshold {threshold:g}%"
-        + ("" if kind == "all" else f" --kind {kind}"), language="bash")
+        + ("" if kind == "all" else f" --kind {kind}") + (" --include-flagged" if include_flagged else ""),
+        language="bash")
 
 if not base or not head:
     st.info("Pick at least one run on each side.", icon=":material/info:")
     st.stop()
 try:
-    result = compare(store, base, head, Options(threshold=threshold / 100,
+    result = compare(store, base, head, Options(threshold=threshold / 100, include_flagged=include_flagged,
                                                 kinds=KINDS if kind == "all" else (kind,)))
 except CompareError as exc:
     st.warning(f"Nothing to compare: {exc}.", icon=":material/warning:")
     st.stop()
 
 counts = ", ".join(f"{n} {v}" for v, n in result.counts().items() if n)
-(st.error if result.regressed else st.success)(
+(st.error if result.regressed else st.warning if result.undecided else st.success)(
     f"{len(result.rows)} series: {counts} (base: {len(result.base_runs)} runs, head: {len(result.head_runs)} runs)."
-    + (" A CI run of this comparison exits with code 1." if result.regressed else ""))
+    + (f" A CI run of this comparison exits with code {result.exit_code}." if result.exit_code else ""))
 st.dataframe(table(result), hide_index=True, key="verdicts")
+for i, row in enumerate(result.rows, 1):  # why a series cannot be told, and where its process noise came from
+    if row.why or row.process_noise:
+        st.caption(f"[{i}] " + (f"cannot tell: {row.why}" if row.why else f"process noise: {row.process_noise}"))
 st.plotly_chart(forest(result), key="forest")
 with st.expander("Reproduce the head side", icon=":material/terminal:", expanded=result.regressed):
     st.code("\n".join(f"# [{i}] {r.series}\n{r.command}" for i, r in enumerate(result.rows, 1)), language="bash")

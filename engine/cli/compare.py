@@ -1,6 +1,6 @@
 """`python -m engine compare --base SPEC --head SPEC`: did it get slower? (engine.compare.verdict)
 
-    python -m engine compare --base commit:abc123 --head latest                 # exit 1 when a series regressed
+    python -m engine compare --base commit:abc123 --head latest    # exit 1 when a series regressed, 3 cannot tell
     python -m engine compare --base ids:12 --head ids:15 --threshold 10% --json
     python -m engine compare --base device:H100 --head device:H200 --kind llm
 """
@@ -22,15 +22,21 @@ SPEC: clauses separated by spaces, ANDed (a key given twice ORs its values); quo
   merged:other.duckdb     copied in by `merge` from that store (path or file name); merged:none = made here
   kind:bench,levels,llm   also workload:NAME,… and mode:NAME,…
   latest | latest:N       of what the other clauses select, the newest (N) run(s) of each series
+  12 | 12,15,20-24        a bare run id (list) is ids:…
 A run (series) selected by both sides stays on the head side only.
 
-Test, per series: the ratio of medians head/base of the raw samples with a percentile-bootstrap CI (B resamples,
-seeded; runs drawn first when a side has several) and the Mann-Whitney U p-value for reference.
-  slower     the whole (1 - alpha) CI lies above 1 AND the ratio >= 1 + threshold
-  faster     the whole CI lies below 1 AND the ratio <= 1 / (1 + threshold)
-  unchanged  otherwise;  'too few samples' under --min-samples on a side
-Exit code: 1 when any series is slower, 0 otherwise, 2 for bad arguments (a SPEC that matches no run, a bad
-threshold: write 5% or 0.05). See docs/compare.md."""
+Test, per series: the ratio of medians head/base of the raw samples with a hierarchical-bootstrap CI (B
+resamples, seeded): a side's processes (runs; `bench --repeat N` makes N per mode) drawn first, then samples within
+them, widened for few processes; the Mann-Whitney U p-value for reference.
+  slower       the whole (1 - alpha) CI lies above 1 AND the ratio >= 1 + threshold
+  faster       the whole CI lies below 1 AND the ratio <= 1 / (1 + threshold)
+  unchanged    otherwise
+  cannot tell  a side has fewer than 2 processes and no process-to-process noise was measured for the series on
+               its machine (earlier repeat groups), or every run of a side is flagged; says the repeats it needs
+  'too few samples' under --min-samples on a side
+Runs flagged noisy or interfered (engine.measure.noise) are left out unless --include-flagged.
+Exit code: 1 when any series is slower, else 3 when any cannot be told, else 0; 2 for bad arguments (a SPEC that
+matches no run, a bad threshold: write 5% or 0.05). See docs/compare.md."""
 
 
 def _alpha(text: str) -> float:
@@ -47,7 +53,8 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     from engine.compare.verdict import ALPHA, KINDS, MIN_SAMPLES, RESAMPLES
 
     p = sub.add_parser("compare", help="did it get slower? two sets of runs (commits, torch versions, devices, "
-                       "merged stores, run ids) compared per series with a bootstrap CI; exit 1 on a regression",
+                       "merged stores, run ids) compared per series with a bootstrap CI over processes; exit 1 on a "
+                       "regression, 3 when it cannot tell",
                        description=__doc__.split("\n\n")[0] + "\n\n" + GRAMMAR,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", required=True, metavar="SPEC", help="the reference runs, e.g. commit:abc123")
@@ -60,6 +67,8 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--min-samples", type=int_at_least(2), default=MIN_SAMPLES,
                    help=f"fewer samples on a side: 'too few samples' (default {MIN_SAMPLES})")
+    p.add_argument("--include-flagged", action="store_true",
+                   help="count runs flagged noisy or interfered in the verdicts (default: left out, and said so)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     common(p)
     p.set_defaults(func=cmd_compare)
@@ -80,10 +89,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     try:
         options = Options(threshold=parse_threshold(args.threshold), alpha=args.alpha, resamples=args.resamples,
                           seed=args.seed, min_samples=args.min_samples,
-                          kinds=(args.kind,) if args.kind else KINDS)
+                          kinds=(args.kind,) if args.kind else KINDS, include_flagged=args.include_flagged)
         base, head = parse_spec(args.base), parse_spec(args.head)
         result = compare(open_store(args), base, head, options)
     except CompareError as exc:
         raise CliError(str(exc)) from exc
     print(to_json(result) if args.json else render(result))
-    return 1 if result.regressed else 0
+    return result.exit_code

@@ -45,15 +45,36 @@ means nothing. The bootstrap needs no distributional assumption.
 Each resample draws every sample of a side with replacement; its median is drawn directly from its exact sampling
 distribution rather than by sorting a resample: the k-th smallest of N uniform draws on {1..N} is ceil(N·U(k)) with
 U(k) ~ Beta(k, N−k+1) (and U(k+1) = U(k) + (1 − U(k))·Beta(1, N−k) for an even N's second middle value), so B
-resamples cost O(B), not O(B·N log N), and equal the brute-force bootstrap in distribution (tested). When a side has
-several runs of a series, the resample is two-stage (a cluster bootstrap): the runs are drawn with replacement first,
-then the samples from the mixture of the drawn runs (each run weighing the same) — run-to-run variation (another
-process, another clock state) widens the interval instead of being taken for precision.
+resamples cost O(B), not O(B·N log N), and equal the brute-force bootstrap in distribution (tested).
+
+Processes, not samples, are the unit
+------------------------------------
+Samples from one process share its state (where the allocator put the tensors, which core the scheduler chose, the
+clock the machine ran at, what else ran meanwhile), so two runs of one configuration differ by more than their
+samples' spread says: an interval from the samples of one process on each side calls such pairs "slower". Each run
+is one worker process (`bench --repeat N` makes N per mode), and the interval is hierarchical: a resample draws the
+processes of a side with replacement first, then the samples from the mixture of the drawn processes (each weighing
+the same) — a cluster bootstrap. With few processes that bootstrap is too narrow (it sees the processes' spread
+with divisor n, not n − 1, and nothing of a t distribution's tails), so its deviations from the centre are widened by
+t(df)/z · sqrt(m / (m − 1)), df = n_base + n_head − 2, m the smaller side's processes (3.1× at 2 + 2, 1.7× at 3 + 3,
+→ 1 as they grow).
+
+A side of one process has no process-to-process noise of its own. Then the machine's measured noise for that series
+is used where there is one: the spread (standard deviation of log medians) between the processes of earlier repeat
+groups of the same series on the same machine (device and host), unflagged; each bootstrap resample's log ratio gets
+a normal draw of that spread (σ²/n for each one-process side). Without it the verdict is "cannot tell", with the
+repeats a side would need: the fewest processes n for which the interval's half-width, t(2n − 2)/z · sqrt(n/(n−1))
+· z · σ · sqrt(2/n), is within the threshold (log(1 + t)); σ from the machine's other series, else 5 %.
+
+Flagged runs (engine.measure.noise: a noisy or interfered series, stored in runs.conditions) are left out of the
+verdicts unless include_flagged (`--include-flagged`); the output says how many were and why.
 
 Verdict (threshold t, default 5 %; α = 0.05):
     slower           the whole (1 − α) CI lies above 1 (significant at α) AND the ratio ≥ 1 + t (big enough)
     faster           the whole CI lies below 1 AND the ratio ≤ 1 / (1 + t)
     unchanged        otherwise: no significant difference, or one smaller than the threshold
+    cannot tell      fewer than 2 processes on a side and no measured process noise for the series on its machine,
+                     or every run of a side flagged (the row says which, and the repeats it would need)
     too few samples  fewer than 5 samples on a side (min_samples)
 
 Beside each verdict: the correctness figures both sides stored (bench: max_abs_err, max_rel_err; levels: rel_l2_err
@@ -70,21 +91,26 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from engine.store.db import Store
+from engine.store.report import FLAGGED_STATES, series_state
 
 KINDS = ("bench", "levels", "llm")
 KEYS = ("ids", "commit", "torch", "device", "host", "merged", "kind", "workload", "mode")
 LIST_KEYS = ("ids", "kind", "workload", "mode")
-VERDICTS = ("slower", "faster", "unchanged", "too few samples")
+VERDICTS = ("slower", "faster", "unchanged", "cannot tell", "too few samples")
+UNDECIDED = ("cannot tell", "too few samples")
 RESAMPLES = 2000
 ALPHA = 0.05
 THRESHOLD = 0.05
 MIN_SAMPLES = 5
+GUESSED_PROCESS_NOISE = 0.05  # σ of log process medians assumed for "repeats needed" where nothing is measured
+MAX_REPEATS = 50
 SERIES_COLUMNS = ["kind", "workload", "mode", "phase", "batch", "config", "devkind"]
 
 
@@ -122,6 +148,9 @@ def parse_spec(text: str) -> Spec:
         raise CompareError("empty SPEC: give e.g. commit:abc123, ids:12,15 or latest")
     spec = Spec(text=text)
     for word in words:
+        if word[:1].isdigit():  # a bare run id (or id list) means ids:…: `--base 12` is `--base ids:12`
+            spec.clauses.setdefault("ids", []).extend(_ids(word))
+            continue
         key, colon, value = word.partition(":")
         key = key.strip().lower()
         if key == "latest":
@@ -175,8 +204,8 @@ def select_runs(store: Store, spec: Spec, kinds: Sequence[str] = KINDS) -> pd.Da
     columns (devkind, config) and parsed params."""
     where, args = _where(spec, kinds)
     frame = store.query(f"""
-        SELECT r.id AS run_id, r.kind, r.workload, r.mode, r.device, r.params, r.finished_at,
-               e.git_commit, e.torch, e.device_name, e.hostname, m.source AS merged_from
+        SELECT r.id AS run_id, r.kind, r.workload, r.mode, r.device, r.params, r.finished_at, r.group_id,
+               r.conditions, e.git_commit, e.torch, e.device_name, e.hostname, m.source AS merged_from
         FROM runs r LEFT JOIN environments e ON e.run_id = r.id LEFT JOIN merged_runs m ON m.run_id = r.id
         WHERE {where} ORDER BY r.id""", args)
     if frame.empty:
@@ -185,6 +214,7 @@ def select_runs(store: Store, spec: Spec, kinds: Sequence[str] = KINDS) -> pd.Da
     frame["devkind"] = frame["device"].str.split(":").str[0]
     frame["config"] = [series_config(k, p) for k, p in zip(frame["kind"], frame["params"])]
     frame["device_name"] = frame["device_name"].fillna(frame["device"])
+    frame["hostname"] = frame["hostname"].fillna("")
     return frame
 
 
@@ -258,11 +288,19 @@ def _load_samples(store: Store, run_ids: Sequence[int]) -> pd.DataFrame:
 
 
 def _latest(groups: pd.DataFrame, n: int | None, key: list[str]) -> pd.DataFrame:
-    """Keep the newest n runs of each series (groups: one row per run and series)."""
+    """Keep the newest n measurements of each series (groups: one row per run and series): a run, or all the
+    processes of a repeat group (`bench --repeat N`: runs sharing a group id), ranked by their newest run."""
     if n is None or groups.empty:
         return groups
-    rank = groups.groupby(key, dropna=False)["run_id"].rank(method="first", ascending=False)
-    return groups[rank <= n]
+    repeated = [int(p.get("repeats", 1) or 1) > 1 for p in groups["params"]] if "params" in groups else \
+        [False] * len(groups)
+    unit = [f"g{g}" if rep and isinstance(g, str) else f"r{r}"
+            for g, r, rep in zip(groups.get("group_id", [None] * len(groups)), groups["run_id"], repeated)]
+    groups = groups.assign(_unit=unit)
+    newest = groups.groupby(key + ["_unit"], dropna=False)["run_id"].transform("max")
+    rank = groups.assign(_newest=newest).groupby(key, dropna=False)["_newest"].rank(method="dense",
+                                                                                     ascending=False)
+    return groups[rank <= n].drop(columns=["_unit"])
 
 
 # -- statistics ------------------------------------------------------------------------------------------------------
@@ -310,6 +348,71 @@ def ratio_ci(base: Sequence[np.ndarray], head: Sequence[np.ndarray], *, resample
     lo, hi = np.quantile(ratios, [alpha / 2, 1 - alpha / 2])
     point = float(np.median(np.concatenate(head)) / np.median(np.concatenate(base)))
     return point, float(lo), float(hi)
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The p-quantile of Student's t with df degrees of freedom (df ≥ 1), by bisection on its CDF (the density
+    integrated numerically): no SciPy needed."""
+    if p == 0.5:
+        return 0.0
+    if p < 0.5:
+        return -t_quantile(1 - p, df)
+    if df > 1e4:
+        return NormalDist().inv_cdf(p)
+    norm = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def cdf(t: float) -> float:
+        x = np.linspace(0.0, t, 4001)
+        y = norm * (1 + x * x / df) ** (-(df + 1) / 2)
+        return 0.5 + float(np.sum((y[1:] + y[:-1]) / 2) * (x[1] - x[0]))
+
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:
+        lo, hi = hi, hi * 2
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def widening(n_base: int, n_head: int, alpha: float = ALPHA) -> float:
+    """How much a cluster bootstrap's interval over few processes is widened: t(df)/z · sqrt(m / (m − 1)), df =
+    n_base + n_head − 2, m the smaller side's count (1 where a side has one process: its noise comes from the
+    machine's record, not from the bootstrap)."""
+    m = min(n_base, n_head)
+    if m < 2:
+        return 1.0
+    z = NormalDist().inv_cdf(1 - alpha / 2)
+    return t_quantile(1 - alpha / 2, n_base + n_head - 2) / z * math.sqrt(m / (m - 1))
+
+
+def process_ratio_ci(base: Sequence[np.ndarray], head: Sequence[np.ndarray], *, resamples: int = RESAMPLES,
+                     alpha: float = ALPHA, seed: int = 0, sigma_base: float | None = None,
+                     sigma_head: float | None = None) -> tuple[float, float, float]:
+    """(ratio of medians, CI low, CI high) with processes as the unit: the hierarchical bootstrap of ratio_ci (runs
+    drawn first), its log-ratio deviations widened for few processes (widening), and, for a side of one process,
+    a normal draw of that side's known process noise sigma (σ of log medians) added to each resample."""
+    rng = np.random.default_rng(seed)
+    logs = np.log(bootstrap_medians(head, resamples, rng)) - np.log(bootstrap_medians(base, resamples, rng))
+    centre = float(np.median(logs))
+    logs = centre + widening(len(base), len(head), alpha) * (logs - centre)
+    extra = sum(s ** 2 for s, side in ((sigma_base, base), (sigma_head, head)) if s is not None and len(side) < 2)
+    if extra:
+        logs = logs + rng.normal(0.0, math.sqrt(extra), resamples)
+    lo, hi = np.quantile(logs, [alpha / 2, 1 - alpha / 2])
+    point = float(np.median(np.concatenate(head)) / np.median(np.concatenate(base)))
+    return point, float(math.exp(lo)), float(math.exp(hi))
+
+
+def repeats_needed(sigma: float, threshold: float, alpha: float = ALPHA) -> int:
+    """The fewest processes a side for which the interval's half-width, with process noise sigma (σ of log medians),
+    is within the threshold: t(2n − 2)/z · sqrt(n/(n − 1)) · z · σ · sqrt(2/n) ≤ log(1 + threshold)."""
+    z = NormalDist().inv_cdf(1 - alpha / 2)
+    target = math.log1p(max(threshold, 1e-3))
+    for n in range(2, MAX_REPEATS + 1):
+        if widening(n, n, alpha) * z * sigma * math.sqrt(2 / n) <= target:
+            return n
+    return MAX_REPEATS
 
 
 def _average_ranks(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -498,6 +601,12 @@ class Row:
     correctness: str
     correctness_worse: bool
     command: str
+    procs_base: int = 0  # processes (runs) the verdict rests on, flagged ones left out
+    procs_head: int = 0
+    process_noise: str = ""  # where the process-to-process noise came from ('' where there was none)
+    repeats_needed: int | None = None  # cannot tell: processes a side would need (bench --repeat N)
+    flagged_left_out: list[int] = field(default_factory=list)  # runs of this series left out as flagged
+    why: str = ""  # the reason for a 'cannot tell'
 
 
 @dataclass
@@ -516,10 +625,21 @@ class Comparison:
     only_base: list[str] = field(default_factory=list)
     only_head: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    include_flagged: bool = False
 
     @property
     def regressed(self) -> bool:
         return any(r.verdict == "slower" for r in self.rows)
+
+    @property
+    def undecided(self) -> bool:
+        """Some series could not be judged: cannot tell, or too few samples."""
+        return any(r.verdict in UNDECIDED for r in self.rows)
+
+    @property
+    def exit_code(self) -> int:
+        """The CLI's: 1 slower (a regression), else 3 when a series cannot be told, else 0."""
+        return 1 if self.regressed else 3 if self.undecided else 0
 
     def counts(self) -> dict[str, int]:
         return {v: sum(r.verdict == v for r in self.rows) for v in VERDICTS}
@@ -533,6 +653,7 @@ class Options:
     seed: int = 0
     min_samples: int = MIN_SAMPLES
     kinds: tuple[str, ...] = KINDS
+    include_flagged: bool = False  # flagged runs (engine.measure.noise) count in the verdicts too
 
 
 def _side_groups(store: Store, spec: Spec, side: str, kinds: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -565,12 +686,20 @@ def _pick_groups(store: Store, base: Spec, head: Spec, kinds: Sequence[str]
     return pd.concat([base_groups, head_groups], ignore_index=True), pd.concat([base_runs, head_runs]), notes
 
 
+def _flagged(groups: pd.DataFrame) -> pd.Series:
+    """Per run × series row: True where its stored noise state is noisy or interfered (engine.measure.noise)."""
+    return pd.Series([series_state(c, p, None if b < 0 else int(b))[0] in FLAGGED_STATES
+                      for c, p, b in zip(groups["conditions"], groups["phase"], groups["batch"])],
+                     index=groups.index, dtype=bool)
+
+
 def compare(store: Store, base: str | Spec, head: str | Spec, options: Options | None = None) -> Comparison:
     """Compare the runs two SPECs select, series by series; raises CompareError for a bad or empty side."""
     opts = options or Options()
     base_spec = parse_spec(base) if isinstance(base, str) else base
     head_spec = parse_spec(head) if isinstance(head, str) else head
     groups, runs, notes = _pick_groups(store, base_spec, head_spec, opts.kinds)
+    groups = groups.assign(flagged=_flagged(groups))
     names = groups.groupby("side")["device_name"].agg(lambda s: set(s.dropna()))
     across = not (names.get("base", set()) & names.get("head", set()))
     key = SERIES_COLUMNS + ([] if across else ["device_name"])
@@ -581,7 +710,7 @@ def compare(store: Store, base: str | Spec, head: str | Spec, options: Options |
                         resamples=opts.resamples, seed=opts.seed, min_samples=opts.min_samples,
                         base_runs=sorted(set(groups.loc[groups["side"] == "base", "run_id"].astype(int))),
                         head_runs=sorted(set(groups.loc[groups["side"] == "head", "run_id"].astype(int))),
-                        across_devices=across, notes=notes)
+                        across_devices=across, notes=notes, include_flagged=opts.include_flagged)
     for side, target in (("base", result.only_base), ("head", result.only_head)):
         lonely = groups[groups["series"].isin(sides[sides == {side}].index)].drop_duplicates("series")
         target += [series_label(r, not across) for r in lonely.to_dict("records")]
@@ -589,13 +718,76 @@ def compare(store: Store, base: str | Spec, head: str | Spec, options: Options |
         raise CompareError(f"no series in common: the base has {len(result.only_base)} "
                            f"({'; '.join(result.only_base[:3])}…), the head {len(result.only_head)} "
                            f"({'; '.join(result.only_head[:3])}…)")
-    result.rows = _rows(store, groups[groups["series"].isin(both)], runs, opts, across)
+    chosen = groups[groups["series"].isin(both)]
+    noise = ProcessNoise.measure(store, chosen, opts.kinds)
+    result.rows = _rows(store, chosen, runs, opts, across, noise)
+    flagged = chosen[chosen["flagged"]]
+    if not flagged.empty:
+        ids = sorted(set(flagged["run_id"].astype(int)))
+        listed = ", ".join(map(str, ids[:10])) + (" …" if len(ids) > 10 else "")
+        result.notes.append(
+            f"{len(flagged)} run × series flagged noisy or interfered (runs {listed}): "
+            + ("counted, as --include-flagged asks" if opts.include_flagged
+               else "left out of the verdicts (--include-flagged counts them)"))
     if across:
         result.notes.append("the sides share no device name: series are matched across devices")
     return result
 
 
-def _rows(store: Store, groups: pd.DataFrame, runs: pd.DataFrame, opts: Options, across: bool) -> list[Row]:
+# -- process-to-process noise measured earlier on a machine ----------------------------------------------------------
+MachineKey = tuple[str, str]  # (device name, host)
+
+
+@dataclass
+class ProcessNoise:
+    """The spread between the processes of earlier repeat groups (runs of one series sharing a group, unflagged), as
+    the standard deviation of their log medians, pooled over groups: per series and machine, and per machine over
+    every series (only for "repeats needed")."""
+    series: dict[tuple, tuple[float, int]] = field(default_factory=dict)  # key → (σ, groups)
+    machine: dict[MachineKey, float] = field(default_factory=dict)
+
+    @staticmethod
+    def key(row: dict[str, Any]) -> tuple:
+        return (*(row[c] for c in SERIES_COLUMNS), row["device_name"], row.get("hostname") or "")
+
+    @classmethod
+    def measure(cls, store: Store, wanted: pd.DataFrame, kinds: Sequence[str]) -> ProcessNoise:
+        """From every ok run of a repeat group (params.repeats > 1) on the machines `wanted` ran on."""
+        machines = set(zip(wanted["device_name"], wanted["hostname"].fillna("")))
+        found = cls()
+        runs = select_runs(store, Spec(text="(repeat groups)"), kinds)
+        if runs.empty:
+            return found
+        runs = runs[[int(p.get("repeats", 1) or 1) > 1 for p in runs["params"]]]
+        runs = runs[[(d, h) in machines for d, h in zip(runs["device_name"], runs["hostname"])]]
+        if runs.empty:
+            return found
+        with store.connect(read_only=True) as con:
+            medians = con.execute(
+                "SELECT run_id, phase, coalesce(batch_size, -1) AS batch, median(value) AS med FROM samples "
+                "WHERE run_id IN (SELECT unnest(?::BIGINT[])) AND isfinite(value) AND value > 0 GROUP BY ALL",
+                _ids_arg(list(runs["run_id"]))).df()
+        rows = medians.merge(runs, on="run_id")
+        rows = rows[~_flagged(rows)]
+        pooled: dict[tuple, list[float]] = {}
+        by_machine: dict[MachineKey, list[float]] = {}
+        for _, group in rows.groupby(SERIES_COLUMNS + ["device_name", "hostname", "group_id"], dropna=False):
+            if len(group) < 2:
+                continue
+            logs = np.log(group["med"].to_numpy(dtype=float))
+            var, df = float(np.var(logs, ddof=1)), len(group) - 1
+            first = group.iloc[0].to_dict()
+            pooled.setdefault(cls.key(first), []).append((var, df))
+            by_machine.setdefault((first["device_name"], first["hostname"]), []).append((var, df))
+        for key, parts in pooled.items():
+            found.series[key] = (math.sqrt(sum(v * d for v, d in parts) / sum(d for _, d in parts)), len(parts))
+        for key, parts in by_machine.items():
+            found.machine[key] = math.sqrt(sum(v * d for v, d in parts) / sum(d for _, d in parts))
+        return found
+
+
+def _rows(store: Store, groups: pd.DataFrame, runs: pd.DataFrame, opts: Options, across: bool,
+          noise: ProcessNoise) -> list[Row]:
     ids = sorted(set(groups["run_id"].astype(int)))
     samples = _load_samples(store, ids)
     by_run = {k: v["value"].to_numpy() for k, v in samples.groupby(["run_id", "phase", "batch"])}
@@ -607,37 +799,76 @@ def _rows(store: Store, groups: pd.DataFrame, runs: pd.DataFrame, opts: Options,
         sides = {side: part for side, part in series.groupby("side")}
         newest = sides["head"].iloc[-1].to_dict()  # the head's newest run: the label, unit and command come from it
         phase, batch = newest["phase"], int(newest["batch"])
-        arrays = {s: [by_run[(r, phase, batch)] for r in part["run_id"]] for s, part in sides.items()}
-        side_runs = {s: [int(r) for r in part["run_id"]] for s, part in sides.items()}
+        left_out = sorted(int(r) for r in series.loc[series["flagged"], "run_id"]) if not opts.include_flagged \
+            else []
+        kept = {s: part if opts.include_flagged else part[~part["flagged"]] for s, part in sides.items()}
+        arrays = {s: [by_run[(r, phase, batch)] for r in part["run_id"]] for s, part in kept.items()}
+        side_runs = {s: [int(r) for r in part["run_id"]] for s, part in kept.items()}
+        sigma = {s: noise.series.get(ProcessNoise.key(part.iloc[-1].to_dict())) for s, part in sides.items()}
+        machine = {s: noise.machine.get((part.iloc[-1]["device_name"], part.iloc[-1]["hostname"]))
+                   for s, part in sides.items()}
         correct = [_side_correctness(metrics, side_runs[s], phase, batch, newest["kind"]) for s in ("base", "head")]
         device = " → ".join(", ".join(sorted(set(sides[s]["device_name"].astype(str)))) for s in ("base", "head")) \
             if across else str(newest["device_name"])
         rows.append(_row(series_label(newest, not across), newest, device, arrays, side_runs, opts, correct,
                          units.get((int(newest["run_id"]), phase), ""),
                          reproduce_command(newest["kind"], params[newest["run_id"]], newest["mode"],
-                                           newest["device"], phase, batch)))
+                                           newest["device"], phase, batch), sigma, machine, left_out))
     order = {v: i for i, v in enumerate(VERDICTS)}
-    return sorted(rows, key=lambda r: (order[r.verdict], -abs(math.log(r.ratio)), r.series))
+    return sorted(rows, key=lambda r: (order[r.verdict], -abs(math.log(r.ratio)) if r.ratio == r.ratio else 0,
+                                       r.series))
 
 
 def _row(label: str, newest: dict[str, Any], device: str, arrays: dict[str, list[np.ndarray]],
          side_runs: dict[str, list[int]], opts: Options, correct: list[dict[str, float]], unit: str,
-         command: str) -> Row:
+         command: str, sigma: dict[str, tuple[float, int] | None], machine: dict[str, float | None],
+         left_out: list[int]) -> Row:
     base, head = arrays["base"], arrays["head"]
-    pooled_base, pooled_head = np.concatenate(base), np.concatenate(head)
-    ratio, lo, hi = ratio_ci(base, head, resamples=opts.resamples, alpha=opts.alpha,
-                             seed=zlib.crc32(label.encode()) ^ opts.seed)
     text, worse = correctness_text(*correct)
     batch = int(newest["batch"])
-    return Row(series=label, kind=newest["kind"], workload=newest["workload"], mode=newest["mode"],
-               phase=newest["phase"], batch_size=batch if batch >= 0 else None, config=newest["config"],
-               device=device, n_base=len(pooled_base), n_head=len(pooled_head), runs_base=side_runs["base"],
-               runs_head=side_runs["head"], median_base=float(np.median(pooled_base)),
-               median_head=float(np.median(pooled_head)), unit=unit, ratio=ratio, ci_low=lo, ci_high=hi,
-               p_value=mann_whitney(pooled_base, pooled_head)[1],
-               verdict=verdict(ratio, lo, hi, len(pooled_base), len(pooled_head), threshold=opts.threshold,
-                               min_samples=opts.min_samples),
-               correctness=text, correctness_worse=worse, command=command)
+    row = Row(series=label, kind=newest["kind"], workload=newest["workload"], mode=newest["mode"],
+              phase=newest["phase"], batch_size=batch if batch >= 0 else None, config=newest["config"],
+              device=device, n_base=sum(map(len, base)), n_head=sum(map(len, head)), runs_base=side_runs["base"],
+              runs_head=side_runs["head"], median_base=float("nan"), median_head=float("nan"), unit=unit,
+              ratio=float("nan"), ci_low=float("nan"), ci_high=float("nan"), p_value=float("nan"),
+              verdict="cannot tell", correctness=text, correctness_worse=worse, command=command,
+              procs_base=len(base), procs_head=len(head), flagged_left_out=left_out)
+    if not base or not head:
+        row.why = (f"every {' and '.join(s for s in ('base', 'head') if not arrays[s])} run of this series is "
+                   f"flagged (runs {', '.join(map(str, left_out))}); --include-flagged counts them")
+        return row
+    pooled_base, pooled_head = np.concatenate(base), np.concatenate(head)
+    row.median_base, row.median_head = float(np.median(pooled_base)), float(np.median(pooled_head))
+    row.p_value = mann_whitney(pooled_base, pooled_head)[1]
+    seed = zlib.crc32(label.encode()) ^ opts.seed
+    lonely = [s for s, runs in (("base", base), ("head", head)) if len(runs) < 2]
+    known = {s: sigma[s][0] for s in lonely if sigma.get(s) is not None}
+    if min(len(pooled_base), len(pooled_head)) < opts.min_samples:
+        row.ratio, row.ci_low, row.ci_high = ratio_ci(base, head, resamples=opts.resamples, alpha=opts.alpha,
+                                                      seed=seed)
+        row.verdict = "too few samples"
+        return row
+    if lonely and len(known) < len(lonely):
+        row.ratio, row.ci_low, row.ci_high = ratio_ci(base, head, resamples=opts.resamples, alpha=opts.alpha,
+                                                      seed=seed)  # within the processes only: shown, not judged
+        guess = next((machine[s] for s in lonely if machine.get(s) is not None), None)
+        row.repeats_needed = repeats_needed(guess if guess is not None else GUESSED_PROCESS_NOISE, opts.threshold,
+                                            opts.alpha)
+        row.why = (f"{row.procs_base} process(es) base, {row.procs_head} head, and no process-to-process noise "
+                   f"measured for this series on {'these machines' if ' → ' in device else 'this machine'}: run "
+                   f"each side with bench --repeat {row.repeats_needed} (from "
+                   + (f"the machine's other series' σ = {100 * guess:.1f} %)" if guess is not None else
+                      f"an assumed σ = {100 * GUESSED_PROCESS_NOISE:.0f} % between processes)"))
+        return row
+    row.ratio, row.ci_low, row.ci_high = process_ratio_ci(
+        base, head, resamples=opts.resamples, alpha=opts.alpha, seed=seed,
+        sigma_base=known.get("base"), sigma_head=known.get("head"))
+    row.process_noise = "; ".join(
+        [f"{s}: σ = {100 * known[s]:.1f} % from {sigma[s][1]} earlier repeat group(s) on its machine"
+         for s in lonely] or [f"between these runs' processes ({row.procs_base} + {row.procs_head})"])
+    row.verdict = verdict(row.ratio, row.ci_low, row.ci_high, len(pooled_base), len(pooled_head),
+                          threshold=opts.threshold, min_samples=opts.min_samples)
+    return row
 
 
 # -- output ----------------------------------------------------------------------------------------------------------
@@ -652,9 +883,13 @@ def fmt_value(value: float, unit: str) -> str:
 def table(comparison: Comparison) -> pd.DataFrame:
     """One display row per series (the page's table and the CLI's)."""
     return pd.DataFrame([{
-        "#": i, "series": r.series, "n base/head": f"{r.n_base}/{r.n_head}",
-        "median base → head": f"{fmt_value(r.median_base, r.unit)} → {fmt_value(r.median_head, r.unit)}",
-        "ratio [CI]": f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]", "p (MWU)": f"{r.p_value:.2g}",
+        "#": i, "series": r.series, "procs base/head": f"{r.procs_base}/{r.procs_head}",
+        "n base/head": f"{r.n_base}/{r.n_head}",
+        "median base → head": "—" if r.median_base != r.median_base else
+        f"{fmt_value(r.median_base, r.unit)} → {fmt_value(r.median_head, r.unit)}",
+        "ratio [CI]": "—" if r.ratio != r.ratio else f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+        + (" (within processes)" if r.verdict == "cannot tell" else ""),
+        "p (MWU)": "—" if r.p_value != r.p_value else f"{r.p_value:.2g}",
         "verdict": r.verdict, "correctness": ("⚠ " if r.correctness_worse else "") + (r.correctness or "—"),
     } for i, r in enumerate(comparison.rows, 1)])
 
@@ -663,20 +898,30 @@ def render(comparison: Comparison) -> str:
     c = comparison
     counts = ", ".join(f"{n} {v}" for v, n in c.counts().items() if n)
     lines = [f"base: {c.base} ({len(c.base_runs)} runs)   head: {c.head} ({len(c.head_runs)} runs)",
-             f"head/base ratio of medians, {100 * (1 - c.alpha):g} % percentile-bootstrap CI (B = {c.resamples}, "
-             f"seed {c.seed}); slower/faster: CI clear of 1 and the ratio beyond {100 * c.threshold:g} %", "",
-             table(c).to_string(index=False), "", "reproduce the head side:"]
+             f"head/base ratio of medians, {100 * (1 - c.alpha):g} % hierarchical-bootstrap CI (processes, then "
+             f"samples; B = {c.resamples}, seed {c.seed}); slower/faster: CI clear of 1 and the ratio beyond "
+             f"{100 * c.threshold:g} %", "", table(c).to_string(index=False), ""]
+    for i, r in enumerate(c.rows, 1):
+        if r.why:
+            lines.append(f"[{i}] cannot tell: {r.why}")
+        elif r.process_noise:
+            lines.append(f"[{i}] process noise: {r.process_noise}")
+        if r.flagged_left_out:
+            lines.append(f"[{i}] left out as flagged: runs {', '.join(map(str, r.flagged_left_out))}")
+    lines += ["", "reproduce the head side:"]
     lines += [f"  [{i}] {r.command}" for i, r in enumerate(c.rows, 1)]
     for title, names in (("only in the base", c.only_base), ("only in the head", c.only_head)):
         if names:
             lines.append(f"{title} ({len(names)}): " + "; ".join(names[:8]) + (" …" if len(names) > 8 else ""))
     lines += [f"note: {n}" for n in c.notes]
-    lines.append(f"\n{counts}" + (" — REGRESSION" if c.regressed else ""))
+    lines.append(f"\n{counts}" + (" — REGRESSION" if c.regressed else " — CANNOT TELL" if c.undecided else ""))
     return "\n".join(lines)
 
 
 def to_json(comparison: Comparison) -> str:
     data = asdict(comparison)
     data["regressed"] = comparison.regressed
+    data["undecided"] = comparison.undecided
+    data["exit_code"] = comparison.exit_code
     data["counts"] = comparison.counts()
     return json.dumps(data, indent=2, default=str)

@@ -17,16 +17,20 @@ def open_compare() -> AppTest:
     return AppTest.from_file(str(PAGE), default_timeout=60)
 
 
-def add_run(store: Store, mode: str, commit: str, scale: float = 1.0) -> int:
-    run_id = store.create_run("bench", "house_price", mode, "cpu",
-                              {"workload": "house_price", "device": "cpu", "phases": ["infer"], "iters": 60,
-                               "warmup": 5, "batch_sizes": [64]})
-    store.start_run(run_id)
-    rng = np.random.default_rng(run_id)
-    store.record_result(run_id, RunResult(
-        samples=[Samples("infer", list(scale * 100 * np.exp(rng.normal(0, 0.02, 60))), "us", 64)],
-        metrics=[Metric("max_abs_err", 1e-7, "", "infer", 64)],
-        env={"git_commit": commit, "torch": "2.13.0", "device_name": "CPU: test", "hostname": "here"}))
+def add_run(store: Store, mode: str, commit: str, scale: float = 1.0, processes: int = 3) -> int:
+    """One measurement in `processes` worker processes (a `bench --repeat` group); the last process's run id."""
+    group = f"{mode}-{commit}-{scale}"
+    for repeat in range(processes):
+        run_id = store.create_run("bench", "house_price", mode, "cpu",
+                                  {"workload": "house_price", "device": "cpu", "phases": ["infer"], "iters": 60,
+                                   "warmup": 5, "batch_sizes": [64], "repeat": repeat, "repeats": processes},
+                                  group_id=group)
+        store.start_run(run_id)
+        rng = np.random.default_rng(run_id)
+        store.record_result(run_id, RunResult(
+            samples=[Samples("infer", list(scale * 100 * np.exp(rng.normal(0, 0.02, 60))), "us", 64)],
+            metrics=[Metric("max_abs_err", 1e-7, "", "infer", 64)],
+            env={"git_commit": commit, "torch": "2.13.0", "device_name": "CPU: test", "hostname": "here"}))
     return run_id
 
 

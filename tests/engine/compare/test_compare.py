@@ -1,12 +1,14 @@
 """`compare`: the statistics (Mann-Whitney against published values, the O(B) bootstrap against brute force, detection
-and false-positive rates over seeds), the SPEC grammar and threshold, comparisons of real runs written through the
-Store API (bench, levels, llm; commits, devices, merged stores, latest), and the CLI's exit codes 0/1/2."""
+and false-positive rates over seeds, processes as the unit), the SPEC grammar and threshold, comparisons of real runs
+written through the Store API (bench, levels, llm; commits, devices, merged stores, latest; repeat groups, one process
+a side, flagged runs), and the CLI's exit codes 0/1/2/3."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,11 +25,15 @@ from engine.compare.verdict import (
     mann_whitney,
     parse_spec,
     parse_threshold,
+    process_ratio_ci,
     ratio_ci,
     render,
+    repeats_needed,
     reproduce_command,
+    t_quantile,
     to_json,
     verdict,
+    widening,
 )
 from engine.store.db import Metric, RunResult, Samples, Store
 from engine.store.merge import merge_store
@@ -168,19 +174,24 @@ def test_threshold_accepts_a_percentage_or_a_fraction() -> None:
 # -- real runs in a store --------------------------------------------------------------------------------------------
 ENV = {"python": "3.11.0", "torch": "2.13.0", "device_name": "CPU: test", "git_commit": "aaaa1111",
        "hostname": "here", "threads": 2, "platform": "Linux"}
+PROCESSES = 3  # a measurement's worker processes (bench --repeat 3)
 
 
 def add_run(store: Store, mode: str, *, kind: str = "bench", workload: str = "house_price", device: str = "cpu",
             params: dict | None = None, env: dict | None = None, points: Sequence[tuple[str, int | None]] = (
                 ("infer", 64), ("train", 64)), scale: float = 1.0, n: int = 60, seed: int = 0,
-            errors: dict[str, float] | None = None) -> int:
-    """An ok run with raw samples per (phase, batch) and the correctness metrics its kind stores."""
+            errors: dict[str, float] | None = None, group: str | None = None, repeat: tuple[int, int] | None = None,
+            conditions: dict | None = None) -> int:
+    """An ok run with raw samples per (phase, batch) and the correctness metrics its kind stores; `repeat` =
+    (index, count) makes it one process of a repeat group `group`; `conditions` is its stored noise record."""
     if params is None:
         params = {"workload": workload, "device": device, "phases": ["infer", "train"], "iters": n, "warmup": 5}
-    run_id = store.create_run(kind, workload, mode, device, params)
+    if repeat is not None:
+        params = {**params, "repeat": repeat[0], "repeats": repeat[1]}
+    run_id = store.create_run(kind, workload, mode, device, params, group_id=group)
     store.start_run(run_id)
     rng = np.random.default_rng(seed * 1000 + run_id)
-    result = RunResult(env={**ENV, **(env or {})})
+    result = RunResult(env={**ENV, **(env or {})}, conditions=conditions)
     for phase, batch in points:
         result.samples.append(Samples(phase, list(timings(rng, n, scale * (1 + (batch or 0) / 64))), "us", batch))
         result.metrics += [Metric(name, value, "", phase, batch) for name, value in (errors or {}).items()]
@@ -188,30 +199,43 @@ def add_run(store: Store, mode: str, *, kind: str = "bench", workload: str = "ho
     return run_id
 
 
+def add_processes(store: Store, mode: str, processes: int = PROCESSES, spread: float = 0.0, **kw) -> list[int]:
+    """One measurement of `processes` worker processes (a repeat group), each scaled by its own exp(N(0, spread))."""
+    rng = np.random.default_rng(kw.get("seed", 0) + 7 * len(mode) + processes)
+    group = uuid.uuid4().hex[:12]
+    scale = kw.pop("scale", 1.0)
+    return [add_run(store, mode, group=group, repeat=(i, processes) if processes > 1 else None,
+                    scale=scale * float(np.exp(rng.normal(0, spread))), **kw) for i in range(processes)]
+
+
 def bench_round(store: Store, commit: str, slower: dict[str, float] | None = None, env: dict | None = None,
-                **kw) -> list[int]:
-    """One ok run of eager, fx and compile on this commit; `slower` scales some modes' samples."""
-    return [add_run(store, mode, env={"git_commit": commit, **(env or {})}, scale=(slower or {}).get(mode, 1.0),
-                    errors={"max_abs_err": 1e-7, "max_rel_err": 1e-6}, **kw) for mode in ("eager", "fx", "compile")]
+                processes: int = PROCESSES, **kw) -> dict[str, list[int]]:
+    """One measurement of eager, fx and compile on this commit, `processes` worker processes each (their run ids by
+    mode); `slower` scales some modes' samples."""
+    return {mode: add_processes(store, mode, processes, env={"git_commit": commit, **(env or {})},
+                                scale=(slower or {}).get(mode, 1.0), errors={"max_abs_err": 1e-7, "max_rel_err": 1e-6},
+                                **kw) for mode in ("eager", "fx", "compile")}
 
 
 def test_compare_two_commits_finds_the_slower_mode(store: Store) -> None:
     bench_round(store, "aaaa1111")
     head = bench_round(store, "bbbb2222", slower={"fx": 1.12})
     result = compare(store, "commit:AAAA", "commit:bbbb")
-    assert result.regressed and result.counts() == {"slower": 2, "faster": 0, "unchanged": 4, "too few samples": 0}
+    assert result.regressed and result.counts() == {"slower": 2, "faster": 0, "unchanged": 4, "cannot tell": 0,
+                                                    "too few samples": 0}
     slow = [r for r in result.rows if r.verdict == "slower"]
     assert {r.mode for r in slow} == {"fx"} and {r.phase for r in slow} == {"infer", "train"}
     row = slow[0]
-    assert 1.08 < row.ci_low < row.ratio < row.ci_high < 1.16 and row.p_value < 1e-6
-    assert row.n_base == row.n_head == 60 and row.runs_head == [head[1]] and row.unit == "us"
+    assert 1.06 < row.ci_low < row.ratio < row.ci_high < 1.18 and row.p_value < 1e-6
+    assert row.n_base == row.n_head == 3 * 60 and row.runs_head == head["fx"] and row.unit == "us"
+    assert row.procs_base == row.procs_head == 3 and "between these runs' processes (3 + 3)" in row.process_noise
     assert row.series.startswith("bench house_price fx") and "CPU: test" in row.series
     assert row.correctness == "max_abs_err 1e-07→1e-07 · max_rel_err 1e-06→1e-06" and not row.correctness_worse
     assert row.command.startswith("python -m engine bench --workload house_price --mode fx --device cpu --phases")
     text = render(result)
     assert "REGRESSION" in text and f"[1] {result.rows[0].command}" in text
     data = json.loads(to_json(result))
-    assert data["regressed"] is True and data["rows"][0]["verdict"] == "slower"
+    assert data["regressed"] is True and data["rows"][0]["verdict"] == "slower" and data["exit_code"] == 1
 
 
 def test_correctness_changes_are_flagged(store: Store) -> None:
@@ -224,16 +248,16 @@ def test_correctness_changes_are_flagged(store: Store) -> None:
 def test_levels_and_llm_series_are_kept_apart_and_get_their_commands(store: Store) -> None:
     for commit, scale in (("aaaa", 1.0), ("bbbb", 0.85)):
         for shape in ("small", "tiny"):
-            add_run(store, "L4-triton", kind="levels", workload="causal_attention", env={"git_commit": commit},
-                    params={"component": "causal_attention", "shape": shape, "level": "L4-triton", "device": "cpu",
-                            "iters": 30, "warmup": 5},
-                    points=[("forward", None)], scale=scale, errors={"rel_l2_err": 1e-4, "tolerance": 2e-3})
+            add_processes(store, "L4-triton", kind="levels", workload="causal_attention",
+                          env={"git_commit": commit}, scale=scale, errors={"rel_l2_err": 1e-4, "tolerance": 2e-3},
+                          params={"component": "causal_attention", "shape": shape, "level": "L4-triton",
+                                  "device": "cpu", "iters": 30, "warmup": 5}, points=[("forward", None)])
         for prompt in (32, 64):
-            add_run(store, "eager", kind="llm", workload="llama-tiny", env={"git_commit": commit},
-                    params={"preset": "tiny", "prompt_len": prompt, "new_tokens": 16, "batch": 2, "mode": "eager",
-                            "device": "cpu", "dtype": None, "fuse": True, "tp": 1, "prefill_iters": 10,
-                            "decode_passes": 2, "ceilings": "stored", "profile": False},
-                    points=[("prefill", 2), ("decode", 2)])
+            add_processes(store, "eager", kind="llm", workload="llama-tiny", env={"git_commit": commit},
+                          params={"preset": "tiny", "prompt_len": prompt, "new_tokens": 16, "batch": 2,
+                                  "mode": "eager", "device": "cpu", "dtype": None, "fuse": True, "tp": 1,
+                                  "prefill_iters": 10, "decode_passes": 2, "ceilings": "stored", "profile": False},
+                          points=[("prefill", 2), ("decode", 2)])
     result = compare(store, "commit:aaaa", "commit:bbbb")
     levels = sorted((r for r in result.rows if r.kind == "levels"), key=lambda r: r.config)
     assert [r.config for r in levels] == ["shape=small", "shape=tiny"] and {r.verdict for r in levels} == {"faster"}
@@ -276,16 +300,17 @@ def test_devices_of_two_machines_are_matched_across(store: Store, tmp_path: Path
         compare(store, "merged:elsewhere.duckdb", "latest")
 
 
-def test_latest_picks_the_newest_run_per_series_and_overlap_stays_on_the_head(store: Store) -> None:
+def test_latest_picks_the_newest_measurement_per_series_and_overlap_stays_on_the_head(store: Store) -> None:
     old = bench_round(store, "aaaa")
     newer = bench_round(store, "aaaa", slower={"eager": 1.2})
     result = compare(store, "commit:aaaa", "latest")
-    assert result.base_runs == old and result.head_runs == newer  # each newest run on the head only
+    # each newest measurement (all the processes of its repeat group) on the head only
+    assert result.base_runs == sorted(sum(old.values(), [])) and result.head_runs == sorted(sum(newer.values(), []))
     assert "kept on the head side only" in " ".join(result.notes)
     assert {r.mode for r in result.rows if r.verdict == "slower"} == {"eager"}
-    assert compare(store, "latest:2 mode:fx", "ids:" + str(newer[1])).base_runs == [old[1]]
+    assert compare(store, "latest:2 mode:fx", "ids:" + ",".join(map(str, newer["fx"]))).base_runs == old["fx"]
     with pytest.raises(CompareError, match="once the runs the head selects are taken out"):
-        compare(store, "ids:" + str(old[0]), "ids:" + str(old[0]))
+        compare(store, "ids:" + str(old["eager"][0]), "ids:" + str(old["eager"][0]))
 
 
 def test_too_few_samples_and_no_common_series(store: Store) -> None:
@@ -297,11 +322,92 @@ def test_too_few_samples_and_no_common_series(store: Store) -> None:
         compare(store, "commit:aaaa", "commit:cccc")
 
 
+# -- processes: the unit of a verdict ---------------------------------------------------------------------------------
+def test_one_process_a_side_cannot_tell_and_says_how_many_repeats(store: Store) -> None:
+    """Two runs of one configuration, one process each, no repeat group ever measured on this machine: the samples'
+    own interval would call the process-to-process shift a change; the verdict is 'cannot tell', with the repeats
+    a side needs."""
+    base = add_run(store, "eager", env={"git_commit": "aaaa"}, n=200)
+    head = add_run(store, "eager", env={"git_commit": "bbbb"}, n=200, scale=1.08)  # another process's state
+    rows = compare(store, str(base), str(head)).rows  # bare run ids are ids:…
+    assert {r.verdict for r in rows} == {"cannot tell"} and all(r.ci_low > 1 for r in rows)
+    assert all(r.repeats_needed and r.repeats_needed >= 2 and f"bench --repeat {r.repeats_needed}" in r.why
+               for r in rows)
+    assert all("no process-to-process noise measured for this series on this machine" in r.why for r in rows)
+
+
+def test_one_process_a_side_uses_the_machines_measured_process_noise(store: Store) -> None:
+    """Once repeat groups of the series were measured on this machine, one process a side is judged with their
+    spread: a 30 % slowdown is slower, a 2 % shift within the measured ±4 % is unchanged."""
+    for seed in range(3):  # earlier repeat groups of eager: processes ±4 % apart
+        add_processes(store, "eager", processes=3, spread=0.04, seed=seed, env={"git_commit": "0000"})
+    base = add_run(store, "eager", env={"git_commit": "aaaa"})
+    slow = add_run(store, "eager", env={"git_commit": "bbbb"}, scale=1.3)
+    near = add_run(store, "eager", env={"git_commit": "cccc"}, scale=1.02)
+    rows = compare(store, f"ids:{base}", f"ids:{slow}").rows
+    assert {r.verdict for r in rows} == {"slower"}
+    assert all("σ = " in r.process_noise and "3 earlier repeat group(s)" in r.process_noise for r in rows)
+    assert {r.verdict for r in compare(store, f"ids:{base}", f"ids:{near}").rows} == {"unchanged"}
+
+
+def test_flagged_runs_are_left_out_unless_asked(store: Store) -> None:
+    flagged = {"state": "interfered", "flags": ["other processes took 1.6 of 2 cores"],
+               "series": [{"phase": p, "batch_size": 64, "state": "interfered",
+                           "flags": ["other processes took 1.6 of 2 cores"]} for p in ("infer", "train")]}
+    bench_round(store, "aaaa")
+    head = add_processes(store, "eager", env={"git_commit": "bbbb"}, scale=1.3, conditions=flagged)
+    result = compare(store, "commit:aaaa", "commit:bbbb")
+    assert {r.verdict for r in result.rows} == {"cannot tell"} and result.exit_code == 3
+    assert all(r.flagged_left_out == head and "every head run of this series is flagged" in r.why
+               for r in result.rows)
+    assert "left out of the verdicts (--include-flagged counts them)" in render(result)
+    counted = compare(store, "commit:aaaa", "commit:bbbb", Options(include_flagged=True))
+    assert {r.verdict for r in counted.rows} == {"slower"} and "counted, as --include-flagged asks" in \
+        " ".join(counted.notes)
+
+
+def test_process_noise_does_not_pass_for_a_change() -> None:
+    """Three processes a side, each shifted by its own ±3 % (the same configuration): the widened hierarchical
+    interval keeps false 'slower/faster' at the CI alone near α, where the raw cluster bootstrap called far more."""
+    called = raw = 0
+    for seed in range(SEEDS):
+        rng = np.random.default_rng(seed)
+        base = [timings(rng, 100, scale=np.exp(rng.normal(0, 0.03))) for _ in range(3)]
+        head = [timings(rng, 100, scale=np.exp(rng.normal(0, 0.03))) for _ in range(3)]
+        ratio, lo, hi = process_ratio_ci(base, head, seed=seed)
+        called += verdict(ratio, lo, hi, 300, 300, threshold=0.0) != "unchanged"
+        ratio, lo, hi = ratio_ci(base, head, seed=seed)
+        raw += verdict(ratio, lo, hi, 300, 300, threshold=0.0) != "unchanged"
+    assert called / SEEDS <= FPR_BOUND and raw / SEEDS > 2 * called / SEEDS  # measured: 7 and 31 of 200
+
+
+def test_a_quarter_more_work_over_three_processes_is_slower() -> None:
+    hits = 0
+    for seed in range(SEEDS):
+        rng = np.random.default_rng(seed)
+        base = [timings(rng, 100, scale=np.exp(rng.normal(0, 0.03))) for _ in range(3)]
+        head = [timings(rng, 100, scale=1.25 * np.exp(rng.normal(0, 0.03))) for _ in range(3)]
+        hits += verdict(*process_ratio_ci(base, head, seed=seed), 300, 300) == "slower"
+    assert hits / SEEDS >= 0.95  # measured: 200 of 200
+
+
+def test_repeats_needed_follow_the_process_noise() -> None:
+    assert t_quantile(0.975, 1) == pytest.approx(12.706, abs=1e-3)
+    assert t_quantile(0.975, 4) == pytest.approx(2.776, abs=1e-3)
+    assert widening(2, 2) == pytest.approx(3.10, abs=0.01) and widening(1, 5) == 1.0
+    assert repeats_needed(0.01, 0.05) < repeats_needed(0.02, 0.05) < repeats_needed(0.05, 0.05)
+    assert repeats_needed(0.02, 0.05) == 4  # t(6)/z·sqrt(4/3)·z·0.02·sqrt(2/4) = 0.040 ≤ log(1.05); 3 gives 0.055
+    assert repeats_needed(1.0, 0.01) == 50
+
+
 # -- the CLI ---------------------------------------------------------------------------------------------------------
 def test_cli_exit_codes(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
     bench_round(store, "aaaa1111")
     bench_round(store, "bbbb2222", slower={"fx": 1.12})
     bench_round(store, "cccc3333")
+    # one process each on a machine where no repeat group was measured
+    lone = [add_run(store, "eager", env={"git_commit": c, "device_name": "CPU: other", "hostname": "other"})
+            for c in ("dddd", "eeee")]
     db = ["--db", str(store.path)]
     assert cli.main(["compare", "--base", "commit:aaaa", "--head", "commit:cccc", *db]) == 0
     assert "6 unchanged" in capsys.readouterr().out
@@ -311,9 +417,11 @@ def test_cli_exit_codes(store: Store, capsys: pytest.CaptureFixture[str]) -> Non
     assert "6 unchanged" in capsys.readouterr().out  # 12 % slower is under a 20 % threshold
     assert cli.main(["compare", "--base", "commit:aaaa", "--head", "commit:bbbb", "--json", *db]) == 1
     assert json.loads(capsys.readouterr().out)["counts"]["slower"] == 2
+    assert cli.main(["compare", "--base", str(lone[0]), "--head", str(lone[1]), *db]) == 3
+    assert "CANNOT TELL" in capsys.readouterr().out
     for head, extra, words in (("commit:bbbb", ["--threshold", "5"], "write 5% for a percentage or 0.05"),
                                ("commit:ffff", [], "--head 'commit:ffff' matches no finished"),
-                               ("branch:main", [], "KEY one of")):
+                               ("branch:main", [], "KEY one of"), ("12x", [], "write run ids as 12,15,20-24")):
         code = cli.main(["compare", "--base", "commit:aaaa", "--head", head, *extra, *db])
         err = capsys.readouterr().err
         assert code == 2 and words in err and err.count("\n") == 1
