@@ -7,6 +7,7 @@ back with weights_only=True.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,11 @@ from engine.workloads.housing_data import (
 
 Progress = Callable[[float, str], None]
 CHECKPOINT_FORMAT = 1
+
+
+class TrainingError(RuntimeError):
+    """A training run that ended with a loss, a figure or a weight that is not finite: nothing is saved, and the
+    mode's weights file keeps the weights it had."""
 
 
 @dataclass
@@ -88,6 +94,7 @@ def train_model(cfg: TrainConfig, progress: Progress = lambda f, m: None) -> tup
     mae, rmse = _validation_errors(model, data, cfg.device)
     metrics = {"val_mae_usd": mae, "val_rmse_usd": rmse, "final_train_loss": losses[-1],
                "final_val_loss": val_losses[-1], "train_seconds": train_seconds}
+    _check_finite(cfg, model, data, losses + val_losses, metrics)
     path = _save_weights(cfg, model, data, metrics)
 
     result = RunResult(env=capture_env(cfg.device))
@@ -186,11 +193,34 @@ def _validation_errors(model: torch.nn.Module, data: _Split, device: str) -> tup
     return mae, rmse
 
 
+def _weights_file(cfg: TrainConfig) -> Path:
+    return weights_path(cfg.mode, Path(cfg.models_dir) if cfg.models_dir else models_dir(cfg.db))
+
+
+def _check_finite(cfg: TrainConfig, model: torch.nn.Module, data: _Split, losses: list[float],
+                  metrics: dict[str, float]) -> None:
+    """Raise TrainingError, before anything is saved, when a loss, a figure or a weight is NaN or inf (a NaN MAE
+    would otherwise be stored as a result and its weights would replace good ones)."""
+    bad = [name for name, value in metrics.items() if not math.isfinite(value)]
+    if not all(math.isfinite(v) for v in losses):
+        bad.append("loss")
+    if not all(bool(torch.isfinite(t).all()) for t in model.state_dict().values()):
+        bad.append("weights")
+    if not bad:
+        return
+    stats = data.normalizer
+    overflowed = [name for name, mean, std in zip((*FEATURE_NAMES, "price"), (*stats.x_mean, stats.y_mean),
+                                                  (*stats.x_std, stats.y_std)) if not math.isfinite(mean + std)]
+    cause = (f" (the CSV's {', '.join(overflowed)} values are too large: their mean or spread overflows float64)"
+             if overflowed else "")
+    raise TrainingError(f"training gave NaN or inf in {', '.join(bad)}{cause}; nothing saved "
+                        f"({_weights_file(cfg)} is left as it was)")
+
+
 def _save_weights(cfg: TrainConfig, model: torch.nn.Module, data: _Split, metrics: dict[str, float]) -> Path:
     """The checkpoint (weights, normaliser, metrics), written atomically to models/house_price-<mode>.pt."""
-    directory = Path(cfg.models_dir) if cfg.models_dir else models_dir(cfg.db)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = weights_path(cfg.mode, directory)
+    path = _weights_file(cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
     checkpoint = {
         "format": CHECKPOINT_FORMAT,
         "workload": "house_price",

@@ -252,3 +252,46 @@ def test_a_traced_mode_trains_like_eager(tmp_path):
     assert samples_of(fx, "loss") == pytest.approx(samples_of(eager, "loss"), rel=1e-5, abs=1e-7)
     assert set(list_weights(tmp_path / "models")) == {"eager", "fx"}
     assert load_trained(tmp_path / "models" / "house_price-fx.pt").mode == "fx"
+
+
+def test_a_run_whose_figures_are_not_finite_fails_and_keeps_the_weights(tmp_path, store):
+    """Prices of 1e300 overflow the normaliser's float64 spread: the validation MAE comes out NaN. The run fails with
+    the reason and the weights file of the earlier good run stays byte for byte."""
+    from engine.runner.jobs import JobSpec, create_runs, run_jobs
+
+    good, huge = tmp_path / "good.csv", tmp_path / "huge.csv"
+    generate_housing(300, seed=1).to_csv(good, index=False)
+    frame = generate_housing(300, seed=1)
+    frame["price"] = frame["price"] * 1e295  # ~1e300: finite, and accepted by the CSV's checks
+    frame.to_csv(huge, index=False)
+    _, path = train_model(TrainConfig(epochs=1, csv=str(good)))  # MODELS_DIR of the test's lab
+    before = path.read_bytes()
+    ids = create_runs(store, [JobSpec("train", "house_price", "eager", "cpu",
+                                      {"mode": "eager", "device": "cpu", "epochs": 1, "csv": str(huge)},
+                                      target="engine.housing.train:train_job")])
+    assert run_jobs(store, ids) == {ids[0]: "failed"}
+    reason = store.run(ids[0])["error"].splitlines()[0]
+    assert reason.startswith("TrainingError: training gave NaN or inf in val_mae_usd, val_rmse_usd (the CSV's "
+                             "price values are too large"), reason
+    assert f"nothing saved ({path} is left as it was)" in reason
+    assert path.read_bytes() == before
+    assert store.metrics(ids).empty
+
+
+def test_nan_weights_after_training_are_never_saved(tmp_path, monkeypatch):
+    """Whatever turns non-finite (here the weights, as a diverging step would leave them) fails the run unsaved."""
+    import engine.housing.train as train
+
+    real_train = train._train
+
+    def diverging(cfg, model, *args):
+        out = real_train(cfg, model, *args)
+        with torch.no_grad():
+            next(model.parameters()).fill_(float("nan"))
+        return out
+
+    monkeypatch.setattr(train, "_train", diverging)
+    with pytest.raises(train.TrainingError, match=r"NaN or inf in val_mae_usd, val_rmse_usd, "
+                                                  r"weights; nothing saved"):
+        train_model(TrainConfig(epochs=1, models_dir=str(tmp_path)))
+    assert not list(tmp_path.glob("*.pt"))
