@@ -23,7 +23,7 @@ class Parser(argparse.ArgumentParser):
 
 def positive_ints(text: str) -> tuple[int, ...]:
     try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
+        values = tuple(dict.fromkeys(int(v) for v in text.split(",") if v.strip()))  # each once, in order
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
     if not values or any(v < 1 or v > 1 << 20 for v in values):
@@ -77,7 +77,7 @@ def positive_float(text: str) -> float:
 
 
 def phases_arg(text: str) -> tuple[str, ...]:
-    phases = tuple(p.strip() for p in text.split(",") if p.strip())
+    phases = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))  # each once, in order
     if not phases or any(p not in ("infer", "train") for p in phases):
         raise argparse.ArgumentTypeError(f"{text!r}: phases are infer and/or train, comma-separated")
     return phases

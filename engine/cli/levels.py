@@ -80,7 +80,8 @@ def _user_component(name: str, args: argparse.Namespace):
 def _plan(args: argparse.Namespace) -> tuple[list[tuple[str, str, str]], list[str]]:
     from engine.levels import COMPONENTS, get_component, resolve_levels, yours
 
-    names = list(COMPONENTS) if args.component == "all" else [c.strip() for c in args.component.split(",")]
+    names = list(COMPONENTS) if args.component == "all" else list(dict.fromkeys(c.strip()
+                                                                                for c in args.component.split(",")))
     try:
         levels, skipped = resolve_levels(args.level, args.device)
         components = [get_component(n) for n in names if n and not yours.is_component_path(n)]
@@ -103,7 +104,7 @@ def _plan(args: argparse.Namespace) -> tuple[list[tuple[str, str, str]], list[st
                 raise CliError("; ".join(f"level {k} is not available: {r}" for k, r in missing.items()))
         if args.shape:
             shapes = []
-            for s in (s.strip() for s in args.shape.split(",") if s.strip()):
+            for s in dict.fromkeys(s.strip() for s in args.shape.split(",") if s.strip()):  # each shape once
                 if s not in component.shapes:
                     if len(components) == 1:
                         raise CliError(f"unknown shape {s!r} for {component.name}; known: "

@@ -84,7 +84,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise CliError("give --workload or --model, not both")
     try:
         get_workload(args.workload or "house_price")
-        modes = [get_mode(m.strip()) for m in args.mode.split(",") if m.strip()]
+        modes = [get_mode(m) for m in dict.fromkeys(m.strip() for m in args.mode.split(",")) if m]  # each once
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     if not modes:

@@ -36,8 +36,10 @@ def get_mode(name: str) -> Mode:
 
 
 def resolve_modes(spec: str, device: str) -> tuple[list[Mode], dict[str, str]]:
-    """'all' or a comma list → (modes to run, {skipped mode: reason}). Unknown names raise ValueError."""
-    names = list(MODES) if spec.strip() == "all" else [n.strip() for n in spec.split(",") if n.strip()]
+    """'all' or a comma list → (modes to run, {skipped mode: reason}); a mode named twice runs once, at its first
+    place. Unknown names raise ValueError."""
+    names = list(MODES) if spec.strip() == "all" else list(dict.fromkeys(n.strip() for n in spec.split(",")
+                                                                         if n.strip()))
     if not names:
         raise ValueError("no mode given; use 'all' or a comma-separated list such as eager,fx")
     chosen, skipped = [], {}
