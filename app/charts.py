@@ -53,12 +53,21 @@ def sample_distribution(samples: pd.DataFrame, modes: Sequence[str] | None = Non
     return _layout(fig, "Distribution of timed samples (log scale)", "µs per call")
 
 
+FLAGGED_GREY = "#c7c7c7"
+
+
 def speedup_bar(summary: pd.DataFrame, modes: Sequence[str] | None = None) -> go.Figure:
-    """Eager median / mode median; above the dashed line at 1 the mode beats eager."""
+    """Eager median / mode median; above the dashed line at 1 the mode beats eager. A speedup that rests on a
+    flagged series (`speedup_flag`, engine.store.report.with_speedup) is grey and in parentheses, its reason on
+    hover."""
     df = summary.dropna(subset=["speedup_vs_eager"])
+    flag = df["speedup_flag"].fillna("") if "speedup_flag" in df else pd.Series("", index=df.index, dtype=str)
     order = _order(df, modes) if not df.empty else []
-    fig = px.bar(df, x="mode", y="speedup_vs_eager", color="mode", category_orders={"mode": order},
-                 color_discrete_map=_colors(modes, order), text=df["speedup_vs_eager"].map("{:.2f}×".format))
+    flagged = set(df.loc[flag != "", "mode"])
+    colors = {m: FLAGGED_GREY if m in flagged else c for m, c in _colors(modes, order).items()}
+    fig = px.bar(df.assign(flagged=flag.replace("", "no")), x="mode", y="speedup_vs_eager", color="mode",
+                 category_orders={"mode": order}, color_discrete_map=colors, hover_data={"flagged": True},
+                 text=[f"({v:.2f}×)" if f else f"{v:.2f}×" for v, f in zip(df["speedup_vs_eager"], flag)])
     fig.add_hline(y=1, line_dash="dash", line_color="gray", annotation_text="eager",
                   annotation_position="top left")
     return _layout(fig, "Speedup vs eager (higher is faster)", "× eager")

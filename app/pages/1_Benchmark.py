@@ -27,6 +27,7 @@ from engine.compare.changepoints import history_steps
 from engine.explain.why import first_use as first_use_caches
 from engine.modes import MODES
 from engine.runner.jobs import JobSpec
+from engine.store import report
 from engine.store.report import group_timeline, hold_overlaps, run_timeline, with_speedup
 from engine.workloads import get_workload
 from engine.workloads.user_model import BENCH_TARGET
@@ -136,7 +137,8 @@ watch_active_runs(kind="bench")
 
 # -- mode cards -----------------------------------------------------------------------------------------------------
 summary = queries.latest_summary(store, WORKLOAD, device, phase, batch) if batch is not None else None
-summary = with_speedup(summary) if summary is not None and not summary.empty else None
+# each row's noise state (engine.measure.noise) rides along: a speedup resting on a flagged series is no headline
+summary = with_speedup(report.with_noise(summary, store)) if summary is not None and not summary.empty else None
 by_mode = {row["mode"]: row for row in summary.to_dict("records")} if summary is not None else {}
 notes = queries.latest_notes(store, WORKLOAD, device)
 first_use = first_use_caches(store, [r["run_id"] for r in by_mode.values()], phase, batch) if by_mode else {}
@@ -152,10 +154,15 @@ for start in range(0, len(mode_names), 3):
             if row is not None:
                 speedup = row.get("speedup_vs_eager")
                 versus = "" if name == "eager" or speedup != speedup or speedup is None else f"{speedup:.2f}× eager"
-                st.metric(f"Median · {phase} · B={batch}", fmt_us(row["median_us"]), delta=versus or None,
-                          delta_color="off", delta_arrow="off")
+                flag = row.get("speedup_flag") or ""
+                st.metric(f"Median · {phase} · B={batch}", fmt_us(row["median_us"]),
+                          delta=(f"({versus}, flagged)" if flag else versus) or None, delta_color="off",
+                          delta_arrow="off", help=f"Not a headline: {flag}" if flag and versus else None)
                 st.caption(f"p10–p90 {fmt_us(row['p10_us'])} – {fmt_us(row['p90_us'])} · first call "
                            f"{fmt_us(row['first_call_us'])} · run #{row['run_id']} · {fmt_time(row['finished_at'])}")
+                if row.get("state"):  # clean | noisy | interfered, with the reasons (engine.measure.noise)
+                    st.caption((":material/warning: " if row["state"] in report.FLAGGED_STATES else "")
+                               + f"Timing: {row['state']}" + (f" — {row['flags']}" if row.get("flags") else ""))
                 loop_us = row.get("loop_median_us")
                 if loop_us is not None and loop_us == loop_us:  # NaN where the run timed per call only
                     st.caption(f"In a loop: {fmt_us(loop_us)} per call (median of blocks of "

@@ -43,6 +43,28 @@ def test_cards_and_charts_from_stored_results(filled: Store, page) -> None:
     assert texts(at.caption).count("torch.jit.script is deprecated") == 1
 
 
+def test_a_flagged_eager_run_greys_every_speedup_and_says_why(filled: Store, page) -> None:
+    """An interfered eager run (engine.measure.noise's record in runs.conditions): its card says so, and the other
+    cards' speedups against it are marked flagged with the reason, in the chart too."""
+    import json
+
+    from tests.app.conftest import add_bench_run
+
+    eager = add_bench_run(filled, "eager", 16000.0)
+    record = {"state": "interfered", "flags": ["infer B=64: p90/p10 = 250×"], "series": [
+        {"phase": "infer", "batch_size": 64, "state": "interfered",
+         "flags": ["p90/p10 = 250×", "other processes took 1.6 of 2 cores"]}]}
+    with filled.connect() as con:
+        con.execute("UPDATE runs SET conditions = ? WHERE id = ?", [json.dumps(record), eager])
+    at = page("benchmark").run()
+    assert not at.exception
+    assert "Timing: interfered — p90/p10 = 250×; other processes took 1.6 of 2 cores" in texts(at.caption)
+    deltas = [str(m.delta) for m in at.metric if m.delta]
+    assert deltas and all(d.startswith("(") and d.endswith(", flagged)") for d in deltas)
+    speedup = next(c for c in at.get("plotly_chart") if "Speedup vs eager" in c.proto.spec)
+    assert "\\u00d7)" in speedup.proto.spec and "#c7c7c7" in speedup.proto.spec
+
+
 def test_aoti_shows_what_python_costs(filled: Store, page) -> None:
     from tests.app.conftest import add_bench_run
 
