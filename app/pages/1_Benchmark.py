@@ -81,7 +81,11 @@ with st.expander("Run settings", expanded=False):
     iters = int(c1.number_input("Timed iterations", min_value=1, max_value=100_000, value=100, step=10, key="iters"))
     warmup = int(c2.number_input("Warm-up calls", min_value=0, max_value=10_000, value=10, step=1, key="warmup"))
     phases = c3.multiselect("Phases", ["infer", "train"], default=["infer", "train"], key="phases")
-    c4, c5 = st.columns(2)
+    c4, c5, c6 = st.columns(3)
+    repeats = int(c6.number_input("Repeats", min_value=1, max_value=20, value=1, step=1, key="repeats",
+                                  help="Worker processes per mode, interleaved across modes (A B C A B C …): "
+                                       "what Compare needs (2 or more) to tell process-to-process noise from a "
+                                       "change."))
     per_model = "" if mine is None else f"-{WORKLOAD}"  # another model starts from its own defaults
     infer_text = c4.text_input("Inference batch sizes", ", ".join(map(str, workload.default_batch_sizes)),
                                key=f"batch_text{per_model}", help="Whole numbers separated by commas or spaces.")
@@ -105,14 +109,15 @@ params: dict[str, Any] = {"workload": WORKLOAD, "device": device, "phases": phas
                           **parsed, **(mine.spec.params() if mine is not None else {})}
 
 
-def queue_runs(modes: list[str], device: str, params: dict[str, Any]) -> None:
+def queue_runs(modes: list[str], device: str, params: dict[str, Any], repeats: int = 1) -> None:
     target = BENCH_TARGET if params.get("model") else None  # a user model is imported by the worker, not here
-    specs = [JobSpec("bench", params["workload"], m, device, {**params, "mode": m, "device": device}, target=target)
-             for m in modes]
+    rounds = [{"repeat": r, "repeats": repeats} if repeats > 1 else {} for r in range(repeats)]
+    specs = [JobSpec("bench", params["workload"], m, device, {**params, "mode": m, "device": device, **extra},
+                     target=target) for extra in rounds for m in modes]  # interleaved: A B C A B C …
     group = uuid.uuid4().hex[:12] if len(specs) > 1 else None
     ids = submit(specs, group_id=group)
     if ids:
-        what = ", ".join(f"#{i} {m}" for i, m in zip(ids, modes))
+        what = ", ".join(f"#{i} {m}" for i, m in zip(ids, modes * repeats))
         flash("success", f"Queued {what} on {device}. Progress shows below; charts update when a run finishes.")
 
 
@@ -125,7 +130,7 @@ runnable = [name for name, (ok, _) in available.items() if ok]
 
 top = st.columns([1, 3])
 top[0].button(f"Run all ({len(runnable)} modes)", key="run-all", type="primary",
-              disabled=not (settings_ok and runnable), on_click=queue_runs, args=(runnable, device, params),
+              disabled=not (settings_ok and runnable), on_click=queue_runs, args=(runnable, device, params, repeats),
               help="Queue every mode available on this device, one after another, as one group.")
 top[1].caption(f"New runs use {iters} timed iterations after {warmup} warm-up calls, "
                f"phases {', '.join(phases) or '—'}"
@@ -194,7 +199,7 @@ for start in range(0, len(mode_names), 3):
             if not ok:
                 st.caption(f":material/block: Not available on {device}: {reason}")
             st.button("Run benchmark", key=f"run-{name}", disabled=not (ok and settings_ok), help=reason or None,
-                      on_click=queue_runs, args=([name], device, params))
+                      on_click=queue_runs, args=([name], device, params, repeats))
 
 # -- charts ---------------------------------------------------------------------------------------------------------
 with st.container(border=True, key="charts"):

@@ -65,6 +65,26 @@ def test_a_flagged_eager_run_greys_every_speedup_and_says_why(filled: Store, pag
     assert "\\u00d7)" in speedup.proto.spec and "#c7c7c7" in speedup.proto.spec
 
 
+def test_repeats_queue_each_mode_in_several_processes_interleaved(lab: Store, page,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    submitted = []
+
+    def fake_submit(store, specs, group_id=None):
+        submitted.append((specs, group_id))
+        return jobs.create_runs(store, specs, group_id)
+
+    monkeypatch.setattr(jobs, "submit", fake_submit)
+    at = page("benchmark").run()
+    at.number_input(key="repeats").set_value(2).run()
+    at.button(key="run-all").click().run()
+    assert not at.exception
+    (specs, group), = submitted
+    modes = list(dict.fromkeys(s.mode for s in specs))
+    assert len(modes) > 1 and group is not None
+    assert [(s.mode, s.params["repeat"], s.params["repeats"]) for s in specs] == \
+        [(m, r, 2) for r in range(2) for m in modes]  # A B C … A B C …
+
+
 def test_aoti_shows_what_python_costs(filled: Store, page) -> None:
     from tests.app.conftest import add_bench_run
 
