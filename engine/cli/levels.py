@@ -26,6 +26,7 @@ from engine.cli.args import (
     positive_int,
 )
 from engine.store.db import Store
+from engine.store.report import flag_lines
 
 
 def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -177,6 +178,8 @@ def _levels(args: argparse.Namespace, launcher) -> int:
     if not stages.empty:
         print()
         print(stages.to_string(index=False))
+    for line in flag_lines(store, ids):  # timings flagged noisy or interfered (engine.measure.noise)
+        print(line)
     if args.deep:
         _print_deep(store, ids)
     for run_id, status in statuses.items():

@@ -181,6 +181,10 @@ def _llm(args: argparse.Namespace, launcher) -> int:
     statuses = supervise(store, ids, Bars(dict(zip(ids, labels))), launcher, args.prepare_parallel, args.serial,
                          out=sys.stderr)
     _print_figures(store, ids, specs, statuses)
+    from engine.store.report import flag_lines
+
+    for line in flag_lines(store, ids):  # timings flagged noisy or interfered (engine.measure.noise)
+        print(line)
     _print_quantized(store, ids)
     _print_native_vs_transformers(store, ids)
     if args.tp > 1:

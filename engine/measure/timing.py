@@ -138,6 +138,9 @@ def time_fn(fn: Callable[[], object], device: str, *, warmup: int = 10, iters: i
 # time_adaptive's limits on extra rounds: at most this many rounds in all, and this much time for the extra ones.
 ADAPT_MAX_ROUNDS = 8
 ADAPT_BUDGET_S = 3.0
+# Below this many calls a round is a quick look, not a measurement: the p10 and p90 of a handful of samples are
+# nearly their min and max, too rough to decide on more rounds from.
+ADAPT_MIN_ITERS = 20
 
 
 def time_adaptive(fn: Callable[[], object], device: str, *, warmup: int = 10, iters: int = 100,
@@ -148,12 +151,14 @@ def time_adaptive(fn: Callable[[], object], device: str, *, warmup: int = 10, it
     as torch.utils.benchmark's adaptive_autorange keeps measuring until its estimate is good enough. A brief
     disturbance (another process's burst) is outweighed by the rounds after it; one that lasts stays in the spread,
     and the Measurement says it never settled (then the series is flagged: engine.measure.noise). Every sample of
-    every round is kept."""
+    every round is kept. Fewer than ADAPT_MIN_ITERS calls a round: that one round."""
     from engine.measure.noise import settled
 
     m = time_fn(fn, device, warmup=warmup, iters=iters, first_call=False, on_iter=on_iter)
     deadline = time.perf_counter() + budget_s
     m.settled = settled(m.samples_us)
+    if iters < ADAPT_MIN_ITERS:
+        return m
     while not m.settled and m.rounds < max_rounds and time.perf_counter() < deadline:
         more = time_fn(fn, device, warmup=0, iters=iters, first_call=False)
         m.samples_us += more.samples_us

@@ -180,6 +180,20 @@ def bench_flags(store: Store, run_ids: Sequence[int]) -> list[str]:
     return lines
 
 
+def flag_lines(store: Store, run_ids: Sequence[int]) -> list[str]:
+    """A heading and one line per flagged run of these (noisy or interfered timings, engine.measure.noise), in id
+    order; [] when none is: what the levels and llm commands print under their tables."""
+    runs = store.runs(run_ids=[int(r) for r in run_ids], limit=max(1, len(run_ids)))
+    if runs.empty or "conditions" not in runs:
+        return []
+    lines = []
+    for row in runs.sort_values("id").to_dict("records"):
+        state, flags = run_state(row.get("conditions"))
+        if state in FLAGGED_STATES:
+            lines.append(f"  run {row['id']} ({row['mode']}): {state} — {'; '.join(flags)}")
+    return ["", "flagged timings (not headline figures):", *lines] if lines else []
+
+
 def _progress_events(store: Store, run_id: int) -> list[dict]:
     """The lines of a run's progress.jsonl artifact (engine.runner.worker), oldest first; [] without the artifact."""
     import json
