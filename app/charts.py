@@ -44,6 +44,32 @@ def latency_bar(summary: pd.DataFrame, modes: Sequence[str] | None = None) -> go
     return _layout(fig, "Median latency by mode (bars: p10–p90)", "µs per call")
 
 
+def energy_latency(points: pd.DataFrame, x: str, y: str, *, x_title: str, y_title: str, title: str,
+                   modes: Sequence[str] | None = None) -> go.Figure:
+    """Energy against latency, one point per row (a mode, or a run labelled by its mode), lower-left is better;
+    the rows of `points["pareto"]` (no other row both faster and cheaper) are stars joined by the dotted front."""
+    order = _order(points, modes)
+    colors = _colors(modes, order)
+    fig = go.Figure()
+    front = points[points["pareto"]].sort_values(x)
+    if len(front) > 1:
+        fig.add_trace(go.Scatter(x=front[x].tolist(), y=front[y].tolist(), mode="lines", name="Pareto front",
+                                 hoverinfo="skip",
+                                 line=dict(color="grey", dash="dot")))
+    for mode in order:
+        sel = points[points["mode"] == mode]
+        fig.add_trace(go.Scatter(
+            x=sel[x].tolist(), y=sel[y].tolist(), mode="markers+text", name=mode, text=[mode] * len(sel),
+            textposition="top center",
+            marker=dict(color=colors[mode], size=[14 if p else 10 for p in sel["pareto"]],
+                        symbol=["star" if p else "circle" for p in sel["pareto"]]),
+            customdata=np.array(["on the Pareto front" if p else "" for p in sel["pareto"]], dtype=object),
+            hovertemplate=f"{mode}<br>%{{x:.4g}} µs · %{{y:.4g}} {y_title}<br>%{{customdata}}<extra></extra>"))
+    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, showlegend=False,
+                      margin=dict(l=10, r=10, t=50, b=10), height=380)
+    return fig
+
+
 def sample_distribution(samples: pd.DataFrame, modes: Sequence[str] | None = None) -> go.Figure:
     """Every timed sample per mode as a box plot (outliers drawn as points)."""
     order = _order(samples, modes)

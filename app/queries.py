@@ -22,7 +22,10 @@ STAT_COLUMNS = """
     max(CASE WHEN m.name = 'native_p10' THEN m.value END) AS native_p10_us,
     max(CASE WHEN m.name = 'native_p90' THEN m.value END) AS native_p90_us,
     max(CASE WHEN m.name = 'loop_median' THEN m.value END) AS loop_median_us,
-    max(CASE WHEN m.name = 'loop_block' THEN m.value END) AS loop_block
+    max(CASE WHEN m.name = 'loop_block' THEN m.value END) AS loop_block,
+    max(CASE WHEN m.name = 'energy_per_step' THEN m.value END) AS j_per_step,
+    max(CASE WHEN m.name = 'energy_above_idle_per_step' THEN m.value END) AS j_above_idle_per_step,
+    max(CASE WHEN m.name = 'avg_power_w' THEN m.value END) AS avg_power_w
 """
 
 

@@ -28,7 +28,7 @@ from engine.explain.why import first_use as first_use_caches
 from engine.modes import MODES
 from engine.runner.jobs import JobSpec
 from engine.store import report
-from engine.store.report import group_timeline, hold_overlaps, run_timeline, with_speedup
+from engine.store.report import fmt_joules, group_timeline, hold_overlaps, pareto_front, run_timeline, with_speedup
 from engine.workloads import get_workload
 from engine.workloads.user_model import BENCH_TARGET
 
@@ -168,6 +168,10 @@ for start in range(0, len(mode_names), 3):
                 if row.get("state"):  # clean | noisy | interfered, with the reasons (engine.measure.noise)
                     st.caption((":material/warning: " if row["state"] in report.FLAGGED_STATES else "")
                                + f"Timing: {row['state']}" + (f" — {row['flags']}" if row.get("flags") else ""))
+                joules = row.get("j_per_step")
+                if joules is not None and joules == joules:  # NaN where the run had no energy reader
+                    st.caption(f"Energy: {fmt_joules(joules)} per step ({fmt_joules(row['j_above_idle_per_step'])} "
+                               f"above idle) · {row['avg_power_w']:.0f} W average")
                 loop_us = row.get("loop_median_us")
                 if loop_us is not None and loop_us == loop_us:  # NaN where the run timed per call only
                     st.caption(f"In a loop: {fmt_us(loop_us)} per call (median of blocks of "
@@ -227,6 +231,15 @@ with st.container(border=True, key="charts"):
             right2.dataframe(compiled[["mode", "recompiles", "graph_breaks", "max_abs_err"]], hide_index=True)
         if summary["native_median_us"].notna().any():
             st.plotly_chart(charts.python_vs_native(summary), key="chart-native")
+        if summary["j_per_step"].notna().any():  # energy beside latency (engine.measure.energy)
+            measured = summary.dropna(subset=["j_per_step"])
+            points = measured.assign(pareto=pareto_front(measured, "median_us", "j_per_step"))
+            st.plotly_chart(charts.energy_latency(points, "median_us", "j_per_step", x_title="median µs per step",
+                                                  y_title="J per step", title="Energy vs latency (stars: Pareto "
+                                                  "front, nothing both faster and cheaper)", modes=mode_names),
+                            key="chart-energy")
+            st.caption("Whole-board (or CPU-package) energy over the timed calls, idle draw included; the cards give "
+                       "the share above the device's idle draw. How it is taken: docs/measurement.md.")
         if show_history:
             past = queries.history(store, WORKLOAD, device, phase, batch)
             steps = history_steps(store, past, "median_us")  # change points per mode, with commit and environment

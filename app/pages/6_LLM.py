@@ -12,7 +12,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
-from app.charts import history_line
+from app.charts import energy_latency, history_line
 from app.common import (
     device_info,
     first_line,
@@ -27,9 +27,11 @@ from app.common import (
 from engine.compare.changepoints import history_steps, run_series_history
 from engine.llm import metrics as llm_metrics
 from engine.llm.report import (
+    ENERGY_PHASES,
     REPORT_FILES,
     bound_sentences,
     ceiling_text,
+    energy_points,
     fmt_num,
     fmt_pct,
     from_store,
@@ -42,6 +44,7 @@ from engine.llm.report import (
     quant_scheme,
     report_files,
     roofline_points,
+    same_setup,
     top_operators,
 )
 from engine.llm.report import (
@@ -49,6 +52,7 @@ from engine.llm.report import (
 )
 from engine.measure.op_stats import short_name
 from engine.runner.jobs import JobSpec
+from engine.store.report import fmt_joules
 from engine.workloads.llama import PRESETS
 
 SWEEP_PARAMS = {"none": None, "batch B": ("batch", "1, 2, 4, 8, 16, 32, 64"),
@@ -248,6 +252,13 @@ else:
                    f"{fmt_us(value(row, 'first_call_decode_us'))} (compile / capture) · peak memory "
                    f"{fmt_num(value(row, 'peak_memory_bytes'), 'B')} · decode step "
                    f"{fmt_num(value(row, 'decode_bytes'), 'B', 2)} moved · {checked}")
+        if value(row, "j_per_token") is not None or value(row, "j_per_prefill") is not None:
+            st.caption(f":material/bolt: Energy: {fmt_joules(value(row, 'j_per_token'))} per token "
+                       f"({fmt_joules(value(row, 'j_per_token_above_idle'))} above idle, "
+                       f"{fmt_num(value(row, 'tokens_per_j'))} tokens/J, {fmt_num(value(row, 'decode_power_w'))} W) "
+                       f"· {fmt_joules(value(row, 'j_per_prefill'))} per prefill "
+                       f"({fmt_joules(value(row, 'j_per_prefill_above_idle'))} above idle) · whole board, idle "
+                       "draw included")
         for sentence in bound_sentences(view):
             st.caption(f":material/speed: {sentence}")
         for note in view.notes:
@@ -268,6 +279,21 @@ else:
                    "unquantized modes match eager's logits within the tolerance; quantized ones pass their own gate "
                    "(greedy top-1 agreement and mean KL against the unquantized model, thresholds in "
                    "docs/quantization.md).")
+
+    setup = same_setup(runs, row)  # every mode's newest run of this model, device, B, P and N
+    energy_cols = [(phase, energy_points(setup, phase)) for phase in ENERGY_PHASES]
+    if any(not pts.empty for _, pts in energy_cols):
+        st.subheader("Energy vs latency")
+        for col, (phase, pts) in zip(st.columns(2), energy_cols):
+            latency, _, unit = ENERGY_PHASES[phase]
+            if pts.empty:
+                col.info(f"No {phase} energy in these runs.", icon=":material/info:")
+                continue
+            col.plotly_chart(energy_latency(pts, "latency_us", "joules", x_title=f"{latency.split('_')[0].upper()} "
+                                            "(median µs)", y_title=unit, title=f"{phase.capitalize()}: energy vs "
+                                            "latency per mode (stars: Pareto front)"), key=f"chart-energy-{phase}")
+        st.caption("Each mode's newest run of this model, device, B, P and N. Whole-board energy over the timed "
+                   "region, idle draw included (docs/measurement.md); a star is a mode no other beats on both.")
 
     with st.expander("Formulas", icon=":material/functions:"):
         st.code((llm_metrics.__doc__ or "").strip(), language=None)

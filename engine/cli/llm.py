@@ -190,7 +190,8 @@ def _llm(args: argparse.Namespace, launcher) -> int:
     if args.tp > 1:
         _print_scaling(store, ids, statuses)
     print("MFU: % of the measured matmul ceiling; MBU: % of the measured copy bandwidth (python -m engine ceilings "
-          "--show). Reports: python -m engine llm-report RUN_ID")
+          "--show). J/token, J/prefill: the whole board's energy over the timed decode and prefill (docs/"
+          "measurement.md). Reports: python -m engine llm-report RUN_ID")
     return 0 if all(s == "ok" for s in statuses.values()) else 1
 
 
@@ -254,10 +255,13 @@ def _job_specs(args: argparse.Namespace, base: LLMConfig, modes: list[str]) -> t
 def _print_figures(store: Store, ids: list[int], specs: list[JobSpec], statuses: dict[int, str]) -> None:
     """One line per run: its headline figures, or why it failed."""
     from engine.llm.report import fmt_num, fmt_pct, fmt_time, headline
+    from engine.store.report import fmt_joules
 
     figures = headline(store, [i for i in ids if statuses[i] == "ok"])
+    energy = "j_per_token" in figures and figures["j_per_token"].notna().any()  # columns only where measured
     print(f"\n{'run':>5} {'mode':<30} {'B':>3} {'P':>5} {'TTFT':>10} {'TPOT med':>10} {'TPOT p90':>10} "
-          f"{'tok/s':>9} {'MFU':>7} {'MBU':>7} {'1st prefill':>11} {'1st decode':>11}")
+          f"{'tok/s':>9} {'MFU':>7} {'MBU':>7} {'1st prefill':>11} {'1st decode':>11}"
+          + (f" {'J/token':>10} {'tok/J':>8} {'J/prefill':>10}" if energy else ""))
     for run_id, spec in zip(ids, specs):
         if statuses[run_id] != "ok":
             error = (store.run(run_id)["error"] or "").strip().splitlines()
@@ -268,7 +272,9 @@ def _print_figures(store: Store, ids: list[int], specs: list[JobSpec], statuses:
         print(f"{run_id:>5} {spec.mode:<30} {spec.params['batch']:>3} {spec.params['prompt_len']:>5} "
               f"{fmt_time(g('ttft_us')):>10} {fmt_time(g('tpot_median_us')):>10} {fmt_time(g('tpot_p90_us')):>10} "
               f"{fmt_num(g('tokens_per_s')):>9} {fmt_pct(g('mfu_pct')):>7} {fmt_pct(g('mbu_pct')):>7} "
-              f"{fmt_time(g('first_call_prefill_us')):>11} {fmt_time(g('first_call_decode_us')):>11}")
+              f"{fmt_time(g('first_call_prefill_us')):>11} {fmt_time(g('first_call_decode_us')):>11}"
+              + (f" {fmt_joules(g('j_per_token')):>10} {fmt_num(g('tokens_per_j')):>8} "
+                 f"{fmt_joules(g('j_per_prefill')):>10}" if energy else ""))
 
 
 def _print_quantized(store: Store, ids: list[int]) -> None:

@@ -39,6 +39,11 @@ HEADLINE = {  # (phase, name) -> column of the page's and CLI's tables
     (None, "tolerance"): "tolerance", (None, "quant_top1_agreement"): "quant_top1",
     (None, "quant_mean_kl_nats"): "quant_kl", (None, "quant_gate_min_top1"): "gate_min_top1",
     (None, "quant_gate_max_kl"): "gate_max_kl", (None, "quantize_s"): "quantize_s",
+    # energy (engine.measure.energy): whole board, and above the device's stored idle draw
+    ("decode", "energy_per_token"): "j_per_token", ("decode", "energy_above_idle_per_token"): "j_per_token_above_idle",
+    ("decode", "tokens_per_j"): "tokens_per_j", ("decode", "avg_power_w"): "decode_power_w",
+    ("prefill", "energy_per_prefill"): "j_per_prefill", ("prefill", "energy_above_idle_per_prefill"):
+    "j_per_prefill_above_idle", ("prefill", "avg_power_w"): "prefill_power_w",
 }
 
 
@@ -545,6 +550,46 @@ def headline(store: Store, run_ids: list[int]) -> pd.DataFrame:
         if col:
             rows[int(r.run_id)][col] = float(r.value)
     return pd.DataFrame.from_dict(rows, orient="index").reindex(columns=cols)
+
+
+ENERGY_PHASES = {  # phase -> (latency column, energy column, the energy's unit)
+    "decode": ("tpot_median_us", "j_per_token", "J/token"),
+    "prefill": ("ttft_us", "j_per_prefill", "J/prefill"),
+}
+
+
+SAME_SETUP = ("preset", "checkpoint", "device", "dtype", "batch", "prompt_len", "new_tokens")
+
+
+def same_setup(runs: pd.DataFrame, row: dict[str, Any]) -> pd.DataFrame:
+    """The runs (llm_runs rows) of the same model, device, dtype, B, P and N as `row`: the modes one may set side
+    by side (their newest run each)."""
+    if runs.empty:
+        return runs
+    keep = pd.Series(True, index=runs.index)
+    for key in SAME_SETUP:
+        if key in runs:
+            want = row.get(key)
+            keep &= runs[key].isna() if want is None or (isinstance(want, float) and math.isnan(want)) else \
+                runs[key] == want
+    return runs[keep].sort_values("id", ascending=False).drop_duplicates("mode")
+
+
+def energy_points(runs: pd.DataFrame, phase: str) -> pd.DataFrame:
+    """One point per run (llm_runs rows) that measured energy in `phase`: its latency (TPOT or TTFT, µs), its joules
+    per token or per prefill, and whether it is on the Pareto front (no other run both faster and cheaper)."""
+    from engine.store.report import pareto_front
+
+    latency, joules, _ = ENERGY_PHASES[phase]
+    columns = ["run_id", "mode", "batch", "prompt_len", "latency_us", "joules", "pareto"]
+    if runs.empty or joules not in runs or latency not in runs:
+        return pd.DataFrame(columns=columns)
+    sel = runs[runs[joules].notna() & runs[latency].notna()]
+    points = pd.DataFrame({"run_id": sel["id"].astype(int), "mode": sel["mode"], "batch": sel["batch"],
+                           "prompt_len": sel["prompt_len"], "latency_us": sel[latency].astype(float),
+                           "joules": sel[joules].astype(float)})
+    points["pareto"] = pareto_front(points, "latency_us", "joules")
+    return points.reset_index(drop=True)[columns]
 
 
 def roofline_points(store: Store, run_ids: list[int]) -> pd.DataFrame:

@@ -157,7 +157,60 @@ def bench_table(store: Store, run_ids: Sequence[int]) -> pd.DataFrame:
     if (frame["procs"] > 1).any():
         table.insert(3, "procs", frame["procs"].astype(int))
         table.insert(7, "proc_spread", frame["proc_spread"].map(lambda v: "" if v != v else f"{100 * v:.1f}%"))
+    energy = energy_summary(store, run_ids)
+    if not energy.empty:  # J/step beside the latency where the runs measured it (engine.measure.energy)
+        joined = frame[["mode", "device", "phase", "batch_size"]].merge(energy, how="left")
+        table["J/step"] = joined["j_per_step"].map(fmt_joules).to_numpy()
+        table["above_idle"] = joined["j_above_idle_per_step"].map(fmt_joules).to_numpy()
+        table["avg_W"] = joined["avg_power_w"].map(lambda v: "—" if v != v else f"{v:.0f}").to_numpy()
     return table.sort_values(["phase", "batch", "mode"]).reset_index(drop=True)
+
+
+# -- energy beside latency (engine.measure.energy's metrics) -----------------------------------------------------------
+ENERGY_COLUMNS = {"energy_per_step": "j_per_step", "energy_above_idle_per_step": "j_above_idle_per_step",
+                  "avg_power_w": "avg_power_w"}
+
+
+def energy_summary(store: Store, run_ids: Sequence[int]) -> pd.DataFrame:
+    """Per (mode, device, phase, batch size) of these bench runs: J/step (whole board), J/step above the idle draw
+    and the average power, the median over a mode's processes; empty where no run measured energy."""
+    ids = [int(r) for r in run_ids]
+    if not ids:
+        return pd.DataFrame()
+    names = list(ENERGY_COLUMNS)
+    frame = store.query(f"SELECT r.mode, r.device, m.phase, m.batch_size, m.name, m.value FROM runs r JOIN metrics m "
+                        f"ON m.run_id = r.id WHERE r.id IN ({','.join('?' * len(ids))}) AND m.name IN "
+                        f"({','.join('?' * len(names))})", [*ids, *names])
+    if frame.empty:
+        return frame
+    wide = (frame.groupby(["mode", "device", "phase", "batch_size", "name"])["value"].median()
+            .unstack("name").rename(columns=ENERGY_COLUMNS).reset_index())
+    return wide.reindex(columns=["mode", "device", "phase", "batch_size", *ENERGY_COLUMNS.values()])
+
+
+def pareto_front(frame: pd.DataFrame, x: str, y: str) -> pd.Series:
+    """True for the rows no other row beats on both `x` and `y` (lower is better on both: latency and energy), the
+    trade-off front; rows missing either are False."""
+    ok = frame[x].notna() & frame[y].notna()
+    xs, ys = frame[x].to_numpy(dtype=float), frame[y].to_numpy(dtype=float)
+    front = []
+    for i in range(len(frame)):
+        if not ok.iloc[i]:
+            front.append(False)
+            continue
+        beaten = ok.to_numpy() & (xs <= xs[i]) & (ys <= ys[i]) & ((xs < xs[i]) | (ys < ys[i]))
+        front.append(not beaten.any())
+    return pd.Series(front, index=frame.index, dtype=bool)
+
+
+def fmt_joules(value: float | None) -> str:
+    """Joules in the unit that keeps 3 significant figures readable (µJ, mJ, J, kJ); "—" for none."""
+    if value is None or value != value:
+        return "—"
+    for scale, unit in ((1e3, "kJ"), (1.0, "J"), (1e-3, "mJ"), (1e-6, "µJ")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value * 1e9:.3g} nJ" if value else "0 J"
 
 
 def _speedup_text(value: float, flag: str) -> str:
