@@ -229,9 +229,8 @@ class _GpuWatch:
         except ImportError as exc:
             self.note = f"no NVML reader ({exc})"
             return
-        index = int(device.split(":")[1]) if ":" in device else 0
         try:
-            self.reader, why = nvml.open_device(index)
+            self.reader, why = nvml.open_device(nvml.nvml_index(device))
         except Exception as exc:  # noqa: BLE001 - conditions never fail a run
             self.reader, why = None, f"{type(exc).__name__}: {exc}"
         if self.reader is None:
@@ -246,6 +245,9 @@ class _GpuWatch:
             except Exception as exc:  # noqa: BLE001
                 self.sampler, self.note = None, f"NVML sampler failed: {exc}"
         return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass  # the sampler stops in finish(), after the window's idle wait
 
     def finish(self, into: Conditions) -> None:
         if self.sampler is not None:
@@ -328,9 +330,7 @@ def take_windows() -> list[Conditions]:
 
 
 def reset() -> None:
-    """Forget recorded windows and the device-wait baseline (a run's start)."""
+    """A run's start: forget recorded windows; its first window reports every wait for the device so far (the
+    supervisor's before it started the worker included)."""
     _WINDOWS.clear()
-    try:
-        _LAST_WAIT[0] = _device_waited_s()
-    except Exception:  # noqa: BLE001
-        _LAST_WAIT[0] = 0.0
+    _LAST_WAIT[0] = 0.0
