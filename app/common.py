@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from engine.cli.kinds import KINDS  # noqa: F401 - every run kind registered before a page queues runs
 from engine.runner import jobs
 from engine.store.db import Store, StoreDamagedError, StoreError, default_db_path
 

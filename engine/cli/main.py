@@ -29,6 +29,7 @@ from engine.cli.args import (
     positive_ints,
     user_model,
 )
+from engine.cli.kinds import KINDS  # noqa: F401 - every run kind registered before a command queues runs
 from engine.store.db import Store, StoreError, default_db_path
 
 # Modules that contribute subcommands (profiling, IR, …); each defines add_commands(subparsers, add_common_args).

@@ -375,9 +375,10 @@ def profile_command(side: Side) -> str:
 def profile_specs(sides: Sequence[Side]) -> list:
     """The profile runs (engine.runner.jobs.JobSpec) that would give these sides their missing profiles: what the CLI's
     `explain --profile` and the page's *Profile both and explain* queue."""
+    from engine.profiling.kind import KIND as PROFILE
     from engine.runner.jobs import JobSpec
 
-    return [JobSpec("profile", s.workload, s.mode, s.device,
+    return [JobSpec(PROFILE.name, s.workload, s.mode, s.device,
                     {"workload": s.workload, "mode": s.mode, "device": s.device, "phases": [s.phase],
                      "batch_size": s.batch_size}) for s in sides]
 

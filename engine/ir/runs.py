@@ -25,11 +25,15 @@ import pandas as pd
 from engine.ir.errors import IRError, WeightLoadError
 from engine.ir.graph import IR
 from engine.runner.jobs import JobSpec, artifacts_root
+from engine.runner.kinds import RunKind, register
 from engine.store.db import Artifact, Metric, RunResult, Store
 
 KIND = "ir"
 VERIFY_TARGET = "engine.ir.verify:verify_job"
 EXTRACT_TARGET = "engine.ir.runs:extract_job"
+# The `ir` run kind: each run names its target (an extraction in a worker, or a verification), holding the device
+# from start to end.
+register(RunKind(KIND, None))
 
 
 @dataclass

@@ -1,63 +1,23 @@
 """Kernel Levels: one component written five ways, L1 naive PyTorch to L5 CUDA, checked, timed and compared.
 
-This module is the registry of components and levels; base (what a level is), builders (the levels), run (one
-levels run: check, time, record), guards and yours (your own kernel or component, and the guards it passes), deep
-(Nsight Compute per level), results (the tables a run stores and shows)."""
+catalog is the registry of components and levels, named here too (COMPONENTS, LEVELS, get_component, get_level,
+resolve_levels; loaded on first use, so that importing the package imports no torch: kind, the `levels` run kind,
+is imported at the CLI's start); base (what a level is), builders (the levels), run (one levels run: check, time,
+record), guards and yours (your own kernel or component, and the guards it passes), deep (Nsight Compute per level),
+results (the tables a run stores and shows)."""
 
 from __future__ import annotations
 
-from engine.levels.base import Built, Level
-from engine.levels.builders import LEVEL_LIST
-from engine.workloads import causal_attention, gnn_message_passing, vit_patch_attention
-from engine.workloads.component import Component
-
-COMPONENTS: dict[str, Component] = {c.name: c for c in (causal_attention.COMPONENT, vit_patch_attention.COMPONENT,
-                                                        gnn_message_passing.COMPONENT)}
-LEVELS: dict[str, Level] = {level.key: level for level in LEVEL_LIST}
-REFERENCE_LEVEL = "L1-naive"
-
-
-def get_component(name: str, path: str | None = None) -> Component:
-    """A built-in component by name, or a user's `pkg.mod:spec` imported from the folder `path`
-    (engine.levels.yours.load_component; a ValueError with one line when it cannot be used)."""
-    if name in COMPONENTS:
-        return COMPONENTS[name]
-    from engine.levels import yours
-
-    if yours.is_component_path(name):
-        return yours.load_component(name, path)
-    raise ValueError(f"unknown component {name!r}; known: {', '.join(COMPONENTS)} (or your own, module.path:spec)")
-
-
-def get_level(key: str) -> Level:
-    try:
-        return LEVELS[key]
-    except KeyError:
-        raise ValueError(f"unknown level {key!r}; known: {', '.join(LEVELS)}") from None
-
-
-def resolve_levels(spec: str, device: str) -> tuple[list[Level], dict[str, str]]:
-    """'all' or a comma list (keys like L4-triton, or bare numbers like 4) → (levels to run, {skipped: reason})."""
-    if spec.strip() == "all":
-        chosen = list(LEVELS.values())
-    else:
-        chosen = []
-        for part in (p.strip() for p in spec.split(",") if p.strip()):
-            matches = [lv for lv in LEVELS.values() if part in (lv.key, str(lv.number), f"L{lv.number}")]
-            if not matches:
-                raise ValueError(f"unknown level {part!r}; known: {', '.join(LEVELS)} (or 1–5)")
-            chosen += [m for m in matches if m not in chosen]
-    if not chosen:
-        raise ValueError("no level given; use 'all' or a comma list such as L1-naive,L4-triton")
-    runnable, skipped = [], {}
-    for level in chosen:
-        ok, reason = level.available(device)
-        if ok:
-            runnable.append(level)
-        else:
-            skipped[level.key] = reason
-    return runnable, skipped
-
+from typing import Any
 
 __all__ = ["COMPONENTS", "LEVELS", "REFERENCE_LEVEL", "Built", "Level", "get_component", "get_level",
            "resolve_levels"]
+
+
+def __getattr__(name: str) -> Any:
+    """The catalogue's names, imported on first use (PEP 562)."""
+    if name in __all__:
+        from engine.levels import catalog
+
+        return getattr(catalog, name)
+    raise AttributeError(f"module 'engine.levels' has no attribute {name!r}")

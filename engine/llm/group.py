@@ -1,5 +1,6 @@
 """A group of LLM runs on one device (`llm --mode all`, a sweep, the LLM page's batch): how many prepare side by
-side, in which order, and the ceilings they all divide by — measured first, alone, if this device has none.
+side, and in which order (the llm kind's planner, engine/llm/kind.py; the kind also has the device's ceilings measured
+first, alone, when a group starts side by side and the device has none).
 
 Device memory decides how many prepare at once. Each run states what it holds while it prepares (the model, the float32
 twin that calibrates its check, the KV caches, quantization and compile workspaces) and while it is timed; once the
@@ -19,7 +20,6 @@ from dataclasses import dataclass
 from engine.llm.config import device_budget, memory_needed
 from engine.llm.modes import MODES
 from engine.llm.run import LLMConfig, config_from_params
-from engine.measure.ceilings import ensure_ceilings
 from engine.store.db import Store
 
 # Device memory a run's process holds beyond its tensors: the CUDA context, activations, logits, CUDA graph pools and
@@ -140,9 +140,8 @@ def too_big(store: Store, run: dict, need: MemoryNeed) -> str | None:
 
 def plan_group(store: Store, run_ids: Sequence[int], requested: int | str = "auto", serial: bool = False
                ) -> tuple[int, list[int], str]:
-    """(runs preparing at once, the order to start them in, why that many) for queued LLM runs; with more than one
-    at once the device's ceilings are made sure of first (runs preparing side by side would each wait to measure). A
-    run that cannot fit alone is failed here with its bytes, before anything loads."""
+    """(runs preparing at once, the order to start them in, why that many) for queued LLM runs. A run that cannot fit
+    alone is failed here with its bytes, before anything loads."""
     runs = [store.run(i) for i in run_ids]
     if any(r is None or r["kind"] != "llm" for r in runs) or len({r["device"] for r in runs}) > 1:
         return 1, list(run_ids), "one run at a time (not one device's LLM runs)"
@@ -157,10 +156,8 @@ def plan_group(store: Store, run_ids: Sequence[int], requested: int | str = "aut
                 keep.remove(i)
         if not keep:
             return 1, [], "no run fits the device's memory"
-    runs, cfgs, ids = [runs[i] for i in keep], [cfgs[i] for i in keep], [run_ids[i] for i in keep]
+    cfgs, ids = [cfgs[i] for i in keep], [run_ids[i] for i in keep]
     slots, why = prepare_slots(requested, cfgs, serial, [needs[i] for i in keep] if needs else None)
-    if slots > 1:
-        ensure_ceilings(store, runs[0]["device"], float(runs[0]["params"].get("_timeout_s", 1800)))
     # The compiling modes first: they take longest to prepare, and the quick ones fill in behind them.
     order = [i for _, i in sorted(zip(cfgs, ids), key=lambda ci: not MODES[ci[0].mode].compiles)]
     return slots, order, why

@@ -20,7 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.runner.kinds import RunKind, register
 from engine.store.db import Metric, RunResult, Store
+
+# A ceilings measurement is a run of its own kind (`python -m engine ceilings`, ensure_ceilings), registered here.
+KIND = register(RunKind("ceilings", "engine.measure.ceilings:ceilings_job"))
 
 # name -> (unit, plain label). The label is what pages print after "% of".
 CEILINGS: dict[str, tuple[str, str]] = {
@@ -298,9 +302,8 @@ def ceiling_metrics(ceilings: Ceilings | None, names: tuple[str, ...]) -> list[M
 
 def ensure_ceilings(store: Store, device: str, timeout_s: float) -> None:
     """Runs that prepare side by side (engine.runner.plan) would each wait for the device alone to measure missing
-    ceilings:
-    measure them once, first, as their own run (what the first run would have done; a failure leaves MFU, MBU and
-    the % of peak out)."""
+    ceilings: measure them once, first, as their own run (what the first run would have done; a failure leaves MFU,
+    MBU and the % of peak out)."""
     import sys
 
     from engine.runner.jobs import JobSpec, create_runs, run_jobs
@@ -313,3 +316,9 @@ def ensure_ceilings(store: Store, device: str, timeout_s: float) -> None:
     if run_jobs(store, ids)[ids[0]] != "ok":
         print(f"ceilings run {ids[0]} failed (MFU, MBU and % of peak will be left out): {store.run(ids[0])['error']}",
               file=sys.stderr)
+
+
+def ensure_for_group(store: Store, runs: list[dict[str, Any]]) -> None:
+    """A group_start hook (engine.runner.kinds): the ceilings of the group's device, measured first if missing, with
+    the group's first run's timeout."""
+    ensure_ceilings(store, str(runs[0]["device"]), float(runs[0]["params"].get("_timeout_s", 1800)))

@@ -61,6 +61,11 @@ def needed(modes: Iterable[str]) -> list[str]:
     return [name for name in BUILDS if name in wanted]
 
 
+def start_for_group(store: object, runs: list[dict]) -> list[subprocess.Popen]:
+    """A group_start hook (engine.runner.kinds): start the builds the group's modes need, on its device."""
+    return start([str(r["mode"]) for r in runs], str(runs[0]["device"]) if runs else "cpu")
+
+
 def start(modes: Iterable[str], device: str) -> list[subprocess.Popen]:
     """Start the builds `modes` need, one background process each, where the machine can spare the cores. None
     where MODELAB_TIMING_CORES is bad: each run of the group then fails with that message, the supervisor goes on."""

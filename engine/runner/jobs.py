@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.runner import kinds
 from engine.runner.device_lock import (  # noqa: F401 - the runner's lock, named here too
     WAITING_PREFIX,
     device_lock,
@@ -41,15 +42,9 @@ from engine.runner.forkserver import enabled as forkserver_enabled
 from engine.runner.worker_env import with_libstdcxx_preloaded
 from engine.store.db import REPO_ROOT, Artifact, RunResult, Store
 
-TARGETS = {"bench": "engine.bench.run:bench_job", "train": "engine.housing.train:train_job",
-           "profile": "engine.profiling.profile:profile_job", "ceilings": "engine.measure.ceilings:ceilings_job",
-           "levels": "engine.levels.run:levels_job", "llm": "engine.llm.run:llm_job"}
-# Entry points that moved; runs queued under the old names still start.
-MOVED_TARGETS = {"engine.workloads.user_model:bench_job": "engine.bench.run:bench_job",
-                 "engine.workloads.user_model:profile_job": "engine.profiling.profile:profile_job"}
 DEFAULT_TIMEOUT_S = 1800.0
-# The detached supervisor `submit` starts: the group planner's entry point. Named, like TARGETS, never imported —
-# the runner knows nothing of how a group is planned.
+# The detached supervisor `submit` starts: the group planner's entry point. Named, never imported: jobs knows nothing
+# of how a group is planned.
 SUPERVISOR = "engine.runner.plan"
 OnProgress = Callable[[int, float, str], None]
 
@@ -61,7 +56,7 @@ class JobSpec:
     mode: str
     device: str
     params: dict[str, Any] = field(default_factory=dict)
-    target: str | None = None  # "module:function"; defaults to TARGETS[kind]
+    target: str | None = None  # "module:function"; defaults to the registered kind's (engine.runner.kinds)
     timeout_s: float = DEFAULT_TIMEOUT_S
 
 
@@ -70,13 +65,27 @@ def artifacts_root(store: Store) -> Path:
 
 
 def create_runs(store: Store, specs: Sequence[JobSpec], group_id: str | None = None) -> list[int]:
+    """Queue runs. Each stores its target and what the runner needs of its kind (engine.runner.kinds), so that any
+    supervisor can run it from the store alone. A kind nobody registered needs a target and runs alone."""
+    stored = [_stored(spec) for spec in specs]  # every spec checked before any run is stored
     store.init()
     ids = []
-    for spec in specs:
-        target = spec.target or TARGETS[spec.kind]
+    for spec, (target, kind) in zip(specs, stored):
         params = {**spec.params, "_target": target, "_timeout_s": spec.timeout_s}
+        if kind is not None:
+            params["_kind"] = kind.to_json()
         ids.append(store.create_run(spec.kind, spec.workload, spec.mode, spec.device, params, group_id))
     return ids
+
+
+def _stored(spec: JobSpec) -> tuple[str, kinds.StoredKind | None]:
+    """(the target, what the run stores of its kind) for a spec; ValueError for a kind with no target."""
+    kind = kinds.get(spec.kind)
+    target = spec.target or (kind.target if kind else None)
+    if not target:
+        raise ValueError(f"run kind {spec.kind!r} names no target and none was given (registered kinds: "
+                         f"{kinds.known()})")
+    return target, kind.stored(spec.mode, spec.device) if kind else None
 
 
 def _reap(proc: subprocess.Popen) -> None:
@@ -217,19 +226,11 @@ def default_preload() -> tuple[str, ...]:
     return PRELOAD + (PRELOAD_WITHOUT_GPU if no_gpu else ())
 
 
-def preload_for_kind(kind: str, device: str) -> tuple[str, ...]:
-    """What a lane's fork server may import for runs of `kind` on `device`. A kernel-level run off CUDA switches
-    Triton to its interpreter inside the worker (engine.levels.base.use_triton_interpreter), which only works while
-    Triton is not imported yet, and dynamo and Inductor import it: such lanes preload torch alone."""
-    if kind == "levels" and not device.startswith("cuda"):
-        return ("torch",)
-    return default_preload()
-
-
 def preload_for(store: Store, run_ids: Sequence[int]) -> tuple[str, ...]:
-    """What a lane's fork server may import for these runs (the narrowest any of them needs)."""
+    """What a lane's fork server may import for these runs: the narrowest their stored kinds name (a kind's preload,
+    engine.runner.kinds), default_preload() for the rest."""
     runs = [run for run in (store.run(i) for i in run_ids) if run is not None]
-    return min((preload_for_kind(str(r["kind"]), str(r["device"])) for r in runs), key=len, default=default_preload())
+    return min((kinds.StoredKind.of(r).preload or default_preload() for r in runs), key=len, default=default_preload())
 
 
 class Launcher:
@@ -294,11 +295,12 @@ def new_launcher(store: Store, name: str = "lane", preload: Sequence[str] | None
 
 
 def lane_preload(kind: str, device_spec: str) -> tuple[str, ...] | None:
-    """What a command's one lane preloads (preload_for_kind); None for a sweep over several devices, whose lanes
-    each start their own server."""
+    """What a command's one lane of runs of `kind` preloads (the registered kind's preload, else the default); None
+    for a sweep over several devices, whose lanes each start their own server."""
     if "," in device_spec or device_spec.endswith(":all"):
         return None
-    return preload_for_kind(kind, device_spec)
+    registered = kinds.get(kind)
+    return (registered.preload_for(device_spec) if registered else None) or default_preload()
 
 
 @contextmanager
@@ -330,10 +332,6 @@ def lane_launcher(store: Store, run_ids: Sequence[int], name: str = "lane",
         yield launcher
     finally:
         launcher.close()
-
-
-# Kinds whose workers mark their timed sections (engine.runner.device_lock.exclusive), so they may prepare side by side.
-PHASED_KINDS = frozenset({"llm", "bench", "levels"})
 
 
 @dataclass
@@ -374,16 +372,16 @@ def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None,
             launcher: Launcher | None = None, group_size: int = 1) -> str:
     """Supervise one queued run to its end; returns the final status ('ok' or 'failed').
 
-    group_size > 1 (a run of a kind in PHASED_KINDS, supervised beside up to group_size - 1 others of its group): the
-    supervisor does not hold the device; the worker holds it shared while it prepares and exclusively while it times
-    (engine.runner.device_lock), so the group's compiles overlap and its timings never do."""
+    group_size > 1 (a run of a phased kind, engine.runner.kinds, supervised beside up to group_size - 1 others of its
+    group): the supervisor does not hold the device; the worker holds it shared while it prepares and exclusively
+    while it times (engine.runner.device_lock), so the group's compiles overlap and its timings never do."""
     run = store.run(run_id)
     if run is None:
         raise ValueError(f"no run {run_id} in {store.path}")
     if run["status"] != "queued":
         return str(run["status"])
     phased = group_size > 1
-    if phased and run["kind"] not in PHASED_KINDS:
+    if phased and not kinds.StoredKind.of(run).phased:
         raise ValueError(f"run {run_id} ({run['kind']}) does not mark its timed sections: it cannot share its device")
 
     def report(frac: float, message: str) -> None:
@@ -417,8 +415,11 @@ def _write_job(store: Store, run_id: int, run: dict[str, Any], files: _RunFiles,
     """The worker's job.json (target, params, where to write its result and progress), stale outputs cleared;
     returns the run's timeout in seconds."""
     params = dict(run["params"])
-    target = params.pop("_target", None) or TARGETS[run["kind"]]
-    target = MOVED_TARGETS.get(target, target)
+    target = params.pop("_target", None)
+    if not target:
+        raise ValueError(f"run {run_id} names no target (params['_target'])")
+    target = kinds.current_target(target)
+    params.pop("_kind", None)  # the supervisor's, not the worker's
     timeout_s = float(params.pop("_timeout_s", DEFAULT_TIMEOUT_S))
     files.workdir.mkdir(parents=True, exist_ok=True)
     params.setdefault("artifacts_dir", str(files.workdir))
@@ -518,14 +519,15 @@ def run_jobs(store: Store, run_ids: Sequence[int], on_progress: OnProgress | Non
              launcher: Launcher | None = None, prepare_parallel: int = 1) -> dict[int, str]:
     """Supervise runs in this process (the CLI's path; `submit` runs this detached): one after another, or with
     prepare_parallel > 1, up to that many at once, each preparing beside the others and timing alone (run_one's
-    group_size; only for runs of PHASED_KINDS on one device)."""
+    group_size; only for runs of a phased kind on one device)."""
     store.set_owner(run_ids, os.getpid())
     statuses: dict[int, str] = {}
     slots = min(prepare_parallel, len(run_ids))
     if slots > 1:
         runs = [store.run(i) for i in run_ids]
-        if any(r is None or r["kind"] not in PHASED_KINDS for r in runs) or len({r["device"] for r in runs}) > 1:
-            raise ValueError(f"only runs of {', '.join(sorted(PHASED_KINDS))} on one device prepare side by side")
+        if not all(kinds.StoredKind.of(r).phased for r in runs) or len({r["device"] for r in runs if r}) > 1:
+            raise ValueError("only runs of a phased kind (whose workers mark their timed sections, engine.runner.kinds)"
+                             " on one device prepare side by side")
     todo = list(run_ids)
     guard = threading.Lock()
 

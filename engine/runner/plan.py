@@ -1,8 +1,9 @@
 """The group planner: how a group of queued runs is supervised — in which order, and how many prepare side by side.
 
 It sits above the job runner (engine.runner.jobs), which supervises whatever order and slot count it is given and knows
-nothing of what a run is for. Kind-specific knowledge stays with its feature: an LLM group's memory-bound slots and
-its ceilings-first rule come from engine.llm.group.
+nothing of what a run is for. What it knows of a kind of run is what the run stored of it (engine.runner.kinds): whether
+it is phased, the kind's own planner (an LLM group's memory-bound slots come from engine.llm.group), what to do when a
+group starts side by side (measure the ceilings first, start native builds) and how long each run takes to prepare.
 
     CLI (`llm --mode all`, …)  ─┐
                                 ├─▶ plan_group() ─▶ engine.runner.jobs.run_jobs(order, prepare_parallel=slots)
@@ -19,10 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from engine.measure.ceilings import ensure_ceilings
-from engine.native import prebuild
 from engine.runner.device_lock import TIMING_CORES
-from engine.runner.jobs import PHASED_KINDS, OnProgress, preload_for, prestarted_launcher, run_jobs
+from engine.runner.jobs import OnProgress, preload_for, prestarted_launcher, run_jobs
+from engine.runner.kinds import StoredKind, resolve
 from engine.store.db import Store
 
 
@@ -39,9 +39,9 @@ class GroupPlan:
 def plan_group(store: Store, run_ids: Sequence[int], requested: int | str = "auto", serial: bool = False
                ) -> GroupPlan:
     """The plan for a group of queued runs. Runs of one kind on one device prepare side by side where their worker
-    marks its timed sections (engine.runner.jobs.PHASED_KINDS): an LLM group as engine.llm.group says (memory-bound
-    slots,
-    ceilings first), a bench or levels group as _side_by_side says. Anything else runs one at a time, as given."""
+    marks its timed sections (a phased kind, engine.runner.kinds): as the kind's planner says (an LLM group:
+    engine.llm.group), else as _side_by_side says, the slowest to prepare first. Anything else runs one at a time, as
+    given."""
     runs = [store.run(i) for i in run_ids]
     if len(runs) < 2 or any(r is None for r in runs):
         return GroupPlan(1, list(run_ids), "one run at a time")
@@ -49,13 +49,12 @@ def plan_group(store: Store, run_ids: Sequence[int], requested: int | str = "aut
     if len(kinds) > 1 or len(devices) > 1:
         return GroupPlan(1, list(run_ids), "one run at a time (not one kind of run on one device)")
     kind, device = kinds.pop(), devices.pop()
-    if kind == "llm":
-        from engine.llm.group import plan_group as plan_llm_group
-
-        slots, order, why = plan_llm_group(store, run_ids, requested, serial)
-        return GroupPlan(slots, order, why)
-    if kind not in PHASED_KINDS:
+    stored = [StoredKind.of(r) for r in runs]
+    if not all(s.phased for s in stored):
         return GroupPlan(1, list(run_ids), f"one run at a time ({kind} runs hold the device from start to end)")
+    if stored[0].planner:
+        slots, order, why = resolve(stored[0].planner)(store, run_ids, requested, serial)
+        return GroupPlan(slots, order, why)
     repeats = max(int(r["params"].get("repeats", 1) or 1) for r in runs)
     if repeats > 1 and requested == "auto" and not serial:
         # `bench --repeat N`: the processes of each mode time in the order given, interleaved across modes (A B C A
@@ -63,10 +62,9 @@ def plan_group(store: Store, run_ids: Sequence[int], requested: int | str = "aut
         # first would time first.
         return GroupPlan(1, list(run_ids), f"one run at a time ({repeats} repeats, interleaved across modes)")
     slots, why = _side_by_side(len(runs), device, requested, serial)
-    if slots > 1:
-        ensure_ceilings(store, device, float(runs[0]["params"].get("_timeout_s", 1800)))
+    # The slow to prepare first (native builds and autotuning, then compiles), the quick fill in behind them.
     order = list(run_ids) if repeats > 1 else \
-        [i for _, i in sorted(zip(runs, run_ids), key=lambda ri: _prepare_cost(ri[0]), reverse=True)]
+        [i for _, i in sorted(zip(stored, run_ids), key=lambda si: si[0].prepare_cost, reverse=True)]
     return GroupPlan(slots, order, why)
 
 
@@ -94,15 +92,15 @@ def _side_by_side(count: int, device: str, requested: int | str, serial: bool) -
     return slots, f"{slots} at a time ({cores} cores)"
 
 
-def _prepare_cost(run: dict) -> int:
-    """A rough rank of how long a run takes to prepare, so the slow ones start first and the quick fill in behind:
-    native builds and autotuning, then compiles, then the rest."""
-    name = str(run["mode"])
-    if name in ("cuda", "aoti", "custom_op", "L5-cuda") or "max-autotune" in name:
-        return 3
-    if name.startswith("compile") or name in ("L3-compile", "L4-triton", "triton"):
-        return 2
-    return 1
+def start_group(store: Store, run_ids: Sequence[int]) -> None:
+    """A group starts side by side: its kind's group_start hooks run now, in order (measure the device's ceilings,
+    which runs preparing at once would each wait for the device alone to do; start the group's native builds in the
+    background)."""
+    runs = [r for r in (store.run(i) for i in run_ids) if r is not None]
+    if not runs:
+        return
+    for hook in StoredKind.of(runs[0]).group_start:
+        resolve(hook)(store, runs)
 
 
 def supervise(store: Store, run_ids: Sequence[int], on_progress: OnProgress | None = None, launcher=None,
@@ -112,9 +110,8 @@ def supervise(store: Store, run_ids: Sequence[int], on_progress: OnProgress | No
     plan = plan_group(store, run_ids, requested, serial)
     if len(plan.order) > 1:
         print(f"{len(plan.order)} {what}; {plan.describe()}", file=out or sys.stdout, flush=True)
-    if plan.slots > 1:  # side by side: the group's native builds start now, in the background
-        runs = [store.run(i) for i in plan.order]
-        prebuild.start([str(r["mode"]) for r in runs if r], str(runs[0]["device"]) if runs[0] else "cpu")
+    if plan.slots > 1:
+        start_group(store, plan.order)
     statuses = run_jobs(store, plan.order, on_progress, launcher, prepare_parallel=plan.slots) if plan.order else {}
     # a run the planner refused (it cannot fit the device alone) is failed already: its status as stored
     return {i: statuses.get(i) or str((store.run(i) or {}).get("status", "failed")) for i in run_ids}
@@ -128,11 +125,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("run_ids", nargs="+", type=int)
     args = parser.parse_args(argv)
     store = Store(args.db)
-    kinds = {run["kind"] for run in (store.run(i) for i in args.run_ids) if run}
-    # The lane's fork server starts before planning, whose ceilings check imports torch: the imports overlap.
+    plurals = {StoredKind.of(run).plural for run in (store.run(i) for i in args.run_ids) if run}
+    # The lane's fork server starts before planning and the group's start, whose ceilings check imports torch: the
+    # imports overlap.
     preload = preload_for(store, args.run_ids) if len(args.run_ids) > 1 else None
     with prestarted_launcher(store, preload) as launcher:
-        statuses = supervise(store, args.run_ids, launcher=launcher, what="LLM runs" if kinds == {"llm"} else "runs")
+        statuses = supervise(store, args.run_ids, launcher=launcher,
+                             what=plurals.pop() if len(plurals) == 1 else "runs")
     print(json.dumps(statuses))
     return 0 if all(s == "ok" for s in statuses.values()) else 1
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.cli.kinds import KINDS  # noqa: F401 - every run kind registered, as the CLI and dashboard do
 from engine.store.db import Store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

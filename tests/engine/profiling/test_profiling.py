@@ -32,7 +32,6 @@ from engine.measure.op_stats import (
 )
 from engine.profiling import ncu
 from engine.profiling.profile import ProfileConfig, profile_mode
-from engine.runner import jobs
 from engine.store.db import RunResult, Store
 
 CUDA = torch.cuda.is_available()
@@ -443,7 +442,9 @@ def test_op_stats_and_kernel_metrics_round_trip_through_the_store(store: Store):
 
 
 def test_profile_is_a_registered_job_and_command():
-    assert jobs.TARGETS["profile"] == "engine.profiling.profile:profile_job"
+    from engine.runner import kinds
+
+    assert kinds.get("profile").target == "engine.profiling.profile:profile_job"
     assert "engine.cli.profile" in cli.COMMAND_MODULES
 
 

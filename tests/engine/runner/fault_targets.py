@@ -6,6 +6,7 @@ Each writes its pid to <artifacts_dir>/target.pid first, so a test can check the
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import sys
 import time
@@ -96,3 +97,8 @@ def rendezvous(params: dict, progress) -> RunResult:
         time.sleep(0.02)
     return RunResult(metrics=[Metric("met", float(other.exists()), ""),
                               Metric("waited_s", time.monotonic() - start, "s")], env={"python": "test"})
+
+
+def recorded_start(store, runs: list[dict]) -> None:
+    """Not a target: a group_start hook (engine.runner.kinds) that writes the group's run ids beside the store."""
+    Path(store.path).parent.joinpath("started.json").write_text(json.dumps([int(r["id"]) for r in runs]))

@@ -23,10 +23,16 @@ def store(tmp_path, monkeypatch) -> Store:
 
 
 @pytest.fixture
-def no_ceilings(monkeypatch) -> list[str]:
-    """ensure_ceilings would measure this machine's ceilings in a worker first: record the call instead."""
-    calls: list[str] = []
-    monkeypatch.setattr(plan, "ensure_ceilings", lambda store, device, timeout_s: calls.append(device))
+def group_starts(monkeypatch) -> list[tuple]:
+    """A group's start would measure this machine's ceilings in a worker and start native builds: record the calls
+    (engine.measure.ceilings.ensure_ceilings, engine.native.prebuild.start) instead."""
+    from engine.measure import ceilings
+    from engine.native import prebuild
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(ceilings, "ensure_ceilings",
+                        lambda store, device, timeout_s: calls.append(("ceilings", device)))
+    monkeypatch.setattr(prebuild, "start", lambda modes, device: calls.append(("builds", list(modes), device)))
     return calls
 
 
@@ -35,18 +41,32 @@ def _bench(store: Store, modes: list[str], device: str = "cpu", **params) -> lis
                                for m in modes])
 
 
-def test_a_bench_group_prepares_its_slow_modes_first_side_by_side(store, no_ceilings, monkeypatch) -> None:
+def test_a_bench_group_prepares_its_slow_modes_first_side_by_side(store, group_starts, monkeypatch) -> None:
     monkeypatch.setattr(plan.os, "cpu_count", lambda: 16)
     ids = _bench(store, ["eager", "fx", "compile", "aoti", "compile-max-autotune", "custom_op"], device="cuda")
     p = plan.plan_group(store, ids)
     assert p.slots == 6 and p.why == "6 at a time (16 cores)"  # two of the 14 cores a timing leaves, each
     assert p.order == [ids[3], ids[4], ids[5], ids[2], ids[0], ids[1]]  # builds and autotuning, compiles, the rest
-    assert no_ceilings == ["cuda"]  # measured once, first, for the whole group
+    assert group_starts == []  # planning starts nothing
     monkeypatch.setattr(plan.os, "cpu_count", lambda: 8)
     assert plan.plan_group(store, ids).slots == 3
 
 
-def test_a_levels_group_puts_the_cuda_build_first(store, no_ceilings, monkeypatch) -> None:
+@pytest.mark.parametrize("requested, serial, starts", [(3, False, True), ("auto", True, False)])
+def test_a_group_side_by_side_measures_its_ceilings_then_starts_its_builds(store, group_starts, monkeypatch,
+                                                                          requested, serial, starts) -> None:
+    ids = _bench(store, ["eager", "aoti", "compile"], device="cuda")
+    supervised: list[tuple[list[int], int]] = []
+    monkeypatch.setattr(plan, "run_jobs", lambda store, order, on_progress, launcher, prepare_parallel:
+                        supervised.append((order, prepare_parallel)) or {i: "ok" for i in order})
+    assert plan.supervise(store, ids, requested=requested, serial=serial) == {i: "ok" for i in ids}
+    assert supervised == [([ids[1], ids[2], ids[0]], 3 if starts else 1)]  # the slowest to prepare first
+    # the bench kind's group_start hooks, in order, once for the whole group (engine/bench/kind.py)
+    assert group_starts == ([("ceilings", "cuda"), ("builds", ["aoti", "compile", "eager"], "cuda")] if starts
+                            else [])
+
+
+def test_a_levels_group_puts_the_cuda_build_first(store, group_starts, monkeypatch) -> None:
     monkeypatch.setattr(plan.os, "cpu_count", lambda: 2)
     levels = ["L1-naive", "L1-native", "L2-torchscript", "L3-compile", "L4-triton", "L5-cuda"]
     ids = create_runs(store, [JobSpec("levels", "causal_attention", lv, "cpu", {}) for lv in levels])
@@ -59,20 +79,18 @@ def test_a_levels_group_puts_the_cuda_build_first(store, no_ceilings, monkeypatc
     (3, False, 3, "--prepare-parallel 3"),
     (9, False, 4, "--prepare-parallel 9"),  # never more than runs
 ])
-def test_the_group_size_says_why(store, no_ceilings, requested, serial, slots, why) -> None:
+def test_the_group_size_says_why(store, requested, serial, slots, why) -> None:
     ids = _bench(store, ["eager", "fx", "torchscript", "compile"])
     p = plan.plan_group(store, ids, requested, serial)
     assert (p.slots, p.why) == (slots, why)
-    assert no_ceilings == (["cpu"] if slots > 1 else [])
 
 
-def test_mixed_kinds_and_unphased_kinds_run_one_at_a_time_in_order(store, no_ceilings) -> None:
+def test_mixed_kinds_and_unphased_kinds_run_one_at_a_time_in_order(store) -> None:
     mixed = _bench(store, ["eager"]) + create_runs(store, [JobSpec("levels", "causal_attention", "L1-naive", "cpu")])
     assert plan.plan_group(store, mixed) == plan.GroupPlan(1, mixed, "one run at a time (not one kind of run on "
                                                                        "one device)")
     train = create_runs(store, [JobSpec("train", "house_price", "eager", "cpu", {}) for _ in range(2)])
     assert plan.plan_group(store, train).slots == 1
-    assert no_ceilings == []
 
 
 def _medians(store: Store, ids: list[int]) -> dict[tuple[str, str, int], float]:
