@@ -14,9 +14,6 @@
 
 namespace modelab_levels {
 
-// attention_sm90.cu: the wgmma (Hopper) variants 4..6; refuses with the reason where they are not built.
-void attention_wgmma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, bool causal,
-                     double scale, int64_t variant, cudaStream_t stream);
 // attention_ws.cu: variants 7 and 8, TMA loads by a producer warpgroup, two consumer warpgroups taking turns
 // (sm_90a); 8 also stores O by TMA from shared memory (tma_store).
 void attention_ws(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, bool causal,
@@ -250,18 +247,13 @@ void launch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::T
   CUDA_CHECK_LAUNCH();
 }
 
-// Tile variants, timed against each other by scripts/cuda_levels_gpu.py (ptxas registers for bf16, D=128, sm_90):
+// Variants, timed against each other by benchmarks/cuda_levels_gpu.py (ptxas registers for bf16, D=128, sm_90):
 //   0: BM=128, BN=64, 8 warps x 16 rows, q fragments in registers (201 regs, 1 block/SM)
-//   1: BM=64,  BN=64, 4 warps x 16 rows, q fragments in registers (219 regs, 2 blocks/SM)
-//   2: BM=128, BN=64, 4 warps x 32 rows, q re-read from shared memory: each K/V fragment feeds two MMAs
-//   3: BM=128, BN=32, 4 warps x 32 rows, q from shared memory (fewer score registers than 2)
-// Variants 2 and 3 are built for bf16 with D=128 only (the benchmark shape), to keep the build short.
-//   4..6: the wgmma kernels of attention_sm90.cu (sm_90a builds, D=128): 4 overlaps the next tile's q k^T with this
-//         tile's softmax (bf16, fp16); 5 takes one tile at a time; 6 is 5 with P V as two n64 products (bf16)
-//   7:    attention_ws.cu (sm_90a, D=128 or 64, bf16 and fp16): FlashAttention-3's design, a TMA producer warpgroup
-//         and two consumer warpgroups ping-ponging their matrix products, registers moved from producer to consumers
-//   8:    7 with O written through shared memory and stored by TMA (FlashAttention-3's epilogue)
-constexpr int kNumVariants = 9;
+//   2: BM=128, BN=64, 4 warps x 32 rows, q re-read from shared memory: each K/V fragment feeds two MMAs; built for
+//      bf16 with D=128 only (the benchmark shape), to keep the build short
+//   7: attention_ws.cu (sm_90a, D=128 or 64, bf16 and fp16): FlashAttention-3's design, a TMA producer warpgroup
+//      and two consumer warpgroups ping-ponging their matrix products, registers moved from producer to consumers
+//   8: 7 with O written through shared memory and stored by TMA (FlashAttention-3's epilogue)
 
 template <typename T, int D>
 void dispatch_variant(int64_t variant, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
@@ -269,19 +261,14 @@ void dispatch_variant(int64_t variant, const at::Tensor& q, const at::Tensor& k,
   constexpr bool kAll = std::is_same_v<T, __nv_bfloat16> && D == 128;
   switch (variant) {
     case 0: launch<T, D, 128, 64, 8, true>(q, k, v, o, causal, scale, stream); return;
-    case 1: launch<T, D, 64, 64, 4, true>(q, k, v, o, causal, scale, stream); return;
     case 2:
       if constexpr (kAll) { launch<T, D, 128, 64, 4, false>(q, k, v, o, causal, scale, stream); return; }
       break;
-    case 3:
-      if constexpr (kAll) { launch<T, D, 128, 32, 4, false>(q, k, v, o, causal, scale, stream); return; }
-      break;
-    case 4: case 5: case 6: attention_wgmma(q, k, v, o, causal, scale, variant, stream); return;
     case 7: case 8: attention_ws(q, k, v, o, causal, scale, variant == 8, stream); return;
     default: break;
   }
   TORCH_CHECK(false, "modelab_levels::attention: variant ", variant, " is not built for this dtype / head dim ",
-              "(0..", kNumVariants - 1, "; 2 and 3: bfloat16 with D=128 only; 4..6: D=128 on sm_90a; 7, 8: sm_90a)");
+              "(0; 2: bfloat16 with D=128 only; 7, 8: sm_90a)");
 }
 
 }  // namespace

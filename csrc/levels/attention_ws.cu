@@ -1,6 +1,6 @@
 // L5 attention on Hopper in the FlashAttention-3 manner (variant 7): q, k, v (B, H, S, D), bf16 or fp16, D = 128
-// or 64 (the ViT's heads), causal or not, any S. Built only for sm_90a, like attention_sm90.cu, whose tile layout
-// and wgmma pieces it shares (wgmma.cuh).
+// or 64 (the ViT's heads), causal or not, any S. Built only for sm_90a; its tile layout and wgmma pieces are in
+// wgmma.cuh.
 //
 // A block of 384 threads owns 128 query rows of one (batch, head), as three warpgroups with separate jobs:
 // - the producer (warpgroup 0) gives its registers back (setmaxnreg.dec to 24) and one of its threads issues every
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     wgmma_commit();
     rescale_o(acc, alpha);  // O to tile n-1's row max, while q K(n)^T runs (P(n-2) V(n-2) has landed)
     wgmma_fence();
-    issue_pv<T, false, kRows / 16, D>(acc, p, sV + prev * kTile);  // O += P(n-1) V(n-1)
+    issue_pv<T, kRows / 16, D>(acc, p, sV + prev * kTile);  // O += P(n-1) V(n-1)
     wgmma_commit();
     if (!(c == 1 && n == num_n - 1)) named_arrive(their_turn, 256);
     wgmma_wait<1>();  // S(n) has landed; P V may still run
@@ -263,9 +263,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   rescale_o(acc, alpha);
   wgmma_fence();
   if (half_tile(num_n - 1))
-    issue_pv<T, false, kRows / 32, D>(acc, p, sV + last * kTile);  // P is zero past key 63
+    issue_pv<T, kRows / 32, D>(acc, p, sV + last * kTile);  // P is zero past key 63
   else
-    issue_pv<T, false, kRows / 16, D>(acc, p, sV + last * kTile);
+    issue_pv<T, kRows / 16, D>(acc, p, sV + last * kTile);
   wgmma_commit();
   wgmma_wait<0>();
   fence_regs(acc);

@@ -1,6 +1,5 @@
-// Hopper warpgroup-MMA pieces shared by the L5 attention kernels built for sm_90a: attention_sm90.cu (cp.async
-// loads by every thread, variants 4..6) and attention_ws.cu (TMA loads by a producer warpgroup, variant 7). Included
-// once by each; everything here is inline device code.
+// Hopper warpgroup-MMA pieces of the L5 attention kernel built for sm_90a (attention_ws.cu: TMA loads by a producer
+// warpgroup, variants 7 and 8); everything here is inline device code.
 //
 // Tiles: 128 rows x D = 128 columns of 16-bit elements, stored in the layout wgmma reads: two 64-column halves of
 // 128 rows x 128 bytes, the 16-byte chunk index XOR (row & 7) (the 128-byte swizzle), every half 1024-byte aligned.
@@ -42,8 +41,6 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// cp.async writes through the generic proxy; wgmma reads through the async proxy: order them (before the barrier).
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Keeps the compiler from moving reads or writes of accumulator registers across a wgmma wait.
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N]) {
@@ -135,10 +132,9 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_rows, uint32
 
 // O += P V: 8 k-steps of 16 keys (16 rows of V = 2048 bytes each). V is N-major (D contiguous): the leading byte
 // offset steps from columns 0..63 to 64..127 (one half), the stride byte offset 8 keys (1024 bytes).
-// SPLIT issues two n64 halves instead of one n128 (the same product; a check on the leading offset's meaning).
 // KEY_STEPS < 8: only the first 16 · KEY_STEPS keys (the rest of P is zero: masked keys).
 // D = 64: one n64 product per k-step into 32 accumulators (a tile is one half).
-template <typename T, bool SPLIT, int KEY_STEPS = kRows / 16, int D = kHead>
+template <typename T, int KEY_STEPS = kRows / 16, int D = kHead>
 __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[8][4], uint32_t v_tile) {
   static_assert(D == 64 || D == 128, "head dims 64 and 128");
 #pragma unroll
@@ -146,9 +142,6 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[
     const uint32_t rows = v_tile + kt * 16 * 128;
     if constexpr (D == 64) {
       wgmma_m64n64k16_rs<T, 0>(o, p[kt], smem_desc(rows, kHalfBytes, 1024));
-    } else if constexpr (SPLIT) {
-      wgmma_m64n64k16_rs<T, 0>(o, p[kt], smem_desc(rows, kHalfBytes, 1024));
-      wgmma_m64n64k16_rs<T, 32>(o, p[kt], smem_desc(rows + kHalfBytes, kHalfBytes, 1024));
     } else {
       wgmma_m64n128k16_rs<T, 0>(o, p[kt], smem_desc(rows, kHalfBytes, 1024));
     }
@@ -213,15 +206,6 @@ __device__ __forceinline__ void rescale_o(float (&o)[N], const float (&alpha)[2]
       o[4 * j + 2 * h + 1] *= alpha[h];
     }
   }
-}
-
-// Both at once, for a kernel whose previous P V has already completed.
-__device__ __forceinline__ void softmax_tile(float (&s)[64], float (&o)[64], float (&row_max)[2], float (&row_sum)[2],
-                                             int r_lo, int col0, int S, bool causal, bool need_mask, float scale_log2,
-                                             int lane) {
-  float alpha[2];
-  softmax_scores(s, alpha, row_max, row_sum, r_lo, col0, S, causal, need_mask, scale_log2, lane);
-  rescale_o(o, alpha);
 }
 
 // P as wgmma A fragments (k-step kt = keys 16kt..16kt+15): the score accumulators of columns 16kt.. re-packed.

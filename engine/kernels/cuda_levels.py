@@ -33,21 +33,18 @@ from engine.native import build as native
 from engine.runner import device_lock
 
 SOURCE_DIR = native.CSRC / "levels"
-SOURCES = ("attention.cu", "attention_sm90.cu", "attention_ws.cu", "patch_embed.cu", "message_passing.cu",
-           "bindings.cpp")
+SOURCES = ("attention.cu", "attention_ws.cu", "patch_embed.cu", "message_passing.cu", "bindings.cpp")
 HEADERS = ("common.cuh", "wgmma.cuh")
 OPS = "modelab_levels"  # the TORCH_LIBRARY namespace (bindings.cpp)
 
-# Attention variants (the table in csrc/levels/attention.cu). 0..3 are mma.sync (sm_80+); 2 and 3 exist for bf16 with
-# D=128 only. 4..6 are wgmma (csrc/levels/attention_sm90.cu), built for sm_90a on compute capability 9.0 with D=128:
-# 4 for bf16 and fp16, 5 and 6 for bf16. 7 is FlashAttention-3's design (csrc/levels/attention_ws.cu: TMA producer
-# warpgroup, two consumer warpgroups taking turns), sm_90a, D=128 or 64, bf16 and fp16. The default is the fastest
-# built variant that has passed a GPU run (`default_variant`); benchmarks/cuda_levels_gpu.py times them all
-# (docs/figures.md, "Kernel levels").
-ATTENTION_VARIANTS = (0, 1)
-ATTENTION_VARIANTS_BF16_D128 = (0, 1, 2, 3)
-WGMMA_VARIANTS = {torch.bfloat16: (4, 5, 6, 7, 8), torch.float16: (4, 7, 8)}
-WGMMA_VARIANTS_D64 = (7, 8)  # bf16 and fp16
+# Attention variants (the table in csrc/levels/attention.cu). 0 and 2 are mma.sync (sm_80+); 2 exists for bf16 with
+# D=128 only. 7 is FlashAttention-3's design (csrc/levels/attention_ws.cu: TMA producer warpgroup, two consumer
+# warpgroups taking turns), built for sm_90a on compute capability 9.0, D=128 or 64, bf16 and fp16. The default is
+# the fastest built variant that has passed a GPU run (`default_variant`); benchmarks/cuda_levels_gpu.py times them
+# all (docs/figures.md, "Kernel levels").
+ATTENTION_VARIANTS = (0,)
+ATTENTION_VARIANTS_BF16_D128 = (0, 2)
+WS_VARIANTS = (7, 8)  # sm_90a, bf16 and fp16, D=128 or 64
 # 8 is 7 with FlashAttention-3's epilogue: O through shared memory, stored by TMA, so a block's tail does not wait on
 # scattered global stores; the levels (rotating input sets) time it faster than 7 at both sequence lengths and on the
 # ViT shape. Timed on one input set over and over (as cuda_levels_gpu.py times) it is the slower at S=4096: not
@@ -63,13 +60,15 @@ ATTN_TOL = {torch.bfloat16: 1.5e-2, torch.float16: 4e-3}
 
 def attention_variants(dtype: torch.dtype, head_dim: int, device: int | None = None) -> tuple[int, ...]:
     """The variants built for this dtype and head dim on this GPU (CUDA device index; the wgmma ones only on 9.0)."""
-    built = ATTENTION_VARIANTS_BF16_D128 if (dtype == torch.bfloat16 and head_dim == 128) else ATTENTION_VARIANTS
-    if torch.cuda.is_available() and _arch(device) == (9, 0):
-        if head_dim == 128:
-            built = built + WGMMA_VARIANTS.get(dtype, ())
-        elif head_dim == 64 and dtype in WGMMA_VARIANTS:
-            built = built + WGMMA_VARIANTS_D64
+    built = mma_variants(dtype, head_dim)
+    if torch.cuda.is_available() and _arch(device) == (9, 0) and head_dim in (64, 128) and dtype in ATTN_DTYPES:
+        built = built + WS_VARIANTS
     return built
+
+
+def mma_variants(dtype: torch.dtype, head_dim: int) -> tuple[int, ...]:
+    """The mma.sync variants built for this dtype and head dim (every GPU from compute capability 8.0)."""
+    return ATTENTION_VARIANTS_BF16_D128 if (dtype == torch.bfloat16 and head_dim == 128) else ATTENTION_VARIANTS
 
 
 def describe_variant(variant: int) -> str:
@@ -80,31 +79,22 @@ def describe_variant(variant: int) -> str:
     if variant == 7:
         return ("attention: TMA + warp-specialised wgmma kernel, variant 7 (csrc/levels/attention_ws.cu, built for "
                 "sm_90a: a producer warpgroup loading by TMA, two consumer warpgroups taking turns)")
-    if variant >= 4:
-        return (f"attention: wgmma kernel, variant {variant} (csrc/levels/attention_sm90.cu, built for sm_90a: "
-                "warpgroup MMAs from swizzled shared-memory tiles)")
     return f"attention: mma.sync kernel, tile variant {variant} (csrc/levels/attention.cu)"
 
 
 V7_MAX_HEADS = 65535  # variants 7 and 8: grid (row blocks, B · H), heads on its second axis (attention_ws.cu says why)
-VARIANT_ENV = "MODELAB_L5_ATTENTION_VARIANT"  # names the variant `attention` runs (e.g. 7 before it is the default)
 
 
 def default_variant(dtype: torch.dtype, head_dim: int, device: int | None = None) -> int:
-    """What `attention` runs: $MODELAB_L5_ATTENTION_VARIANT where set (it must be built here), else the wgmma kernel
-    where it is built and has passed a GPU run (8, FlashAttention-3's design with its TMA-stored epilogue, the
-    fastest measured; 7 where 8 is not verified), else the fastest mma.sync tile measured."""
+    """What `attention` runs: the wgmma kernel where it is built and has passed a GPU run (8, FlashAttention-3's
+    design with its TMA-stored epilogue, the fastest measured; 7 where 8 is not verified), else the fastest mma.sync
+    tile measured."""
     built = attention_variants(dtype, head_dim, device)
-    forced = os.environ.get(VARIANT_ENV)
-    if forced:
-        if not forced.strip().isdigit() or int(forced) not in built:
-            raise ValueError(f"${VARIANT_ENV}={forced!r}: not an attention variant built for {dtype} with "
-                             f"D={head_dim} on this GPU (built: {', '.join(map(str, built))})")
-        return int(forced)
     for variant in (8, 7, 2):  # the fastest measured first (8 ahead of 7: the note above UNVERIFIED)
         if variant in built and (variant, head_dim) not in UNVERIFIED:
             return variant
     return 0
+
 
 ATTN_DTYPES = (torch.bfloat16, torch.float16)
 MP_X_DTYPES = (torch.float32, torch.bfloat16)
@@ -126,7 +116,8 @@ def _arch(device: int | None = None) -> tuple[int, int]:  # asked on every atten
 
 def arch_flags(major: int, minor: int) -> list[str]:
     """-gencode for one GPU architecture. Compute capability 9.0 (H100, H200) builds for sm_90a, the target with
-    Hopper's own instructions (wgmma: attention variants 4..6), and defines MODELAB_SM90A so those are compiled;
+    Hopper's own instructions (wgmma, TMA: attention variants 7 and 8), and defines MODELAB_SM90A so those are
+    compiled;
     a sm_90a binary runs only on 9.0 devices, which is the device it is built for."""
     if (major, minor) == (9, 0):
         return ["-gencode=arch=compute_90a,code=sm_90a", "-DMODELAB_SM90A"]
@@ -418,15 +409,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     """
     scale = _check_attention(q, k, v, causal, scale)  # first: a bad argument gets its message, not an AttributeError
     # the default is built by definition: no second lookup of the built variants on this per-call path
-    variant = fit_grid(default_variant(q.dtype, q.shape[-1], q.device.index), q.shape[0] * q.shape[1], q.shape[-1])
+    variant = fit_grid(default_variant(q.dtype, q.shape[-1], q.device.index), q.shape[0] * q.shape[1], q.dtype,
+                       q.shape[-1])
     return _ops().attention(q, k, v, causal, scale, variant)
 
 
-def fit_grid(variant: int, heads: int, head_dim: int) -> int:
-    """`variant`, or where B·H = `heads` is past variant 7's grid (V7_MAX_HEADS) one built wherever 7 is: the wgmma
-    variant 4 at D=128, the mma.sync tile 0 at D=64."""
-    if variant in (7, 8) and heads > V7_MAX_HEADS:
-        return 4 if head_dim == 128 else 0
+def fit_grid(variant: int, heads: int, dtype: torch.dtype, head_dim: int) -> int:
+    """`variant`, or where B·H = `heads` is past the grid of variants 7 and 8 (V7_MAX_HEADS) the fastest mma.sync
+    tile built for this dtype and head dim (whose grid takes B·H up to 2**31)."""
+    if variant in WS_VARIANTS and heads > V7_MAX_HEADS:
+        return max(mma_variants(dtype, head_dim))
     return variant
 
 

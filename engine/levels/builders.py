@@ -152,10 +152,9 @@ def _sources(*paths: str):
 _TRITON_FILES = {"causal_attention": ["engine/kernels/triton/attention.py"],
                  "vit_patch_attention": ["engine/kernels/triton/patch_embed.py", "engine/kernels/triton/attention.py"],
                  "gnn_message_passing": ["engine/kernels/triton/message_passing.py"]}
-# causal attention: D=128 runs FlashAttention-3's design (attention_ws.cu; the other wgmma variants in
-# attention_sm90.cu) on compute capability 9.0, mma.sync elsewhere
-_CUDA_FILES = {"causal_attention": ["csrc/levels/attention_ws.cu", "csrc/levels/attention_sm90.cu",
-                                    "csrc/levels/attention.cu"],
+# causal attention: D=128 runs FlashAttention-3's design (attention_ws.cu) on compute capability 9.0, mma.sync
+# elsewhere
+_CUDA_FILES = {"causal_attention": ["csrc/levels/attention_ws.cu", "csrc/levels/attention.cu"],
                "vit_patch_attention": ["csrc/levels/patch_embed.cu", "csrc/levels/attention.cu"],
                "gnn_message_passing": ["csrc/levels/message_passing.cu"]}
 

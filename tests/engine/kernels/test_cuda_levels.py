@@ -102,7 +102,7 @@ def test_build_key_changes_with_every_input():
 def test_every_source_file_exists_and_every_launch_is_checked():
     for name in cl.SOURCES + cl.HEADERS:
         assert (cl.SOURCE_DIR / name).is_file(), name
-    for name in ("attention.cu", "attention_sm90.cu", "attention_ws.cu", "patch_embed.cu", "message_passing.cu"):
+    for name in ("attention.cu", "attention_ws.cu", "patch_embed.cu", "message_passing.cu"):
         text = (cl.SOURCE_DIR / name).read_text()
         launches = text.count(">>>(")
         assert launches > 0 and text.count("CUDA_CHECK_LAUNCH();") >= launches, name
@@ -114,9 +114,9 @@ def test_hopper_builds_sm90a_with_the_wgmma_variants_and_other_gpus_do_not(monke
     assert cl.arch_flags(12, 0) == ["-gencode=arch=compute_120,code=sm_120"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cl, "_arch", lambda device=None: (9, 0))
-    assert cl.attention_variants(torch.bfloat16, 128) == (0, 1, 2, 3, 4, 5, 6, 7, 8)
-    assert cl.attention_variants(torch.float16, 128) == (0, 1, 4, 7, 8)
-    assert cl.attention_variants(torch.bfloat16, 64) == cl.attention_variants(torch.float16, 64) == (0, 1, 7, 8)
+    assert cl.attention_variants(torch.bfloat16, 128) == (0, 2, 7, 8)
+    assert cl.attention_variants(torch.float16, 128) == (0, 7, 8)
+    assert cl.attention_variants(torch.bfloat16, 64) == cl.attention_variants(torch.float16, 64) == (0, 7, 8)
     defaults = [cl.default_variant(t, d) for t, d in ((torch.bfloat16, 128), (torch.float16, 128),
                                                       (torch.bfloat16, 64), (torch.float16, 64))]
     assert defaults == [8, 8, 8, 8]
@@ -127,28 +127,17 @@ def test_hopper_builds_sm90a_with_the_wgmma_variants_and_other_gpus_do_not(monke
     monkeypatch.setattr(cl, "UNVERIFIED", ((8, 64), (7, 64)))
     assert cl.default_variant(torch.bfloat16, 64) == cl.default_variant(torch.float16, 64) == 0
     assert "-DMODELAB_SM90A" in cl.cuda_flags()
-    assert "wgmma" in cl.describe_variant(4) and "attention_sm90.cu" in cl.describe_variant(4)
     assert "mma.sync" in cl.describe_variant(2) and "attention.cu" in cl.describe_variant(2)
     assert "TMA" in cl.describe_variant(7) and "attention_ws.cu" in cl.describe_variant(7)
     assert "TMA-stored output" in cl.describe_variant(8) and "attention_ws.cu" in cl.describe_variant(8)
-    monkeypatch.setenv(cl.VARIANT_ENV, "4")  # a variant other than the default, run by name
-    assert cl.default_variant(torch.bfloat16, 128) == 4
-    for bad in ("9", "seven", "-1"):
-        monkeypatch.setenv(cl.VARIANT_ENV, bad)
-        with pytest.raises(ValueError, match=f"{cl.VARIANT_ENV}='{bad}'.*built: 0, 1, 2, 3, 4, 5, 6, 7, 8"):
-            cl.default_variant(torch.bfloat16, 128)
-    monkeypatch.setenv(cl.VARIANT_ENV, "4")
-    with pytest.raises(ValueError, match="D=64"):  # 4..6 are D=128 only
-        cl.default_variant(torch.bfloat16, 64)
-    monkeypatch.setenv(cl.VARIANT_ENV, "7")  # 7 runs by name at D=64 (how its first GPU run is timed)
-    assert cl.default_variant(torch.bfloat16, 64) == 7
-    monkeypatch.delenv(cl.VARIANT_ENV)
-    assert cl.attention_variants(torch.float32, 64) == (0, 1)  # the wgmma kernels are 16-bit only
-    # more heads than variant 7's grid takes: a variant built wherever 7 is, for that head dim
-    assert [cl.fit_grid(v, cl.V7_MAX_HEADS + 1, d) for v in (7, 8) for d in (128, 64)] == [4, 0, 4, 0]
-    assert cl.fit_grid(7, cl.V7_MAX_HEADS, 64) == 7 and cl.fit_grid(2, 10**6, 128) == 2
+    assert cl.attention_variants(torch.float32, 64) == (0,)  # the wgmma kernels are 16-bit only
+    # more heads than the grid of variants 7 and 8 takes: the fastest mma.sync tile built for that dtype and head dim
+    bf16, fp16 = torch.bfloat16, torch.float16
+    assert [cl.fit_grid(v, cl.V7_MAX_HEADS + 1, t, d) for v in (7, 8) for t, d in ((bf16, 128), (fp16, 128),
+                                                                                    (bf16, 64))] == [2, 0, 0] * 2
+    assert cl.fit_grid(7, cl.V7_MAX_HEADS, bf16, 64) == 7 and cl.fit_grid(2, 10**6, bf16, 128) == 2
     monkeypatch.setattr(cl, "_arch", lambda device=None: (8, 9))
-    assert cl.attention_variants(torch.bfloat16, 128) == (0, 1, 2, 3)
+    assert cl.attention_variants(torch.bfloat16, 128) == (0, 2)
     assert [cl.default_variant(torch.bfloat16, 128), cl.default_variant(torch.float16, 128)] == [2, 0]
     assert not any("90a" in f or "SM90A" in f for f in cl.cuda_flags())
 
