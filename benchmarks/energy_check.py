@@ -50,7 +50,9 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("energy_check: needs a CUDA GPU (this machine has none)")
         return 2
-    torch.cuda.set_device(torch.device(args.device))
+    device = torch.device(args.device)
+    if device.index is not None:
+        torch.cuda.set_device(device)
     reader, why = open_device(nvml_index(args.device))
     if reader is None:
         print(f"energy_check: NVML not available here ({why})")
@@ -63,10 +65,12 @@ def main() -> int:
     print("\nidle window (2 s, nothing queued):")
     torch.cuda.synchronize()
     time.sleep(0.5)
-    e0, t0 = reader.energy_mj(), time.perf_counter()
+    e0_idle, t0 = reader.energy_mj(), time.perf_counter()
     time.sleep(2.0)
-    e1, t1 = reader.energy_mj(), time.perf_counter()
-    print(f"  idle draw from the counter: {(e1 - e0) / 1000 / (t1 - t0):.1f} W   (power now {reader.power_w()} W, "
+    e1_idle, t1 = reader.energy_mj(), time.perf_counter()
+    idle_s = t1 - t0
+    idle_w = (e1_idle - e0_idle) / 1000 / idle_s
+    print(f"  idle draw from the counter: {idle_w:.1f} W   (power now {reader.power_w()} W, "
           f"SM clock {reader.sm_clock_mhz()} MHz, reasons {reader.clock_event_reasons()})")
 
     a = torch.randn(args.size, args.size, device=args.device, dtype=torch.bfloat16)
@@ -118,6 +122,32 @@ def main() -> int:
     else:
         print("  power reading: did not change in 2 s")
     torch.cuda.synchronize()
+
+    print("\nshort windows (0.3 s of products, 6 each; the lab's windows are read at the counter's steps):")
+    try:
+        from engine.measure.energy import NVML_ALIGN_S, Meter, measure
+    except ImportError as e:  # engine.store needs duckdb
+        print(f"  skipped ({e})")
+        return 0
+
+    def products() -> float:
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < 0.3:
+            for _ in range(5):
+                a @ b
+            n += 5
+            torch.cuda.synchronize()
+        return n
+
+    for label, align in (("read as is", 0.0), ("read at its steps", NVML_ALIGN_S)):
+        meter = Meter(args.device, "nvml", reader=reader, idle_w=idle_w, min_window_s=0.0, align_s=align)
+        per = []
+        for _ in range(6):
+            n, window = measure(meter, products, units=lambda n: n)
+            per.append(window.joules / n)
+        spread = (max(per) - min(per)) / statistics.median(per)
+        print(f"  {label:<18} J per product: median {statistics.median(per):.3f}, spread (max-min)/median "
+              f"{100 * spread:.1f} %")
     return 0
 
 

@@ -34,6 +34,7 @@ POWERCAP_ROOT = Path("/sys/class/powercap")
 IDLE_KIND = "idle_power"
 GPU_MIN_WINDOW_S = 1.0  # many counter updates per window (benchmarks/energy_check.py: the counter's update interval)
 RAPL_MIN_WINDOW_S = 0.2  # RAPL updates about every millisecond
+NVML_ALIGN_S = 0.25  # NVML's counter moves every ~100 ms (benchmarks/energy_check.py); a window waits for its steps
 SAMPLE_INTERVAL_S = 0.1  # one sample is four short NVML calls: the timed loop loses well under 0.1 % to it
 IDLE_WINDOW_S = 2.0
 
@@ -87,6 +88,7 @@ class Meter:
     idle_w: float | None = None
     min_window_s: float = GPU_MIN_WINDOW_S
     sample_interval_s: float = SAMPLE_INTERVAL_S
+    align_s: float = 0.0  # the longest wait for a counter update at each end of a window (0: read it as it is)
 
     @property
     def label(self) -> str:
@@ -98,6 +100,19 @@ class Meter:
         if self.source == "rapl":
             return tuple(zone.read_uj() for zone in self.zones)
         return self.reader.energy_mj() if self.reader is not None else None
+
+    def read_on_change(self, changes: int = 1) -> tuple[Any, float | None]:
+        """The counter right after it has changed `changes` times from now, and when (perf_counter seconds); the
+        value now and None where it does not change within align_s each time (no update rate to align to)."""
+        value = self.read()
+        for _ in range(changes):
+            start, first = time.perf_counter(), value
+            while value == first:
+                if value is None or time.perf_counter() - start > self.align_s:
+                    return value, None
+                time.sleep(0.0005)
+                value = self.read()
+        return value, time.perf_counter()
 
     def joules_between(self, before: Any, after: Any) -> float | None:
         if before is None or after is None:
@@ -117,7 +132,7 @@ def open_meter(device: str) -> tuple[Meter | None, str]:
             return None, why
         if reader.energy_mj() is None and reader.power_w() is None:
             return None, "NVML reads neither the energy counter nor the power of this GPU"
-        return Meter(device, "nvml", reader=reader), ""
+        return Meter(device, "nvml", reader=reader, align_s=NVML_ALIGN_S), ""
     if device == "cpu":
         zones, why = rapl_zones()
         if not zones:
@@ -187,32 +202,55 @@ def measure(meter: Meter | None, region: Callable[[], T], units: float | Callabl
     """Run `region` (which times itself and leaves the device idle at its end) inside an energy window: the counter
     read before and after it, outside its timing. `units`: the work it does (or a function of what it returns).
     While the window is shorter than `meter.min_window_s`, `again` (the same work, untimed, leaving the device idle;
-    it returns its units) runs inside it too. Without a meter, just the region."""
+    it returns its units) runs inside it too. Without a meter, just the region.
+
+    A counter that moves in steps (NVML's, every ~100 ms) is read at its steps: the region starts right after one,
+    and the window closes at the second step after the region ends (the reading may lag the board by up to a step);
+    the idle draw times that idle tail is taken out, so the figure is the region's. Without a stored idle draw the
+    tail stays in, and the window's seconds with it."""
     if meter is None:
         return region(), None
+    if meter.source == "nvml":
+        _sync_cuda()  # queued work from before belongs to no window
     sampler = Sampler(meter.reader, meter.sample_interval_s) if meter.reader is not None else None
     if sampler is not None:
         sampler.__enter__()
     try:
-        before, t0 = meter.read(), time.perf_counter()
+        before, t0 = meter.read_on_change() if meter.align_s > 0 else (meter.read(), None)
+        aligned = t0 is not None
+        t0 = t0 if aligned else time.perf_counter()
         out = region()
         done, runs = float(units(out) if callable(units) else units), 1
         while again is not None and time.perf_counter() - t0 < meter.min_window_s:
             done += again()
             runs += 1
-        after, t1 = meter.read(), time.perf_counter()
+        t1 = time.perf_counter()
+        after, t_end = meter.read_on_change(2) if aligned else (meter.read(), None)
+        t_end = t1 if t_end is None else t_end
     finally:
         if sampler is not None:
             sampler.__exit__(None, None, None)
     samples = sampler.samples if sampler is not None else []
     joules = meter.joules_between(before, after)
+    seconds = t_end - t0
+    if joules is not None and meter.idle_w is not None and t_end > t1:  # the idle tail after the region
+        joules -= meter.idle_w * (t_end - t1)
+        seconds = t1 - t0
     source = "NVML energy counter" if meter.source == "nvml" else "RAPL package counters"
     reason = ""
     if joules is None:
         joules = integrate_power(samples)
         source = "NVML power samples, integrated"
+        seconds = t1 - t0
         reason = "" if joules is not None else "neither the energy counter nor power samples answered"
-    return out, EnergyWindow(t1 - t0, joules, source, done, runs, meter.idle_w, samples, reason)
+    return out, EnergyWindow(seconds, joules, source, done, runs, meter.idle_w, samples, reason)
+
+
+def _sync_cuda() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def open_for_run(device: str, db: str | None, result: RunResult) -> Meter | None:

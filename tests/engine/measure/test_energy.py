@@ -67,6 +67,36 @@ def test_a_short_region_runs_again_until_the_window_is_long_enough(fake_gpu: Fak
     assert metrics["energy_window_runs"].value == window.runs
 
 
+class SteppingCounter(FakeNvml):
+    """A board drawing a steady `watts` whose energy counter, like NVML's, moves only every `step_s`."""
+    watts = 100.0
+    step_s = 0.02
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: int) -> int:
+        return int(time.perf_counter() // self.step_s * self.step_s * self.watts * 1000)
+
+
+def test_a_stepping_counter_is_read_at_its_steps_and_the_idle_tail_taken_out():
+    previous = set_backend(SteppingCounter())
+    try:
+        reader, _ = open_device(0)
+        meter = Meter("cuda", "nvml", reader=reader, min_window_s=0.0, sample_interval_s=0.01, align_s=0.1)
+        meter.idle_w = SteppingCounter.watts  # the board idles at the same draw, so the tail is all idle
+        errors = []
+        for _ in range(5):
+            _, window = measure(meter, lambda: time.sleep(0.05))
+            assert window is not None and window.seconds == pytest.approx(0.05, abs=0.01)
+            errors.append(abs(window.joules - SteppingCounter.watts * window.seconds))
+        # unaligned, a 20 ms step is up to 2 J either way on a 5 J window; aligned, what is left is polling jitter
+        assert max(errors) < 0.3
+        meter.idle_w = None  # no idle draw to take the tail out with: the window runs to the counter's step
+        _, window = measure(meter, lambda: time.sleep(0.05))
+        assert window.seconds >= 0.05 + SteppingCounter.step_s and window.above_idle_j is None
+        assert window.joules == pytest.approx(SteppingCounter.watts * window.seconds, abs=0.3)
+    finally:
+        set_backend(previous)
+
+
 def test_without_the_counter_power_samples_are_integrated(fake_gpu: FakeNvml):
     fake_gpu.unsupported = ("energy",)
     fake_gpu.power_mw = [200_000]  # a steady 200 W
