@@ -9,6 +9,7 @@ import torch
 from engine.kernels.triton import argmax as am
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.gpu  # every test runs on DEVICE: compiled on a GPU, under the interpreter without one
 
 
 def _check(x: torch.Tensor) -> None:

@@ -12,6 +12,7 @@ from engine.kernels.triton import decode_attention as da  # noqa: E402
 from engine.kernels.triton._common import is_interpreted  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.gpu  # every test runs on DEVICE: compiled on a GPU, under the interpreter without one
 if DEVICE == "cpu" and not is_interpreted(da._split_kernel):
     pytest.skip("the kernel was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
 
@@ -85,6 +86,7 @@ def test_a_decoder_on_the_kernel_decodes_like_sdpa() -> None:
     assert max(rel_err(a, b.double()) for a, b in zip(got.logits, ref.logits)) < 1e-5
 
 
+@pytest.mark.sm90_offline
 def test_the_llm_kernels_compile_for_the_h100_without_one(aot_check_rows) -> None:
     """The interpreter never lowers to the GPU: compile every tile of the GEMV (plain, +norm, +residual,
     +norm +swiglu), the decode-attention kernels (split, split with RoPE and the cache write, the same as one split

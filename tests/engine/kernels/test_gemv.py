@@ -13,6 +13,7 @@ from engine.kernels.triton import gemv as gemv_mod  # noqa: E402
 from engine.kernels.triton._common import is_interpreted  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.gpu  # every test runs on DEVICE: compiled on a GPU, under the interpreter without one
 if DEVICE == "cpu" and not is_interpreted(gemv_mod._gemv_kernel):
     pytest.skip("the GEMV kernel was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
 

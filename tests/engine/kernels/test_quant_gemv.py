@@ -14,6 +14,7 @@ from engine.kernels.triton._common import is_interpreted  # noqa: E402
 from engine.llm import quant  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.gpu  # every test runs on DEVICE: compiled on a GPU, under the interpreter without one
 if DEVICE == "cpu" and not is_interpreted(qg._wo_channel_kernel):
     pytest.skip("the quantized GEMV kernels were imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
 
@@ -158,6 +159,7 @@ def test_a_compiled_prefill_launches_the_dequantization_kernel_itself() -> None:
         assert "modelab" not in calls, (scheme, calls)  # no opaque op left
 
 
+@pytest.mark.sm90_offline
 def test_the_quantized_kernels_compile_for_sm90_offline(aot_check_rows) -> None:
     """Every tile of the quantized GEMVs (int8, fp8, int4) and the int4 dequantization compile for sm_90 with
     Triton's own ptxas (benchmarks/triton_aot_check.py --kernels quant), in a process without TRITON_INTERPRET, cache

@@ -22,6 +22,7 @@ import engine.kernels.triton.patch_embed as pe_mod  # noqa: E402
 from engine.kernels.triton import interpreted  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.gpu  # every test runs on DEVICE: compiled on a GPU, under the interpreter without one
 if DEVICE == "cpu" and not interpreted():
     pytest.skip("the Triton kernels were imported before TRITON_INTERPRET=1 was set; CPU runs need the interpreter",
                 allow_module_level=True)
@@ -371,6 +372,7 @@ def test_message_passing_bad_inputs() -> None:
         mp_mod.message_passing(x, src, dst, w.long(), 20)
 
 
+@pytest.mark.sm90_offline
 def test_the_message_passing_kernels_compile_for_the_h100_without_one(aot_check_rows) -> None:
     """The interpreter never lowers to the GPU: the grouping kernels (link; count+rank, place), both reduces at every
     tuned tile (the segment reduce plain and over packed records) and the atomic scatter compile for sm_90 with
@@ -381,6 +383,7 @@ def test_the_message_passing_kernels_compile_for_the_h100_without_one(aot_check_
     assert len(rows) == 2 * (1 + 2 * 2) + 2 * per_dtype and all(r.endswith("ok") for r in rows), rows
 
 
+@pytest.mark.sm90_offline
 def test_the_attention_compiles_for_the_h100_at_every_tile_without_spilling_its_wide_tiles(aot_check_rows) -> None:
     """Every autotune tile of the L4 attention compiles for sm_90 through descriptors (benchmarks/triton_aot_check.py
     --kernels attn); the 8-warp tiles at D=128 keep everything in registers (no stack frame) -- what loading Q and
@@ -393,6 +396,7 @@ def test_the_attention_compiles_for_the_h100_at_every_tile_without_spilling_its_
 
 # ---- the Gluon attention (engine/kernels/triton/attention_ws.py, Hopper) -------------------------------------------
 
+@pytest.mark.sm90_offline
 def test_the_gluon_attention_compiles_for_the_h100_without_one(aot_check_rows) -> None:
     """Gluon is never interpreted: each build (bf16 and fp16, D 128 and 64, causal or not) compiles for sm_90 with
     Triton's own ptxas (benchmarks/triton_aot_check.py --kernels gluon), three partitions in 168 registers a thread on
@@ -429,6 +433,7 @@ for i in [i for i, o in enumerate(ops) if "DEPBAR.LE gsb0, 0x1" in o]:
 """
 
 
+@pytest.mark.sm90_offline
 def test_the_gluon_attention_runs_its_softmax_while_p_v_is_on_the_tensor_cores(tmp_path) -> None:
     """No GPU needed: the bf16 build for sm_90, read back as SASS. 96 wgmmas (each consumer: q kᵀ of the
     first tile, q kᵀ and P v in the loop of unmasked tiles and again for the masked last tile, the last P v; 8
