@@ -20,7 +20,12 @@ from engine.kernels import cuda_levels as cl
 from engine.native import build as native
 
 _REASON = cl.available()
-needs_cuda = pytest.mark.skipif(_REASON is not None, reason=f"L5 CUDA kernels unavailable: {_REASON}")
+
+
+def needs_cuda(test):
+    """A GPU test: marked gpu, skipped where the L5 kernels cannot run."""
+    unavailable = pytest.mark.skipif(_REASON is not None, reason=f"L5 CUDA kernels unavailable: {_REASON}")
+    return pytest.mark.gpu(unavailable(test))
 
 # rel L2 error bounds per dtype of the inputs / outputs (fp32 accumulation everywhere)
 ATTN_TOL = cl.ATTN_TOL
@@ -285,6 +290,7 @@ def offline_build(name: str, tmp_path: Path, source_dir: Path = cl.SOURCE_DIR) -
     return report, sass
 
 
+@pytest.mark.sm90_offline
 def test_variants_7_and_8_build_for_sm90a_and_their_softmax_runs_while_p_v_is_on_the_tensor_cores(tmp_path):
     """No GPU needed: csrc/levels/attention_ws.cu through nvcc and ptxas for sm_90a, then its SASS. ptxas's report:
     no spills, no wgmma serialisation advisory, in each of the eight builds (bf16 and fp16, D = 128 and 64, variant 7
@@ -364,6 +370,7 @@ def test_an_unverified_variant_matches_float64_in_its_own_process(variant, head_
     assert passed, report
 
 
+@pytest.mark.gpu
 def test_a_variant_checked_in_a_child_fails_with_the_reason_and_leaves_this_process_alone():
     """The hang path (no answer in time: the child is killed) and a check that could not run (no Hopper GPU here)
     both come back as a failed check with the reason, never as an exception or a pass."""

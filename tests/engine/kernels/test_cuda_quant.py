@@ -17,6 +17,7 @@ from engine.llm import quant
 GPU = torch.cuda.is_available()
 
 
+@pytest.mark.sm90_offline
 def test_it_builds_for_sm90a_with_products_on_the_tensor_cores(tmp_path):
     """No GPU needed: nvcc and ptxas for sm_90a, then the SASS of the norm-fused kernel with 8 warps, for each ring
     batch: 4 HMMA per group of 64 (a batch of that many groups, unrolled over the ring's slots), no I2F / I2FP among
@@ -72,7 +73,9 @@ def test_tile_order_puts_each_rows_codes_and_scales_where_the_kernel_reads_them(
 
 # ---- with a GPU ---------------------------------------------------------------------------------------------------
 
-needs_kernel = pytest.mark.skipif(not GPU, reason="needs a CUDA device")
+def needs_kernel(test):
+    """A GPU test: marked gpu, skipped without a CUDA device."""
+    return pytest.mark.gpu(pytest.mark.skipif(not GPU, reason="needs a CUDA device")(test))
 
 
 @pytest.fixture(scope="module")
@@ -319,6 +322,7 @@ def test_a_tile_copy_is_made_only_where_it_leaves_the_device_its_reserve() -> No
     assert quant.tile_copy_fits(100 << 20, free=2 * gib + (199 << 20), total=16 * gib) is False
 
 
+@pytest.mark.gpu
 def test_auto_takes_the_tensor_core_kernel_only_where_it_was_measured_faster(monkeypatch) -> None:
     """auto (also when unset or empty): K >= 2048 on compute capability 9.0 only (the H100 rule); cuda: every K;
     triton: none."""

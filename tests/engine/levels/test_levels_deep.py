@@ -125,6 +125,7 @@ def test_levels_deep_without_ncu_times_the_level_and_says_why_there_are_no_kerne
     assert Store(db).runs(kind="levels")["status"].tolist() == ["ok"]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not (torch.cuda.is_available() and os.environ.get("MODELAB_TEST_NCU") and shutil.which("ncu")),
                     reason="needs CUDA, ncu on PATH and MODELAB_TEST_NCU=1")
 def test_real_ncu_measures_the_kernels_of_a_cuda_level(tmp_path: Path) -> None:

@@ -170,6 +170,7 @@ def test_cli_tables_show_graph_time_and_stages(store: Store) -> None:
         ["patch_embed", "L4-triton", "153.8", "49.7"], ["patch_embed", "L5-cuda", "93.4", "78.2"]]
 
 
+@pytest.mark.gpu
 def test_the_cuda_level_names_the_attention_kernel_it_runs() -> None:
     """L5's notes say which attention kernel this GPU gets: FlashAttention-3's design (TMA, warp-specialised wgmma)
     with its TMA-stored epilogue, variant 8, on compute capability 9.0 (where it is built: D=128 and the ViT's D=64),

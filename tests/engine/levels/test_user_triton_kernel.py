@@ -39,6 +39,7 @@ from engine.workloads.component import rel_l2_error  # noqa: E402
 KERNELS = str(Path(__file__).resolve().parent / "user_kernels")
 IMPL = "user_triton_attention:attention"
 DEVICE = "cuda" if CUDA else "cpu"
+pytestmark = pytest.mark.gpu  # compiled on a GPU, under the interpreter without one
 ATTN = get_component("causal_attention")
 SMALL = ATTN.shape("small")
 

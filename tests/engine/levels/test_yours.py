@@ -179,6 +179,7 @@ def _run_cuda(impl: str):
                                   iters=5, warmup=1, impl_path=KERNELS, quick_ceilings=True))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="the CUDA guards (L2 flush, other stream) need a GPU")
 def test_on_cuda_an_honest_kernel_is_timed_with_the_l2_flushed_and_passes_every_guard() -> None:
     # the Triton kernel (fp32 accumulation and softmax, as the float64-checked guard sets need at bf16); plain bf16
@@ -190,6 +191,7 @@ def test_on_cuda_an_honest_kernel_is_timed_with_the_l2_flushed_and_passes_every_
     assert f"guard l2_flush: PASS — a {2 * l2 // 4 * 4 / 1e6:.0f} MB buffer (2x this device's" in " ".join(result.notes)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="the CUDA guards (L2 flush, other stream) need a GPU")
 def test_on_cuda_work_left_on_a_side_stream_is_flagged() -> None:
     result = _run_cuda("user_cheats:side_stream")
@@ -197,6 +199,7 @@ def test_on_cuda_work_left_on_a_side_stream_is_flagged() -> None:
     assert any(n.startswith("guard other_stream: FLAG — device work ran ") for n in result.notes), result.notes
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="the CUDA guards (L2 flush, other stream) need a GPU")
 def test_on_cuda_work_on_a_stream_that_waits_for_nothing_fails_or_is_flagged() -> None:
     # its inputs are ready long before (so its answers are right, unless a check reads an output before the side
@@ -275,6 +278,7 @@ def _events_median_us(call, warmup: int, iters: int) -> float:
     return statistics.median(time_events_each(call, warmup, iters, lambda: torch.cuda._sleep(100_000)))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="the L2 flush between timed calls is CUDA-only (on the CPU: guard l2_flush "
                                      "SKIPPED)")
 def test_on_cuda_the_flush_takes_away_a_warm_l2() -> None:

@@ -20,6 +20,7 @@ from engine.measure.checks import ToleranceError  # noqa: E402
 from engine.workloads.llama import LlamaConfig, build_model, preset  # noqa: E402
 
 SCHEMES = list(quant.SCHEMES)
+pytestmark = pytest.mark.gpu  # the triton-* modes compiled on a GPU, interpreted without one
 
 
 def _interpreted(kernel: object) -> bool:

@@ -227,6 +227,7 @@ def test_the_cli_table_shows_kernel_time_beside_the_graph_time(store: Store) -> 
 CUDA = torch.cuda.is_available()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="the profiler's kernel time and the CUDA graph need a GPU")
 def test_on_cuda_a_level_run_stores_the_profiler_kernel_time() -> None:
     result = level_run.run_level(level_run.LevelsConfig(component="causal_attention", shape="S=1024",

@@ -158,6 +158,7 @@ def test_bench_records_loop_metrics_when_asked():
     assert not [m for m in off.metrics if m.name.startswith("loop_")]  # CPU default: per-call timing only
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device (CUDA graphs)")
 def test_time_in_graph_times_each_captured_call_and_scales_with_the_work():
     import torch

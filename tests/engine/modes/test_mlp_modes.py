@@ -29,6 +29,7 @@ from engine.workloads.house_price import make_batch, make_model  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu  # the triton mode compiled on a GPU, interpreted without one; the other modes need one
 TOL = dict(rtol=1e-4, atol=1e-4)  # the house-price workload's tolerance; no mode needs a looser one
 
 

@@ -166,6 +166,7 @@ def test_only_train_asked_is_an_error():
         bench_mode(BenchConfig(mode="aoti", phases=("train",), train_batch_sizes=(8,), warmup=0, iters=1))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_round_trip_and_native_runner(runner):
     """On a GPU machine: the CUDA package loads (checked in a child first), matches eager, and runs natively."""

@@ -216,6 +216,7 @@ def test_missing_compiler_is_a_reason_not_a_crash(monkeypatch, tmp_path):
         build.build_aoti_runner()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_kernels_match_eager(ops):
     if not build._loaded_ops_has_cuda():

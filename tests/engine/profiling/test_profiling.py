@@ -504,6 +504,7 @@ def test_inference_only_modes_profile_their_phase(lab_env, capsys, monkeypatch, 
 
 
 # -- CUDA (the GPU machine) -----------------------------------------------------------------------------------------
+@pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_cuda_profile_has_device_events_and_figures(tmp_path):
     result = profile_mode(ProfileConfig(mode="eager", device="cuda", phases=("train",), active=3,
@@ -521,6 +522,7 @@ def test_cuda_profile_has_device_events_and_figures(tmp_path):
     assert device[device["kind"] == "kernel"]["parent"].notna().any()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_cuda_graphs_cut_launches(tmp_path):
     eager = by_phase(profile_mode(ProfileConfig(mode="eager", device="cuda", active=3,
@@ -532,6 +534,7 @@ def test_cuda_graphs_cut_launches(tmp_path):
     assert 0 <= graphs["idle_fraction"] < 1 and 0 <= eager["idle_fraction"] < 1
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not (CUDA and os.environ.get("MODELAB_TEST_NCU") and ncu.ncu_path()),
                     reason="needs CUDA, ncu on PATH and MODELAB_TEST_NCU=1")
 def test_cuda_deep_profile(tmp_path):
