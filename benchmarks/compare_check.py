@@ -75,15 +75,16 @@ def make_model():
     MODELAB_CHECK_WIDTH (256)."""
     from torch import nn
 
-    layers = int(os.environ.get(ENV_LAYERS, DEFAULT_LAYERS))
-    extra = int(os.environ.get(ENV_EXTRA, 0))
-    width = int(os.environ.get(ENV_WIDTH, DEFAULT_WIDTH))
+    from engine.store import settings
+
+    layers, extra, width = (settings.get(name) for name in (ENV_LAYERS, ENV_EXTRA, ENV_WIDTH))
     blocks = []
     for _ in range(layers + extra):
         blocks += [nn.Linear(width, width), nn.ReLU()]
     model = nn.Sequential(*blocks)
-    if os.environ.get(ENV_LOG):
-        with open(os.environ[ENV_LOG], "a") as log:
+    log_path = settings.get(ENV_LOG)
+    if log_path:
+        with open(log_path, "a") as log:
             log.write(json.dumps({"pid": os.getpid(), "blocks": layers + extra,
                                   "params": sum(p.numel() for p in model.parameters())}) + "\n")
     return model

@@ -30,6 +30,7 @@ from engine.cli.args import (
     user_model,
 )
 from engine.cli.kinds import KINDS  # noqa: F401 - every run kind registered before a command queues runs
+from engine.store import settings
 from engine.store.db import Store, StoreError, default_db_path
 
 # Modules that contribute subcommands (profiling, IR, …); each defines add_commands(subparsers, add_common_args).
@@ -417,7 +418,7 @@ def _leave_now(code: int) -> None:
     """`python -m engine bench|train|ceilings` only supervised workers: everything is in the store (each write is its
     own closed connection) and printed, so skip torch's interpreter teardown (1–3 s on a small CPU), as workers do.
     MODELAB_FAST_EXIT=0 keeps the normal exit."""
-    if os.environ.get("MODELAB_FAST_EXIT", "1") == "0":
+    if not settings.get("MODELAB_FAST_EXIT"):
         return
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from engine.measure import nvtx_ranges
 from engine.modes import Prepared, get_mode
 from engine.modes.base import TRAIN_LR
+from engine.store import settings
 from engine.store.db import Artifact, Metric, RunResult, Samples, default_db_path
 from engine.store.envinfo import capture_env
 from engine.workloads.house_price import HousePriceNN
@@ -58,11 +59,7 @@ class TrainConfig:
 
 def models_dir(db: str | Path | None = None) -> Path:
     """models/ beside the store (the repository root for the default store)."""
-    import os
-
-    if os.environ.get("MODELS_DIR"):
-        return Path(os.environ["MODELS_DIR"])
-    return Path(db or default_db_path()).resolve().parent / "models"
+    return settings.get("MODELS_DIR") or Path(db or default_db_path()).resolve().parent / "models"
 
 
 def weights_path(mode: str, directory: Path) -> Path:

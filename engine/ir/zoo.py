@@ -11,12 +11,11 @@ The models, their presets and example inputs live in engine/workloads/zoo.py (th
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
 from engine.ir.errors import WeightLoadError
+from engine.store import settings
 from engine.workloads.llama import MLP, Attention, DecoderLayer, RMSNorm  # noqa: F401 - re-exported for the IR's users
 from engine.workloads.zoo import (  # noqa: F401 - re-exported for the IR's users
     LLAMA_PRESETS,
@@ -35,7 +34,7 @@ from engine.workloads.zoo import (  # noqa: F401 - re-exported for the IR's user
 )
 
 # Real weights above this many bytes are not materialised for verification (env MODELAB_IR_VERIFY_MAX_BYTES).
-MAX_VERIFY_BYTES = int(os.environ.get("MODELAB_IR_VERIFY_MAX_BYTES", 2 * 2**30))
+MAX_VERIFY_BYTES = settings.get("MODELAB_IR_VERIFY_MAX_BYTES")
 
 
 def build(name: str, preset: str | None = None, *, device: str = "meta", seed: int = 0) -> tuple[nn.Module, tuple]:

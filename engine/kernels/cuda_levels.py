@@ -293,14 +293,6 @@ class CudaLibrary:
             return f"build failed: {type(exc).__name__}: {exc}"[:300]
 
 
-def env_choice(name: str, choices: dict[str, str], default: str = "auto") -> str:
-    """$name, lower-cased, one of `choices`' keys (unset or empty: `default`); ValueError naming the choices."""
-    value = os.environ.get(name, default).strip().lower() or default
-    if value not in choices:
-        raise ValueError(f"${name}={value!r}: choose one of {', '.join(choices)}")
-    return value
-
-
 _library = CudaLibrary("cuda_levels", SOURCE_DIR, SOURCES, HEADERS)
 
 

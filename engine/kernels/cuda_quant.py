@@ -35,12 +35,13 @@ import torch
 
 from engine.kernels import cuda_levels
 from engine.native import build as native
+from engine.store import settings
 
 SOURCE_DIR = native.CSRC / "quant"
 SOURCES = ("int4_gemv.cu", "bindings.cpp")
 INCLUDE_DIRS = (cuda_levels.SOURCE_DIR,)  # common.cuh: CUDA_CHECK, Mma, allow_dynamic_smem
 HEADERS = ("../levels/common.cuh",)  # part of the build key
-IMPL_ENV = "MODELAB_INT4_GEMV"  # which int4 GEMV the decode step runs: IMPLS' keys (default auto)
+IMPL_ENV = "MODELAB_INT4_GEMV"  # which int4 GEMV the decode step runs: IMPLS' keys (engine.store.settings)
 IMPLS = {
     "auto": "the tensor-core kernel on compute capability 9.0 for products of K >= 2048 inputs, the Triton one else",
     "cuda": "the tensor-core kernel for every product",
@@ -68,7 +69,7 @@ def available() -> str | None:
 
 def impl() -> str:
     """$MODELAB_INT4_GEMV: auto (default), cuda or triton. ValueError naming the choices for anything else."""
-    return cuda_levels.env_choice(IMPL_ENV, IMPLS)
+    return settings.get(IMPL_ENV)
 
 
 def chosen() -> bool:

@@ -16,7 +16,6 @@ The idle draw is measured once per device (a quiet window with nothing queued) a
 
 from __future__ import annotations
 
-import os
 import re
 import statistics
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from engine.measure.nvml import GpuReader, GpuSample, Sampler, nvml_index, open_device
+from engine.store import settings
 from engine.store.db import Metric, RunResult, Store
 
 T = TypeVar("T")
@@ -124,7 +124,7 @@ class Meter:
 
 def open_meter(device: str) -> tuple[Meter | None, str]:
     """(meter, "") for `device`, or (None, why energy is not available there). MODELAB_ENERGY=0 turns it off."""
-    if os.environ.get("MODELAB_ENERGY", "1") == "0":
+    if not settings.get("MODELAB_ENERGY"):
         return None, "turned off by MODELAB_ENERGY=0"
     if device.startswith("cuda"):
         reader, why = open_device(nvml_index(device))

@@ -6,21 +6,22 @@ Uses the `nvtx` package when installed (it is a no-op unless a profiler is attac
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any
+
+from engine.store import settings
 
 try:
     import nvtx as _nvtx
 except ImportError:  # optional dependency
     _nvtx = None
 
-_enabled = _nvtx is not None and os.environ.get("MODELAB_NVTX", "1") != "0"
+_enabled = _nvtx is not None and settings.get("MODELAB_NVTX")
 
 
 def enable(flag: bool) -> None:
     """Turn ranges on or off for this process (still off when the nvtx package or MODELAB_NVTX=0 says so)."""
     global _enabled
-    _enabled = flag and _nvtx is not None and os.environ.get("MODELAB_NVTX", "1") != "0"
+    _enabled = flag and _nvtx is not None and settings.get("MODELAB_NVTX")
 
 
 def enabled() -> bool:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from engine.modes.base import Mode, Prepared
+from engine.store import settings
 
 if TYPE_CHECKING:
     from engine.native.aoti import Package
@@ -51,10 +52,8 @@ def availability(device: str) -> str | None:
 
 
 def _check_in_child(device: torch.device) -> bool:
-    value = os.environ.get(CHECK_ENV, "").strip()
-    if value:
-        return value not in ("0", "false", "no")
-    return device.type == "cuda"
+    forced = settings.get(CHECK_ENV)
+    return device.type == "cuda" if forced is None else forced
 
 
 def _native_verdict(pkg_path, inputs, device) -> str:

@@ -7,7 +7,6 @@ module instance of the same class would hit the previous instance's guards and c
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 
@@ -16,6 +15,7 @@ from torch import nn
 
 from engine.measure.inductor_timing import install as keep_timings_alone
 from engine.modes.base import Mode, Prepared, cuda_only
+from engine.store import settings
 
 
 def compiler_missing(device: str) -> str | None:
@@ -34,7 +34,7 @@ def compiler_missing(device: str) -> str | None:
     # Inductor's default compiler is $CXX, else g++ (config.cpp.cxx); read it from its config only where Inductor is
     # imported already: importing it costs the CLI ~2.5 s on a small CPU just to list the available modes.
     inductor_config = sys.modules.get("torch._inductor.config")
-    cxx = getattr(getattr(inductor_config, "cpp", None), "cxx", None) or os.environ.get("CXX")
+    cxx = getattr(getattr(inductor_config, "cpp", None), "cxx", None) or settings.get("CXX")
     cxx = cxx[-1] if isinstance(cxx, tuple) else cxx
     if not (cxx and shutil.which(cxx)) and not shutil.which("g++") and not shutil.which("clang++"):
         return "no C++ compiler on PATH (Inductor compiles C++ kernels on CPU)"

@@ -37,6 +37,7 @@ import torch
 from engine.native.build import REPO_ROOT, build_lock, build_root, build_tag, record_build
 from engine.native.toolchain import with_libstdcxx_preloaded
 from engine.runner import device_lock
+from engine.store import settings
 
 OPTIONS_ENV = "MODELAB_AOTI_OPTIONS"
 _DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16",
@@ -63,16 +64,7 @@ class Package:
 
 def env_options() -> dict:
     """Extra Inductor options from $MODELAB_AOTI_OPTIONS (a JSON object), {} when unset."""
-    text = os.environ.get(OPTIONS_ENV, "").strip()
-    if not text:
-        return {}
-    try:
-        options = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"${OPTIONS_ENV} is not JSON: {exc}") from None
-    if not isinstance(options, dict):
-        raise ValueError(f"${OPTIONS_ENV} must be a JSON object of Inductor options, got {text!r}")
-    return options
+    return settings.get(OPTIONS_ENV) or {}
 
 
 def export(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], dynamic_batch: bool = True):
@@ -320,8 +312,9 @@ def main(argv: list[str] | None = None) -> int:
 
     faulthandler.enable()
     device = torch.device(args.device)
-    if os.environ.get(_CHILD_HOLDS):  # a phased parent gave the device up while this child runs
-        device_lock.begin_phases(os.environ[_CHILD_HOLDS], group_size=2)
+    held = settings.get(_CHILD_HOLDS)
+    if held:  # a phased parent gave the device up while this child runs
+        device_lock.begin_phases(held, group_size=2)
     inputs = tuple(_parse_input(s).to(device) for s in args.input)
     start = time.perf_counter()
     compiled = load(args.package, device)

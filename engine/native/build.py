@@ -40,6 +40,7 @@ from engine.runner.worker_env import (  # noqa: F401 - the build folder is the w
     configure_compile_caches,
     inductor_cache_dir,
 )
+from engine.store import settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CSRC = REPO_ROOT / "csrc"
@@ -225,7 +226,7 @@ def runner_command(output: Path, cxx: str | None = None) -> list[str]:
     cxx = cxx or find_cxx() or "c++"
     lib = _lib_dir()
     major, minor = (int(p) for p in torch.__version__.split(".")[:2])
-    cmd = [cxx, "-O2", f"-std={os.environ.get('MODELAB_CXX_STD', 'c++20')}", "-pthread",
+    cmd = [cxx, "-O2", f"-std={settings.get('MODELAB_CXX_STD')}", "-pthread",
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
            f"-DMODELAB_TORCH_VERSION_MAJOR={major}", f"-DMODELAB_TORCH_VERSION_MINOR={minor}"]
     cmd += [f"-I{p}" for p in include_paths()]

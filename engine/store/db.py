@@ -23,13 +23,15 @@ from typing import Any
 import duckdb
 import pandas as pd
 
+from engine.store import settings
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STATUSES = ("queued", "running", "ok", "failed")
 
 
 def default_db_path() -> Path:
     """`RESULTS_DB` if set, else results.duckdb in the repository root."""
-    return Path(os.environ.get("RESULTS_DB") or REPO_ROOT / "results.duckdb")
+    return settings.get("RESULTS_DB") or REPO_ROOT / "results.duckdb"
 
 
 class StoreError(RuntimeError):

@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.store import settings
 from engine.workloads.base import Workload
 from engine.workloads.zoo import ZOO, describe, preset_config
 
@@ -606,10 +607,10 @@ def export_to_children(spec: ModelSpec) -> None:
 
 def spec_from_env(name: str) -> ModelSpec | None:
     """The spec a parent worker exported in MODELAB_USER_MODEL (e.g. for the Nsight Compute child), if it is `name`."""
-    raw = os.environ.get(ENV_VAR)
-    if not raw:
+    params = settings.get(ENV_VAR)
+    if not params:
         return None
-    spec = ModelSpec.from_params(json.loads(raw))
+    spec = ModelSpec.from_params(params)
     return spec if spec is not None and spec.name == name else None
 
 

@@ -4,7 +4,6 @@ it is given, as ncu does, and writes the CSV ncu would. On the GPU machine: `lev
 
 from __future__ import annotations
 
-import os
 import shutil
 import stat
 import subprocess
@@ -17,6 +16,7 @@ import torch
 from engine.cli.main import main
 from engine.levels.results import deep_table
 from engine.levels.run import DEEP_METRICS, PIPE_METRICS, LevelsConfig, _deep_profile
+from engine.store import settings
 from engine.store.db import RunResult, Store
 
 ROW = ('"{id}","4242","python3","host","{kernel}","1","7","(256, 1, 1)","(64, 16, 4)","0","9.0",'
@@ -126,7 +126,7 @@ def test_levels_deep_without_ncu_times_the_level_and_says_why_there_are_no_kerne
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (torch.cuda.is_available() and os.environ.get("MODELAB_TEST_NCU") and shutil.which("ncu")),
+@pytest.mark.skipif(not (torch.cuda.is_available() and settings.get("MODELAB_TEST_NCU") and shutil.which("ncu")),
                     reason="needs CUDA, ncu on PATH and MODELAB_TEST_NCU=1")
 def test_real_ncu_measures_the_kernels_of_a_cuda_level(tmp_path: Path) -> None:
     cfg = LevelsConfig(component="causal_attention", shape="small", level="L1-native", device="cuda",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import stat
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ from engine.measure.op_stats import (
 )
 from engine.profiling import ncu
 from engine.profiling.profile import ProfileConfig, profile_mode
+from engine.store import settings
 from engine.store.db import RunResult, Store
 
 CUDA = torch.cuda.is_available()
@@ -535,7 +535,7 @@ def test_cuda_graphs_cut_launches(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (CUDA and os.environ.get("MODELAB_TEST_NCU") and ncu.ncu_path()),
+@pytest.mark.skipif(not (CUDA and settings.get("MODELAB_TEST_NCU") and ncu.ncu_path()),
                     reason="needs CUDA, ncu on PATH and MODELAB_TEST_NCU=1")
 def test_cuda_deep_profile(tmp_path):
     result = profile_mode(ProfileConfig(mode="eager", device="cuda", active=2, deep=True, top_k=3,
