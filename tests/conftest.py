@@ -5,6 +5,7 @@ anywhere. Here such a skip is turned into an error that names the marker to add.
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 
@@ -13,14 +14,15 @@ GPU_REASON = re.compile(r"(?<![/\w-])(cuda|gpus?)(?![/\w-])", re.IGNORECASE)
 
 
 def _cuda_here() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
+    """Whether torch, where a test imported it, sees a CUDA device (a test that checks for one has imported it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_available()
 
 
 def skip_reason(report: pytest.TestReport) -> str:
     longrepr = report.longrepr
-    return longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
 
 
 @pytest.hookimpl(wrapper=True)
