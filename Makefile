@@ -31,20 +31,20 @@ lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
 
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
-# The tests that need (or select on) a CUDA device, with the machine's own Python: `make test-gpu` on the GPU machine.
-# Left out: the offline sm_90 builds (names with without_one, sm90a, sm90_offline, without_spilling), which need no
+# The tests marked gpu (pytest.ini: they need a CUDA device or pick their device by one), with the machine's own
+# Python: `make test-gpu` on the GPU machine. Left out: the offline sm_90 builds (marked sm90_offline), which need no
 # GPU and run in `make test` wherever nvcc is. The whole selection takes longer than one 10-minute device call, so it
 # runs in slices, one call each or one slice per GPU at once (`benchmarks/gpu_check.sh tests` does either):
 # GPU_PATHS=tests/engine/kernels, GPU_PATHS=tests/engine/levels, then
 # GPU_PATHS="tests/engine --ignore=tests/engine/kernels --ignore=tests/engine/levels". On four GPUs SLICES=four in
 # gpu_check.sh balances four slices (the levels' two slowest files beside the CUDA kernels), each well inside a call.
 # The 15 slowest tests are listed at the end (where a shorter suite would come from).
-GPU_TESTS ?= (cuda or gpu or triton or gemv or decode or levels or llm) and not (without_one or sm90a or sm90_offline or without_spilling)
+GPU_MARKS ?= gpu and not sm90_offline
 GPU_PATHS ?= tests/engine
 test-gpu:
-	$(PY) -m pytest -q -rfE -p no:cacheprovider --durations=15 $(GPU_PATHS) -k "$(GPU_TESTS)"
+	$(PY) -m pytest -q -rfE -p no:cacheprovider --durations=15 $(GPU_PATHS) -m "$(GPU_MARKS)"
 
 bench: $(STAMP)
 	$(BIN)/python -m engine bench --workload house_price --mode all --device cpu

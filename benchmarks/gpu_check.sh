@@ -71,7 +71,7 @@ case $part in
          # a second call; there the other kernel files' slice can run past a 10-minute call. Each slice's log lists
          # every test of 2 s or more, to rebalance the four by.
          gpus=$(nvidia-smi -L | wc -l); [ "$gpus" -ge 1 ] || gpus=1
-         sel=$(sed -n 's/^GPU_TESTS ?= //p' Makefile)
+         sel=${GPU_MARKS:-$(sed -n 's/^GPU_MARKS ?= //p' Makefile)}  # the marker expression of make test-gpu
          slices=()
          k=tests/engine/kernels lv=tests/engine/levels
          four="lv=$lv,--ignore=$lv/test_yours.py,--ignore=$lv/test_user_triton_kernel.py rest
@@ -98,7 +98,7 @@ case $part in
                # shellcheck disable=SC2086 - the slice's paths and --ignore options split on purpose
                CUDA_VISIBLE_DEVICES=$g MODELAB_BUILD_DIR=/tmp/mb$g MODELAB_LOCK_DIR=/tmp/lock$g RESULTS_DB="$out/tests$g.duckdb" \
                  timeout -s INT "${SUITE_LIMIT:-3000}" python3 -m pytest -q -rfE -p no:cacheprovider --durations=0 --durations-min=2 \
-                 $paths -k "$sel" >"$out/tests_$name.log" 2>&1
+                 $paths -m "$sel" >"$out/tests_$name.log" 2>&1
                echo "rc $?" >>"$out/tests_$name.log"
              done ) &
          done
