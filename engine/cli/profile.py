@@ -168,6 +168,9 @@ def print_profile(store: Store, run_id: int, top_k: int = 10) -> None:
         steps = max(m.get("steps", 1.0), 1.0)
         print(f"\nrun {run_id} · {run['mode']} on {run['device']} · {phase} · {int(steps)} profiled steps")
         print(f"  host wall per step      {_us(m.get('step_wall_us'))}")
+        if "step_p10_us" in m:  # the step without the profiler: its spread says whether the machine was steady
+            print(f"  step, unprofiled        {_us(m.get('step_median_us'))} median, p10–p90 "
+                  f"{_us(m['step_p10_us'])} – {_us(m.get('step_p90_us'))}")
         print(f"  CPU time per step       {_us(m.get('cpu_time_per_step_us'))} (operators "
               f"{_us(m.get('cpu_op_self_us', 0) / steps)}, {m.get('op_calls', 0) / steps:,.0f} op calls)")
         if "device_busy_us" in m:

@@ -6,8 +6,11 @@ compilation happen here, outside the profile), called `settle` more times, then 
 wait/warm-up/active schedule (CPU activity, plus CUDA on a GPU; input shapes recorded). The trace of the active steps
 is written gzipped under the run's artifacts folder and analysed by engine.measure.op_stats. With `deep`, the top-k
 kernels by device time are measured again by Nsight Compute (engine.profiling.ncu) in a subprocess. After the
-profile, the same step is timed `unprofiled_iters` times without the profiler (metric `step_median_us`), so the
-explainer (engine.explain.why) can state what the profiler itself added. For a compiled mode, a child process then
+profile, the same step is timed `unprofiled_iters` times without the profiler (metrics `step_median_us`, `step_p10_us`,
+`step_p90_us`; its samples kept), so the explainer (engine.explain.why) can state what the profiler itself added. The
+machine's conditions are recorded around the profiled and timed steps (engine.measure.conditions) and the step's
+samples judged with them (engine.measure.noise): a disturbed profile says so in a note, and its record is stored with
+the run. For a compiled mode, a child process then
 compiles the step once more under depyf (engine.profiling.compiled_code): the decompiled code, guards and kernels
 become artifacts of kind `depyf`.
 
@@ -26,12 +29,12 @@ from pathlib import Path
 import torch
 
 from engine.bench.run import _sync, build_step, user_model_job
-from engine.measure import nvtx_ranges
+from engine.measure import conditions, noise, nvtx_ranges
 from engine.measure.op_stats import analyze, load_trace
 from engine.measure.timing import time_fn
 from engine.modes import Mode, get_mode
 from engine.profiling import compiled_code, ncu
-from engine.store.db import Artifact, Metric, RunResult
+from engine.store.db import Artifact, Metric, RunResult, Samples
 from engine.store.envinfo import capture_env
 from engine.workloads import Workload, get_workload
 
@@ -52,7 +55,7 @@ class ProfileConfig:
     warmup: int = 2
     active: int = 5
     settle: int = 2  # plain calls after the first call and before the profiler (CUDA graph trees record here)
-    unprofiled_iters: int = 10  # then the step timed without the profiler (metric step_median_us)
+    unprofiled_iters: int = 30  # then the step timed without the profiler (step_median_us, its p10 and p90)
     depyf: bool = True  # compiled modes: dump what torch.compile produced, in a child (engine.profiling.compiled_code)
     record_shapes: bool = True
     deep: bool = False  # Nsight Compute on the top-k kernels (CUDA, with ncu on PATH)
@@ -140,14 +143,15 @@ def profile_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, p
                 step()
             _sync(device)
         progress(lo + 0.3 * (hi - lo), f"{phase} B={batch_size}: profiling")
-        trace_path = profile_step(
-            step, device, out_dir / f"trace-{phase}.json.gz", cfg,
-            on_step=lambda i, n: progress(lo + (0.3 + 0.5 * (i + 1) / n) * (hi - lo),
-                                          f"{phase} B={batch_size}: profiler step {i + 1}/{n}"))
-        # The same step without the profiler, in the same process and minutes: what the profiler itself costs.
-        progress(lo + 0.82 * (hi - lo), f"{phase} B={batch_size}: timing without the profiler")
-        with nvtx_ranges.range("unprofiled timing"):
-            plain = time_fn(step, device, warmup=0, iters=cfg.unprofiled_iters, first_call=False)
+        with conditions.window(device, phase, batch_size):  # what else ran while it was profiled and timed
+            trace_path = profile_step(
+                step, device, out_dir / f"trace-{phase}.json.gz", cfg,
+                on_step=lambda i, n: progress(lo + (0.3 + 0.5 * (i + 1) / n) * (hi - lo),
+                                              f"{phase} B={batch_size}: profiler step {i + 1}/{n}"))
+            # The same step without the profiler, in the same process and minutes: what the profiler itself costs.
+            progress(lo + 0.82 * (hi - lo), f"{phase} B={batch_size}: timing without the profiler")
+            with nvtx_ranges.range("unprofiled timing"):
+                plain = time_fn(step, device, warmup=0, iters=cfg.unprofiled_iters, first_call=False)
     progress(lo + 0.85 * (hi - lo), f"{phase} B={batch_size}: analysing the trace")
     analysis = analyze(load_trace(trace_path), phase)
     if device.startswith("cuda") and not analysis.has_device:
@@ -155,7 +159,10 @@ def profile_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, p
     result.notes.extend(f"{phase}: {n}" for n in analysis.notes)
     for name, value in analysis.metrics.items():
         result.metrics.append(Metric(name, float(value), UNITS.get(name, "us"), **tag))
-    result.metrics.append(Metric("step_median_us", plain.stats.median, "us", **tag))
+    stats = plain.stats
+    result.metrics += [Metric(f"step_{name}_us", getattr(stats, name), "us", **tag)
+                       for name in ("median", "p10", "p90")]
+    result.samples.append(Samples(phase=phase, values=plain.samples_us, unit="us", batch_size=batch_size))
     result.artifacts.append(Artifact(kind="chrome_trace", name=trace_path.name, path=str(trace_path)))
     result.op_stats.extend(analysis.op_stats)
     for note in prepared.notes:
@@ -198,6 +205,7 @@ def profile_mode(cfg: ProfileConfig, progress: Progress = lambda f, msg: None) -
             result.notes.append(mode.skip_note(phase))
     nvtx_ranges.enable(cfg.device.startswith("cuda"))
     base_model = workload.make_model().to(cfg.device)
+    conditions.reset()
     n = len(phases)
     for i, phase in enumerate(phases):
         span = (i / n, (i + 1) / n)
@@ -212,6 +220,11 @@ def profile_mode(cfg: ProfileConfig, progress: Progress = lambda f, msg: None) -
                                                 default_batch_size(workload, cfg.batch_size),
                                                 out_dir / f"depyf-{phase}", result.notes)
             result.artifacts += [Artifact(kind="depyf", name=f"depyf-{phase}/{f.name}", path=str(f)) for f in files]
+    result.conditions = noise.record(result.samples, conditions.take_windows())
+    for entry in result.conditions["series"]:
+        if entry["state"] != "clean":  # the profile's times are the machine's as much as the code's
+            result.notes.append(f"{entry['phase']}: the profile is disturbed ({entry['state']}: "
+                                f"{'; '.join(entry['flags'])}); its times may not be the code's alone")
     progress(1.0, "done")
     return result
 
