@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,7 @@ def _open_store(path: str) -> Store:
     # Once per process and path: migrate the schema and fail runs whose supervisor died while nobody watched.
     store = Store(path)
     store.init()
-    store.fail_stale_runs()
+    jobs.settle_stale_runs(store)
     return store
 
 
@@ -73,9 +74,12 @@ def fmt_us(value: float | None) -> str:
 
 
 def fmt_time(value: Any) -> str:
+    """A stored timestamp (UTC, naive: engine.store.db) in this machine's local time, to the second."""
     if value is None or pd.isna(value):
         return "—"
-    return pd.Timestamp(value).strftime("%Y-%m-%d %H:%M:%S")
+    stamp = pd.Timestamp(value)
+    stamp = stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp
+    return stamp.to_pydatetime().astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
 def parse_batch_sizes(text: str) -> list[int]:
@@ -116,17 +120,91 @@ def submit(specs: Sequence[jobs.JobSpec], group_id: str | None = None) -> list[i
 
 
 # -- live progress --------------------------------------------------------------------------------------------------
+STATE_WORDS = {"queued": "waiting to start", "running": "running", "ok": "finished", "failed": "failed",
+               "cancelled": "cancelled"}
+MAX_SHOWN = 200  # runs listed in the progress panel; the heading counts the same rows
+
+
 def active_runs(store: Store, kind: str | None = None) -> pd.DataFrame:
-    return store.runs(kind=kind, status=ACTIVE, limit=50)
+    """Queued and running runs in the order they will run: the running ones (oldest first), then the queued ones in
+    the order they were queued (each supervisor takes its group in turn; the device lock keeps one timing at a time)."""
+    frame = store.runs(kind=kind, status=ACTIVE, limit=MAX_SHOWN)
+    if frame.empty:
+        return frame
+    return frame.assign(_waiting=frame["status"] != "running").sort_values(["_waiting", "id"]) \
+        .drop(columns="_waiting").reset_index(drop=True)
+
+
+def run_dir(store: Store, run_id: int) -> Any:
+    """A run's artifacts folder, where its worker writes and a cancel request is left (engine.runner.jobs)."""
+    return jobs.artifacts_root(store) / f"run_{int(run_id)}"
+
+
+def _holder_text(store: Store, device: str) -> str:
+    """Who holds the device now: the run whose supervisor holds it, else the holding process's command, and for how
+    long (engine.runner.device_lock.holder)."""
+    from engine.runner.device_lock import holder
+
+    found = holder(device)
+    if found is None:
+        return "another run (its group is preparing)"
+    owner = store.runs(status=["running"], limit=MAX_SHOWN)
+    owner = owner[owner["pid"] == found.pid] if found.pid is not None and not owner.empty else owner.iloc[0:0]
+    if not owner.empty:
+        r = owner.iloc[0]
+        return f"run #{int(r['id'])} ({r['kind']} {r['mode']}) — {found.describe()}"
+    return found.describe()
+
+
+def run_state(store: Store, row: Any) -> str:
+    """A queued or running run's state in words: waiting to start, waiting for its device (held by whom, for how long),
+    running and what it does now, or cancelling."""
+    from engine.runner.cancel import requested
+    from engine.runner.device_lock import WAITING_PREFIX
+
+    message = row["message"] if isinstance(row["message"], str) else ""
+    if row["status"] == "queued":
+        if message.startswith(f"waiting for {row['device']}"):
+            return f"waiting for {row['device']}, held by {_holder_text(store, row['device'])}"
+        return STATE_WORDS["queued"]
+    if requested(run_dir(store, int(row["id"]))):
+        return "cancelling: stopping its worker"
+    if message.startswith(WAITING_PREFIX):
+        return "prepared, " + message.replace("the device", row["device"], 1)
+    return "running" + (f" — {message}" if message and message not in ("running", "queued") else "")
+
+
+def _cancel(run_id: int, what: str) -> None:
+    from engine.runner.cancel import cancel
+
+    try:
+        outcome = cancel(get_store(), run_id, run_dir(get_store(), run_id))
+    except Exception as exc:  # noqa: BLE001 - whatever stops a cancel, the user sees why beside the button
+        st.session_state["_cancelled"] = ("error", f"Could not cancel #{run_id}: {type(exc).__name__}: {exc}",
+                                          time.monotonic())
+        return
+    text = {"cancelled": f"Cancelled #{run_id} ({what}) before it started.",
+            "requested": f"Cancelling #{run_id} ({what}): its worker is being stopped; the run ends as cancelled."}
+    st.session_state["_cancelled"] = ("success", text.get(outcome, f"#{run_id} had already ended ({outcome})."),
+                                      time.monotonic())
+
+
+NOTE_S = 20.0  # how long a cancel's confirmation stays in the progress panel
+
+
+def _cancel_note() -> None:
+    note = st.session_state.get("_cancelled")
+    if note and time.monotonic() - note[2] < NOTE_S:
+        getattr(st, note[0])(note[1], icon=":material/cancel:" if note[0] == "success" else ":material/error:")
 
 
 def watch_active_runs(kind: str | None = None) -> bool:
-    """Show a progress bar per queued/running run, refreshed every second; the page reruns when one ends.
-
-    Returns whether anything is in progress. Polls only while something is (every poll opens the database).
-    """
+    """The runs in progress, one row each in the order they will run, with their state in words and a Cancel button,
+    refreshed every second; the page reruns when one ends. Returns whether anything is in progress. Polls only while
+    something is (every poll opens the database)."""
     active = active_runs(get_store(), kind)
     if active.empty:
+        _cancel_note()  # the run cancelled last ended: say so where its row was
         return False
     _progress_fragment(kind, tuple(sorted(int(i) for i in active["id"])))
     return True
@@ -140,13 +218,22 @@ def _progress_fragment(kind: str | None, watched: tuple[int, ...]) -> None:
     now = tuple(sorted(int(i) for i in active["id"])) if not active.empty else ()
     if now != watched:
         st.rerun()  # a run finished (or a new one started): redraw the whole page with fresh results
-    with st.container(border=True):
-        st.markdown(f"**{len(active)} run(s) in progress**")
-        for row in active.sort_values("id").itertuples():
-            progress = float(row.progress) if pd.notna(row.progress) else 0.0
-            message = row.message if isinstance(row.message, str) else row.status
-            st.progress(min(max(progress, 0.0), 1.0),
-                        text=f"#{row.id} · {row.kind} {row.mode} on {row.device} · {row.status}: {message}")
+    with st.container(border=True, key="progress"):
+        running = int((active["status"] == "running").sum())
+        st.markdown(f"**{len(active)} run{'s' if len(active) != 1 else ''} in progress** — {running} running, "
+                    f"{len(active) - running} waiting, in the order they run")
+        _cancel_note()
+        for row in active.to_dict("records"):
+            what = f"{row['kind']} {row['mode']} on {row['device']}"
+            left, right = st.columns([6, 1], vertical_alignment="center")
+            label = f"#{row['id']} · {what} · {run_state(store, row)}"
+            if row["status"] == "running":
+                progress = float(row["progress"]) if pd.notna(row["progress"]) else 0.0
+                left.progress(min(max(progress, 0.0), 1.0), text=label)
+            else:
+                left.markdown(f":material/schedule: {label}")
+            right.button("Cancel", key=f"cancel-{row['id']}", on_click=_cancel, args=(int(row["id"]), what),
+                         help="Stop this run (a running worker is killed); it ends as cancelled, nothing else changes.")
 
 
 # -- your own model: an import path typed into a page (the code stays where the user keeps it) ----------------------

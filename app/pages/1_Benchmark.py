@@ -269,7 +269,8 @@ if group:
 
 # -- why is X slower than Y? (engine.explain.why; the view is app/explain_view.py) ------------------------------------
 with st.container(border=True, key="explain"):
-    explain_view.section(store, WORKLOAD, device, phase, batch, mode_names)
+    explain_view.section(store, WORKLOAD, device, phase, batch, mode_names,
+                         runs={m: int(r["run_id"]) for m, r in by_mode.items()})  # the runs the cards show
 
 # -- failures -------------------------------------------------------------------------------------------------------
 failed = store.runs(kind="bench", status=["failed"], limit=10)

@@ -71,6 +71,11 @@ def term_label(term: str, has_device: bool = True) -> str:
 ADD_UP_TOLERANCE = 0.01
 # Below this relative difference two steps count as equally fast (run-to-run noise on a shared machine is larger).
 SAME_SPEED = 0.05
+# A profile found for a bench run explains that run's step only while its own step timed without the profiler
+# (step_median_us) is within this factor of the bench median: further apart, the profile ran under other load or on
+# other code (a stale or disturbed profile), and its terms would explain a step the page does not show. Wide, because
+# a handful of profiled steps on a shared machine is noisy; the disagreements it catches are 10-100x.
+PROFILE_AGREES = 3.0
 
 # Dynamo's guard evaluation on every call, and the compile stages a recompile would run inside a step.
 GUARD_RE = r"TorchDynamo Cache Lookup|TorchDynamo compile|_compile\.compile_inner|compile_fx|aot_autograd|" \
@@ -295,6 +300,7 @@ class Side:
     graph_breaks: float | None = None
     cache_text: str = ""
     missing_profile: str | None = None  # the command that would profile this step
+    profile_problem: str | None = None  # why the newest profile found was not used (stale or disturbed), if so
     depyf_files: list[str] = field(default_factory=list)
 
     @property
@@ -417,6 +423,13 @@ def load_side(store: Store, run_id: int, phase: str, batch_size: int, label: str
         side.unprofiled_us = side.bench_median_us
         return side
     pm = _metrics_at(store, side.profile_run, phase, batch_size)
+    problem = _disagreement(side, pm.get("step_median_us"))
+    if problem and run["kind"] == "bench":  # a profile found for the bench run, not one asked for: leave it out
+        side.profile_problem = problem
+        side.missing_profile = profile_command(side)
+        side.unprofiled_us = side.bench_median_us
+        return side
+    side.profile_problem = problem  # a profile run asked for by id is used; the disagreement becomes a note
     trace = _trace_path(store, side.profile_run, phase)
     if trace is not None and trace.is_file():
         side.partition = partition(load_trace(trace))
@@ -429,6 +442,21 @@ def load_side(store: Store, run_id: int, phase: str, batch_size: int, label: str
         side.depyf_files = [str(p) for p in arts[(arts["kind"] == "depyf")
                                                   & arts["name"].str.startswith(f"depyf-{phase}/")]["path"]]
     return side
+
+
+def _disagreement(side: Side, profile_step_us: float | None) -> str | None:
+    """Why the side's profile does not describe its bench run's step, or None: the profile's step timed without the
+    profiler is more than PROFILE_AGREES times off the bench median."""
+    bench = side.bench_median_us
+    if profile_step_us is None or bench is None or profile_step_us <= 0 or bench <= 0:
+        return None
+    ratio = max(profile_step_us, bench) / min(profile_step_us, bench)
+    if ratio <= PROFILE_AGREES:
+        return None
+    return (f"profile run {side.profile_run} timed {fmt(profile_step_us)} per step without the profiler, "
+            f"{times_text(ratio)} {'above' if profile_step_us > bench else 'below'} bench run {side.bench_run}'s "
+            f"median {fmt(bench)}: one of them ran under other load or on other code, so the profile's terms would "
+            "explain another step than the benchmark's")
 
 
 # -- the floor --------------------------------------------------------------------------------------------------------
@@ -559,13 +587,30 @@ def times_text(times: float) -> str:
     return f"{times:,.1f}×" if times < 10 else f"{times:,.0f}×"
 
 
-def _remedy(term: str, slow: Side) -> str:
+# Modes whose step is already compiled, or already replayed from CUDA graphs: advice never recommends a mode what it
+# already does.
+COMPILED_MODES = ("compile", "compile-reduce-overhead", "compile-max-autotune", "aoti")
+GRAPHED_MODES = ("compile-reduce-overhead", "cuda-graph")
+
+
+def _remedy(term: str, slow: Side, fast: Side | None = None) -> str:
+    """What removes the term's excess in the slow mode, never a remedy the slow mode already is (compiling a compiled
+    step, capturing a graphed one); then the faster mode is named as what pays less of it."""
     cuda = slow.device.startswith("cuda")
+    compiled, graphed = slow.mode in COMPILED_MODES, slow.mode in GRAPHED_MODES
+    other = f"; {fast.mode} pays less of it" if fast is not None else ""
     if term == "launch":
-        return "CUDA graphs (or fewer, fused kernels) remove that" if cuda else "fewer, fused kernels remove that"
+        if cuda and not graphed:
+            return "CUDA graphs (or fewer, fused kernels) remove that"
+        return "fewer, fused kernels remove that" + other
     if term == "framework":
-        return ("capturing the whole step (CUDA graphs) or compiling it removes that" if cuda
-                else "compiling the step into fewer calls removes that")
+        if cuda and not graphed:
+            return ("capturing the whole step (CUDA graphs) removes that" if compiled
+                    else "capturing the whole step (CUDA graphs) or compiling it removes that")
+        if compiled or graphed:
+            return (f"{slow.mode} is {'compiled' if compiled else 'captured'} already, so this is the call path "
+                    f"around its generated code (guards, wrappers, input checks and copies){other}")
+        return "compiling the step into fewer calls removes that"
     if term == "guard":
         return "stable shapes and dtypes (fewer recompiles) or a whole-step capture remove that"
     if term == "compute":
@@ -602,29 +647,49 @@ def _named_parts(term: str, slow: Side, fast: Side, gap: float) -> str:
 
 
 def compared_steps(a: Side, b: Side) -> tuple[float | None, float | None]:
-    """The two step times the sentence compares, measured the same way: the profiled steps (which the terms add up
-    to) when both sides have a profile, else both sides' step timed without the profiler."""
+    """The two step times the sentence compares, measured the same way: the bench runs' medians (what a page's cards
+    show) when both sides have one; else the profiled steps (which the terms add up to) when both have a profile;
+    else both steps timed without the profiler."""
+    if a.bench_median_us is not None and b.bench_median_us is not None:
+        return a.bench_median_us, b.bench_median_us
     if a.partition is not None and b.partition is not None:
         return a.partition.step_us, b.partition.step_us
     return a.unprofiled_us, b.unprofiled_us
 
 
+def _from_bench(a: Side, b: Side) -> bool:
+    return a.bench_median_us is not None and b.bench_median_us is not None
+
+
 def dominant_sentence(a: Side, b: Side) -> str:
-    """One sentence naming the term that explains most of the gap between the two steps."""
+    """One sentence naming the term that explains most of the gap between the two steps.
+
+    The gap is the one between the bench medians where both sides have them (naming the runs), so the sentence
+    agrees with the figures a page shows beside it; the terms come from the profiles, named with their own steps,
+    and only explain when the profiles order the two steps the same way."""
     step_a, step_b = compared_steps(a, b)
     if step_a is None or step_b is None:
         return "Nothing to compare: a run has no step time at this phase and batch size."
     slow, fast = (a, b) if step_a >= step_b else (b, a)
     ta, tb = max(step_a, step_b), min(step_a, step_b)
     point = f"({slow.phase}, B={slow.batch_size}, {slow.device})"
+    bench = _from_bench(a, b)
+    runs = f" (bench runs #{slow.bench_run} and #{fast.bench_run})" if bench else ""
     if tb > 0 and (ta - tb) / tb < SAME_SPEED:
         return (f"{a.mode} and {b.mode} take about the same time {point}: {fmt(step_a)} vs {fmt(step_b)} per "
-                f"step (within {SAME_SPEED:.0%}).")
-    head = f"{slow.mode} is slower than {fast.mode} {point}: {fmt(ta)} vs {fmt(tb)} per step"
+                f"step (within {SAME_SPEED:.0%}){'; ' + runs.strip(' ()') if bench else ''}.")
+    head = f"{slow.mode} is slower than {fast.mode} {point}: {fmt(ta)} vs {fmt(tb)} per step{runs}"
     if slow.partition is None or fast.partition is None:
         missing = [s for s in (slow, fast) if s.partition is None]
-        return (f"{head}; to see why, profile {' and '.join(s.mode for s in missing)}: "
+        again = " again" if all(s.profile_problem for s in missing) else ""
+        return (f"{head}; to see why, profile {' and '.join(s.mode for s in missing)}{again}: "
                 + "; ".join(f"`{s.missing_profile}`" for s in missing) + ".")
+    ps, pf = slow.partition.step_us, fast.partition.step_us
+    if bench and ps <= pf:
+        return (f"{head}; their profiles (runs #{slow.profile_run} and #{fast.profile_run}) time it the other way "
+                f"round, {fmt(ps)} vs {fmt(pf)} per profiled step, so they cannot say why: profile both again.")
+    profiled = (f"; in their profiles (runs #{slow.profile_run} and #{fast.profile_run}, {fmt(ps)} vs {fmt(pf)} per "
+                "profiled step)" if bench else "")
     deltas = {t: slow.partition.terms[t] - fast.partition.terms[t] for t in TERMS}
     term = max(deltas, key=deltas.get)
     busy = "device busy" if slow.partition.has_device else "CPU compute"
@@ -634,12 +699,12 @@ def dominant_sentence(a: Side, b: Side) -> str:
         if slow.partition.has_device:
             kernels = (f" ({slow.partition.host.get('kernels_per_step', 0):.0f} vs "
                        f"{fast.partition.host.get('kernels_per_step', 0):.0f} kernels)")
-        return (f"{head}: most of the gap is compute, {busy_text}{kernels}{_named_parts(term, slow, fast, ta - tb)}; "
-                f"{_remedy(term, slow)}.")
-    share = deltas[term] / (ta - tb) if ta > tb else 1.0
-    return (f"{head}: {busy_text}, but {_what(term, slow)} per step ({fast.mode}: "
+        return (f"{head}{profiled}: most of the gap is compute, {busy_text}{kernels}"
+                f"{_named_parts(term, slow, fast, ps - pf)}; {_remedy(term, slow, fast)}.")
+    share = deltas[term] / (ps - pf) if ps > pf else 1.0
+    return (f"{head}{profiled}: {busy_text}, but {_what(term, slow)} per step ({fast.mode}: "
             f"{fmt(fast.partition.terms[term])}), {min(share, 9.99):.0%} of the gap"
-            f"{_named_parts(term, slow, fast, ta - tb)}; {_remedy(term, slow)}.")
+            f"{_named_parts(term, slow, fast, ps - pf)}; {_remedy(term, slow, fast)}.")
 
 
 def explain(store: Store, run_a: int, run_b: int, phase: str | None = None, batch_size: int | None = None
@@ -667,6 +732,10 @@ def explain(store: Store, run_a: int, run_b: int, phase: str | None = None, batc
                 notes.append(f"{side.mode}: profiled step {fmt(side.partition.step_us)}, without the profiler "
                              f"{fmt(side.unprofiled_us)} ({overhead / side.unprofiled_us:+.0%}: the profiler's own "
                              "host cost, plus run-to-run noise); the terms split the profiled step")
+            if side.profile_problem:  # a profile run asked for by id: used, but it is not the bench run's step
+                notes.append(f"{side.mode}: {side.profile_problem}")
+        elif side.profile_problem:
+            notes.append(f"{side.mode}: {side.profile_problem}; profile again: `{side.missing_profile}`")
         elif side.missing_profile:
             notes.append(f"{side.mode}: no profile at {phase} B={batch_size}; run `{side.missing_profile}`")
     floor = floor_for(store, a)
@@ -773,6 +842,7 @@ def to_json(e: Explanation) -> str:
     return json.dumps(e.to_dict(), indent=2, default=str)
 
 
-__all__ = ["ADD_UP_TOLERANCE", "TERMS", "TERM_LABELS", "ExplainError", "Explanation", "Floor", "Partition", "Side",
+__all__ = ["ADD_UP_TOLERANCE", "PROFILE_AGREES", "TERMS", "TERM_LABELS", "ExplainError", "Explanation", "Floor",
+           "Partition", "Side",
            "bench_run_ids", "choose_point", "explain", "first_use", "floor_for", "load_side", "partition",
            "partition_from_stats", "render", "term_label", "times_text"]

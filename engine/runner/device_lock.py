@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -57,6 +59,70 @@ def _take(fd: int, kind: int, poll_s: float, on_wait: Callable[[], None] | None 
             time.sleep(poll_s)
 
 
+@dataclass
+class Holder:
+    """Who holds a device's lock, as its lock file says: the process, its command line (from /proc) and since when."""
+    pid: int | None
+    label: str  # what the holder wrote: "pid 123" or "pid 123 (timing)"
+    command: str  # the holder's command line, "" where /proc cannot tell (gone, another namespace)
+    since: float  # when it took the lock (the lock file's mtime, epoch seconds)
+
+    def describe(self, now: float | None = None) -> str:
+        """'pid 123 (python -m engine bench --mode all) for 42 s'."""
+        held = max(0.0, (time.time() if now is None else now) - self.since)
+        command = f" ({self.command})" if self.command else ""
+        return f"{self.label}{command} for {held_text(held)}"
+
+
+def held_text(seconds: float) -> str:
+    """42 s, 3 min 5 s, 1 h 2 min."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def command_of(pid: int, limit: int = 120) -> str:
+    """A process's command line from /proc, shortened: the interpreter's path left out, cut at `limit` characters."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    parts = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    if parts and Path(parts[0]).name.startswith("python"):
+        parts[0] = "python"
+    text = " ".join(parts)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def holder(device: str) -> Holder | None:
+    """Who holds `device`'s lock now, or None when nobody does (or the lock file says nothing: a group preparing
+    side by side holds it shared and writes no name)."""
+    path = lock_path(device)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:  # free if a shared try succeeds at once: then nobody holds it exclusively
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        except BlockingIOError:
+            pass
+        label = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        since = os.fstat(fd).st_mtime
+    finally:
+        os.close(fd)
+    if not label:
+        return None
+    match = re.match(r"pid (\d+)", label)
+    pid = int(match.group(1)) if match else None
+    return Holder(pid, label, command_of(pid) if pid else "", since)
+
+
 @contextmanager
 def device_lock(device: str, on_wait: Callable[[str], None] | None = None, poll_s: float = 0.2) -> Iterator[float]:
     """Exclusive, machine-wide lock on a device for as long as the block runs; yields the seconds it waited."""
@@ -65,8 +131,9 @@ def device_lock(device: str, on_wait: Callable[[str], None] | None = None, poll_
     try:
         def waiting() -> None:
             if on_wait:
-                holder = Path(path).read_text().strip() or "other runs (preparing)"
-                on_wait(f"waiting for {device}: held by {holder}")
+                found = holder(device)
+                text = found.describe() if found else (Path(path).read_text().strip() or "other runs (preparing)")
+                on_wait(f"waiting for {device}: held by {text}")
 
         waited = _take(fd, fcntl.LOCK_EX, poll_s, waiting)
         os.ftruncate(fd, 0)

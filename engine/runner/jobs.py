@@ -31,6 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.runner import kinds
+from engine.runner.cancel import CANCELLED, RUNNING_REASON, mark_cancelled
+from engine.runner.cancel import clear as clear_cancel
+from engine.runner.cancel import requested as cancel_requested
 from engine.runner.device_lock import (  # noqa: F401 - the runner's lock, named here too
     WAITING_PREFIX,
     device_lock,
@@ -366,6 +369,7 @@ class _Exit:
     returncode: int | None = None
     timed_out: bool = False
     lost: str | None = None  # the fork server died with the worker in it
+    cancelled: bool = False  # stopped on a cancel request (engine.runner.cancel)
 
 
 def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None,
@@ -397,6 +401,9 @@ def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None,
     with (contextlib.nullcontext() if phased else device_lock(run["device"], on_wait=waiting)) as waited:
         if waited:  # the worker's timings record the wait before them (engine.measure.conditions)
             _note_wait(files, waited)
+        now = store.run(run_id) or {}
+        if now.get("status") != "queued":  # cancelled (engine.runner.cancel) while it waited for the device
+            return str(now.get("status", "failed"))
         store.start_run(run_id, "starting worker")
         report(0.0, "starting worker")
         own_launcher = launcher is None
@@ -407,7 +414,7 @@ def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None,
             if own_launcher:
                 launcher.close()
     status = _record(store, run_id, outcome, files, timeout_s)
-    report(1.0, "done" if status == "ok" else "failed")
+    report(1.0, "done" if status == "ok" else status)
     return status
 
 
@@ -426,6 +433,7 @@ def _write_job(store: Store, run_id: int, run: dict[str, Any], files: _RunFiles,
     params.setdefault("db", str(store.path))
     for stale in (files.result, files.error, files.progress):
         stale.unlink(missing_ok=True)
+    clear_cancel(files.workdir)
     files.log.write_bytes(b"")
     job = {"run_id": run_id, "target": target, "params": params, "result_file": str(files.result),
            "progress_file": str(files.progress)}
@@ -475,6 +483,9 @@ def _watch(store: Store, run_id: int, worker: _FreshWorker | _ForkedWorker, file
             last_write, pending = time.monotonic(), None
         if finished:
             return outcome
+        if cancel_requested(files.workdir):  # the user cancelled it: stop the worker, nothing else
+            worker.kill()
+            return _Exit(worker.wait_killed(), cancelled=True)
         if time.monotonic() > deadline + (time.monotonic() - waiting_since if waiting_since else 0.0):
             worker.kill()
             return _Exit(worker.wait_killed(), timed_out=True)
@@ -483,6 +494,9 @@ def _watch(store: Store, run_id: int, worker: _FreshWorker | _ForkedWorker, file
 
 def _record(store: Store, run_id: int, outcome: _Exit, files: _RunFiles, timeout_s: float) -> str:
     """Store the worker's result (status ok) or why there is none (status failed, with the log's tail)."""
+    if outcome.cancelled:  # stopped on a cancel request: that is how it ended, whatever the worker left
+        mark_cancelled(store, run_id, RUNNING_REASON)
+        return CANCELLED
     if outcome.lost is not None:
         tail = _tail(files.log)
         store.fail_run(run_id, outcome.lost + (f"\n--- last lines of {files.log} ---\n{tail}" if tail else ""))
