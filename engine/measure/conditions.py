@@ -18,7 +18,8 @@ run on (its affinity mask: every core for a CPU timing, the two timing cores of 
 - the load average (1 min) at its start and end, and the CPU frequency where cpufreq exposes it;
 - the wait for the device lock before the window (engine.runner.device_lock.waited_s);
 - on a GPU, through engine.measure.nvml: the SM clock's min and median over the window, the clock-event reasons seen,
-  the temperature, and other processes on the device.
+  the temperature, and other processes on the device (those of its own group, which wait on the device lock while it
+  times, listed apart).
 
 Whatever cannot be read is left None (with the reason where there is one); nothing here fails a run.
 """
@@ -61,6 +62,9 @@ class Conditions:
     gpu_reasons: list[str] = field(default_factory=list)
     gpu_temperature_c: float | None = None
     gpu_other_processes: list[int] = field(default_factory=list)
+    # On the GPU but of this run's own group (started by the same supervisor lane or by this process): they hold the
+    # device lock shared and wait while this one times, so they are listed apart and blamed for nothing.
+    gpu_group_processes: list[int] = field(default_factory=list)
     gpu_note: str | None = None  # why there are no GPU figures, on a GPU
 
     def to_dict(self) -> dict[str, Any]:
@@ -268,13 +272,33 @@ class _GpuWatch:
             reasons += list(self.reader.clock_event_reasons() or [])
             temp = self.reader.temperature_c()
             temps += [float(temp)] if temp is not None else []
-            into.gpu_other_processes = sorted(int(p) for p in self.reader.other_processes(os.getpid()) or [])
+            others = sorted(int(p) for p in self.reader.other_processes(os.getpid()) or [])
+            into.gpu_group_processes = [p for p in others if _in_group(p)]
+            into.gpu_other_processes = [p for p in others if p not in into.gpu_group_processes]
         except Exception as exc:  # noqa: BLE001
             into.gpu_note = f"NVML read failed: {exc}"
         if clocks:
             into.gpu_sm_clock_min_mhz, into.gpu_sm_clock_median_mhz = min(clocks), statistics.median(clocks)
         into.gpu_temperature_c = max(temps) if temps else None
         into.gpu_reasons = sorted(set(reasons))
+
+
+def _in_group(pid: int) -> bool:
+    """True when `pid` descends from this process or from its parent (a sibling worker of the same supervisor lane
+    or fork server, or something one of them started); False where /proc does not show it (another container)."""
+    mine = {os.getpid(), os.getppid()}
+    if pid in mine:
+        return True
+    seen = 0
+    while pid > 1 and seen < 64:
+        fields = _stat_fields(pid)
+        if fields is None:
+            return False
+        parent = int(fields[1])
+        if parent in mine:
+            return True
+        pid, seen = parent, seen + 1
+    return False
 
 
 _WINDOWS: list[Conditions] = []

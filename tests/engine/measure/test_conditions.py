@@ -84,6 +84,14 @@ def test_gpu_figures_come_from_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     gpu_only = dataclasses.replace(found, other_cores=0.0, cpu_wait_frac=0.0)  # whatever the shared CPU did
     assert noise.judge([100.0] * 50, gpu_only).reason == ("1 other process on the GPU (pid 4242); GPU clock slowed: "
                                                           "hw_thermal; SM clock dipped to 1200 MHz (median 1980)")
+    with hog(5.0, 1) as (child,):  # a process this one started (a group's worker, a compile helper) is its own
+        previous = nvml.set_backend(nvml.FakeNvml(pids=[child.pid, 4242]))
+        try:
+            with conditions.window("cuda:0", min_span_s=0.0) as grouped:
+                pass
+        finally:
+            nvml.set_backend(previous)
+    assert grouped.gpu_group_processes == [child.pid] and grouped.gpu_other_processes == [4242]
     previous = nvml.set_backend(nvml.FakeNvml(init_error="driver gone"))
     try:
         with conditions.window("cuda:0", min_span_s=0.0) as missing:
