@@ -137,7 +137,11 @@ def open_store(args: argparse.Namespace) -> Store:
         store.init()
     except StoreError as exc:
         raise CliError(str(exc)) from exc
-    stale = store.fail_stale_runs()
+    from engine.runner.jobs import settle_stale_runs
+
+    recorded, stale = settle_stale_runs(store)  # a finished worker's result.json is recorded, not failed
+    if recorded:
+        print(f"recorded {len(recorded)} finished run(s) their supervisor left unrecorded: {recorded}", file=sys.stderr)
     if stale:
         print(f"marked {len(stale)} interrupted run(s) as failed: {stale}", file=sys.stderr)
     return store

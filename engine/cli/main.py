@@ -431,8 +431,11 @@ def _leave_now(code: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from engine.runner.jobs import interrupt_on_sigterm
+
     try:
-        code = args.func(args)
+        with interrupt_on_sigterm():  # SIGTERM marks the command's runs interrupted, as Ctrl-C does
+            code = args.func(args)
         if argv is None and args.func in (cmd_bench, cmd_train, cmd_ceilings):
             _leave_now(code)
         return code

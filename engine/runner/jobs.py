@@ -10,7 +10,10 @@
              anything else (exception, signal, timeout) → status failed with the reason and the log's tail
 
 A segfault, CUDA error, OOM kill or hang therefore only ends the worker; the dashboard never imports the code that
-crashed. A run whose supervisor is killed (kill -9) stays 'running' until `Store.fail_stale_runs` sees its pid gone.
+crashed. A run whose supervisor is killed (kill -9) stays 'running' until `Store.fail_stale_runs` sees its pid gone;
+if its worker had finished, the result.json it left is recorded instead (ingest_left_results, before that check).
+A store that another process keeps open delays a run's record (RECORD_WAIT_S), it does not lose it. Ctrl-C or SIGTERM
+in a supervising CLI kills its workers and marks its unfinished runs failed, "interrupted by SIGINT" (or SIGTERM).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -43,13 +47,29 @@ from engine.runner.device_lock import (  # noqa: F401 - the runner's lock, named
 from engine.runner.forkserver import ForkServer, ForkServerError
 from engine.runner.forkserver import enabled as forkserver_enabled
 from engine.runner.worker_env import with_libstdcxx_preloaded
-from engine.store.db import REPO_ROOT, Artifact, RunResult, Store
+from engine.store.db import (
+    REPO_ROOT,
+    Artifact,
+    RunResult,
+    Store,
+    StoreBusyError,
+    StoreError,
+    pid_alive,
+    while_busy,
+)
 
 DEFAULT_TIMEOUT_S = 1800.0
 # The detached supervisor `submit` starts: the group planner's entry point. Named, never imported: jobs knows nothing
 # of how a group is planned.
 SUPERVISOR = "engine.runner.plan"
 OnProgress = Callable[[int, float, str], None]
+# How long a supervisor keeps trying to record a run's end while another process holds the store (each try waits the
+# store's own busy timeout): a reader that keeps the store open for minutes delays the record, it does not lose it.
+# Past it the run stays as stored and a finished worker's result.json waits for the next command that opens the store
+# (ingest_left_results).
+RECORD_WAIT_S = 1800.0
+# A progress line is worth little wait (run_one's progress Store).
+PROGRESS_WAIT_S = 1.0
 
 
 @dataclass
@@ -126,7 +146,7 @@ def submit(store: Store, specs: Sequence[JobSpec], group_id: str | None = None) 
 
 def describe_exit(returncode: int, timed_out: bool, timeout_s: float) -> str:
     if timed_out:
-        return f"timed out: no result after {timeout_s:.0f} s (hang?); the worker was killed"
+        return f"timed out: no result after {timeout_s:g} s (hang?); the worker was killed"
     if returncode < 0:
         sig = signal.Signals(-returncode)
         why = {
@@ -392,8 +412,12 @@ def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None,
         if on_progress:
             on_progress(run_id, frac, message)
 
+    # Progress goes through a Store that waits PROGRESS_WAIT_S at most: while the store is busy a line is kept for the
+    # next try and the worker is watched on.
+    quick = Store(store.path, busy_timeout_s=min(PROGRESS_WAIT_S, store.busy_timeout_s))
+
     def waiting(message: str) -> None:
-        store.update_progress(run_id, 0.0, message)
+        _try_progress(quick, run_id, 0.0, message)
         report(0.0, message)
 
     files = _RunFiles(artifacts_root(store) / f"run_{run_id}")
@@ -404,12 +428,13 @@ def run_one(store: Store, run_id: int, on_progress: OnProgress | None = None,
         now = store.run(run_id) or {}
         if now.get("status") != "queued":  # cancelled (engine.runner.cancel) while it waited for the device
             return str(now.get("status", "failed"))
-        store.start_run(run_id, "starting worker")
+        while_busy(lambda: store.start_run(run_id, "starting worker"), RECORD_WAIT_S)
         report(0.0, "starting worker")
         own_launcher = launcher is None
         launcher = launcher or Launcher()
         try:
-            outcome = _watch(store, run_id, launcher.start(files.spec, files.log), files, timeout_s, report)
+            with _live(_key(store, run_id), launcher.start(files.spec, files.log)) as worker:
+                outcome = _watch(quick, run_id, worker, files, timeout_s, report)
         finally:
             if own_launcher:
                 launcher.close()
@@ -478,8 +503,7 @@ def _watch(store: Store, run_id: int, worker: _FreshWorker | _ForkedWorker, file
             except (ValueError, KeyError, TypeError):
                 continue
         # Throttled: the dashboard polls about once a second; more writes only contend for the file lock.
-        if pending and time.monotonic() - last_write > 0.5:
-            store.update_progress(run_id, *pending)
+        if pending and time.monotonic() - last_write > 0.5 and _try_progress(store, run_id, *pending):
             last_write, pending = time.monotonic(), None
         if finished:
             return outcome
@@ -492,28 +516,185 @@ def _watch(store: Store, run_id: int, worker: _FreshWorker | _ForkedWorker, file
         time.sleep(0.05)
 
 
+def _try_progress(store: Store, run_id: int, frac: float, message: str) -> bool:
+    """A progress line into the store; False while the store is busy (past the Store's busy timeout)."""
+    try:
+        store.update_progress(run_id, frac, message)
+        return True
+    except StoreBusyError:
+        return False
+
+
+# Workers running now, and why runs of this process were interrupted (Ctrl-C, SIGTERM), by (store file, run id):
+# run_jobs kills the first and records the second for the runs it had not finished.
+_LIVE: dict[tuple[str, int], _FreshWorker | _ForkedWorker] = {}
+_INTERRUPTED: dict[tuple[str, int], str] = {}
+_LIVE_GUARD = threading.Lock()
+
+
+def _key(store: Store, run_id: int) -> tuple[str, int]:
+    return os.path.realpath(store.path), int(run_id)
+
+
+@contextmanager
+def _live(key: tuple[str, int], worker: _FreshWorker | _ForkedWorker) -> Iterator[_FreshWorker | _ForkedWorker]:
+    """The worker, known to run_jobs while it runs; killed if the block is interrupted (Ctrl-C in this thread)."""
+    with _LIVE_GUARD:
+        _LIVE[key] = worker
+    try:
+        yield worker
+    except BaseException:
+        worker.kill()
+        raise
+    finally:
+        with _LIVE_GUARD:
+            _LIVE.pop(key, None)
+
+
 def _record(store: Store, run_id: int, outcome: _Exit, files: _RunFiles, timeout_s: float) -> str:
-    """Store the worker's result (status ok) or why there is none (status failed, with the log's tail)."""
+    """Store the worker's result (status ok) or why there is none (status failed, with the log's tail), waiting out a
+    busy store for up to RECORD_WAIT_S. Past that nothing is written and the run stays as stored: a finished worker's
+    result.json waits for the next command that opens the store (ingest_left_results)."""
     if outcome.cancelled:  # stopped on a cancel request: that is how it ended, whatever the worker left
         mark_cancelled(store, run_id, RUNNING_REASON)
         return CANCELLED
+    try:
+        return while_busy(lambda: _record_now(store, run_id, outcome, files, timeout_s), RECORD_WAIT_S)
+    except StoreBusyError as exc:
+        kept = (f"; its result stays in {files.result}, recorded by the next command that opens the store"
+                if outcome.returncode == 0 and files.result.exists() else "")
+        print(f"run {run_id}: not recorded, the store stayed busy for {RECORD_WAIT_S:.0f} s ({exc}){kept}",
+              file=sys.stderr)
+        return "failed"
+
+
+def _result_of(files: _RunFiles) -> RunResult:
+    """The result a worker wrote, with its log and progress timeline as artifacts; ValueError/TypeError if
+    unreadable."""
+    result = RunResult.from_json(files.result.read_text())
+    result.artifacts.append(Artifact(kind="log", name="worker.log", path=str(files.log)))
+    if files.progress.exists():  # the run's phases with their times (see engine.runner.worker)
+        result.artifacts.append(Artifact(kind="log", name="progress.jsonl", path=str(files.progress)))
+    return result
+
+
+def _record_now(store: Store, run_id: int, outcome: _Exit, files: _RunFiles, timeout_s: float) -> str:
+    if outcome.returncode == 0 and files.result.exists():
+        try:
+            result = _result_of(files)
+        except (ValueError, TypeError) as exc:
+            store.fail_run(run_id, f"worker wrote an unreadable result: {exc}")
+            return "failed"
+        store.record_result(run_id, result)
+        return "ok"
+    interrupted = _INTERRUPTED.get(_key(store, run_id))
+    if interrupted:  # killed by run_jobs on Ctrl-C / SIGTERM: that is the reason, not the kill
+        store.fail_run(run_id, interrupted)
+        return "failed"
     if outcome.lost is not None:
         tail = _tail(files.log)
         store.fail_run(run_id, outcome.lost + (f"\n--- last lines of {files.log} ---\n{tail}" if tail else ""))
         return "failed"
-    if outcome.returncode == 0 and files.result.exists():
-        try:
-            result = RunResult.from_json(files.result.read_text())
-        except (ValueError, TypeError) as exc:
-            store.fail_run(run_id, f"worker wrote an unreadable result: {exc}")
-            return "failed"
-        result.artifacts.append(Artifact(kind="log", name="worker.log", path=str(files.log)))
-        if files.progress.exists():  # the run's phases with their times (see engine.runner.worker)
-            result.artifacts.append(Artifact(kind="log", name="progress.jsonl", path=str(files.progress)))
-        store.record_result(run_id, result)
-        return "ok"
     store.fail_run(run_id, _failure(outcome, files, timeout_s))
     return "failed"
+
+
+def ingest_left_results(store: Store) -> list[int]:
+    """Record the result.json a finished worker left while its run is still queued or running on this host and the
+    process that supervised it is gone (it gave up on a busy store, or was killed between its worker's end and the
+    record). Called where a command opens the store, before the stale check would fail such a run. The run ids
+    recorded."""
+    if not store.path.exists():
+        return []
+    rows = store.query("SELECT id, pid FROM runs WHERE status IN ('queued', 'running') AND host = ?",
+                       [socket.gethostname()])
+    root, recorded = artifacts_root(store), []
+    for run_id, pid in rows.itertuples(index=False) if not rows.empty else ():
+        files = _RunFiles(root / f"run_{int(run_id)}")
+        if pid_alive(_as_pid(pid)) or not files.result.exists():
+            continue
+        try:
+            if json.loads(files.spec.read_text()).get("run_id") != int(run_id):
+                continue  # another store's run of the same number
+            result = _result_of(files)
+        except (OSError, ValueError, TypeError):
+            continue  # unreadable: the stale check fails the run with its reason
+        result.notes.append("recorded from its result.json by a later command: the supervisor that ran it could not "
+                            "record it (the store stayed busy, or it was stopped)")
+        if store.record_result(int(run_id), result, only_if_active=True):
+            recorded.append(int(run_id))
+    return recorded
+
+
+def _as_pid(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):  # NULL: NaN or NA from the frame
+        return None
+
+
+def settle_stale_runs(store: Store) -> tuple[list[int], list[int]]:
+    """(recorded, failed): the runs whose supervisor is gone, recorded from a finished worker's result.json
+    (ingest_left_results), else marked failed (Store.fail_stale_runs)."""
+    recorded = ingest_left_results(store)
+    return recorded, store.fail_stale_runs()
+
+
+def _fail_patiently(store: Store, run_id: int, error: str, wait_s: float = RECORD_WAIT_S) -> None:
+    """fail_run, waiting out a busy store for up to wait_s; past it one line on stderr (the stale check fails the run
+    once this process is gone)."""
+    try:
+        while_busy(lambda: store.fail_run(run_id, error), wait_s)
+    except StoreBusyError as exc:
+        print(f"run {run_id}: could not be marked failed ({error.splitlines()[0]}): {exc}", file=sys.stderr)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal (SIGTERM) in a supervising process, raised in its main thread like Ctrl-C's KeyboardInterrupt."""
+
+
+def _signal_name(exc: KeyboardInterrupt) -> str:
+    return str(exc.args[0]) if isinstance(exc, Interrupted) and exc.args else "SIGINT"
+
+
+@contextmanager
+def interrupt_on_sigterm() -> Iterator[None]:
+    """For the block, SIGTERM raises Interrupted("SIGTERM") in the main thread, so a supervising command marks its runs
+    interrupted (as on Ctrl-C) instead of dying with them 'running'. Outside the main thread: nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    before = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _interrupt(store: Store, run_ids: Sequence[int], statuses: dict[int, str], exc: KeyboardInterrupt) -> None:
+    """Ctrl-C or SIGTERM while supervising run_ids: no further run starts, the live workers are killed, and every
+    unfinished run is marked failed, "interrupted by SIG…" (waiting a few seconds at most for a busy store)."""
+    reason = f"interrupted by {_signal_name(exc)}"
+    unfinished = [_key(store, i) for i in run_ids if i not in statuses]
+    with _LIVE_GUARD:
+        for key in unfinished:
+            _INTERRUPTED[key] = reason
+        workers = [_LIVE[key] for key in unfinished if key in _LIVE]
+    for worker in workers:
+        worker.kill()
+    active = Store(store.path, busy_timeout_s=min(10.0, store.busy_timeout_s))  # the user is waiting to get out
+    for _, run_id in unfinished:
+        try:
+            run = active.run(run_id)
+        except StoreError as err:
+            print(f"run {run_id}: could not be marked {reason}: {err}", file=sys.stderr)
+            continue
+        if run is not None and run["status"] in ("queued", "running"):
+            _fail_patiently(active, run_id, reason, wait_s=10.0)
 
 
 def _failure(outcome: _Exit, files: _RunFiles, timeout_s: float) -> str:
@@ -535,6 +716,7 @@ def run_jobs(store: Store, run_ids: Sequence[int], on_progress: OnProgress | Non
     prepare_parallel > 1, up to that many at once, each preparing beside the others and timing alone (run_one's
     group_size; only for runs of a phased kind on one device)."""
     store.set_owner(run_ids, os.getpid())
+    ingest_left_results(store)
     statuses: dict[int, str] = {}
     slots = min(prepare_parallel, len(run_ids))
     if slots > 1:
@@ -554,22 +736,28 @@ def run_jobs(store: Store, run_ids: Sequence[int], on_progress: OnProgress | Non
             try:
                 status = run_one(store, run_id, on_progress, launcher, group_size=slots)
             except Exception as exc:  # the supervisor must leave no run behind in 'running'
-                store.fail_run(run_id, f"supervisor error: {type(exc).__name__}: {exc}")
+                _fail_patiently(store, run_id, f"supervisor error: {type(exc).__name__}: {exc}")
                 status = "failed"
             with guard:
                 statuses[run_id] = status
 
     with lane_launcher(store, run_ids, launcher=launcher) as launcher:
-        if slots <= 1:
-            lane(launcher)  # in this thread, as always: Ctrl-C stops the supervisor where it is
-        else:
-            threads = [threading.Thread(target=lane, args=(launcher,), name=f"slot-{i}", daemon=True)
-                       for i in range(slots)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                while thread.is_alive():  # join in slices, so Ctrl-C reaches this thread
-                    thread.join(0.5)
+        try:
+            if slots <= 1:
+                lane(launcher)  # in this thread, as always: Ctrl-C stops the supervisor where it is
+            else:
+                threads = [threading.Thread(target=lane, args=(launcher,), name=f"slot-{i}", daemon=True)
+                           for i in range(slots)]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    while thread.is_alive():  # join in slices, so Ctrl-C reaches this thread
+                        thread.join(0.5)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM under interrupt_on_sigterm
+            with guard:
+                todo.clear()
+            _interrupt(store, run_ids, statuses, exc)
+            raise
     return {run_id: statuses.get(run_id, "failed") for run_id in run_ids}
 
 
@@ -578,6 +766,7 @@ def run_jobs_spread(store: Store, run_ids: Sequence[int], on_progress: OnProgres
     The per-device lock still holds, so two timing runs never share a device; runs on one device behave exactly as
     under run_jobs."""
     store.set_owner(run_ids, os.getpid())
+    ingest_left_results(store)
     by_device: dict[str, list[int]] = {}
     for run_id in run_ids:
         run = store.run(run_id)
@@ -588,10 +777,12 @@ def run_jobs_spread(store: Store, run_ids: Sequence[int], on_progress: OnProgres
     def lane(device: str, ids: list[int]) -> None:
         with lane_launcher(store, ids, device.replace(":", "")) as launcher:
             for run_id in ids:
+                if _key(store, run_id) in _INTERRUPTED:  # Ctrl-C / SIGTERM: marked already, start nothing more
+                    continue
                 try:
                     status = run_one(store, run_id, on_progress, launcher)
                 except Exception as exc:  # the supervisor must leave no run behind in 'running'
-                    store.fail_run(run_id, f"supervisor error: {type(exc).__name__}: {exc}")
+                    _fail_patiently(store, run_id, f"supervisor error: {type(exc).__name__}: {exc}")
                     status = "failed"
                 with lock:
                     statuses[run_id] = status
@@ -600,8 +791,13 @@ def run_jobs_spread(store: Store, run_ids: Sequence[int], on_progress: OnProgres
                for device, ids in by_device.items()]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            while thread.is_alive():  # join in slices, so Ctrl-C reaches this thread
+                thread.join(0.5)
+    except KeyboardInterrupt as exc:  # the lanes see their runs interrupted, end their workers' watch and stop
+        _interrupt(store, run_ids, statuses, exc)
+        raise
     return {run_id: statuses.get(run_id, "failed") for run_id in run_ids}
 
 

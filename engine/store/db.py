@@ -13,12 +13,12 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import pandas as pd
@@ -40,6 +40,26 @@ class StoreError(RuntimeError):
 
 class StoreBusyError(StoreError):
     """Another process held the database past our patience."""
+
+
+T = TypeVar("T")
+
+
+def while_busy(action: Callable[[], T], wait_s: float, on_busy: Callable[[StoreBusyError], None] | None = None) -> T:
+    """action(), tried again while the store stays busy (each try already waits the Store's busy_timeout_s) until
+    wait_s have passed in all; then the last StoreBusyError. For writes that must not be lost to a long reader (a
+    finished run's result), where one busy timeout is too little patience. on_busy hears each busy try."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return action()
+        except StoreBusyError as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            if on_busy:
+                on_busy(exc)
+            time.sleep(min(1.0, left))
 
 
 class StoreDamagedError(StoreError):
@@ -489,9 +509,15 @@ class Store:
                 [error[-8000:], _now(), run_id],
             )
 
-    def record_result(self, run_id: int, result: RunResult) -> None:
-        """Persist everything a run produced and mark it ok, atomically."""
+    def record_result(self, run_id: int, result: RunResult, only_if_active: bool = False) -> bool:
+        """Persist everything a run produced and mark it ok, atomically. only_if_active: only while the run is still
+        queued or running (checked inside the transaction, so of two processes recording the same result one does);
+        False when it was not."""
         with self.transaction() as con:
+            if only_if_active:
+                row = con.execute("SELECT status FROM runs WHERE id = ?", [run_id]).fetchone()
+                if row is None or row[0] not in ("queued", "running"):
+                    return False
             if result.metrics:
                 con.executemany(
                     "INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
@@ -531,6 +557,7 @@ class Store:
                 [json.dumps(result.notes) if result.notes else None,
                  json.dumps(result.conditions) if result.conditions else None, _now(), run_id],
             )
+        return True
 
     def fail_stale_runs(self) -> list[int]:
         """Mark failed the queued/running runs of this host whose owning process is gone (kill -9, reboot)."""
