@@ -92,18 +92,31 @@ def add_failed_run(store: Store, mode: str, error: str, kind: str = "bench") -> 
     return run_id
 
 
-@pytest.fixture
-def filled(lab: Store) -> Store:
-    """Two rounds of eager, fx, torchscript and compile results, plus one failed run."""
+@pytest.fixture(scope="session")
+def filled_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """filled's store, written once per session (nine runs through the Store's writes take seconds)."""
+    store = Store(tmp_path_factory.mktemp("filled") / "results.duckdb")
+    store.init()
     for round_ in range(2):
-        add_bench_run(lab, "eager", 100.0 - round_)
-        add_bench_run(lab, "fx", 95.0)
-        add_bench_run(lab, "torchscript", 110.0, notes=["FutureWarning: torch.jit.script is deprecated"])
-        add_bench_run(lab, "compile", 60.0, notes=["UserWarning: one", "UserWarning: two"])
-    add_failed_run(lab, "compile-max-autotune",
+        add_bench_run(store, "eager", 100.0 - round_)
+        add_bench_run(store, "fx", 95.0)
+        add_bench_run(store, "torchscript", 110.0, notes=["FutureWarning: torch.jit.script is deprecated"])
+        add_bench_run(store, "compile", 60.0, notes=["UserWarning: one", "UserWarning: two"])
+    add_failed_run(store, "compile-max-autotune",
                    "ToleranceError: compile-max-autotune inference at batch 64: differs from eager\n"
                    "--- traceback ---\nFile bench.py, line 1")
-    return lab
+    return store.path
+
+
+@pytest.fixture
+def filled(lab: Store, filled_file: Path) -> Store:
+    """Two rounds of eager, fx, torchscript and compile results, plus one failed run: a copy of filled_file at
+    RESULTS_DB, this test's own to change."""
+    shutil.copy(filled_file, lab.path)
+    wal = filled_file.with_name(filled_file.name + ".wal")
+    if wal.exists():
+        shutil.copy(wal, lab.path.with_name(lab.path.name + ".wal"))
+    return Store(lab.path)
 
 
 @pytest.fixture(scope="session")
