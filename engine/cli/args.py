@@ -4,6 +4,8 @@ the group and model arguments, and the progress bars."""
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 from dataclasses import dataclass
 
@@ -31,14 +33,29 @@ def positive_ints(text: str) -> tuple[int, ...]:
     return values
 
 
-def int_at_least(minimum: int):
+# The largest count any argument takes: DuckDB's INTEGER columns and the C ints of torch's and numpy's calls hold it,
+# and no count of iterations, rows or tokens beyond it finishes.
+INT_MAX = 2**31 - 1
+SEED_MAX = 2**32 - 1  # numpy's seeds are non-negative; torch's and Python's take this range too
+MAX_PATH_BYTES = 4095  # Linux's PATH_MAX less the terminating NUL
+MAX_NAME_BYTES = 255  # one file or folder name (NAME_MAX)
+
+
+def shown(text: str, limit: int = 60) -> str:
+    """text quoted for a message, cut to `limit` characters (a 5,000-character argument is not echoed whole)."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"… ({len(text):,} characters)"
+
+
+def int_at_least(minimum: int, maximum: int = INT_MAX):
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+            raise argparse.ArgumentTypeError(f"{shown(text)} is not an integer") from None
         if value < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r} must be at least {minimum}")
+            raise argparse.ArgumentTypeError(f"{shown(text)} must be at least {minimum}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"{shown(text)} must be at most {maximum:,}")
         return value
 
     return parse
@@ -46,6 +63,8 @@ def int_at_least(minimum: int):
 
 positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
+seed_arg = int_at_least(0, SEED_MAX)
+run_id_arg = int_at_least(1, 2**63 - 1)  # runs.id is a BIGINT
 
 
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
@@ -66,14 +85,114 @@ def memory_size(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
+def finite_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = finite_float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
     return value
+
+
+def non_negative_float(text: str) -> float:
+    value = finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
+def seconds_between(minimum: float, maximum: float = 7 * 24 * 3600.0):
+    """A time limit in seconds from minimum to maximum (a week by default: a longer timeout means none)."""
+    def parse(text: str) -> float:
+        value = finite_float(text)
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be between {minimum:g} and {maximum:g} seconds")
+        return value
+
+    return parse
+
+
+def path_problem(text: str) -> str | None:
+    """What makes text unusable as a path in any system call (empty, a NUL, too long), or None."""
+    if not text.strip():
+        return "is empty; give a file path"
+    if "\0" in text:
+        return "contains a NUL character"
+    size = len(os.fsencode(text))
+    if size > MAX_PATH_BYTES:
+        return f"is {size:,} bytes long; a path has at most {MAX_PATH_BYTES:,}"
+    longest = max((len(os.fsencode(part)) for part in text.split(os.sep)), default=0)
+    if longest > MAX_NAME_BYTES:
+        return f"has a name of {longest:,} bytes; one name has at most {MAX_NAME_BYTES}"
+    return None
+
+
+def text_arg(text: str) -> str:
+    """A value that must say something: an empty one is refused rather than read as the default."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty value; give one (or leave the option out for its default)")
+    return text
+
+
+def names_arg(text: str) -> str:
+    """A name or a comma list of names (modes, levels, shapes …): at least one, so an empty value is refused rather
+    than read as the default."""
+    if not any(part.strip() for part in text.split(",")):
+        raise argparse.ArgumentTypeError(f"{text!r} names nothing; give a name or a comma list")
+    return text
+
+
+def path_arg(text: str) -> str:
+    """A path of a file or a folder: not empty, not too long."""
+    problem = path_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{shown(text)} {problem.replace('a file path', 'a path')}")
+    return text
+
+
+def file_arg(text: str) -> str:
+    """A file path to read or write: not empty, not too long, not an existing folder."""
+    problem = path_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{shown(text)} {problem}")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{shown(text)} is a folder; give a file path")
+    return text
+
+
+def folder_arg(text: str) -> str:
+    """A folder path (to read, or to create): not empty, not too long, not an existing file."""
+    problem = path_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{shown(text)} {problem.replace('a file path', 'a folder')}")
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{shown(text)} is a file; give a folder")
+    return text
+
+
+def check_writable(flag: str, path: str | os.PathLike[str]) -> None:
+    """CliError (one line) when the file `path` cannot be written: a folder, under a file, or in a folder this user
+    may not write (its missing folders would be created in the nearest existing one)."""
+    import pathlib
+
+    path = pathlib.Path(path)
+    if path.is_dir():
+        raise CliError(f"{flag} {path}: is a folder; give a file path")
+    for folder in (path.parent, *path.parent.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise CliError(f"{flag} {path}: {folder} is a file, not a folder")
+            if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+                raise CliError(f"{flag} {path}: permission denied")
+            return
 
 
 def phases_arg(text: str) -> tuple[str, ...]:
@@ -151,16 +270,16 @@ def add_model_args(p: argparse.ArgumentParser, *, seed: bool = True) -> None:
     """--model (your own nn.Module by import path), --inputs, --model-path (and --seed): see
     engine/workloads/user_model.py."""
     g = p.add_argument_group("your own model (instead of --workload)")
-    g.add_argument("--model", default=None, metavar="MODULE:FACTORY[:INPUTS_FN]",
+    g.add_argument("--model", type=text_arg, default=None, metavar="MODULE:FACTORY[:INPUTS_FN]",
                    help="an nn.Module factory by import path, e.g. my_pkg.models:make_model, or a built-in example "
                         "such as transformers:gpt2-tiny or lab:llama (`python -m engine ir --list`)")
-    g.add_argument("--inputs", default=None, metavar="SPEC",
+    g.add_argument("--inputs", type=text_arg, default=None, metavar="SPEC",
                    help="its example inputs: 'float32[B,16];int64[B,32]@0-1000' (B: the batch dimension; integer "
                         "inputs need @low-high, high exclusive)")
-    g.add_argument("--model-path", default=None, metavar="DIR",
+    g.add_argument("--model-path", type=folder_arg, default=None, metavar="DIR",
                    help="folder put first on the Python path to import --model (default: the current directory)")
     if seed:
-        g.add_argument("--seed", type=int, default=0, help="seed of --model's weights and inputs (default 0)")
+        g.add_argument("--seed", type=seed_arg, default=0, help="seed of --model's weights and inputs (default 0)")
 
 
 @dataclass
@@ -243,5 +362,6 @@ def add_group_args(p: argparse.ArgumentParser) -> None:
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
     """Arguments every command that opens the store takes: --db."""
-    p.add_argument("--db", default=None, help=f"results database (default: $RESULTS_DB or {default_db_path()})")
+    p.add_argument("--db", type=file_arg, default=None,
+                   help=f"results database (default: $RESULTS_DB or {default_db_path()})")
 

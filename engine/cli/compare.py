@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from engine.cli.args import CliError, int_at_least, open_store
+from engine.cli.args import CliError, int_at_least, open_store, seed_arg
 
 GRAMMAR = """\
 SPEC: clauses separated by spaces, ANDed (a key given twice ORs its values); quote values with spaces.
@@ -62,9 +62,9 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.add_argument("--threshold", default="5%", help="smallest slowdown that counts: 5%% or 0.05 (default 5%%)")
     p.add_argument("--kind", choices=KINDS, default=None, help="only this kind of run (default: all three)")
     p.add_argument("--alpha", type=_alpha, default=ALPHA, help=f"significance level (default {ALPHA})")
-    p.add_argument("--resamples", type=int_at_least(100), default=RESAMPLES,
+    p.add_argument("--resamples", type=int_at_least(100, 1_000_000), default=RESAMPLES,  # arrays of B floats
                    help=f"bootstrap resamples B (default {RESAMPLES})")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--min-samples", type=int_at_least(2), default=MIN_SAMPLES,
                    help=f"fewer samples on a side: 'too few samples' (default {MIN_SAMPLES})")
     p.add_argument("--include-flagged", action="store_true",

@@ -24,21 +24,23 @@ if TYPE_CHECKING:
 
 
 def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    from engine.cli.args import file_arg, int_at_least, non_negative_float, seed_arg
+
     p = sub.add_parser("ir", help="extract a model's IR on the meta device (JSON, mermaid graph, verification)",
                        description="Export a zoo model on the meta device, convert it to the JSON IR and record the "
                                    "extraction as a run; --verify runs the IR with real weights against the model in a "
                                    "worker process.")
     p.add_argument("--workload", help="zoo model (see --list)")
     p.add_argument("--preset", default=None, help="size preset (default: the model's smallest)")
-    p.add_argument("--out", default=None, help="write the IR JSON here (it is also kept with the run)")
-    p.add_argument("--mermaid", default=None, help="write the mermaid graph here (.mmd)")
-    p.add_argument("--depth", type=int, default=None,
+    p.add_argument("--out", type=file_arg, default=None, help="write the IR JSON here (it is also kept with the run)")
+    p.add_argument("--mermaid", type=file_arg, default=None, help="write the mermaid graph here (.mmd)")
+    p.add_argument("--depth", type=int_at_least(0, 1000), default=None,
                    help="mermaid: one box per module at this depth (default: every op for small graphs, else "
                         "collapsed); 0 = every op")
     p.add_argument("--verify", action="store_true", help="run the IR with real weights and compare with the model")
-    p.add_argument("--seed", type=int, default=0, help="seed of the real weights and inputs for --verify")
-    p.add_argument("--rtol", type=float, default=1e-4)
-    p.add_argument("--atol", type=float, default=1e-4)
+    p.add_argument("--seed", type=seed_arg, default=0, help="seed of the real weights and inputs for --verify")
+    p.add_argument("--rtol", type=non_negative_float, default=1e-4, help="--verify's relative tolerance (default 1e-4)")
+    p.add_argument("--atol", type=non_negative_float, default=1e-4, help="--verify's absolute tolerance (default 1e-4)")
     p.add_argument("--list", action="store_true", help="list the zoo's models and presets, and the built-in --model "
                    "examples")
     common(p)
@@ -106,8 +108,11 @@ def _check_args(args: argparse.Namespace) -> ModelSpec | None:
             zoo.preset_config(args.workload, args.preset)
         except ValueError as exc:
             raise CliError(str(exc)) from exc
-    if args.depth is not None and args.depth < 0:
-        raise CliError("--depth must be 0 (every op) or more")
+    from engine.cli.args import check_writable
+
+    for flag, path in (("--out", args.out), ("--mermaid", args.mermaid)):
+        if path:
+            check_writable(flag, path)  # refused before the extraction run, not after it
     return user_spec
 
 
@@ -141,19 +146,25 @@ def _extract(store: Store, args: argparse.Namespace, user_spec: ModelSpec | None
 
 def _write_files(args: argparse.Namespace, ex: Extraction) -> None:
     """--out (the IR JSON) and --mermaid (redrawn at --depth when one is given)."""
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ex.ir_path, args.out)
-        print(f"IR: {args.out}")
-    if args.mermaid:
-        text = ex.mermaid_path.read_text()
-        if args.depth is not None:
-            from engine.ir.mermaid import to_mermaid
+    from engine.cli.args import CliError
 
-            text = to_mermaid(ex.ir, depth=args.depth or None).text
-        Path(args.mermaid).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.mermaid).write_text(text)
-        print(f"mermaid: {args.mermaid}")
+    try:
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ex.ir_path, args.out)
+            print(f"IR: {args.out}")
+        if args.mermaid:
+            text = ex.mermaid_path.read_text()
+            if args.depth is not None:
+                from engine.ir.mermaid import to_mermaid
+
+                text = to_mermaid(ex.ir, depth=args.depth or None).text
+            Path(args.mermaid).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.mermaid).write_text(text)
+            print(f"mermaid: {args.mermaid}")
+    except OSError as exc:  # the run is stored; only the copy at the named path failed
+        raise CliError(f"cannot write {exc.filename}: {exc.strerror or exc} (run {ex.run_id} is stored; its IR is "
+                       f"{ex.ir_path})") from None
 
 
 def _verify(store: Store, args: argparse.Namespace, run_id: int, user_spec: ModelSpec | None) -> dict | None:

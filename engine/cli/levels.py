@@ -20,6 +20,8 @@ from engine.cli.args import (
     add_group_args,
     devices_arg,
     expand_devices,
+    folder_arg,
+    names_arg,
     non_negative_int,
     open_store,
     positive_float,
@@ -32,13 +34,14 @@ from engine.store.report import flag_lines
 def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
     p = sub.add_parser("levels", help="kernel levels: a component written five ways (native → CUDA), each checked "
                        "against the naive module and timed")
-    p.add_argument("--component", default="all", help="causal_attention, vit_patch_attention, gnn_message_passing "
-                   "or all (default: all); or your own, PKG.MOD:SPEC (a Component with its reference module, shapes, "
+    p.add_argument("--component", type=names_arg, default="all", help="causal_attention, vit_patch_attention, "
+                   "gnn_message_passing or all (default: all); or your own, PKG.MOD:SPEC (a Component with its "
+                   "reference module, shapes, "
                    "FLOP and byte formulas, from --impl-path): L1-naive, L2 and L3 run on its reference")
-    p.add_argument("--level", default="all", help="'all' or a comma list: L1-naive,L1-native,L2-torchscript,"
-                   "L3-compile,L4-triton,L5-cuda (or 1–5)")
-    p.add_argument("--shape", default=None, help="a shape name or a comma list (default: every shape meant for "
-                   "the device: small ones on CPU, real ones on CUDA)")
+    p.add_argument("--level", type=names_arg, default="all", help="'all' or a comma list: L1-naive,L1-native,"
+                   "L2-torchscript,L3-compile,L4-triton,L5-cuda (or 1–5)")
+    p.add_argument("--shape", type=names_arg, default=None, help="a shape name or a comma list (default: every shape "
+                   "meant for the device: small ones on CPU, real ones on CUDA)")
     p.add_argument("--device", type=devices_arg, default="cpu", help="cpu, cuda or cuda:N; several (cuda:0,cuda:1 or "
                    "cuda:all) spread the runs over them (default: cpu)")
     p.add_argument("--iters", type=positive_int, default=30, help="timed calls (default: 30)")
@@ -47,8 +50,8 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.add_argument("--impl", action="append", default=[], metavar="PKG.MOD:FN", help="your own kernel: a callable "
                    "with the component's reference signature, run as level yours:PKG.MOD:FN beside the others and "
                    "judged by the guards (repeat to compare several)")
-    p.add_argument("--impl-path", default=None, metavar="DIR", help="the folder that holds --impl's module and a "
-                   "PKG.MOD:SPEC --component's (default: the current directory)")
+    p.add_argument("--impl-path", type=folder_arg, default=None, metavar="DIR", help="the folder that holds --impl's "
+                   "module and a PKG.MOD:SPEC --component's (default: the current directory)")
     p.add_argument("--deep", action="store_true", help="Nsight Compute on every kernel of each level after it is "
                    "timed (CUDA, ncu on PATH): time, DRAM and SM throughput, occupancy, registers per thread")
     p.add_argument("--list", action="store_true", help="list components, shapes and levels, then exit")

@@ -26,10 +26,17 @@ from engine.cli.args import (
     add_group_args,
     check_device,
     device_arg,
+    file_arg,
+    folder_arg,
     memory_size,
+    non_negative_int,
     open_store,
+    path_arg,
     positive_float,
     positive_int,
+    run_id_arg,
+    seed_arg,
+    shown,
 )
 from engine.store.db import Store
 
@@ -51,8 +58,8 @@ def _sweep(text: str) -> tuple[str, tuple[int, ...]]:
         points = tuple(dict.fromkeys(int(v) for v in values.split(",") if v.strip()))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: sweep values must be whole numbers") from None
-    if not points or any(v < 1 for v in points):
-        raise argparse.ArgumentTypeError(f"{text!r}: sweep values must be at least 1")
+    if not points or any(v < 1 or v > 1 << 20 for v in points):
+        raise argparse.ArgumentTypeError(f"{shown(text)}: sweep values must be between 1 and {1 << 20}")
     return name, points
 
 
@@ -61,13 +68,14 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
 
     p = sub.add_parser("llm", help="LLM prefill and decode: TTFT, TPOT, MFU, MBU and operator breakdowns per mode")
     p.add_argument("--preset", default="tiny", choices=list(PRESETS), help="model shape (default: tiny)")
-    p.add_argument("--hf", default=None, metavar="FOLDER", help="a Hugging Face checkpoint folder (config.json, "
-                   "*.safetensors; read locally, nothing downloaded) instead of a preset: docs/llm-checkpoints.md")
-    p.add_argument("--hf-config", default=None, metavar="CONFIG", help="a Hugging Face config.json: its architecture "
-                   "with seeded random weights")
-    p.add_argument("--prompts", default=None, metavar="FILE", help="a JSONL prompt file ({\"prompt\": ...} or "
-                   "{\"ids\": [...]} per line; 'embedded': data/prompts.jsonl): TTFT and TPOT across them "
-                   "(p50/p90/p99)")
+    p.add_argument("--hf", type=path_arg, default=None, metavar="FOLDER", help="a Hugging Face checkpoint folder "
+                   "(config.json, *.safetensors; read locally, nothing downloaded) instead of a preset: "
+                   "docs/llm-checkpoints.md")
+    p.add_argument("--hf-config", type=path_arg, default=None, metavar="CONFIG", help="a Hugging Face config.json: "
+                   "its architecture with seeded random weights")
+    p.add_argument("--prompts", type=file_arg, default=None, metavar="FILE", help="a JSONL prompt file "
+                   "({\"prompt\": ...} or {\"ids\": [...]} per line; 'embedded': data/prompts.jsonl): TTFT and TPOT "
+                   "across them (p50/p90/p99)")
     p.add_argument("--layers", type=positive_int, default=None, help="override the preset's layer count")
     p.add_argument("--prompt-len", type=positive_int, default=32, help="prompt tokens P (default 32)")
     p.add_argument("--new-tokens", type=positive_int, default=16, help="decode steps N (default 16)")
@@ -85,11 +93,12 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.add_argument("--autotune", action="store_true", help="compile with max-autotune-no-cudagraphs (slow compile)")
     p.add_argument("--prefill-iters", type=positive_int, default=10, help="timed prefills (default 10)")
     p.add_argument("--decode-passes", type=positive_int, default=2, help="timed passes of N steps (default 2)")
-    p.add_argument("--check-tokens", type=int, default=8, help="greedy tokens compared with eager (default 8)")
+    p.add_argument("--check-tokens", type=non_negative_int, default=8,
+                   help="greedy tokens compared with eager (default 8)")
     p.add_argument("--no-profile", action="store_true", help="skip the torch.profiler passes (faster sweeps)")
     p.add_argument("--deep", action="store_true", help="Nsight Compute on the top-k decode kernels (CUDA, ncu)")
     p.add_argument("--top-k", type=positive_int, default=5)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--tp", type=positive_int, default=1, help="tensor parallelism over N ranks (torchrun: one "
                    "per GPU with NCCL on cuda, N gloo processes on cpu), beside a 1-rank baseline; eager only")
     p.add_argument("--device-memory", type=memory_size, default=None, metavar="SIZE",
@@ -102,8 +111,9 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.set_defaults(func=cmd_llm)
 
     p = sub.add_parser("llm-report", help="print an LLM run's report.md and where its report files are")
-    p.add_argument("run_id", type=int)
-    p.add_argument("--out", default=None, help="write (rebuild from the store) the report files into this folder")
+    p.add_argument("run_id", type=run_id_arg)
+    p.add_argument("--out", type=folder_arg, default=None,
+                   help="write (rebuild from the store) the report files into this folder")
     common(p)
     p.set_defaults(func=cmd_llm_report)
 
@@ -319,6 +329,8 @@ def cmd_llm_report(args: argparse.Namespace) -> int:
         files = report_files(store, args.run_id, Path(args.out) if args.out else None)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
+    except OSError as exc:  # --out cannot be created or written
+        raise CliError(f"--out {args.out}: cannot write the report there ({exc.strerror or exc})") from None
     print(files["report.md"].read_text())
     print("files:", file=sys.stderr)
     for name, path in files.items():

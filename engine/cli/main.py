@@ -18,15 +18,21 @@ from engine.cli.args import (
     add_group_args,
     add_model_args,
     check_device,
+    check_writable,
     device_arg,
     devices_arg,
     expand_devices,
+    file_arg,
+    int_at_least,
     non_negative_int,
     open_store,
     phases_arg,
     positive_float,
     positive_int,
     positive_ints,
+    seconds_between,
+    seed_arg,
+    text_arg,
     user_model,
 )
 from engine.cli.kinds import KINDS  # noqa: F401 - every run kind registered before a command queues runs
@@ -66,9 +72,9 @@ def _bench(args: argparse.Namespace, devices: list[str], launcher) -> int:
         raise CliError(str(exc)) from exc
     if skipped and args.mode.strip() != "all":
         raise CliError("; ".join(f"mode {m} is not available on {args.device}: {r}" for m, r in skipped.items()))
-    for name, reason in skipped.items():
-        print(f"skipping {name}: {reason}", file=sys.stderr)
     mine = user_model(args)  # your own model: checked in a child first, so a bad one fails before any run
+    for name, reason in skipped.items():  # after every check: a refused command prints its one line only
+        print(f"skipping {name}: {reason}", file=sys.stderr)
     workload = mine.name if mine else args.workload or "house_price"
     store = open_store(args)
     params = {"workload": workload, "device": args.device, "phases": list(args.phases), "warmup": args.warmup,
@@ -219,27 +225,37 @@ def _repeat_label(params: object) -> str:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
+    from engine.store.sql import read_only_query
+
     store = Store(args.db)
     if not store.path.exists():
         raise CliError(f"no results database at {store.path}")
-    try:
-        frame = store.query(args.query)
-    except Exception as exc:  # noqa: BLE001 - duckdb's parser/binder errors are the message the user needs
-        raise CliError(f"query failed: {exc}") from exc
-    print(frame.to_string(index=False) if not frame.empty else "(no rows)")
+    result = read_only_query(store, args.query, args.limit)  # StoreError (one line) for a refused or failed query
+    print(result.frame.to_string(index=False) if not result.frame.empty else "(no rows)")
+    if result.truncated:
+        print(f"(the first {result.limit:,} rows; the query returns more: --limit raises the cap)", file=sys.stderr)
     return 0
 
 
 def cmd_data(args: argparse.Namespace) -> int:
     from engine.workloads.housing_data import DEFAULT_CSV, ensure_default_dataset, generate_housing
 
-    if args.out is None and args.rows is None:
+    if args.out is None and args.rows is None and args.seed == 0:
         path = ensure_default_dataset(DEFAULT_CSV)
         print(f"dataset: {path}")
         return 0
     out = Path(args.out or DEFAULT_CSV)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    generate_housing(n=args.rows or 5000, seed=args.seed).to_csv(out, index=False)
+    check_writable("--out", out)
+    frame = generate_housing(n=args.rows or 5000, seed=args.seed)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # written whole, then renamed: never half a file at --out
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(tmp, index=False)
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise CliError(f"--out {out}: cannot write it ({exc.strerror or exc})") from None
+    finally:
+        tmp.unlink(missing_ok=True)
     print(f"wrote {out}")
     return 0
 
@@ -249,6 +265,9 @@ def cmd_env(args: argparse.Namespace) -> int:
 
     print(json.dumps({"env": capture_env("cpu"), "devices": device_report()}, indent=2, default=str))
     return 0
+
+
+CEILINGS_MIN_TIMEOUT_S = 10.0  # a worker imports torch before it measures anything: a shorter limit always fails
 
 
 def cmd_ceilings(args: argparse.Namespace) -> int:
@@ -284,8 +303,14 @@ def cmd_ceilings(args: argparse.Namespace) -> int:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from engine.store.merge import merge_store
+    from engine.store.merge import check_source, merge_store
 
+    target = Store(args.db).path
+    for other in args.other:  # every file checked before this store is opened (or created) for writing
+        try:
+            check_source(other, target)
+        except StoreError as exc:
+            raise CliError(str(exc)) from exc
     store = open_store(args)
     for other in args.other:
         try:
@@ -314,7 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark execution modes (each in a worker process)")
-    p.add_argument("--workload", default=None, help="a lab workload (default: house_price); or see --model")
+    p.add_argument("--workload", type=text_arg, default=None, help="a lab workload (default: house_price); or see "
+                   "--model")
     p.add_argument("--mode", default="all", help="'all' or a comma list, e.g. eager,fx,compile (default: all)")
     p.add_argument("--device", type=devices_arg, default="cpu", help="cpu, cuda or cuda:N; several (cuda:0,cuda:1 or "
                    "cuda:all) spread the runs over them, one timing run per device at a time (default: cpu)")
@@ -346,7 +372,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epochs", type=positive_int, default=30)
     p.add_argument("--batch-size", type=positive_int, default=64)
     p.add_argument("--lr", type=positive_float, default=1e-3)
-    p.add_argument("--csv", default=None, help="training CSV (default: the embedded data/housing.csv)")
+    p.add_argument("--csv", type=file_arg, default=None, help="training CSV (default: the embedded data/housing.csv)")
     p.add_argument("--timeout", type=positive_float, default=1800)
     add_common_args(p)
     p.set_defaults(func=cmd_train)
@@ -376,17 +402,22 @@ def _add_runs(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_sql(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sql", help="run a read-only SQL query against the store")
+    p = sub.add_parser("sql", help="run one read-only query against the store (SELECT, WITH … SELECT, DESCRIBE, "
+                       "SHOW, SUMMARIZE or EXPLAIN; no files, writes or extensions)")
     p.add_argument("query")
+    p.add_argument("--limit", type=int_at_least(1, 1_000_000), default=10_000,
+                   help="print at most this many rows (default 10,000); more are never fetched")
     add_common_args(p)
     p.set_defaults(func=cmd_sql)
 
 
 def _add_data(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("data", help="write the embedded synthetic housing dataset (data/housing.csv)")
-    p.add_argument("--out", default=None)
-    p.add_argument("--rows", type=positive_int, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    from engine.workloads.housing_data import MAX_ROWS
+
+    p.add_argument("--out", type=file_arg, default=None, help="the CSV to write (default: data/housing.csv)")
+    p.add_argument("--rows", type=int_at_least(1, MAX_ROWS), default=None, help="rows (default 5,000)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="generator seed (default 0)")
     p.set_defaults(func=cmd_data)
 
 
@@ -396,7 +427,9 @@ def _add_ceilings(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", type=device_arg, default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     p.add_argument("--quick", action="store_true", help="smaller sizes (tests); not for reported figures")
     p.add_argument("--show", action="store_true", help="print the stored ceilings, measure nothing")
-    p.add_argument("--timeout", type=positive_float, default=600)
+    p.add_argument("--timeout", type=seconds_between(CEILINGS_MIN_TIMEOUT_S), default=600,
+                   help=f"seconds before the measurement counts as hung (default 600; at least "
+                        f"{CEILINGS_MIN_TIMEOUT_S:g}: its worker alone takes seconds to start)")
     add_common_args(p)
     p.set_defaults(func=cmd_ceilings)
 
@@ -404,7 +437,7 @@ def _add_ceilings(sub: argparse._SubParsersAction) -> None:
 def _add_merge(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("merge", help="copy every finished run of other stores into this one (ids remapped, "
                        "environments kept; merging twice copies nothing new)")
-    p.add_argument("other", nargs="+", help="another results .duckdb file (opened read-only)")
+    p.add_argument("other", nargs="+", type=file_arg, help="another results .duckdb file (opened read-only)")
     add_common_args(p)
     p.set_defaults(func=cmd_merge)
 

@@ -24,6 +24,7 @@ from engine.cli.args import (
     open_store,
     positive_float,
     positive_int,
+    text_arg,
     user_model,
 )
 from engine.measure.op_stats import comparable_kinds, compare, compare_metrics, short_name
@@ -41,7 +42,8 @@ def phases_arg(text: str) -> tuple[str, ...]:
 
 def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
     p = sub.add_parser("profile", help="profile a mode's step with torch.profiler (trace, op stats, idle time)")
-    p.add_argument("--workload", default=None, help="a lab workload (default: house_price); or see --model")
+    p.add_argument("--workload", type=text_arg, default=None, help="a lab workload (default: house_price); or see "
+                   "--model")
     p.add_argument("--mode", default="eager", help="a mode or a comma list, e.g. eager,compile (default: eager); "
                    "two or more are compared at the end")
     p.add_argument("--device", type=device_arg, default="cpu", help="cpu, cuda or cuda:N (default: cpu)")

@@ -51,6 +51,31 @@ def list_weights(directory: Path | None = None) -> dict[str, Path]:
     return {p.stem.removeprefix("house_price-"): p for p in sorted(directory.glob("house_price-*.pt"))}
 
 
+def _metadata_problem(ckpt: dict[str, Any]) -> str | None:
+    """What is wrong with the checkpoint's descriptive fields (each optional, but of its type when present), or
+    None: a file written by engine.housing.train always passes."""
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    expected = {"mode": (str, "a string"), "created_at": (str, "a string"), "dataset": (str, "a string"),
+                "device": (str, "a string"), "workload": (str, "a string")}
+    for key, (kind, name) in expected.items():
+        if ckpt.get(key) is not None and not isinstance(ckpt[key], kind):
+            return f"its {key} is {type(ckpt[key]).__name__}, not {name}"
+    epochs = ckpt.get("epochs", 0)
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+        return f"its epochs is {epochs!r}, not a whole number of 0 or more"
+    metrics = ckpt.get("metrics", {})
+    if not isinstance(metrics, dict):
+        return f"its metrics is {type(metrics).__name__}, not a mapping of names to numbers"
+    bad = next((k for k, v in metrics.items() if not isinstance(k, str) or not number(v)), None)
+    if bad is not None:
+        return f"its metric {bad!r} is {metrics[bad]!r}, not a number"
+    if not isinstance(ckpt.get("features", []), (list, tuple)):
+        return f"its features is {type(ckpt['features']).__name__}, not a list of names"
+    return None
+
+
 def load_trained(path: Path) -> TrainedModel:
     """Load a checkpoint with weights_only=True (no code runs from the file) and check it fits the model."""
     path = Path(path)
@@ -66,6 +91,9 @@ def load_trained(path: Path) -> TrainedModel:
     if ckpt.get("format") != CHECKPOINT_FORMAT:
         raise WeightLoadError(f"{path.name} has checkpoint format {ckpt.get('format')!r}; expected "
                               f"{CHECKPOINT_FORMAT} — retrain it")
+    problem = _metadata_problem(ckpt)
+    if problem:
+        raise WeightLoadError(f"{path.name} is not a Mode Lab weights file: {problem}")
     if list(ckpt.get("features", [])) != list(FEATURE_NAMES):
         raise WeightLoadError(f"{path.name} was trained on features {ckpt.get('features')}, not {list(FEATURE_NAMES)}")
     model = HousePriceNN()
@@ -77,8 +105,8 @@ def load_trained(path: Path) -> TrainedModel:
     if not all(torch.isfinite(t).all() for t in model.state_dict().values()):
         raise WeightLoadError(f"{path.name} contains NaN or inf weights (training diverged?)")
     return TrainedModel(mode=str(ckpt.get("mode", path.stem)), path=path, model=model.eval(), normalizer=normalizer,
-                        metrics=dict(ckpt.get("metrics", {})), created_at=str(ckpt.get("created_at", "")),
-                        epochs=int(ckpt.get("epochs", 0)))
+                        metrics={k: float(v) for k, v in ckpt.get("metrics", {}).items()},
+                        created_at=str(ckpt.get("created_at", "")), epochs=int(ckpt.get("epochs", 0)))
 
 
 def predict_prices(trained: TrainedModel, rows: np.ndarray) -> np.ndarray:

@@ -89,15 +89,60 @@ class Checkpoint:
 
 
 # -- reading and validating -----------------------------------------------------------------------------------------
-def _read_config(path: Path, flag: str) -> dict[str, Any]:
+def _read_config(path: Path, flag: str) -> tuple[dict[str, Any], bytes]:
+    """The config's JSON object and its bytes (hashed into the checkpoint's identity)."""
     try:
-        config = json.loads(path.read_text())
+        data = path.read_bytes()
+        config = json.loads(data)
+    except RecursionError:  # arrays or objects nested thousands deep: no config is
+        raise CheckpointError(f"{flag} {path}: config.json nests too deeply to be a model config") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{flag} {path}: config.json is not readable JSON ({str(exc).splitlines()[0]})") \
-            from None
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+        raise CheckpointError(f"{flag} {path}: config.json is not readable JSON ({reason})") from None
     if not isinstance(config, dict):
         raise CheckpointError(f"{flag} {path}: config.json is not a JSON object")
-    return config
+    return config, data
+
+
+def _shown(value: Any) -> str:
+    """A config value for a message, as JSON would write it, cut to 40 characters."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:40] + "…"
+
+
+MAX_SIZE = 2**24  # no real width, head count, layer count, context or vocabulary comes near it
+
+
+def _size(config: dict[str, Any], key: str, where: str, required: bool = True) -> int | None:
+    """config[key] as a whole number from 1 to MAX_SIZE (None when absent and not required); CheckpointError
+    naming the field otherwise (a zero head count would divide by zero further on)."""
+    value = config.get(key)
+    if value is None:
+        if required:
+            raise CheckpointError(f"{where}: config.json lacks {key!r}")
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZE:
+        raise CheckpointError(f"{where}: config.json's {key} is {_shown(value)}; it must be a whole number "
+                              f"from 1 to {MAX_SIZE:,}")
+    return value
+
+
+def _positive_number(config: dict[str, Any], key: str, where: str) -> None:
+    """CheckpointError unless config[key], when present, is a finite number greater than 0."""
+    value = config.get(key)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise CheckpointError(f"{where}: config.json's {key} is {_shown(value)}; it must be a finite number "
+                              "greater than 0")
+
+
+def _check_heads(dim: int, heads: int, head_dim: int | None, where: str) -> None:
+    if head_dim is None and dim % heads:
+        raise CheckpointError(f"{where}: config.json's hidden_size {dim} is not a multiple of num_attention_heads "
+                              f"{heads} (and it gives no head_dim)")
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -119,6 +164,9 @@ def transformers_causal_lm(model_type: str) -> str | None:
 def _architecture(config: dict[str, Any], where: str) -> tuple[str, str]:
     """The architecture's name and its route: native (the lab's decoder) or transformers (its own module)."""
     archs = config.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise CheckpointError(f"{where}: config.json's architectures is {_shown(archs)}; it must be a list of "
+                              "names, e.g. [\"LlamaForCausalLM\"]")
     arch = archs[0] if archs else None
     if arch is None:  # some configs name only a model_type
         arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -137,26 +185,31 @@ def shape_config(config: dict[str, Any], where: str = "config.json") -> LlamaCon
     """The shape of a transformers-route model as the lab's LlamaConfig (width, layers, heads, k/v heads, head width,
     FFN width, vocabulary): what the store and the reports keep of it, and the KV cache's size. Its FLOPs and bytes
     come from the loaded module's parameters (engine.llm.hf_route), not from this."""
-    c = dict(config.get("text_config") or config)
+    text = config.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise CheckpointError(f"{where}: config.json's text_config is not a JSON object")
+    c = dict(text or config)
 
-    def first(*keys: str) -> Any:
+    def first(*keys: str, required: bool = True) -> int | None:
         for k in keys:
             if c.get(k) is not None:
-                return c[k]
-        raise KeyError(keys[0])
+                return _size(c, k, where)
+        return _size(c, keys[0], where, required)
 
+    dim = first("hidden_size", "n_embd", "d_model")
+    heads = first("num_attention_heads", "n_head")
+    assert dim is not None and heads is not None  # required: _size raised otherwise
+    given_head_dim = first("head_dim", required=False)
+    _check_heads(dim, heads, given_head_dim, where)
+    head_dim = given_head_dim or dim // heads
+    ffn = first("intermediate_size", "n_inner", required=False) or 4 * dim
+    vocab, layers = first("vocab_size"), first("num_hidden_layers", "n_layer")
+    kv_heads = first("num_key_value_heads", required=False) or heads
+    seq = min(first("max_position_embeddings", "n_positions", required=False) or 2048, 2048)
     try:
-        dim = int(first("hidden_size", "n_embd", "d_model"))
-        heads = int(first("num_attention_heads", "n_head"))
-        head_dim = int(c.get("head_dim") or dim // heads)
-        ffn = c.get("intermediate_size") or c.get("n_inner") or 4 * dim
-        return LlamaConfig(vocab=int(first("vocab_size")), dim=dim, layers=int(first("num_hidden_layers", "n_layer")),
-                           heads=heads, kv_heads=int(c.get("num_key_value_heads") or heads), ffn=int(ffn),
-                           seq=min(int(c.get("max_position_embeddings") or c.get("n_positions") or 2048), 2048),
+        return LlamaConfig(vocab=vocab, dim=dim, layers=layers, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq,
                            head_size=head_dim if head_dim != dim // heads else None,
                            tie_embeddings=bool(c.get("tie_word_embeddings", True)))
-    except KeyError as exc:
-        raise CheckpointError(f"{where}: config.json lacks {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{where}: config.json has an unreadable shape ({exc})") from None
 
@@ -180,6 +233,13 @@ def model_config(config: dict[str, Any], architecture: str, where: str = "config
     """The lab's LlamaConfig for a Hugging Face config (native architectures); CheckpointError when an option of the
     config is one the lab's decoder does not have."""
     kind = NATIVE[architecture]
+    sizes = {key: _size(config, key, where) for key in ("hidden_size", "num_attention_heads", "num_hidden_layers",
+                                                          "vocab_size", "intermediate_size")}
+    for key in ("num_key_value_heads", "max_position_embeddings"):
+        _size(config, key, where, required=False)
+    for key in ("rms_norm_eps", "rope_theta"):
+        _positive_number(config, key, where)
+    _check_heads(sizes["hidden_size"], sizes["num_attention_heads"], _size(config, "head_dim", where, False), where)
     try:
         if config.get("hidden_act", "silu") != "silu":
             raise ValueError(f"activation {config.get('hidden_act')!r} (the lab's MLP is SwiGLU with SiLU)")
@@ -260,8 +320,7 @@ def inspect(path: str | Path, weights: bool = True) -> Checkpoint:
     if not config_path.is_file():
         raise CheckpointError(f"{where}: no config.json in the folder")
     folder = config_path.parent
-    config_bytes = config_path.read_bytes()
-    config = _read_config(config_path, flag)
+    config, config_bytes = _read_config(config_path, flag)
     arch, route = _architecture(config, where)
     if route == "transformers" and not weights:
         raise CheckpointError(f"{where}: {arch} runs through the transformers route, which loads a checkpoint's own "

@@ -87,11 +87,18 @@ def damaged_message(path: Path, reason: str) -> str:
 
 
 def file_damage(path: Path) -> str | None:
-    """What is wrong with the file before DuckDB is asked to open it (empty), or None."""
+    """What is wrong with the file before DuckDB is asked to open it (empty, or no DuckDB header: another kind of file,
+    which DuckDB would otherwise try to open with an extension it downloads, e.g. SQLite's), or None."""
     try:
-        return "the file is empty (0 bytes)" if path.stat().st_size == 0 else None
+        with path.open("rb") as f:
+            head = f.read(12)
     except OSError:
         return None
+    if not head:
+        return "the file is empty (0 bytes)"
+    if head[8:12] != b"DUCK":  # DuckDB's main header: an 8-byte checksum, then its magic bytes
+        return "not a valid DuckDB database file (no DuckDB header)"
+    return None
 
 
 def missing_blocks(con: duckdb.DuckDBPyConnection, path: Path) -> str | None:
@@ -372,18 +379,22 @@ class Store:
 
     # -- connections -------------------------------------------------------------------------------------------
     @contextmanager
-    def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
-        """Open, yield, close; retry with backoff while another process holds the file.
+    def connect(self, read_only: bool = False, config: dict[str, Any] | None = None
+                ) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Open, yield, close; retry with backoff while another process holds the file. config: DuckDB settings the
+        connection opens with (engine.store.sql's locked read-only window).
 
         A truncated or corrupted file raises StoreDamagedError (one line: which file, nothing changed, what to do),
         whether it shows on open or in a later read; the file is never written to, moved or replaced. Threads of one
         process take turns (_one_thread_at_a_time)."""
         with _one_thread_at_a_time(self.path, self.busy_timeout_s):
-            with self._connect(read_only) as con:
+            with self._connect(read_only, config) as con:
                 yield con
 
     @contextmanager
-    def _connect(self, read_only: bool) -> Iterator[duckdb.DuckDBPyConnection]:
+    def _connect(self, read_only: bool, config: dict[str, Any] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        if self.path.is_dir():
+            raise StoreError(f"{self.path} is a folder, not a results database file")
         if read_only and not self.path.exists():
             raise StoreError(f"no results database at {self.path} (it is created by the first run)")
         if self.path.exists():
@@ -401,7 +412,7 @@ class Store:
         delay = 0.005
         while True:
             try:
-                con = duckdb.connect(str(self.path), read_only=read_only)
+                con = duckdb.connect(str(self.path), read_only=read_only, config=dict(config or {}))
                 break
             except duckdb.Error as exc:
                 if is_damage_error(exc):
@@ -442,7 +453,11 @@ class Store:
     # -- schema ------------------------------------------------------------------------------------------------
     def init(self, upto: int | None = None) -> int:
         """Create the database if needed and apply pending migrations (up to `upto`, for tests). Returns the version."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the folder of the results database {self.path}: "
+                             f"{exc.strerror or exc}") from None
         target = SCHEMA_VERSION if upto is None else upto
         with self.connect() as con:
             con.execute(

@@ -29,6 +29,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CSV = REPO_ROOT / "data" / "housing.csv"
 TARGET = "price"
 MIN_ROWS = 32
+MAX_ROWS = 10_000_000  # what the generator writes at most (~0.5 GB of CSV); the default is 5,000
+MAX_SEED = 2**32 - 1
 MAX_PROBLEMS = 10
 _NAN_WORDS = ("", "nan", "-nan", "na", "n/a", "null", "none")  # cells that mean "no value", not "not a number"
 
@@ -69,9 +71,12 @@ def price_formula(sqft: Any, bedrooms: Any, bathrooms: Any, age_years: Any, dist
 
 
 def generate_housing(n: int = 5000, seed: int = 0) -> pd.DataFrame:
-    """Deterministic synthetic housing data: same (n, seed), same frame."""
-    if n < 1:
-        raise ValueError("n must be at least 1")
+    """Deterministic synthetic housing data: same (n, seed), same frame. ValueError for a row count outside
+    1..MAX_ROWS or a seed outside 0..MAX_SEED."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_ROWS:
+        raise ValueError(f"rows must be a whole number from 1 to {MAX_ROWS:,} (got {n!r})")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be a whole number from 0 to {MAX_SEED:,} (got {seed!r})")
     rng = np.random.default_rng(seed)
     sqft = np.clip(rng.lognormal(math.log(1800), 0.4, n), 500, 5000).round()
     # Bigger houses have more rooms: bedrooms follow area, with spread.
