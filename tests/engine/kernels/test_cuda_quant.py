@@ -203,7 +203,6 @@ def test_tuning_times_every_block_once_per_product_and_the_op_then_runs_the_fast
     """tune() on two products (one glu) times all 6 blocks each, keeps the fastest per (n, k, glu, device) where it
     beats the untuned block by MIN_GAIN, skips a product it has seen; the op's default block is then that one
     (the kernel called with it, output held to float64)."""
-    monkeypatch.delenv(cuda_quant.TILE_ENV, raising=False)
     monkeypatch.setattr(cuda_quant, "_TUNED", {})
     monkeypatch.setattr(cuda_quant, "_TIMES", {})
     x, qw, g, _ = _case(512, 4096)
@@ -225,7 +224,6 @@ def test_tuning_times_every_block_once_per_product_and_the_op_then_runs_the_fast
 
 @needs_kernel
 def test_tuning_without_memory_for_the_copies_keeps_the_untuned_block_and_says_so(built, monkeypatch) -> None:
-    monkeypatch.delenv(cuda_quant.TILE_ENV, raising=False)
     monkeypatch.setattr(cuda_quant, "_TUNED", {})
     _, qw, _, _ = _case(256, 2048)
     w = cuda_quant.tile_major(qw.q.cuda(), qw.scales.cuda(), 2048)
