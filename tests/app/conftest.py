@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from engine.cli.kinds import KINDS  # noqa: F401 - every run kind registered, as app/common.py does
 from engine.store.db import Metric, RunResult, Samples, Store
 
 ROOT = Path(__file__).resolve().parents[2]
