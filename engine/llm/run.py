@@ -122,7 +122,7 @@ def llm_run(cfg: LLMConfig, progress: Progress = lambda f, m: None) -> RunResult
 
 
 def llm_job(params: dict, progress: Progress) -> RunResult:
-    """Job-runner entry point (engine.runner.jobs TARGETS['llm'])."""
+    """Job-runner entry point: the llm run kind's target (engine/llm/kind.py)."""
     return llm_run(config_from_params(params), progress)
 
 
