@@ -149,6 +149,8 @@ _SETTINGS = (
     Setting("MODELAB_CHILD_HOLDS_DEVICE", None, text, "internal",
             "the device an `aoti` check's child takes a shared hold on while its phased parent gave it up"),
     Setting("MODELAB_TEST_NCU", "0", flag, "test", "`1` runs the tests that profile under Nsight Compute"),
+    Setting("MODELAB_SCREENSHOTS", None, path, "test",
+            "tests/e2e/test_browser.py keeps a 1400×1000 PNG of every page in this folder"),
     Setting("MODELAB_CHECK_LAYERS", "20", positive_int, "test",
             "benchmarks/compare_check.py's model: its identical blocks"),
     Setting("MODELAB_CHECK_EXTRA_LAYERS", "0", whole_number, "test",
