@@ -28,6 +28,7 @@ from engine.cli.args import (
     device_arg,
     file_arg,
     folder_arg,
+    int_at_least,
     memory_size,
     non_negative_int,
     open_store,
@@ -76,10 +77,10 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.add_argument("--prompts", type=file_arg, default=None, metavar="FILE", help="a JSONL prompt file "
                    "({\"prompt\": ...} or {\"ids\": [...]} per line; 'embedded': data/prompts.jsonl): TTFT and TPOT "
                    "across them (p50/p90/p99)")
-    p.add_argument("--layers", type=positive_int, default=None, help="override the preset's layer count")
+    p.add_argument("--layers", type=int_at_least(1, 4096), default=None, help="override the preset's layer count")
     p.add_argument("--prompt-len", type=positive_int, default=32, help="prompt tokens P (default 32)")
     p.add_argument("--new-tokens", type=positive_int, default=16, help="decode steps N (default 16)")
-    p.add_argument("--batch", type=positive_int, default=1, help="sequences B (default 1)")
+    p.add_argument("--batch", type=int_at_least(1, 1 << 20), default=1, help="sequences B (default 1)")
     p.add_argument("--mode", default="eager", help="'all' (every mode available here) or a comma list "
                    "(default: eager; --list shows them)")
     p.add_argument("--device", type=device_arg, default="cpu", help="cpu, cuda or cuda:N (default: cpu)")

@@ -132,6 +132,8 @@ CASES = [
     ("llm-prompts-folder", ["llm", "--prompts", "{folder}"], None, r"--prompts: .* is a folder"),
     ("llm-sweep-huge", ["llm", "--sweep", f"batch={HUGE}"], None, r"sweep values must be between 1 and"),
     ("llm-timeout-nan", ["llm", "--timeout", "nan"], None, r"--timeout: 'nan' is not a finite number"),
+    ("llm-layers-huge", ["llm", "--layers", "2147483647"], None, r"--layers: .* must be at most 4,096"),
+    ("llm-batch-huge", ["llm", "--batch", "2147483647"], None, r"--batch: .* must be at most 1,048,576"),
     ("llm-report-zero", ["llm-report", "0"], None, r"run_id: '0' must be at least 1"),
     ("llm-report-huge", ["llm-report", HUGE], None, r"must be at most"),
     # predict: the weights file's metadata

@@ -136,9 +136,10 @@ def test_sql_works(session):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["n", "1"]
     bad = cli(env, "sql", "select nope from nowhere")
-    # DuckDB's message runs over several lines (a caret under the culprit), which is worth keeping for SQL.
+    # DuckDB's several lines (its hint and the query's line) joined into one.
     assert bad.returncode == 2 and bad.stdout == "" and "Traceback" not in bad.stderr
     assert bad.stderr.startswith("error: query failed: Catalog Error: Table with name nowhere does not exist")
+    assert len(bad.stderr.strip().splitlines()) == 1 and "LINE 1: select nope from nowhere" in bad.stderr
 
 
 def test_train_then_predict(session):
