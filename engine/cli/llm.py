@@ -86,8 +86,10 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.add_argument("--device", type=device_arg, default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
                    help="default: bfloat16 on CUDA, float32 on CPU")
-    p.add_argument("--sweep", type=_sweep, default=None, help="batch=1,2,4,… or prompt=128,256,…: one run per "
-                   "value and mode, grouped (the page draws them on a roofline)")
+    p.add_argument("--sweep", type=_sweep, action="append", default=None, help="batch=1,2,4,… or "
+                   "prompt=128,256,…: one run per value and mode, grouped (the page draws them on a roofline); give "
+                   "both (--sweep batch=1,8,32 --sweep prompt=512,8192) for one run per (B, P) cell and mode (the "
+                   "page draws heatmaps); cells that do not fit the GPU are skipped, with the reason")
     p.add_argument("--sdpa", choices=["flash", "efficient", "math"], default=None,
                    help="force one SDPA backend in every mode")
     p.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
@@ -232,20 +234,53 @@ def _print_modes(device: str, dtype: torch.dtype) -> None:
         print(f"{row['mode']:<{width}} {state}\n{'':<{width}} {row['description']}")
 
 
+def _sweep_points(sweeps: list[tuple[str, tuple[int, ...]]] | None) -> tuple[str | None, list[dict[str, int]]]:
+    """The swept parameters as the runs record them ("batch", "prompt" or "batch,prompt") and every point: one
+    value per axis, the cells of a two-axis sweep in row order (batch outer)."""
+    if not sweeps:
+        return None, [{}]
+    axes = dict(sweeps)
+    if len(axes) != len(sweeps):
+        raise CliError(f"--sweep {sweeps[-1][0]} is given twice; sweep each of {', '.join(SWEEPS)} at most once")
+    names = [name for name in SWEEPS if name in axes]  # batch before prompt, whatever the flags' order
+    points: list[dict[str, int]] = [{}]
+    for name in names:
+        points = [{**point, name: value} for point in points for value in axes[name]]
+    return ",".join(names), points
+
+
+def _fits(cfg: LLMConfig) -> str | None:
+    """Why a sweep's cell cannot run on its GPU (its estimated need beyond what the lab may use there), or None;
+    always None off CUDA."""
+    if not cfg.device.startswith("cuda") or cfg.hf or cfg.hf_config:
+        return None
+    from engine.llm.config import device_budget
+    from engine.llm.group import MEMORY_MARGIN, estimate
+
+    free, total, capped = device_budget(cfg)
+    need = estimate(cfg).most
+    if need <= MEMORY_MARGIN * free:
+        return None
+    return (f"needs about {need / 2**30:.1f} GiB (weights, KV cache of {cfg.max_seq} positions, workspaces); "
+            f"{cfg.device} has {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB{capped}")
+
+
 def _job_specs(args: argparse.Namespace, base: LLMConfig, modes: list[str]) -> tuple[list[JobSpec], list[str]]:
-    """One job per (sweep value, mode), each config validated; and a label per job for the progress bars."""
+    """One job per (sweep point, mode), each config validated; and a label per job for the progress bars. A sweep's
+    point that does not fit the GPU is skipped with its reason (on stderr) before anything loads."""
     from engine.llm.config import LLMConfig, params_of
     from engine.runner.jobs import JobSpec
 
-    points: list[tuple[str | None, int | None]] = [(None, None)]
-    if args.sweep:
-        points = [(args.sweep[0], v) for v in args.sweep[1]]
+    sweep, points = _sweep_points(args.sweep)
     specs, labels = [], []
-    for sweep, value in points:
+    for point in points:
         for mode in modes:
             cfg = LLMConfig(**{**params_of(base), "mode": mode, "sweep": sweep})
-            if sweep:
-                setattr(cfg, SWEEPS[sweep], value)
+            for name, value in point.items():
+                setattr(cfg, SWEEPS[name], value)
+            if sweep and (reason := _fits(cfg)):
+                print(f"skipped {mode} B={cfg.batch} P={cfg.prompt_len}: {reason}", file=sys.stderr)
+                continue
             try:
                 cfg.validate()
                 if cfg.hf or cfg.hf_config:  # a checkpoint that will not fit says so before anything is queued
@@ -260,6 +295,8 @@ def _job_specs(args: argparse.Namespace, base: LLMConfig, modes: list[str]) -> t
             specs.append(JobSpec("llm", workload, mode, args.device, params_of(cfg),
                                  timeout_s=args.timeout))
             labels.append(f"{mode} B={cfg.batch} P={cfg.prompt_len}")
+    if not specs:
+        raise CliError("no sweep point fits the device: every (B, P) was skipped (see above)")
     return specs, labels
 
 

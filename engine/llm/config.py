@@ -46,7 +46,7 @@ class LLMConfig:
     ceilings: str = "auto"  # auto: stored or measured now | stored: only stored ones | none
     artifacts_dir: str | None = None
     db: str | None = None
-    sweep: str | None = None  # the swept parameter of this run's group ("batch" or "prompt"), for the page
+    sweep: str | None = None  # the swept parameters of its group ("batch", "prompt" or "batch,prompt"), for the page
     tp: int = 1  # tensor parallelism over this many ranks (engine.llm.tp_launch; eager only)
     device_memory: int | None = None  # bytes the lab may use on the device (--device-memory): a smaller card rehearsed
     hf: str | None = None  # a Hugging Face checkpoint folder (engine.llm.hf): its weights instead of a preset's

@@ -398,7 +398,25 @@ def _transform_model(mode: LLMMode, model: LlamaDecoder, device: str, notes: lis
                      "epilogue, residual adds inside the o and down GEMVs (engine.kernels.triton.gemv.norm_linear / "
                      "norm_swiglu / linear_add); RoPE and the KV-cache write inside the decode attention "
                      "kernel (decode_attention_qkv)")
+    if mode.decode_attn:
+        notes.extend(_shape_choice(model, fused=mode.fused))
     return quantize_s
+
+
+def _shape_choice(model: LlamaDecoder, fused: bool) -> list[str]:
+    """The note of what engine.kernels.choice picks for this run's batch and cache: the products' kernel (the fused
+    modes) and the decode attention's split count."""
+    cache = model.layers[0].self_attn.kv_cache if model.layers else None
+    if cache is None:
+        return []
+    from engine.kernels.choice import describe
+    from engine.kernels.triton.decode_attention import split_plan
+
+    batch, kv_heads, context, _ = cache.k.shape
+    rep = model.layers[0].self_attn.heads // kv_heads
+    splits = split_plan(batch, kv_heads, rep, context, cache.k.dtype, cache.k.device)[1]
+    products = ("qkv", "o", "gate_up", "down", "lm_head") if fused else ()
+    return [describe(batch, context, splits, products) + " (engine/kernels/choice.py)"]
 
 
 @dataclass

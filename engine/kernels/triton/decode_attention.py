@@ -10,8 +10,11 @@ cache a layer at ~0.1 TB/s). Here every (batch, kv head, split of SPLIT position
                     writes the running max m, the sum l and the unnormalised output o (fp32) of its split;
     combine kernel — per (batch, head): out = Σ exp(m_i − M)·o_i / Σ exp(m_i − M)·l_i over the splits, M = max m_i.
 
-Where one split covers the whole (short) cache, the split kernel writes the output itself and no combine runs; a
-long cache is always split, since a few programs walking it one tile at a time wait on memory at every tile. The
+How many splits: engine.kernels.choice.attention_splits (split_plan), enough that batch × kv heads × splits fills the
+device, each split at least the tile's length — so a long cache at small batch is split finely, since a few programs
+walking it one tile at a time wait on memory at every tile, and a large batch or a short cache takes few splits (or
+one). Where one split covers the whole cache, the split kernel writes the output itself and no combine runs.
+Positions are one for the whole batch (input_pos[-1]) or one per sequence (`positions`: a ragged batch). The
 combine stays a kernel of its own: under PDL it is resident before the split ends, which costs less than combining
 inside the split kernel (a fence and an atomic count) or inside a thread-block cluster (docs/quantization.md).
 
@@ -50,19 +53,25 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
                   REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
                   BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
                   FROM_QKV: tl.constexpr = False, cos_ptr=None, sin_ptr=None, QKV_ROW=0,
-                  USE_DOT: tl.constexpr = False, out_ptr=None, FINAL: tl.constexpr = False):
+                  USE_DOT: tl.constexpr = False, out_ptr=None, FINAL: tl.constexpr = False,
+                  RAGGED: tl.constexpr = False):
     """FROM_QKV: q_ptr is the qkv projection's output row per sequence, [q heads | k heads | v heads] before
     RoPE; each program applies RoPE to its q rows, and the program whose split holds the new position also applies it
     to that position's k and writes k and v into the cache (no other program reads that position).
     USE_DOT (compiled, 16-bit cache, REP_PAD ≥ 16): both products on the tensor cores, the query rows padded to 16
     and P rounded to the cache's dtype for P·V (as flash attention does); else fp32 broadcast-multiply-and-sum.
     FINAL (one split covers the whole cache): the program normalises its rows and writes the attention output to
-    out_ptr itself, so no combine kernel runs."""
+    out_ptr itself, so no combine kernel runs.
+    RAGGED: sequence b at its own position pos_ptr[b] (a ragged batch); else every sequence at pos_ptr[0]."""
     bk = tl.program_id(0)  # b * KVH + kv head
     split = tl.program_id(1)
+    b = bk // KVH
     if PDL:  # programmatic dependent launch: the next kernel may start once every program here has
         tl.extra.cuda.gdc_launch_dependents()
-    length = tl.load(pos_ptr) + 1  # positions 0 .. input_pos are valid
+    if RAGGED:
+        length = tl.load(pos_ptr + b) + 1  # positions 0 .. input_pos are valid
+    else:
+        length = tl.load(pos_ptr) + 1
     rows = tl.arange(0, REP_PAD)
     dims = tl.arange(0, D)
     row_ok = rows < REP
@@ -86,7 +95,6 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
         k_next = tl.load(k_ptr + first, mask=(first_pos < hi)[:, None], other=0.0)
         v_next = tl.load(v_ptr + first, mask=(first_pos < hi)[:, None], other=0.0)
     if FROM_QKV:
-        b = bk // KVH
         head = bk % KVH
         rot = (dims + D // 2) % D
         sign = tl.where(dims < D // 2, -1.0, 1.0)
@@ -181,11 +189,46 @@ TILE_ROWS = (32, 32, 2)
 # tile (the bench does not sweep this path).
 TILE_GROUPS = (64, 32, 4)
 INTERPRETER = {"SPLIT": 16, "BLOCK_S": 8}  # small tiles under the interpreter: CPU tests use short caches
+INTERPRETER_SMS = 2  # the "device" the split count fills under the interpreter (engine.kernels.choice)
 
 
-def decode_attention_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, input_pos: torch.Tensor
-                         ) -> torch.Tensor:
-    """q (B, H, 1, D) at position input_pos[-1] against k_cache, v_cache (B, KVH, S_max, D) → (B, H, 1, D)."""
+def _sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def split_plan(batch: int, kv_heads: int, rep: int, s_max: int, dtype: torch.dtype, device: torch.device | str,
+               splits: int | None = None, tile: tuple[int, int, int] | None = None
+               ) -> tuple[int, int, int, int, bool]:
+    """(SPLIT positions per program, number of splits, BLOCK_S, num_warps, USE_DOT) of the split kernel for this
+    shape. The split count is engine.kernels.choice.attention_splits (batch × kv heads × splits fills the device,
+    never splits shorter than the tile's own SPLIT) unless `splits` asks for one or `tile` forces the tile
+    (benchmarks/decode_attention_bench.py). A split's length is rounded up to whole BLOCK_S steps, so the count
+    that runs may be below the one asked for where it does not divide the cache; the last split is the short one."""
+    from engine.kernels.choice import attention_splits
+
+    device = torch.device(device)
+    interpreted = is_interpreted(_split_kernel)
+    # Compiled, with a 16-bit cache and GQA groups: tl.dot on rows padded to 16 (the broadcast products of a
+    # 4 × 32 × 64 tile need 255 registers per thread, the dot 113, and the split is slower for it). The interpreter
+    # keeps the broadcast form (it mishandles bf16 dot operands), as do float32 caches (a dot would round them to
+    # tf32) and one query row per kv head (the 7B: 15 of 16 padded rows would be waste).
+    use_dot = not interpreted and dtype in (torch.bfloat16, torch.float16) and rep >= 2
+    split, block_s, warps = tile or (TILE_DOT if use_dot else TILE_ROWS if rep == 1 else TILE_GROUPS)
+    if interpreted and tile is None:
+        split, block_s = INTERPRETER["SPLIT"], INTERPRETER["BLOCK_S"]
+    if tile is None:
+        count = splits or attention_splits(batch, s_max, _sms(device), kv_heads, min_positions=split)
+        split = max(block_s, triton.cdiv(triton.cdiv(s_max, max(1, count)), block_s) * block_s)
+    return split, triton.cdiv(s_max, split), block_s, warps, use_dot
+
+
+def decode_attention_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, input_pos: torch.Tensor,
+                         splits: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """q (B, H, 1, D) at position input_pos[-1] against k_cache, v_cache (B, KVH, S_max, D) → (B, H, 1, D).
+    `splits`: the split count to ask for (default: engine.kernels.choice's rule); `positions` (B,): each sequence's
+    own position instead of input_pos (a ragged batch)."""
     b, h, t, d = q.shape
     if t != 1:
         raise ValueError(f"decode attention takes one query position, got {t}")
@@ -194,30 +237,38 @@ def decode_attention_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         raise ValueError(f"q {tuple(q.shape)} does not fit the cache {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
     if d & (d - 1):
         raise ValueError(f"head dim {d} is not a power of two")
-    return _attend(q.reshape(b, h, d).contiguous(), k_cache.contiguous(), v_cache.contiguous(), input_pos, b, h, d)
+    return _attend(q.reshape(b, h, d).contiguous(), k_cache.contiguous(), v_cache.contiguous(),
+                   _positions(input_pos, positions, b), b, h, d, splits=splits)
+
+
+def _positions(input_pos: torch.Tensor, positions: torch.Tensor | None, b: int) -> torch.Tensor:
+    """What the kernel reads its positions from: input_pos[-1] (read as it is, int64: no cast kernel per layer),
+    or one position per sequence."""
+    if positions is None:
+        return input_pos.reshape(-1)[-1:]
+    if positions.numel() != b:
+        raise ValueError(f"positions has {positions.numel()} elements for a batch of {b}")
+    return positions.reshape(-1).contiguous()
 
 
 def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: torch.Tensor, b: int, h: int, d: int,
-            rope: dict | None = None, tile: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """Both kernels over q (B, H·D: q rows, or with `rope` the qkv rows) and the cache → (B, H, 1, D). `tile`
-    (SPLIT, BLOCK_S, num_warps of the split kernel) forces one (benchmarks/decode_attention_bench.py's sweep)."""
+            rope: dict | None = None, tile: tuple[int, int, int] | None = None, splits: int | None = None
+            ) -> torch.Tensor:
+    """Both kernels over q (B, H·D: q rows, or with `rope` the qkv rows) and the cache → (B, H, 1, D). `pos`: one
+    position for every sequence, or one per sequence. `tile` (SPLIT, BLOCK_S, num_warps of the split kernel) forces
+    one (benchmarks/decode_attention_bench.py's sweep); `splits` asks for a split count (split_plan)."""
     _, kvh, s_max, _ = k_c.shape
     rep = h // kvh
     interpreted = is_interpreted(_split_kernel)
-    # Compiled, with a 16-bit cache and GQA groups: tl.dot on rows padded to 16 (the broadcast products of a
-    # 4 × 32 × 64 tile need 255 registers per thread, the dot 113, and the split is slower for it). The interpreter
-    # keeps the broadcast form (it mishandles bf16 dot operands), as do float32 caches (a dot would round them to
-    # tf32) and one query row per kv head (the 7B: 15 of 16 padded rows would be waste).
-    use_dot = not interpreted and k_c.dtype in (torch.bfloat16, torch.float16) and rep >= 2
+    split, num_splits, block_s, warps, use_dot = split_plan(b, kvh, rep, s_max, k_c.dtype, q.device, splits, tile)
     rep_pad = max(16, triton.next_power_of_2(rep)) if use_dot else triton.next_power_of_2(rep)
-    split, block_s, warps = tile or (TILE_DOT if use_dot else TILE_ROWS if rep == 1 else TILE_GROUPS)
-    tiles = INTERPRETER if interpreted and tile is None else {"SPLIT": split, "BLOCK_S": block_s}
-    num_splits = triton.cdiv(s_max, tiles["SPLIT"])
-    pos = input_pos.reshape(-1)[-1:]  # read as it is (int64) by the kernel: no cast kernel per layer
+    tiles = {"SPLIT": split, "BLOCK_S": block_s}
+    pos = input_pos
     out = torch.empty(b, h, 1, d, device=q.device, dtype=q.dtype)
     pdl = {} if interpreted or not pdl_enabled(q.device) else {"PDL": True, "launch_pdl": True}
     args = (1.0 / math.sqrt(d), kvh, s_max, num_splits)
-    consts = dict(REP=rep, REP_PAD=rep_pad, D=d, **tiles, num_warps=warps, **pdl, **(rope or {}), USE_DOT=use_dot)
+    consts = dict(REP=rep, REP_PAD=rep_pad, D=d, **tiles, num_warps=warps, **pdl, **(rope or {}), USE_DOT=use_dot,
+                  RAGGED=pos.numel() > 1)
     if num_splits == 1:  # one program per kv head walks the whole cache and writes the output: no combine
         _split_kernel[(b * kvh, 1)](q, k_c, v_c, pos, None, None, None, *args, **consts, out_ptr=out, FINAL=True)
         return out
@@ -231,12 +282,13 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
 
 
 def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                             v_cache: torch.Tensor, input_pos: torch.Tensor, tile: tuple[int, int, int] | None = None
-                             ) -> torch.Tensor:
+                             v_cache: torch.Tensor, input_pos: torch.Tensor, tile: tuple[int, int, int] | None = None,
+                             splits: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
     """The decode step's attention from the qkv projection's output (B, 1, (H + 2·KVH)·D), before RoPE: RoPE on q
     and the new k (cos, sin: the rotary tables, (positions ≥ S_max, D), read at input_pos[-1] on the device, so no
     indexing kernel runs per step), k and v written into the cache at input_pos[-1], then
-    flash-decoding → (B, H, 1, D). One kernel does what RoPE, the cache writes and a copy of q would do in four."""
+    flash-decoding → (B, H, 1, D). One kernel does what RoPE, the cache writes and a copy of q would do in four.
+    `splits` and `positions` (B,) as in decode_attention_fwd."""
     _, kvh, s_max, d = k_cache.shape
     b = qkv.shape[0]
     if qkv.numel() != b * qkv.shape[-1] or qkv.shape[-1] % d or qkv.shape[-1] // d <= 2 * kvh:
@@ -252,7 +304,8 @@ def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Te
         raise ValueError("the cache must be contiguous: it is written in place")
     rope = {"FROM_QKV": True, "cos_ptr": cos.contiguous(), "sin_ptr": sin.contiguous(),
             "QKV_ROW": qkv.shape[-1]}
-    return _attend(qkv.reshape(b, -1).contiguous(), k_cache, v_cache, input_pos, b, h, d, rope, tile)
+    return _attend(qkv.reshape(b, -1).contiguous(), k_cache, v_cache, _positions(input_pos, positions, b), b, h, d,
+                   rope, tile, splits)
 
 
 @torch.library.custom_op("modelab::decode_attention_qkv", mutates_args=("k_cache", "v_cache"))
@@ -280,13 +333,15 @@ def _(q, k_cache, v_cache, input_pos):
     return torch.empty_like(q)
 
 
-def _reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, input_pos: torch.Tensor
-               ) -> torch.Tensor:
-    """SDPA's math in float64 with the decode mask (keys at positions <= input_pos), GQA by repeating kv heads."""
+def _reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, input_pos: torch.Tensor,
+               positions: torch.Tensor | None = None) -> torch.Tensor:
+    """SDPA's math in float64 with the decode mask (keys at positions <= input_pos, or per sequence <=
+    positions[b]), GQA by repeating kv heads."""
     rep = q.shape[1] // k_cache.shape[1]
     k = k_cache.double().repeat_interleave(rep, dim=1)
     v = v_cache.double().repeat_interleave(rep, dim=1)
     scores = (q.double() @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    valid = torch.arange(k.shape[2], device=q.device) <= input_pos.reshape(-1)[-1]
-    scores = scores.masked_fill(~valid, float("-inf"))
+    last = input_pos.reshape(-1)[-1:] if positions is None else positions.reshape(-1)
+    valid = torch.arange(k.shape[2], device=q.device)[None, :] <= last[:, None]  # (1 or B, S)
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     return torch.softmax(scores, dim=-1) @ v

@@ -36,6 +36,7 @@ import triton.language as tl
 import triton.testing
 
 from engine.kernels import cuda_quant
+from engine.kernels.choice import decode_products
 from engine.kernels.triton._common import is_interpreted, load_fused_x, output_rows, pdl_enabled, store_output
 from engine.runner.device_lock import exclusive
 from engine.workloads.llama import rms_norm  # the decoder's own RMSNorm: the unfused fallbacks compute exactly it
@@ -369,6 +370,30 @@ def _tiled(proj: torch.nn.Module, x: torch.Tensor, glu: bool) -> bool:
             and x.numel() == x.shape[-1])
 
 
+def _rows(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1]
+
+
+def _plain(x: torch.Tensor, proj: torch.nn.Module, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+           residual: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
+    """A fused op's product as plain torch ops, for the batches engine.kernels.choice.decode_products sends to the
+    GEMM: rms_norm, the projection (F.linear for a bf16 weight, a quantized module's own several-row product), then
+    SwiGLU or the residual add — all visible to Inductor inside the compiled step, which fuses the element-wise ops
+    into its own kernels around the cuBLAS GEMM."""
+    h = rms_norm(x, norm_weight, eps) if norm_weight is not None else x
+    y = proj(h) if _quantized(proj) else F.linear(h, proj.weight)
+    if glu:
+        gate, up = y.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    return y if residual is None else residual + y
+
+
+def _as_gemm(x: torch.Tensor) -> bool:
+    """This many rows take plain torch ops (engine.kernels.choice.decode_products); decided when the step is
+    traced, from the static batch."""
+    return decode_products(_rows(x)) == "gemm"
+
+
 class FusedDecodeOps:
     """What the decoder calls for its one-row products when the LLM lab's triton-fused mode sets it
     (LlamaDecoder.set_fused_ops): the RMSNorm in front of qkv, gate_up and lm_head, SwiGLU after gate_up, the
@@ -376,10 +401,14 @@ class FusedDecodeOps:
     given the projection module: a bf16 nn.Linear takes this module's GEMV; a weight-only quantized one (the
     triton-int8-wo / -fp8-wo / -int4-wo modes) the same fusions in engine.kernels.triton.quant_gemv, dequantizing
     inside the weight loads; an int4 one holding tile-order codes (by default on an H100 for K >= 2048:
-    $MODELAB_INT4_GEMV) the tensor-core kernel engine.kernels.cuda_quant."""
+    $MODELAB_INT4_GEMV) the tensor-core kernel engine.kernels.cuda_quant. Batches above
+    engine.kernels.choice.GEMV_MAX_BATCH rows take plain torch ops instead (`_plain`: cuBLAS GEMMs, Inductor's
+    fusions), chosen by engine.kernels.choice.decode_products."""
 
     @staticmethod
     def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, proj: torch.nn.Module) -> torch.Tensor:
+        if _as_gemm(x):
+            return _plain(x, proj, norm_weight, eps)
         if _tiled(proj, x, glu=False):
             return cuda_quant.tile_gemv(x, proj.tile_q, proj.tile_s, proj.out_features, False, norm_weight, eps, None)
         if _quantized(proj):
@@ -390,6 +419,8 @@ class FusedDecodeOps:
 
     @staticmethod
     def norm_swiglu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, proj: torch.nn.Module) -> torch.Tensor:
+        if _as_gemm(x):
+            return _plain(x, proj, norm_weight, eps, glu=True)
         if _tiled(proj, x, glu=True):
             return cuda_quant.tile_gemv(x, proj.tile_q, proj.tile_s, proj.out_features, True, norm_weight, eps, None)
         if _quantized(proj):
@@ -400,6 +431,8 @@ class FusedDecodeOps:
 
     @staticmethod
     def linear_add(x: torch.Tensor, proj: torch.nn.Module, residual: torch.Tensor) -> torch.Tensor:
+        if _as_gemm(x):
+            return _plain(x, proj, residual=residual)
         if _tiled(proj, x, glu=False):
             return cuda_quant.tile_gemv(x, proj.tile_q, proj.tile_s, proj.out_features, False, None, 0.0, residual)
         if _quantized(proj):
