@@ -12,6 +12,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
+from app import envelope_section
 from app.charts import energy_latency, history_line
 from app.common import (
     device_info,
@@ -345,6 +346,9 @@ else:
             st.caption("No measured ceilings with this run, so no roofs: run `python -m engine ceilings`.")
         if sweep_ids:
             st.caption(f"{len(sweep_ids)} sweep group(s) stored; queue one under *New LLM run* → *Sweep*.")
+
+    # -- the operating envelope: a two-axis sweep's heatmaps (app/envelope_section.py) ----------------------------
+    envelope_section.render(runs)
 
     # -- two runs side by side ------------------------------------------------------------------------------------
     st.subheader("Two runs side by side")
