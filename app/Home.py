@@ -6,7 +6,8 @@ from __future__ import annotations
 import streamlit as st
 
 from app import queries
-from app.common import first_line, flash, fmt_time, fmt_us, get_store, show_flash, submit
+from app.axes import fmt_rate
+from app.common import first_line, flash, fmt_time, fmt_us, get_store, show_flash, submit, watch_active_runs
 from engine.runner.jobs import JobSpec
 from engine.store.envinfo import host_env
 
@@ -38,7 +39,8 @@ def quick_first_run() -> None:
     params = {"workload": "house_price", "mode": "eager", "device": "cpu"}  # the engine's default sizes and iters
     ids = submit([JobSpec("bench", "house_price", "eager", "cpu", params)])
     if ids:
-        flash("success", f"Queued run #{ids[0]} (eager on CPU). Open **Benchmark** to watch it run.")
+        flash("success", f"Queued run #{ids[0]} (eager on CPU): its progress shows below; **Benchmark** shows the "
+                         "result.")
 
 
 counts = store.status_counts()
@@ -66,8 +68,7 @@ with right, st.container(border=True):
     cols = st.columns(4)
     for col, status in zip(cols, ("queued", "running", "ok", "failed")):
         col.metric(status.capitalize(), f"{counts.get(status, 0):,}")
-    if counts["queued"] + counts["running"]:
-        st.page_link("pages/1_Benchmark.py", label="Watch the runs in progress", icon=":material/monitoring:")
+watch_active_runs()  # every run in progress, whatever its kind, with its state and a Cancel button
 
 if sum(counts.values()) == 0:
     with st.container(border=True):
@@ -105,7 +106,14 @@ if not ceilings.empty:
     st.subheader("Device ceilings")
     st.caption("Measured by the lab on each device (`python -m engine ceilings`); every \"% of\" on the pages "
                "divides by one of these and names it.")
-    st.dataframe(ceilings, hide_index=True)
+    rates = {"copy_bw": ("copy bandwidth", "B/s"), "matmul_bf16": ("bf16 matmul", "FLOP/s"),
+             "matmul_tf32": ("tf32 matmul", "FLOP/s"), "matmul_fp32": ("fp32 matmul", "FLOP/s")}
+    shown = ceilings[["device"]].assign(run=ceilings["run_id"].map(lambda i: f"#{int(i)}"))
+    for column, (label, unit) in rates.items():  # each device in its own unit: GB/s on a CPU, TB/s on a GPU
+        shown[label] = ceilings[column].map(lambda v, unit=unit: fmt_rate(v if v == v else None, unit))
+    for column, label in (("launch_us", "launch"), ("graph_kernel_us", "kernel in a CUDA graph")):
+        shown[label] = ceilings[column].map(fmt_us)
+    st.dataframe(shown, hide_index=True)
 
 st.subheader("Pages")
 c1, c2 = st.columns(2)

@@ -9,6 +9,7 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
+from app.axes import log_axis, spans_decades
 from engine.compare.changepoints import Step
 
 PALETTE = px.colors.qualitative.Plotly
@@ -32,16 +33,37 @@ def _layout(fig: go.Figure, title: str, y_title: str) -> go.Figure:
     return fig
 
 
+def _us_label(value: float) -> str:
+    if value != value:
+        return ""
+    return f"{value / 1e3:,.2f} ms" if value >= 10_000 else f"{value:,.1f} µs"
+
+
+def labels_at_base(fig: go.Figure) -> go.Figure:
+    """Value labels inside each bar at its base, where no whisker (p10–p90) can cover them."""
+    fig.update_traces(textposition="inside", insidetextanchor="start", textangle=0, cliponaxis=False,
+                      selector=dict(type="bar"))
+    return fig
+
+
 def latency_bar(summary: pd.DataFrame, modes: Sequence[str] | None = None) -> go.Figure:
-    """Median per mode with asymmetric p10–p90 error bars."""
+    """Median per mode with asymmetric p10–p90 error bars, each labelled at its base; a log axis labelled at each
+    decade where the modes' times span decades (a compiled mode 100× faster than the slowest)."""
     order = _order(summary, modes)
     df = summary.assign(err_plus=summary["p90_us"] - summary["median_us"],
                         err_minus=summary["median_us"] - summary["p10_us"])
     fig = px.bar(df, x="mode", y="median_us", color="mode", error_y="err_plus", error_y_minus="err_minus",
                  category_orders={"mode": order}, color_discrete_map=_colors(modes, order),
+                 text=df["median_us"].map(_us_label),
                  hover_data={"run_id": True, "p10_us": ":.1f", "p90_us": ":.1f", "median_us": ":.1f",
                              "err_plus": False, "err_minus": False})
-    return _layout(fig, "Median latency by mode (bars: p10–p90)", "µs per call")
+    labels_at_base(fig)
+    values = [*df["p10_us"], *df["median_us"], *df["p90_us"]]
+    title = "Median latency by mode (whiskers: p10–p90)"
+    if spans_decades(values):
+        log_axis(fig, values)
+        title += ", log scale"
+    return _layout(fig, title, "time per call")
 
 
 def energy_latency(points: pd.DataFrame, x: str, y: str, *, x_title: str, y_title: str, title: str,
@@ -75,8 +97,9 @@ def sample_distribution(samples: pd.DataFrame, modes: Sequence[str] | None = Non
     order = _order(samples, modes)
     # Log scale: a few scheduler hiccups (10–100× the median) would otherwise flatten every box to a line.
     fig = px.box(samples, x="mode", y="value", color="mode", category_orders={"mode": order},
-                 color_discrete_map=_colors(modes, order), points="outliers", log_y=True)
-    return _layout(fig, "Distribution of timed samples (log scale)", "µs per call")
+                 color_discrete_map=_colors(modes, order), points="outliers")
+    log_axis(fig, samples["value"], pad=1.2)
+    return _layout(fig, "Distribution of timed samples (log scale)", "time per call")
 
 
 FLAGGED_GREY = "#c7c7c7"
@@ -102,10 +125,12 @@ def speedup_bar(summary: pd.DataFrame, modes: Sequence[str] | None = None) -> go
 def first_call_bar(summary: pd.DataFrame, modes: Sequence[str] | None = None) -> go.Figure:
     """First-call time (tracing, scripting, compiling) on a log scale: modes differ by orders of magnitude."""
     order = _order(summary, modes)
-    df = summary.assign(first_call_ms=summary["first_call_us"] / 1e3)
-    fig = px.bar(df, x="mode", y="first_call_ms", color="mode", log_y=True, category_orders={"mode": order},
-                 color_discrete_map=_colors(modes, order), text=df["first_call_ms"].map("{:,.1f} ms".format))
-    return _layout(fig, "First-call cost (trace / compile), log scale", "ms")
+    df = summary.dropna(subset=["first_call_us"])
+    fig = px.bar(df, x="mode", y="first_call_us", color="mode", category_orders={"mode": order},
+                 color_discrete_map=_colors(modes, order), text=df["first_call_us"].map(_us_label))
+    fig.update_traces(textposition="outside", cliponaxis=False)
+    log_axis(fig, [*df["first_call_us"], df["first_call_us"].min() / 3], pad=2.5)  # room below for the labels
+    return _layout(fig, "First-call cost (trace / compile), log scale", "first call")
 
 
 def python_vs_native(summary: pd.DataFrame) -> go.Figure:
@@ -122,8 +147,9 @@ def python_vs_native(summary: pd.DataFrame) -> go.Figure:
     df = pd.DataFrame(rows)
     df = df.assign(err_plus=df["p90_us"] - df["median_us"], err_minus=df["median_us"] - df["p10_us"])
     fig = px.bar(df, x="mode", y="median_us", color="caller", barmode="group", error_y="err_plus",
-                 error_y_minus="err_minus", text=df["median_us"].map("{:,.1f} µs".format),
+                 error_y_minus="err_minus", text=df["median_us"].map(_us_label),
                  hover_data={"p10_us": ":.1f", "p90_us": ":.1f", "err_plus": False, "err_minus": False})
+    labels_at_base(fig)
     fig = _layout(fig, "What Python costs: the same .pt2 from Python and from C++", "µs per call")
     fig.update_layout(showlegend=True, legend_title_text=None)
     return fig
@@ -179,4 +205,22 @@ def group_timeline_chart(timeline: pd.DataFrame) -> go.Figure:
                       yaxis_title=None, legend_title_text="device hold", barmode="overlay",
                       height=max(220, 40 * df["run"].nunique() + 120), margin=dict(l=10, r=10, t=50, b=10))
     fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def training_curve(curve: pd.DataFrame, title: str = "Training curve: loss per epoch") -> go.Figure:
+    """Training loss (the mean of each epoch's steps) and validation loss (after each epoch) against the epoch, on a
+    decade-labelled log axis where the losses span decades (they usually fall by orders of magnitude)."""
+    fig = go.Figure()
+    for column, name, dash in (("train_loss", "training (mean of the epoch's steps)", None),
+                               ("val_loss", "validation (after the epoch)", "dash")):
+        fig.add_trace(go.Scatter(x=curve["epoch"], y=curve[column], mode="lines+markers", name=name,
+                                 line=dict(dash=dash), marker=dict(size=5),
+                                 hovertemplate="epoch %{x}: %{y:.4g}<extra>" + name.split(" ")[0] + "</extra>"))
+    values = [*curve["train_loss"], *curve["val_loss"]]
+    if spans_decades(values):
+        log_axis(fig, values, label=lambda v: f"{v:g}", pad=1.3)
+    fig.update_xaxes(tick0=1, dtick=max(1, round(len(curve) / 10)))  # whole epochs only
+    fig.update_layout(title=title, xaxis_title="epoch", yaxis_title="loss (MSE, normalised price)", height=340,
+                      margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=-0.25))
     return fig

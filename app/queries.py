@@ -129,21 +129,21 @@ def latest_notes(store: Store, workload: str, device: str) -> dict[str, list[str
 
 
 def device_ceilings(store: Store) -> pd.DataFrame:
-    """The newest ceilings run per device name, one row each, in display units (one cheap aggregate query)."""
-    frame = store.query("""
+    """The newest ceilings run per device name, one row each, in the store's units (B/s, FLOP/s, µs): one cheap
+    aggregate query; pages pick the display unit per device (GB/s on a CPU, TB/s on a GPU)."""
+    return store.query("""
         WITH latest AS (
             SELECT e.device_name, max(r.id) AS run_id FROM runs r JOIN environments e ON e.run_id = r.id
             WHERE r.kind = 'ceilings' AND r.status = 'ok' GROUP BY e.device_name)
         SELECT l.device_name AS device, l.run_id,
-               max(CASE WHEN m.name = 'copy_bw' THEN m.value / 1e12 END) AS "copy TB/s",
-               max(CASE WHEN m.name = 'matmul_bf16' THEN m.value / 1e12 END) AS "bf16 TFLOP/s",
-               max(CASE WHEN m.name = 'matmul_tf32' THEN m.value / 1e12 END) AS "tf32 TFLOP/s",
-               max(CASE WHEN m.name = 'matmul_fp32' THEN m.value / 1e12 END) AS "fp32 TFLOP/s",
-               max(CASE WHEN m.name = 'launch_us' THEN m.value END) AS "launch µs",
-               max(CASE WHEN m.name = 'graph_kernel_us' THEN m.value END) AS "graph kernel µs"
+               max(CASE WHEN m.name = 'copy_bw' THEN m.value END) AS copy_bw,
+               max(CASE WHEN m.name = 'matmul_bf16' THEN m.value END) AS matmul_bf16,
+               max(CASE WHEN m.name = 'matmul_tf32' THEN m.value END) AS matmul_tf32,
+               max(CASE WHEN m.name = 'matmul_fp32' THEN m.value END) AS matmul_fp32,
+               max(CASE WHEN m.name = 'launch_us' THEN m.value END) AS launch_us,
+               max(CASE WHEN m.name = 'graph_kernel_us' THEN m.value END) AS graph_kernel_us
         FROM latest l JOIN metrics m ON m.run_id = l.run_id GROUP BY ALL ORDER BY device
     """)
-    return frame.round(3) if not frame.empty else frame
 
 
 def latest_group(store: Store, kind: str, device: str) -> list[int]:

@@ -40,7 +40,8 @@ def sig(value: float, digits: int = 3) -> str:
     if magnitude >= 15 or magnitude <= -5:
         return f"{value:.{digits - 1}e}"
     decimals = max(0, digits - 1 - magnitude)
-    return f"{round(value, decimals):,.{decimals}f}"
+    text = f"{round(value, decimals):,.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if decimals else text  # 1.00 → 1, 12.50 → 12.5: no digits it lacks
 
 
 def fmt_bytes(value: float) -> str:

@@ -8,7 +8,8 @@ from typing import Any
 
 import streamlit as st
 
-from app import charts, explain_view, queries
+from app import charts, explain_view, queries, tables
+from app import summary as summary_view
 from app.common import (
     device_info,
     first_line,
@@ -73,6 +74,30 @@ with st.sidebar:
     else:
         st.caption("No results for this device and phase yet, so no batch size to pick.")
     show_history = st.toggle("Show history of earlier runs", key="history")
+
+# -- the summary: per phase, the fastest mode, its speedup and whether its timing can be trusted (app/summary.py) ----
+with st.container(border=True, key="summary"):
+    bests = []
+    for p in ("infer", "train"):
+        headline = summary_view.headline_batch(queries.batch_sizes(store, WORKLOAD, device, p),
+                                         workload.default_batch_sizes if p == "infer"
+                                         else workload.default_train_batch_sizes)
+        found = summary_view.best_of_phase(store, WORKLOAD, device, p, headline) if headline is not None else None
+        if found is not None:
+            bests.append(found)
+    if not bests:
+        st.markdown(f"**Summary** — nothing measured on {device} yet: **Run all** below times every mode.")
+    for col, best in zip(st.columns(max(len(bests), 1)), bests):
+        speed = ("" if best.speedup is None or best.mode == "eager" else
+                 f"{best.speedup:.2f}× eager" if best.trusted else f"({best.speedup:.2f}× eager, flagged)")
+        col.metric(f"Fastest · {PHASE_LABELS[best.phase].split(' (')[0].lower()} · B={best.batch}",
+                   f"{best.mode} · {fmt_us(best.median_us)}", delta=speed or None, delta_color="off",
+                   delta_arrow="off", help=f"The fastest of the {best.modes} modes measured at this point whose timing "
+                                           "is not flagged; noise states: docs/measurement.md.")
+        col.caption((":material/check_circle: " if best.trusted else ":material/warning: ")
+                    + f"Timing: {summary_view.state_text(best)}"
+                    + summary_view.speedup_note(best)
+                    + (f" · faster but flagged: {best.flagged_faster}" if best.flagged_faster else ""))
 
 # -- settings for new runs ------------------------------------------------------------------------------------------
 settings_errors: list[str] = []
@@ -161,7 +186,7 @@ for start in range(0, len(mode_names), 3):
                 versus = "" if name == "eager" or speedup != speedup or speedup is None else f"{speedup:.2f}× eager"
                 flag = row.get("speedup_flag") or ""
                 st.metric(f"Median · {phase} · B={batch}", fmt_us(row["median_us"]),
-                          delta=(f"({versus}, flagged)" if flag else versus) or None, delta_color="off",
+                          delta=(f"({versus}, flagged)" if flag and versus else versus) or None, delta_color="off",
                           delta_arrow="off", help=f"Not a headline: {flag}" if flag and versus else None)
                 st.caption(f"p10–p90 {fmt_us(row['p10_us'])} – {fmt_us(row['p90_us'])} · first call "
                            f"{fmt_us(row['first_call_us'])} · run #{row['run_id']} · {fmt_time(row['finished_at'])}")
@@ -189,11 +214,8 @@ for start in range(0, len(mode_names), 3):
                 if not timeline.empty:  # where this run's time went: preparing, compiling, checking, timing …
                     with st.expander(f"Timeline of run #{row['run_id']}", icon=":material/schedule:",
                                      key=f"timeline-{name}"):
-                        st.dataframe(timeline, hide_index=True,
-                                     column_config={"started_s": st.column_config.NumberColumn("started (s)",
-                                                                                                format="%.2f"),
-                                                    "seconds": st.column_config.NumberColumn("took (s)",
-                                                                                             format="%.2f")})
+                        tables.show(timeline, {"step": "step", "started_s": ("started after", "s"),
+                                               "seconds": ("took", "s")})
             else:
                 st.caption("No result for these filters yet.")
             if notes.get(name):  # once per card, however many batch sizes repeated the warning
@@ -228,7 +250,9 @@ with st.container(border=True, key="charts"):
         compiled = summary.dropna(subset=["recompiles"])
         if not compiled.empty:
             right2.caption("Compile counters (latest run per mode)")
-            right2.dataframe(compiled[["mode", "recompiles", "graph_breaks", "max_abs_err"]], hide_index=True)
+            tables.show(compiled, {"mode": "mode", "recompiles": ("recompiles", "int"),
+                                   "graph_breaks": ("graph breaks", "int"),
+                                   "max_abs_err": ("max abs error vs eager", "sci")}, where=right2)
         if summary["native_median_us"].notna().any():
             st.plotly_chart(charts.python_vs_native(summary), key="chart-native")
         if summary["j_per_step"].notna().any():  # energy beside latency (engine.measure.energy)
@@ -265,7 +289,9 @@ if group:
                        + ("No run timed while another held the device." if clashes.empty else
                           f"{len(clashes)} timing spans overlapped another run's hold: see the table below."))
             if not clashes.empty:
-                st.dataframe(clashes, hide_index=True)
+                tables.show(clashes, {"run_id": ("run", "int"), "step": "step", "start_s": ("from", "s"),
+                                      "end_s": ("to", "s"), "run_id_other": ("other run", "int"),
+                                      "step_other": "its step", "hold_other": "its hold"})
 
 # -- why is X slower than Y? (engine.explain.why; the view is app/explain_view.py) ------------------------------------
 with st.container(border=True, key="explain"):

@@ -14,12 +14,14 @@ from app.common import (
     device_info,
     first_line,
     flash,
+    fmt_time,
     get_store,
     page_header,
     show_flash,
     submit,
     watch_active_runs,
 )
+from engine.housing.history import loss_curve
 from engine.housing.predict import (
     InvalidInputError,
     TrainedModel,
@@ -47,6 +49,12 @@ show_flash()
 def _load(path: str, mtime_ns: int) -> TrainedModel:
     # Keyed on the file's mtime, so a retrained model is picked up; load errors are not cached and show every time.
     return load_trained(Path(path))
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _curve(path: str, mtime_ns: int) -> tuple[Any, int | None]:
+    # Keyed on the file's mtime: a retrained model brings its own curve.
+    return loss_curve(get_store(), Path(path))
 
 
 def money(value: float) -> str:
@@ -139,7 +147,16 @@ if trained is not None:
     top[1].metric("Validation MAE", f"${mae:,.0f}" if mae is not None else "—",
                   help="Mean absolute error on the 20 % of rows held out from training.")
     top[2].caption(f"Trained {trained.epochs} epochs in {trained.mode}"
-                   + (f", {trained.created_at}" if trained.created_at else ""))
+                   + (f", {fmt_time(trained.created_at)}" if trained.created_at else ""))
+    curve, curve_run = _curve(str(path), path.stat().st_mtime_ns)
+    if curve.empty:
+        st.caption("This weights file keeps no training curve and no training run in this store wrote it.")
+    else:
+        with st.expander("Training curve", expanded=True, icon=":material/show_chart:"):
+            st.plotly_chart(charts.training_curve(curve), key="chart-training")
+            st.caption(f"{len(curve)} epochs · final training loss {curve['train_loss'].iloc[-1]:.4g}, validation "
+                       f"loss {curve['val_loss'].iloc[-1]:.4g} · "
+                       + (f"from training run #{curve_run}" if curve_run else "from the weights file"))
 
 with st.form("predict-form"):
     values: dict[str, Any] = {}

@@ -10,6 +10,7 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
+from app import tables
 from app.common import (
     first_line,
     flash,
@@ -46,7 +47,7 @@ from engine.ir.runs import (
 )
 from engine.ir.serialize import load_ir
 
-GRAPH_HEIGHT = 640
+GRAPH_HEIGHT = 640  # the graph pane's largest height (px); a small graph gets less, the user may resize
 # The mermaid bundle of streamlit-mermaid-interactive, as the Streamlit server serves it (no network needed).
 MERMAID_PACKAGE = "streamlit_mermaid_interactive"
 MERMAID_COMPONENT = "streamlit_mermaid_interactive.mermaid"
@@ -94,8 +95,9 @@ def fmt_bytes(n: float) -> str:
 
 # -- the graph component: mermaid from the installed bundle, in a pan/zoom viewport --------------------------------
 GRAPH_CSS = """
-.irg { position: relative; border: 1px solid rgba(128,128,128,.35); border-radius: .5rem; overflow: hidden;
-       background: #fff; user-select: none; }
+.irg { border: 1px solid rgba(128,128,128,.35); border-radius: .5rem; background: #fff; user-select: none; }
+.irg-stage { position: relative; overflow: hidden; resize: vertical; min-height: 160px;
+             border-radius: .5rem .5rem 0 0; }
 .irg-view { position: absolute; inset: 0; overflow: hidden; cursor: grab; }
 .irg-view.dragging { cursor: grabbing; }
 .irg-canvas { position: absolute; left: 0; top: 0; transform-origin: 0 0; }
@@ -103,42 +105,63 @@ GRAPH_CSS = """
 .irg-tools { position: absolute; right: .5rem; top: .5rem; display: flex; gap: .25rem; z-index: 2; }
 .irg-tools button { font: 13px sans-serif; min-width: 2rem; padding: .2rem .45rem; border-radius: .3rem;
                     border: 1px solid #bbb; background: #f7f7f9; cursor: pointer; }
-.irg-status { position: absolute; left: .6rem; bottom: .4rem; font: 12px sans-serif; color: #666; z-index: 2;
-              background: rgba(255,255,255,.8); padding: 0 .3rem; }
+.irg-status { font: 12px sans-serif; color: #666; padding: .25rem .6rem; border-top: 1px solid rgba(128,128,128,.2); }
 .irg-error { color: #b00020; font: 13px sans-serif; padding: 1rem; white-space: pre-wrap; }
 .irg g.node.irg-clickable { cursor: pointer; }
 """
 
 GRAPH_JS = """
 const STATE = new WeakMap();
+// The mermaid bundle logs its internals (layout, garbage collection) to the console while it renders: quiet while
+// it draws, back as it was once the drawing is done (or failed).
+let quietDepth = 0, saved = null;
+function quiet(on) {
+  if (on) {
+    if (quietDepth++ === 0) {
+      saved = { log: console.log, info: console.info, debug: console.debug };
+      console.log = console.info = console.debug = () => {};
+    }
+  } else if (quietDepth > 0 && --quietDepth === 0 && saved) {
+    Object.assign(console, saved);
+    saved = null;
+  }
+}
 
 function setup(parent) {
   let root = parent.querySelector('.irg');
   if (root) return STATE.get(root);
   root = document.createElement('div');
   root.className = 'irg';
-  root.innerHTML = `<div class="irg-view"><div class="irg-canvas"><div id="mermaid-container"></div></div></div>
+  root.innerHTML = `<div class="irg-stage"><div class="irg-view"><div class="irg-canvas">
+    <div id="mermaid-container"></div></div></div>
     <div class="irg-tools"><button data-z="in" title="Zoom in">+</button>
     <button data-z="out" title="Zoom out">−</button><button data-z="fit" title="Fit the whole graph">Fit</button>
-    <button data-z="one" title="Actual size">1:1</button></div>
+    <button data-z="one" title="Actual size">1:1</button></div></div>
     <div class="irg-status">rendering…</div>`;
   parent.appendChild(root);
-  const s = { root, view: root.querySelector('.irg-view'), canvas: root.querySelector('.irg-canvas'),
-              status: root.querySelector('.irg-status'), x: 0, y: 0, k: 1, w: 0, h: 0, code: null, trigger: null };
+  const s = { root, stage: root.querySelector('.irg-stage'), view: root.querySelector('.irg-view'),
+              canvas: root.querySelector('.irg-canvas'), status: root.querySelector('.irg-status'),
+              x: 0, y: 0, k: 1, w: 0, h: 0, code: null, trigger: null };
   STATE.set(root, s);
   const apply = () => { s.canvas.style.transform = `translate(${s.x}px, ${s.y}px) scale(${s.k})`; };
   s.apply = apply;
   const zoomAt = (factor, cx, cy) => {
-    const k = Math.min(8, Math.max(0.05, s.k * factor));
+    const k = Math.min(8, Math.max(0.02, s.k * factor));
     s.x = cx - (cx - s.x) * (k / s.k); s.y = cy - (cy - s.y) * (k / s.k); s.k = k; apply();
   };
+  // Fit: the whole graph in the pane, centred (never enlarged past 1.5×).
   s.fit = () => {
     const vw = s.view.clientWidth, vh = s.view.clientHeight;
+    if (!s.w || !s.h || !vw || !vh) return;
+    s.k = Math.min(1.5, vw / s.w, vh / s.h);
+    s.x = (vw - s.w * s.k) / 2; s.y = (vh - s.h * s.k) / 2; apply();
+  };
+  // The first view of a graph: whole if that stays legible, else its width, from the top.
+  s.start = () => {
+    const vw = s.view.clientWidth, vh = s.view.clientHeight;
     if (!s.w || !s.h || !vw) return;
-    // Whole graph if that stays legible, else fit the width and start at the top.
-    const whole = Math.min(vw / s.w, vh / s.h);
-    s.k = Math.min(1.5, whole >= 0.35 ? whole : Math.min(1, vw / s.w));
-    s.x = (vw - s.w * s.k) / 2; s.y = whole >= 0.35 ? (vh - s.h * s.k) / 2 : 8; apply();
+    if (Math.min(vw / s.w, vh / s.h) >= 0.35) { s.fit(); return; }
+    s.k = Math.min(1, vw / s.w); s.x = (vw - s.w * s.k) / 2; s.y = 8; apply();
   };
   root.querySelector('.irg-tools').addEventListener('click', (e) => {
     const z = e.target.getAttribute && e.target.getAttribute('data-z');
@@ -147,6 +170,12 @@ function setup(parent) {
     if (z === 'out') zoomAt(0.8, cx, cy);
     if (z === 'fit') s.fit();
     if (z === 'one') { s.k = 1; s.x = 8; s.y = 8; apply(); }
+  });
+  // Dragging the pane's corner resizes it: the graph is fitted again.
+  new ResizeObserver(() => { if (s.userSized) s.fit(); }).observe(s.stage);
+  s.stage.addEventListener('pointerdown', (e) => {
+    const r = s.stage.getBoundingClientRect();
+    if (e.clientY > r.bottom - 18 && e.clientX > r.right - 18) s.userSized = true;
   });
   // Wheel pans (so the page still scrolls past the graph), ctrl/⌘ + wheel or a pinch zooms around the cursor.
   s.view.addEventListener('wheel', (e) => {
@@ -173,11 +202,21 @@ function setup(parent) {
   return s;
 }
 
+// The pane's height for a graph: what it needs at the width's scale (never above 1:1), between a floor and
+// data.height; a pane the user resized keeps its size.
+function sizeStage(s, maxHeight) {
+  if (s.userSized) return;
+  const vw = s.view.clientWidth || s.stage.clientWidth;
+  const k = Math.min(1, vw / s.w);
+  const needed = Math.max(Math.min(s.h * k, s.h * 1.5), 0) + 24;
+  s.stage.style.height = `${Math.round(Math.min(maxHeight, Math.max(160, needed)))}px`;
+}
+
 export default function (component) {
   const { data, parentElement, setTriggerValue } = component;
   const s = setup(parentElement);
   s.trigger = setTriggerValue;
-  s.root.style.height = `${data.height}px`;
+  if (!s.stage.style.height) s.stage.style.height = `${data.height}px`;
   if (s.code === data.code) return;
   s.code = data.code;
   const container = s.root.querySelector('#mermaid-container');
@@ -185,11 +224,14 @@ export default function (component) {
   s.root.removeAttribute('data-rendered');
   s.status.textContent = 'rendering…';
   const started = performance.now();
+  quiet(true);
+  const finished = () => { quiet(false); };
   const done = new MutationObserver(() => {
     const svg = container.querySelector('svg');
     const failed = container.querySelector('p');
     if (failed && !svg) {
       done.disconnect();
+      finished();
       s.status.textContent = '';
       container.className = 'irg-error';
       s.root.setAttribute('data-rendered', 'error');
@@ -203,12 +245,14 @@ export default function (component) {
     s.h = vb && vb.height ? vb.height : svg.getBoundingClientRect().height;
     svg.setAttribute('width', s.w); svg.setAttribute('height', s.h);
     svg.style.maxWidth = 'none';
-    s.fit();
+    sizeStage(s, data.height);
+    s.start();
+    setTimeout(finished, 500);  // the bundle's last logs follow the drawing by a moment
     const ms = Math.round(performance.now() - started);
     s.root.setAttribute('data-rendered', 'ok');
     s.root.setAttribute('data-render-ms', String(ms));
-    s.status.textContent = `${data.boxes} boxes · rendered in ${ms} ms · drag to pan, ctrl + wheel to zoom` +
-      (data.clickable ? ' · click a module to open it' : '');
+    s.status.textContent = `${data.boxes} boxes · rendered in ${ms} ms · drag to pan, ctrl + wheel to zoom, ` +
+      'Fit to see it whole, the lower right corner to resize' + (data.clickable ? ' · click a module to open it' : '');
     // Module boxes (and opened modules' frames) report their mermaid id; Python maps it back to the module.
     svg.querySelectorAll('g.node, g.cluster').forEach((g) => {
       const m = /(?:flowchart-)?([gs]\\d+)(?:-\\d+)?$/.exec(g.id || '');
@@ -229,6 +273,7 @@ export default function (component) {
                   setStateValue: () => {}, setTriggerValue: () => {} });
   }).catch((err) => {
     done.disconnect();
+    finished();
     container.className = 'irg-error';
     container.textContent = `Could not load mermaid from ${url}: ${err}`;
     s.root.setAttribute('data-rendered', 'error');
@@ -313,11 +358,15 @@ def overlay_tables(store: Any, ov: Overlay) -> None:
                    "infer phase (`--phases infer`) to colour the forward alone.")
     table = module_table(ir, ov)
     table["reproduce"] = cmd
-    st.dataframe(table, hide_index=True, key="overlay-modules")
+    tables.show(table, {"module": "module", "type": "type", "ops": ("ops", "int"),
+                        "us_per_step": ("time per step", "us"), "share_of_step": ("share of the step", "share"),
+                        "reproduce": "reproduce"}, key="overlay-modules")
     if ov.unmatched:
         with st.expander(f"Matched no IR node ({len(ov.unmatched)})"):
-            st.dataframe(pd.DataFrame([{"name": m.name, "calls": m.calls, "us_per_step": m.us, "reproduce": cmd}
-                                       for m in ov.unmatched]), hide_index=True, key="overlay-unmatched")
+            tables.show(pd.DataFrame([{"name": m.name, "calls": m.calls, "us_per_step": m.us, "reproduce": cmd}
+                                      for m in ov.unmatched]),
+                        {"name": "operator or kernel", "calls": ("calls per step", "num"),
+                         "us_per_step": ("time per step", "us"), "reproduce": "reproduce"}, key="overlay-unmatched")
     two_mode_view(store, run, ov)
 
 
@@ -340,12 +389,16 @@ def two_mode_view(store: Any, run: dict, ov: Overlay) -> None:
     c = compare(ir, eager, other)
     cmd_b = reproduce_command(other_run, other.phase)
     nodes = c.nodes.assign(reproduce=cmd_b)
-    st.dataframe(nodes, hide_index=True, key="overlay-compare")
+    tables.show(nodes, {"node": "node", "op": "op", "module": "module", "us_a": ("eager, per step", "us"),
+                        "us_b": (f"{other_run['mode']}, per step", "us"), "status": "status",
+                        "reproduce": "reproduce"}, key="overlay-compare")
     f1, f2 = st.columns(2)
     f1.caption("Fused kernels (map to no single node)")
-    f1.dataframe(c.fused.assign(reproduce=cmd_b), hide_index=True, key="overlay-fused")
+    kernels = {"name": "kernel", "calls": ("calls per step", "num"), "us_per_step": ("time per step", "us"),
+               "reproduce": "reproduce"}
+    tables.show(c.fused.assign(reproduce=cmd_b), kernels, where=f1, key="overlay-fused")
     f2.caption(f"New in {other_run['mode']}")
-    f2.dataframe(c.new.assign(reproduce=cmd_b), hide_index=True, key="overlay-new")
+    tables.show(c.new.assign(reproduce=cmd_b), kernels, where=f2, key="overlay-new")
 
 
 # -- sidebar: what to extract ---------------------------------------------------------------------------------------
@@ -546,11 +599,14 @@ with st.container(border=True, key="verify-section"):
                 st.error(f"Verification #{latest['run_id']}: MISMATCH — max abs error {latest['max_abs_err']:.3g}, "
                          f"max rel error {latest['max_rel_err']:.3g}.", icon=":material/error:")
             if report.get("outputs"):
-                st.dataframe(pd.DataFrame([{
+                tables.show(pd.DataFrame([{
                     "output": o["name"], "shape": str(o["shape"]), "dtype": o["dtype"],
-                    "max abs err": o["max_abs_err"], "max rel err": o["max_rel_err"], "ok": o["ok"],
+                    "max abs err": o["max_abs_err"], "max rel err": o["max_rel_err"], "ok": "yes" if o["ok"] else "no",
                     "note": o.get("message", ""),
-                } for o in report["outputs"]]), hide_index=True, key="verify-table")
+                } for o in report["outputs"]]), {"output": "output", "shape": "shape", "dtype": "dtype",
+                                                 "max abs err": ("max abs error", "sci"),
+                                                 "max rel err": ("max rel error", "sci"), "ok": "within tolerance",
+                                                 "note": "note"}, key="verify-table")
         if len(done) > 1:
             st.caption("Earlier: " + ", ".join(
                 f"#{r.run_id} {'ok' if r.verify_ok == 1 else ('failed' if r.status == 'failed' else 'mismatch')}"

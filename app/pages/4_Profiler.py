@@ -10,6 +10,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
+from app import tables
 from app.common import (
     device_info,
     first_line,
@@ -122,6 +123,18 @@ def figures_of(run_id: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def profiled_phases(store, run_ids: list[int]) -> dict[int, set[str]]:
+    """run id → the phases it profiled (one query for all of them)."""
+    if not run_ids:
+        return {}
+    frame = store.query(f"SELECT DISTINCT run_id, phase FROM metrics WHERE run_id IN ({','.join('?' * len(run_ids))})"
+                        " AND phase IS NOT NULL", run_ids)
+    out: dict[int, set[str]] = {}
+    for run_id, phase in zip(frame.get("run_id", []), frame.get("phase", [])):
+        out.setdefault(int(run_id), set()).add(str(phase))
+    return out
+
+
 def fmt_figure(value: float | None, unit: str, key: str) -> str:
     if value is None or pd.isna(value):
         return NOT_ON_CPU if key in DEVICE_FIGURES else "—"
@@ -186,6 +199,10 @@ def show_profile(runs: pd.DataFrame) -> None:
     """The selected profile: its figures, operators and kernels, trace, deep profile, and a comparison."""
     records = {int(r["id"]): r for r in runs.to_dict("records")}
     ids = list(records)
+    newest = max(ids)
+    if newest > st.session_state.get("profiler-newest", newest):  # a profile just finished: show it
+        st.session_state["run-a"] = newest
+    st.session_state["profiler-newest"] = newest
     top = st.columns([3, 2, 1])
     run_id = top[0].selectbox("Profile", ids, key="run-a", format_func=lambda i: run_label(records[i]))
     run = records[run_id]
@@ -254,8 +271,12 @@ def _operators(stats: pd.DataFrame, m: dict[str, float], steps: float, k: int) -
         with st.expander(f"All {len(stats)} operators and kernels of this phase"):
             table = stats.assign(calls_per_step=stats["calls"] / steps, self_us_per_step=stats["self_us"] / steps,
                                  total_us_per_step=stats["total_us"] / steps)
-            st.dataframe(table[["kind", "device", "name", "calls_per_step", "self_us_per_step", "total_us_per_step",
-                                "device_us", "input_shapes", "parent"]], hide_index=True, key="op-table")
+            tables.show(table, {"name": "name", "kind": "kind", "device": "device",
+                                "calls_per_step": ("calls per step", "num"),
+                                "self_us_per_step": ("self time per step", "us"),
+                                "total_us_per_step": ("total time per step", "us"),
+                                "device_us": ("device time (all steps)", "us"), "input_shapes": "input shapes",
+                                "parent": "launched by"}, key="op-table")
 
 
 def _trace(run_id: int, run: dict[str, Any], phase: str | None) -> None:
@@ -293,12 +314,10 @@ def _deep(run_id: int, phase: str | None) -> None:
             fig.update_layout(xaxis_title="mean duration per launch (µs)", yaxis_title=None)
             st.plotly_chart(_layout(fig, "Nsight Compute: kernel duration", max(220, 40 * len(kernels) + 120)),
                             key="chart-ncu")
-            st.dataframe(kernels[["kernel", "launches", "duration_us", "mem_throughput_pct", "sm_throughput_pct"]],
-                         hide_index=True, key="ncu-table",
-                         column_config={"mem_throughput_pct": st.column_config.NumberColumn("DRAM throughput %",
-                                                                                             format="%.1f"),
-                                        "sm_throughput_pct": st.column_config.NumberColumn("SM throughput %",
-                                                                                            format="%.1f")})
+            tables.show(kernels, {"kernel": "kernel", "launches": ("launches", "int"),
+                                  "duration_us": ("mean time per launch", "us"),
+                                  "mem_throughput_pct": ("DRAM throughput", "pct"),
+                                  "sm_throughput_pct": ("SM throughput", "pct")}, key="ncu-table")
         elif ncu.ncu_path() is None:
             st.info(f"{ncu.NOT_FOUND}: no deep profile on this machine. Install Nsight Compute (it ships with the "
                     "CUDA toolkit) to measure per-kernel duration, memory and SM throughput.", icon=":material/info:")
@@ -314,9 +333,12 @@ def _comparison(records: dict[int, dict[str, Any]], run_id: int, run: dict[str, 
         st.info("Profile a second mode to compare kernels, launches and device time side by side.",
                 icon=":material/info:")
     else:
-        def preferred(i: int) -> tuple:  # same device, another mode, eager (the reference) first, newest first
+        phased = profiled_phases(store, others)
+
+        def preferred(i: int) -> tuple:  # the same phase and device, another mode, eager (the reference), newest
             r = records[i]
-            return (r["device"] != run["device"], r["mode"] == run["mode"], r["mode"] != "eager", -i)
+            return (phase not in phased.get(i, ()), r["device"] != run["device"], r["mode"] == run["mode"],
+                    r["mode"] != "eager", -i)
 
         others.sort(key=preferred)
         run_b_id = st.selectbox("B", others, key="run-b", format_func=lambda i: run_label(records[i]))
@@ -355,10 +377,12 @@ def _comparison(records: dict[int, dict[str, Any]], run_id: int, run: dict[str, 
                     if sel.empty:
                         st.caption("None.")
                     else:
-                        st.dataframe(sel.drop(columns=["where"]).rename(columns={
-                            "calls_a": "calls/step A", "calls_b": "calls/step B", "self_us_a": "µs/step A",
-                            "self_us_b": "µs/step B", "delta_us": "Δ µs/step (B − A)"}),
-                            hide_index=True, key=f"compare-{where.replace(' ', '-')}")
+                        tables.show(sel, {"name": "name", "kind": "kind", "calls_a": ("calls per step, A", "num"),
+                                          "calls_b": ("calls per step, B", "num"),
+                                          "self_us_a": ("time per step, A", "us"),
+                                          "self_us_b": ("time per step, B", "us"),
+                                          "delta_us": ("B − A per step", "us")},
+                                    key=f"compare-{where.replace(' ', '-')}")
 
 
 def show_failures() -> None:

@@ -10,7 +10,8 @@ import uuid
 import pandas as pd
 import streamlit as st
 
-from app import charts, level_charts, queries
+from app import charts, level_charts, queries, tables
+from app.axes import fmt_rate
 from app.common import (
     device_info,
     first_line,
@@ -84,14 +85,6 @@ with st.expander("What is counted", icon=":material/functions:"):
                 f"- Arithmetic intensity: **{component.flops(shape) / component.min_bytes(shape):,.1f} FLOP/B**\n"
                 f"- Correct when ‖out − ref‖ / ‖ref‖ ≤ {component.tolerance(shape):g} against the naive module "
                 f"in fp32 ({shape.dtype} inputs upcast exactly), on two fresh input sets.")
-
-
-def fmt_rate(value: float, unit: str) -> str:
-    """1.2e14 FLOP/s → '120.0 TFLOP/s'; small CPU figures stay readable (G, M)."""
-    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
-        if value >= scale:
-            return f"{value / scale:,.1f} {prefix}{unit}"
-    return f"{value:,.0f} {unit}"
 
 
 def run_notes(row: dict) -> list[str]:
@@ -184,6 +177,8 @@ for start in range(0, len(level_keys), 3):
                                   if pct == pct and pct is not None else "")
                                + (f" · {row['pct_copy_bw']:.0f} % of the measured copy bandwidth"
                                   if row.get("pct_copy_bw") == row.get("pct_copy_bw") else ""))
+                    for note in level_charts.over_ceiling_notes(row):  # a figure above its ceiling, explained
+                        st.caption(f":material/info: {note}")
                 show_timers(row)
                 st.caption(f"rel. error {row['rel_l2_err']:.1e} (≤ {row['tolerance']:g}) · p10–p90 "
                            f"{fmt_us(row['p10_us'])}–{fmt_us(row['p90_us'])} · first call "
@@ -226,10 +221,10 @@ else:
         right.plotly_chart(level_charts.value_bar(timed, chart_keys, "speedup", "Speedup vs L1-naive", "×"),
                            key="chart-speedup")
     left2, right2 = st.columns(2)
-    left2.plotly_chart(level_charts.value_bar(timed, chart_keys, "flops_per_s", "Achieved TFLOP/s", "TFLOP/s",
-                                              1e12), key="chart-tflops")
-    right2.plotly_chart(level_charts.value_bar(timed, chart_keys, "bytes_per_s", "Achieved GB/s of minimum bytes",
-                                               "GB/s", 1e9), key="chart-gbps")
+    left2.plotly_chart(level_charts.value_bar(timed, chart_keys, "flops_per_s", "Achieved {unit}", "FLOP/s"),
+                       key="chart-tflops")
+    right2.plotly_chart(level_charts.value_bar(timed, chart_keys, "bytes_per_s", "Achieved {unit} of minimum bytes",
+                                               "B/s"), key="chart-gbps")
     matmul_key = dtype_key(shape.dtype)
     st.plotly_chart(level_charts.roofline(timed, ceilings, matmul_key, chart_keys), key="chart-roofline")
     if st.toggle("Show history of earlier runs (change points marked)", key="history"):
@@ -245,9 +240,9 @@ else:
         st.warning("No ceilings measured for this device yet, so the roofline has no roof: run "
                    f"`python -m engine ceilings --device {device}` (level runs measure them on first use).")
     else:
-        st.caption(f"Roofs: {ceilings.label('copy_bw')} = {ceilings.copy_bw / 1e12:.3f} TB/s; "
+        st.caption(f"Roofs: {ceilings.label('copy_bw')} = {fmt_rate(ceilings.copy_bw, 'B/s')}; "
                    f"{ceilings.label('matmul_' + ('bf16' if matmul_key == 'fp16' else matmul_key))} = "
-                   f"{(ceilings.matmul(matmul_key) or 0) / 1e12:.2f} TFLOP/s (ceilings run #{ceilings.run_id})."
+                   f"{fmt_rate(ceilings.matmul(matmul_key) or 0, 'FLOP/s')} (ceilings run #{ceilings.run_id})."
                    + (f" Dotted: the datasheet of {ceilings.datasheet.name}, for reference."
                       if ceilings.datasheet else ""))
     stages = stage_results(store, list(timed["id"]))
@@ -258,7 +253,8 @@ else:
                               "median": stages["median"].map(fmt_us),
                               "in a CUDA graph": (stages["graph_median"].map(fmt_us) if "graph_median" in stages
                                                   else "—"),
-                              "TFLOP/s": (stages.get("flops_per_s", pd.Series(dtype=float)) / 1e12).round(2),
+                              "achieved": stages.get("flops_per_s", pd.Series(dtype=float)).map(
+                                  lambda v: fmt_rate(v, "FLOP/s")),
                               "rel. error": stages["rel_l2_err"].map(lambda v: f"{v:.1e}")})
         st.dataframe(shown, hide_index=True)
         for stage, text in component.stages.items():
@@ -267,7 +263,7 @@ else:
 kernels = deep_table(store, [int(i) for i in ok_runs["id"]]) if not ok_runs.empty else pd.DataFrame()
 if not kernels.empty:
     st.subheader("Nsight Compute: what holds each kernel back")
-    st.dataframe(kernels.round(1), hide_index=True, key="deep-table")
+    tables.show(kernels, key="deep-table")  # every figure to 3 significant figures, "—" where ncu gave none
     st.caption("Per kernel of the calls ncu measured (`levels --deep`, clocks left alone): mean time, DRAM and SM "
                "throughput as % of the device's peak, achieved occupancy (% of the warps an SM can hold), registers "
                "per thread; where this Nsight Compute gives them, the tensor pipe's activity (mma.sync and wgmma) and "
@@ -307,6 +303,8 @@ if not failed.empty:
 
 if ceilings is not None:
     with st.expander(f"Ceilings of {ceilings.device_name}", icon=":material/speed:"):
-        rows = [{"ceiling": n, "value": ceilings.values[n], "unit": CEILINGS[n][0], "what": CEILINGS[n][1]}
-                for n in CEILINGS if ceilings.get(n) is not None]
+        rows = [{"ceiling": n, "value": (fmt_rate(ceilings.values[n], CEILINGS[n][0]) if CEILINGS[n][0].endswith("/s")
+                                         else fmt_us(ceilings.values[n]) if CEILINGS[n][0] == "us"
+                                         else f"{ceilings.values[n]:.3g} {CEILINGS[n][0]}"),
+                 "what": CEILINGS[n][1]} for n in CEILINGS if ceilings.get(n) is not None]
         st.dataframe(pd.DataFrame(rows), hide_index=True)

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import envelope_section
+from app.axes import log_axis, si_text
 from app.charts import energy_latency, history_line
 from app.common import (
     device_info,
@@ -61,9 +62,10 @@ SWEEP_PARAMS = {"none": None, "batch B": ("batch", "1, 2, 4, 8, 16, 32, 64"),
 
 st.set_page_config(page_title="LLM · Mode Lab", layout="wide")
 store = get_store()
-page_header("LLM", "Prefill (compute-bound: judged by MFU) and decode (memory-bound: judged by MBU) of a Llama-style "
-            "decoder with a static KV cache, per execution mode. Every mode's logits and greedy tokens are checked "
-            "against eager before its time is shown.")
+page_header("LLM", "Prefill (the prompt in one pass) and decode (one token a step) of a Llama-style decoder with a "
+            "static KV cache, per execution mode. Each phase is judged by MFU or MBU according to the roof that bounds "
+            "it here: its arithmetic intensity against this device's ridge point. Every mode's logits and greedy "
+            "tokens are checked against eager before its time is shown.")
 
 
 def fmt_us(value: Any) -> str:
@@ -113,11 +115,11 @@ def ops_chart(top: pd.DataFrame, title: str) -> go.Figure:
 
 def roofline_chart(points: pd.DataFrame, peak: float | None, bw: float | None, peak_label: str) -> go.Figure:
     fig = go.Figure()
-    lo = max(0.1, float(points["intensity"].min()) / 3) if not points.empty else 0.1
+    lo = float(points["intensity"].min()) / 3 if not points.empty else 0.1
     hi = float(points["intensity"].max()) * 3 if not points.empty else 1e4
-    if peak and bw:
+    if peak and bw:  # the range holds the points and the ridge, nothing more
         ridge = peak / bw
-        lo, hi = min(lo, ridge / 30), max(hi, ridge * 30)
+        lo, hi = min(lo, ridge / 4), max(hi, ridge * 4)
         xs = np.logspace(np.log10(lo), np.log10(hi), 200)
         fig.add_trace(go.Scatter(x=xs, y=np.minimum(xs * bw, peak), mode="lines", name="measured roof",
                                  line=dict(color="grey"),
@@ -134,8 +136,11 @@ def roofline_chart(points: pd.DataFrame, peak: float | None, bw: float | None, p
                                  customdata=np.stack([sel["run_id"], sel["mode"]], axis=-1),
                                  hovertemplate="%{text} · %{customdata[1]} · run #%{customdata[0]}<br>"
                                                "%{x:.3g} FLOP/B, %{y:.3g} FLOP/s<extra>" + phase + "</extra>"))
-    fig.update_xaxes(type="log", title="arithmetic intensity (FLOP per byte that must move)")
-    fig.update_yaxes(type="log", title="achieved FLOP/s")
+    log_axis(fig, [lo, hi], axis="x", label=si_text, pad=1.0)
+    fig.update_xaxes(title="arithmetic intensity (FLOP per byte that must move)")
+    rates = [*points["flops_per_s"], *([peak, lo * bw] if peak and bw else [])]
+    log_axis(fig, rates, label=lambda v: si_text(v, "FLOP/s"), pad=2.0)
+    fig.update_yaxes(title="achieved FLOP/s")
     return _layout(fig, f"Roofline (roofs: measured copy bandwidth and {peak_label})", height=460)
 
 

@@ -9,6 +9,7 @@ import shlex
 import plotly.graph_objects as go
 import streamlit as st
 
+from app.axes import ratio_axis
 from app.common import get_store, page_header
 from engine.compare.verdict import KINDS, CompareError, Comparison, Options, compare, spec_choices, table
 
@@ -58,10 +59,11 @@ def forest(result: Comparison) -> go.Figure:
                 error_x=dict(type="data", symmetric=False, array=[r.ci_high - r.ratio for r in chosen],
                              arrayminus=[r.ratio - r.ci_low for r in chosen]),
                 hovertemplate="%{y}<br>ratio %{x:.3f}<extra>" + verdict + "</extra>"))
-    fig.update_layout(title="Head / base ratio of medians with its 95 % CI (right of 1: slower)",
+    fig.update_layout(title="Head / base ratio of medians with its 95 % CI (right of 1: slower; log scale)",
                       xaxis_title="head / base", yaxis_title=None, height=max(260, 34 * len(rows) + 120),
                       margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=-0.15))
-    return fig
+    # log: a halving and a doubling lie equally far from 1
+    return ratio_axis(fig, [v for r in rows for v in (r.ci_low, r.ci_high, r.ratio)] + [1 + t, 1 / (1 + t)])
 
 
 choices = spec_choices(store)

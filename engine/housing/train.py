@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from engine.housing.history import per_epoch
 from engine.measure import nvtx_ranges
 from engine.modes import Prepared, get_mode
 from engine.modes.base import TRAIN_LR
@@ -92,7 +93,9 @@ def train_model(cfg: TrainConfig, progress: Progress = lambda f, m: None) -> tup
     metrics = {"val_mae_usd": mae, "val_rmse_usd": rmse, "final_train_loss": losses[-1],
                "final_val_loss": val_losses[-1], "train_seconds": train_seconds}
     _check_finite(cfg, model, data, losses + val_losses, metrics)
-    path = _save_weights(cfg, model, data, metrics)
+    history = per_epoch(losses, val_losses, len(loader))  # the learning curve travels with the weights
+    path = _save_weights(cfg, model, data, metrics, {"train_loss": history["train_loss"].tolist(),
+                                                     "val_loss": history["val_loss"].tolist()})
 
     result = RunResult(env=capture_env(cfg.device))
     result.samples.append(Samples(phase="loss", values=losses, unit="mse"))
@@ -214,8 +217,10 @@ def _check_finite(cfg: TrainConfig, model: torch.nn.Module, data: _Split, losses
                         f"({_weights_file(cfg)} is left as it was)")
 
 
-def _save_weights(cfg: TrainConfig, model: torch.nn.Module, data: _Split, metrics: dict[str, float]) -> Path:
-    """The checkpoint (weights, normaliser, metrics), written atomically to models/house_price-<mode>.pt."""
+def _save_weights(cfg: TrainConfig, model: torch.nn.Module, data: _Split, metrics: dict[str, float],
+                  history: dict[str, list[float]] | None = None) -> Path:
+    """The checkpoint (weights, normaliser, metrics, the per-epoch training and validation loss), written atomically
+    to models/house_price-<mode>.pt."""
     path = _weights_file(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
     checkpoint = {
@@ -227,6 +232,7 @@ def _save_weights(cfg: TrainConfig, model: torch.nn.Module, data: _Split, metric
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
         "normalizer": data.normalizer.to_dict(),
         "metrics": metrics,
+        "history": history or {},
         "epochs": cfg.epochs,
         "dataset": str(data.csv),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

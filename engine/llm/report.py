@@ -194,20 +194,28 @@ def _transformers_module(view: RunView) -> bool:
 
 
 def bound_sentences(view: RunView) -> list[str]:
-    """Which resource bounds each phase, from its arithmetic intensity against the ridge point of the measured roofs."""
+    """Which resource bounds each phase, from its arithmetic intensity against the ridge point of the measured roofs,
+    and the figure that follows from it: a compute-bound phase is judged by MFU (achieved FLOP/s / the matmul rate),
+    a memory-bound one by MBU (bytes it must move / its time / the copy bandwidth), whichever phase it is."""
     peak, bw = view.get(f"ceiling_{peak_key(view)}"), view.get("ceiling_copy_bw")
     out = []
     if not (peak and bw):
         return ["No measured ceilings for this device, so no roofline verdict (run `python -m engine ceilings`)."]
     ridge = peak / bw
-    for phase, figure, name in (("prefill", "mfu_pct", "MFU"), ("decode", "mbu_pct", "MBU")):
+    for phase in ("prefill", "decode"):
         ai = view.get("intensity", phase)
         if ai is None:
             continue
-        side = "compute-bound" if ai >= ridge else "memory-bound"
-        out.append(f"{phase.capitalize()}: {ai:,.1f} FLOP/byte against a ridge point of {ridge:,.0f} FLOP/byte "
-                   f"(measured matmul rate / copy bandwidth): {side}; judge it by {name}, "
-                   f"{fmt_pct(view.get(figure, phase))}.")
+        head = f"{phase.capitalize()}: {ai:,.1f} FLOP/byte, {'above' if ai >= ridge else 'below'} the ridge point " \
+               f"of {ridge:,.0f} FLOP/byte (measured matmul rate / copy bandwidth)"
+        if ai >= ridge:
+            flops = view.get("achieved_flops", phase)
+            out.append(f"{head}: compute-bound, so judged by MFU (achieved FLOP/s / the matmul rate): "
+                       f"{fmt_pct(100 * flops / peak if flops else None)}.")
+        else:
+            moved = view.get("achieved_bw", phase)
+            out.append(f"{head}: memory-bound, so judged by MBU (the bytes it must move / its time / the copy "
+                       f"bandwidth): {fmt_pct(100 * moved / bw if moved else None)}.")
     return out
 
 

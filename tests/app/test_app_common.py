@@ -67,3 +67,41 @@ def test_the_dashboard_settings_close_what_a_localhost_tool_should() -> None:
     finally:
         os.chdir(here)
         config.get_config_options(force_reparse=True)
+
+
+def test_axes_read_well() -> None:
+    """Decade ticks with units where values span decades, rates in the device's unit, a symmetric ratio axis,
+    a roofline bounded by its points and ridge, labels at the bars' base (no whisker over them)."""
+    from app import axes, level_charts
+    from engine.measure.ceilings import Ceilings
+
+    summary = pd.DataFrame({"run_id": [1, 2], "mode": ["eager", "cuda"], "median_us": [5000.0, 8.0],
+                            "p10_us": [4000.0, 6.0], "p90_us": [9000.0, 12.0], "first_call_us": [3e4, 1e6],
+                            "speedup_vs_eager": [1.0, 625.0]})
+    fig = charts.latency_bar(summary, ["eager", "cuda"])
+    assert fig.layout.yaxis.type == "log" and "log scale" in fig.layout.title.text
+    assert {"10 µs", "100 µs", "1 ms"} <= set(fig.layout.yaxis.ticktext)
+    assert all(t.textposition == "inside" and t.insidetextanchor == "start" for t in fig.data)
+    near = charts.latency_bar(summary.assign(median_us=[100.0, 90.0], p10_us=[95.0, 80], p90_us=[110.0, 99]))
+    assert near.layout.yaxis.type != "log"  # within a decade: linear
+    assert axes.rate_scale([2e9, 5e8], "FLOP/s") == (1e9, "GFLOP/s")
+    assert axes.fmt_rate(3.1e9, "B/s") == "3.1 GB/s" and axes.fmt_rate(2.98e12, "B/s") == "2.98 TB/s"
+    ticks = axes.decade_ticks(0.8, 2000)
+    assert ticks["ticktext"] == ["1 µs", "10 µs", "100 µs", "1 ms"]
+    frame = pd.DataFrame({"mode": ["L1-naive", "L1-native"], "flops_per_s": [3e9, 2e10], "bytes_per_s": [1e9, 4e10],
+                          "intensity": [2.0, 0.5], "id": [1, 2], "median_us": [10.0, 2.0], "p10_us": [9.0, 1.8],
+                          "p90_us": [12.0, 2.5]})
+    bar = level_charts.value_bar(frame, ["L1-naive", "L1-native"], "flops_per_s", "Achieved {unit}", "FLOP/s")
+    assert bar.layout.title.text == "Achieved GFLOP/s" and max(bar.data[0].y[0], bar.data[1].y[0]) < 100
+    ceil = Ceilings(run_id=1, device_name="CPU: test", values={"copy_bw": 1e10, "matmul_fp32": 1e11})
+    roof = level_charts.roofline(frame, ceil, "fp32", ["L1-naive", "L1-native"])
+    lo, hi = (10 ** v for v in roof.layout.xaxis.range)
+    assert lo >= 0.5 / 10 and hi <= 10 * 4.01  # the points (0.5, 2 FLOP/B) and the ridge (10), not 10^21
+    assert roof.layout.yaxis.title.text == "GFLOP/s"
+    assert any(t.name.startswith("★ above the measured roof") for t in roof.data)  # 4e10 B/s > the 1e10 copy roof
+    assert level_charts.over_ceiling_notes({"pct_copy_bw": 123.0, "pct_matmul": 20.0})[0].startswith(
+        "Above the copy ceiling (123 %)")
+    import plotly.graph_objects as go
+    ratio = axes.ratio_axis(go.Figure(), [0.5, 1.3, 1.1])
+    assert ratio.layout.xaxis.type == "log" and "0.5×" in ratio.layout.xaxis.ticktext
+    assert abs(ratio.layout.xaxis.range[0] + ratio.layout.xaxis.range[1]) < 1e-9  # symmetric about 1

@@ -28,8 +28,9 @@ def test_empty_store_offers_a_quick_first_run(lab: Store, page, monkeypatch: pyt
     assert not at.exception
     spec, = submitted[0]
     assert (spec.kind, spec.mode, spec.device) == ("bench", "eager", "cpu")
-    assert "Open **Benchmark** to watch it" in texts(at.success)
-    assert not at.button  # the store is no longer empty
+    assert "its progress shows below" in texts(at.success)
+    # the store is no longer empty: no quick run; the queued run's row has its Cancel button
+    assert [b.key for b in at.button] == [f"cancel-{int(lab.runs()['id'].iloc[0])}"]
     assert {m.label: m.value for m in at.metric}["Queued"] == "1"
 
 
@@ -82,5 +83,8 @@ def test_home_lists_measured_ceilings_per_device(lab: Store, page) -> None:
     assert not at.exception
     table = at.dataframe[-1].value
     assert list(table["device"]) == ["CPU: AMD EPYC", "NVIDIA H100 80GB HBM3"]
-    assert table.set_index("device").loc["NVIDIA H100 80GB HBM3", "copy TB/s"] == 2.98  # the newest run wins
+    rows = table.set_index("device")
+    assert rows.loc["NVIDIA H100 80GB HBM3", "copy bandwidth"] == "2.98 TB/s"  # the newest run wins
+    assert rows.loc["CPU: AMD EPYC", "copy bandwidth"] == "20 GB/s"  # each device in its own unit
+    assert rows.loc["CPU: AMD EPYC", "bf16 matmul"] == "—" and rows.loc["CPU: AMD EPYC", "launch"] == "5.0 µs"
     assert "divides by one of these" in texts(at.caption)

@@ -59,7 +59,7 @@ def test_overlay_toggle_shows_share_modules_and_two_modes(lab: Store, tmp_path: 
     at.toggle(key="overlay-on").set_value(True).run()
     assert not at.exception
     assert "attributed 100 % of the profiled step's operator self CPU time" in texts(at.markdown)
-    modules = next(d.value for d in at.dataframe if "share_of_step" in d.value.columns)
+    modules = next(d.value for d in at.dataframe if "share of the step" in d.value.columns)
     assert set(modules["module"]) == {"fc1", "fc2", "fc3", "relu1", "relu2"}
     assert modules["reproduce"].iloc[0] == ("python -m engine profile --workload house_price --mode eager --device cpu "
                                             "--phases infer --batch-size 64")

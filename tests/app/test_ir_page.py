@@ -94,8 +94,8 @@ def test_verify_submits_a_job_and_shows_the_report(lab: Store, monkeypatch: pyte
     assert submitted and submitted[0].target == "engine.ir.verify:verify_job"
     assert submitted[0].params["ir_run_id"] == ex.run_id
     assert "the IR computes the model's outputs" in texts(at.success)
-    report = frame_with(at, "max abs err")
-    assert list(report["ok"]) == [True, True]
+    report = frame_with(at, "max abs error")
+    assert list(report["within tolerance"]) == ["yes", "yes"]
 
 
 def test_oversized_preset_cannot_be_verified(lab: Store, monkeypatch: pytest.MonkeyPatch) -> None:

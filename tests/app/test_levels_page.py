@@ -125,7 +125,7 @@ def test_a_deep_run_shows_what_holds_each_kernel_back(lab: Store) -> None:
     table = next(d.value for d in at.dataframe if "occupancy %" in d.value.columns)
     (row,) = table.to_dict("records")
     assert (row["level"], row["kernel"], row["SM %"], row["occupancy %"], row["regs/thread"]) == (
-        "L4-triton", "_attn_fwd_kernel", 83.2, 12.4, 188.0)
+        "L4-triton", "_attn_fwd_kernel", "83.2", "12.4", "188")
     toggle = at.sidebar.toggle(key="deep")
     assert toggle.disabled  # no ncu here (and no CUDA device)
 

@@ -40,7 +40,7 @@ def test_without_a_model_offers_training(lab: Store, page, queued: list) -> None
     spec, = queued[0]
     assert (spec.kind, spec.mode, spec.params["epochs"], spec.params["csv"]) == ("train", "eager", 3, None)
     assert list(lab.runs(kind="train")["status"]) == ["queued"]
-    assert at.get("progress")
+    assert any(m.value.startswith("**1 run in progress** — 0 running, 1 waiting") for m in at.markdown)
 
 
 def test_prediction_shows_a_price(with_model: Path, page) -> None:
@@ -123,3 +123,26 @@ def test_uploaded_csv_is_validated_then_used(lab: Store, page, queued: list, tmp
     assert saved.parent == tmp_path / "uploads" and saved.name.endswith("-my_data.csv")
     assert saved.read_bytes() == good
     assert spec.params["batch_size"] == 16  # 64 rows: 51 after the validation split, fewer than a batch of 64
+
+
+def test_a_model_shows_its_training_curve_from_the_file_or_its_run(with_model: Path, lab: Store, page) -> None:
+    """A weights file no run of this store wrote: the curve its checkpoint carries. A file a stored training run
+    wrote: that run's per-epoch losses (the mean of each epoch's steps, and the validation loss), named."""
+    from engine.store.db import Artifact, Metric, RunResult, Samples
+
+    at = page("predict").run()
+    assert not at.exception
+    (chart,) = [c for c in at.get("plotly_chart") if "Training curve" in c.proto.spec]
+    assert "validation (after the epoch)" in chart.proto.spec
+    assert "2 epochs" in texts(at.caption) and "from the weights file" in texts(at.caption)
+    run_id = lab.create_run("train", "house_price", "eager", "cpu", {})
+    lab.start_run(run_id)
+    lab.record_result(run_id, RunResult(
+        metrics=[Metric("steps_per_epoch", 2, "")],
+        samples=[Samples("loss", [4.0, 2.0, 1.0, 1.0, 0.5, 0.3], "mse"), Samples("val_loss", [2.5, 1.1, 0.35], "mse")],
+        artifacts=[Artifact("weights", with_model.name, str(with_model))]))
+    with_model.touch()  # a new mtime: the page reads the curve again
+    at = page("predict").run()
+    assert not at.exception
+    assert (f"3 epochs · final training loss 0.4, validation loss 0.35 · from training run #{run_id}"
+            in texts(at.caption))

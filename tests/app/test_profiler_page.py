@@ -61,17 +61,17 @@ def kineto_trace(kernels: list[str], steps: int = 2, graph: bool = False) -> dic
 
 
 def add_profile_run(store: Store, folder: Path, mode: str, kernels: list[str], *, graph: bool = False,
-                    deep: list[dict] | None = None) -> int:
+                    deep: list[dict] | None = None, phase: str = "train") -> int:
     run_id = store.create_run("profile", "house_price", mode, "cuda", {"mode": mode, "device": "cuda"})
     store.start_run(run_id)
     trace = kineto_trace(kernels, graph=graph)
-    path = folder / f"run_{run_id}" / "trace-train.json.gz"
+    path = folder / f"run_{run_id}" / f"trace-{phase}.json.gz"
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt") as f:
         json.dump(trace, f)
-    analysis = analyze(trace, "train")
+    analysis = analyze(trace, phase)
     result = RunResult(
-        metrics=[Metric(k, v, "", phase="train", batch_size=64) for k, v in analysis.metrics.items()],
+        metrics=[Metric(k, v, "", phase=phase, batch_size=64) for k, v in analysis.metrics.items()],
         artifacts=[Artifact("chrome_trace", path.name, str(path))], op_stats=analysis.op_stats,
         kernel_metrics=deep or [], notes=["a note from the run"])
     store.record_result(run_id, result)
@@ -111,7 +111,7 @@ def test_gpu_profile_cards_charts_trace_and_deep_metrics(gpu_pair: tuple[int, in
     (download,) = at.download_button
     assert "Download trace" in download.label and "gzipped JSON" in download.label
     assert "a note from the run" in texts(at.caption)
-    ncu_table = next(d.value for d in at.dataframe if "sm_throughput_pct" in d.value.columns)
+    ncu_table = next(d.value for d in at.dataframe if "SM throughput" in d.value.columns)
     assert list(ncu_table["kernel"]) == ["gemm_kernel"]
 
     at.selectbox(key="run-a").set_value(eager).run()
@@ -129,9 +129,9 @@ def test_comparison_lists_kernels_removed_and_added(gpu_pair: tuple[int, int]) -
     cards = {m.label: m.value for m in at.metric}
     assert (cards["Kernels only in A"], cards["Kernels only in B"], cards["Kernels in both"]) == ("2", "1", "1")
     frames = [d.value for d in at.dataframe]
-    only_a = next(f for f in frames if "Δ µs/step (B − A)" in f.columns and set(f["name"]) == {"relu_kernel",
-                                                                                               "add_kernel"})
-    assert (only_a["calls/step B"] == 0).all() and (only_a["calls/step A"] == 1).all()
+    only_a = next(f for f in frames if "B − A per step" in f.columns and set(f["name"]) == {"relu_kernel",
+                                                                                            "add_kernel"})
+    assert (only_a["calls per step, B"] == "0").all() and (only_a["calls per step, A"] == "1").all()
     assert any(set(f.get("name", [])) == {"triton_poi_fused_add_relu_0"} for f in frames)
     figures = next(f for f in frames if "figure" in f.columns)
     launches = figures.set_index("figure").loc["kernel launches per step"]
@@ -174,7 +174,7 @@ def test_profile_button_queues_a_profile_run(lab: Store, monkeypatch: pytest.Mon
     assert spec.params["phases"] == ["train", "infer"] and spec.params["active"] == 3 and not spec.params["deep"]
     assert list(lab.runs(kind="profile")["status"]) == ["queued"]
     assert "Queued profile #" in texts(at.success)
-    assert at.get("progress")
+    assert any("1 run in progress" in m.value for m in at.markdown)
 
     at.multiselect(key="new-phases-fx").set_value([]).run()
     assert at.button(key="profile-run").disabled
@@ -195,3 +195,18 @@ def test_failed_profile_shows_its_error(lab: Store) -> None:
     assert not at.exception
     assert "torch.profiler finished without producing a trace" in texts(at.error)
     assert "--- traceback ---" in texts(at.code)
+
+
+def test_a_new_profile_is_shown_and_b_defaults_to_one_of_the_same_phase(gpu_pair: tuple[int, int], lab: Store,
+                                                                        tmp_path: Path) -> None:
+    eager, compiled = gpu_pair
+    at = open_profiler().run()
+    at.selectbox(key="run-a").set_value(eager).run()
+    infer_only = add_profile_run(lab, tmp_path, "fx", ["gemm_kernel"], phase="infer")  # newest, no train phase
+    at.run()
+    assert not at.exception
+    assert at.selectbox(key="run-a").value == infer_only  # the profile that just finished is the one shown
+    at.selectbox(key="run-a").set_value(eager).run()
+    assert at.selectbox(key="run-b").value == compiled  # it profiled train too; the newer fx did not
+    at.run()
+    assert at.selectbox(key="run-a").value == eager  # a rerun without a new profile keeps the choice

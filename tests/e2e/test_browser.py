@@ -1,8 +1,11 @@
-"""End to end: start the real dashboard, drive it in Debian's Chromium through Playwright.
+"""End to end: start the real dashboard over a small CPU lab (a trained model, eager and fx benchmarked at one batch
+size, quick ceilings, two kernel levels), drive it in Debian's Chromium through Playwright.
 
-Click "Run benchmark" on the eager card and see the latency chart appear (the run goes through the real job runner
-and worker process); submit the Predict form and see a price. Playwright's own browsers are never downloaded: it
-launches /usr/bin/chromium.
+Every page opens without an exception, a "None" or a GPU unit (TFLOP/s, TB/s) on this CPU-only store; *Profile both
+and explain* runs two real profiles and the explanation refreshes in place (no reload, the pair kept); a run queued
+behind a held device names the holder and is cancelled from its row; the Predict form gives a price. Playwright's
+own browsers are never downloaded: it launches /usr/bin/chromium. MODELAB_SCREENSHOTS=DIR keeps a 1400×1000 PNG of
+every page there (docs/img/ holds the README's).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -34,13 +38,20 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
     tmp = tmp_path_factory.mktemp("e2e")
     env = dict(os.environ, RESULTS_DB=str(tmp / "results.duckdb"), MODELS_DIR=str(tmp / "models"),
                ARTIFACTS_DIR=str(tmp / "artifacts"), MODELAB_LOCK_DIR=str(tmp), PYTHONPATH=str(REPO))
-    # A trained model for the Predict form (2 epochs: seconds, real weights through the real training code).
-    subprocess.run([sys.executable, "-m", "engine", "train", "--mode", "eager", "--epochs", "2"], cwd=REPO, env=env,
-                   check=True, capture_output=True, timeout=300)
+    # The lab, through the real CLI and job runner, as small as it gets: a trained model for the Predict form, eager
+    # and fx at one batch size, the CPU's ceilings, two kernel levels on the small shapes.
+    for command in (["train", "--mode", "eager", "--epochs", "2"],
+                    ["bench", "--mode", "eager,fx", "--phases", "infer", "--batch-sizes", "64", "--iters", "20",
+                     "--warmup", "2"],
+                    ["ceilings", "--quick"],
+                    ["levels", "--component", "causal_attention", "--level", "L1-naive,L1-native", "--iters", "5",
+                     "--warmup", "1"]):
+        subprocess.run([sys.executable, "-m", "engine", *command], cwd=REPO, env=env, check=True, capture_output=True,
+                       timeout=300)
     port = _free_port()
     log = open(tmp / "streamlit.log", "wb")
     proc = subprocess.Popen(
@@ -61,7 +72,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     else:
         proc.kill()
         pytest.fail("streamlit did not start listening within 60 s")
-    yield url
+    yield SimpleNamespace(url=url, tmp=tmp, db=tmp / "results.duckdb")
     proc.terminate()
     try:
         proc.wait(timeout=10)
@@ -84,27 +95,109 @@ def browser():
         browser.close()
 
 
-def test_run_eager_benchmark_shows_chart(server: str, browser) -> None:
-    page = browser.new_page()
-    page.goto(f"{server}/Benchmark", wait_until="domcontentloaded")
-    button = page.locator(".st-key-run-eager button")
-    button.wait_for(state="visible", timeout=60_000)
-    assert page.locator(".js-plotly-plot").count() == 0  # a fresh store: no chart until a run is ok
-    button.click()
-    # The run goes: queued → worker process → store → the page's live fragment reruns the page → chart.
-    page.locator(".st-key-chart-latency .js-plotly-plot").wait_for(state="visible", timeout=180_000)
-    text = page.locator(".st-key-chart-latency").inner_text()
-    assert "eager" in text
+PAGES = {"home": "", "benchmark": "Benchmark", "predict": "Predict", "ir_explorer": "IR_Explorer",
+         "profiler": "Profiler", "kernel_levels": "Kernel_Levels", "llm": "LLM", "compare": "Compare"}
+
+
+def settle(page, quiet_s: float = 1.5, timeout_s: float = 90) -> None:
+    """Wait until the script has run: the page's title is drawn and Streamlit's running indicator has been gone a
+    while."""
+    page.locator('[data-testid="stMain"] h1').first.wait_for(state="visible", timeout=timeout_s * 1000)
+    deadline, calm_since = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        running = page.locator('[data-testid="stStatusWidget"]').filter(has_text="Running").count()
+        if running:
+            calm_since = None
+        elif calm_since is None:
+            calm_since = time.monotonic()
+        elif time.monotonic() - calm_since >= quiet_s:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{page.url} kept running for {timeout_s} s")
+
+
+def main_text(page) -> str:
+    return page.locator('[data-testid="stMain"]').inner_text()
+
+
+def test_every_page_reads_well_on_a_cpu_lab(server: SimpleNamespace, browser) -> None:
+    shots = os.environ.get("MODELAB_SCREENSHOTS")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    for name, path in PAGES.items():
+        page.goto(f"{server.url}/{path}", wait_until="domcontentloaded")
+        settle(page)
+        assert page.locator('[data-testid="stException"]').count() == 0, (name, main_text(page)[:2000])
+        text = main_text(page)
+        assert not re.search(r"\bNone\b", text), (name, [line for line in text.splitlines() if "None" in line])
+        assert "TFLOP/s" not in text and "TB/s" not in text, (name, "a GPU unit on a CPU-only store")
+        if shots:
+            Path(shots).mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(Path(shots) / f"{name}.png"))
+    page.goto(f"{server.url}/Benchmark", wait_until="domcontentloaded")
+    settle(page)
+    assert "Fastest · inference · B=64" in main_text(page)  # the summary at the top
+    page.goto(f"{server.url}/Kernel_Levels", wait_until="domcontentloaded")
+    settle(page)
+    assert re.search(r"\d [GM]FLOP/s", main_text(page))  # the CPU's rates in its own unit
     page.close()
 
 
-def test_predict_form_shows_price(server: str, browser) -> None:
+def test_profile_both_and_explain_refreshes_in_place(server: SimpleNamespace, browser) -> None:
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{server.url}/Benchmark", wait_until="domcontentloaded")
+    button = page.locator(".st-key-explain-profile button")
+    button.wait_for(state="visible", timeout=90_000)
+    settle(page)
+    explain = page.locator(".st-key-explain")
+    assert "No profile of eager and fx at infer B=64" in explain.inner_text()
+    page.evaluate("window.__sameDocument = true")  # gone if the page were reloaded
+    button.click()
+    # Two real profiles run (worker processes); the section shows them queued, then the page refreshes itself.
+    page.locator(".st-key-explain").filter(has_text="Queued #").wait_for(timeout=60_000)
+    page.locator(".st-key-explain").filter(has_text="finished; the explanation above reads them").wait_for(
+        timeout=240_000)
+    text = explain.inner_text()
+    # explained (the terms of both profiled steps), or a profile too far off its benchmark named for a redo
+    assert "per profiled step" in text or "Profile eager again" in text or "Profile fx again" in text, text
+    assert "No profile of" not in text
+    assert page.evaluate("window.__sameDocument === true")
+    # the pair kept: the sentence is still about eager and fx
+    assert re.search(r"eager and fx take|fx and eager take|fx is slower than eager|eager is slower than fx", text), text
+    page.close()
+
+
+def test_a_run_waiting_for_its_device_names_the_holder_and_can_be_cancelled(server: SimpleNamespace, browser,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.runner.device_lock import device_lock
+    from engine.store.db import Store
+
+    monkeypatch.setenv("MODELAB_LOCK_DIR", str(server.tmp))  # the server's lock folder: this test holds the CPU
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{server.url}/Benchmark", wait_until="domcontentloaded")
+    button = page.locator(".st-key-run-eager button")
+    button.wait_for(state="visible", timeout=60_000)
+    settle(page)
+    with device_lock("cpu"):
+        button.click()
+        row = page.locator(".st-key-progress").filter(has_text="held by pid")
+        row.wait_for(timeout=60_000)
+        text = row.inner_text()
+        assert f"waiting for cpu, held by pid {os.getpid()}" in text and "pytest" in text, text
+        run_id = int(re.search(r"#(\d+) · bench eager on cpu", text).group(1))
+        page.locator(f".st-key-cancel-{run_id} button").first.click()  # (a refresh may briefly draw the row twice)
+        page.get_by_text(f"Cancelled #{run_id} (bench eager on cpu) before it started.").wait_for(timeout=30_000)
+    assert Store(server.db).run(run_id)["status"] == "cancelled"
+    page.close()
+
+
+def test_predict_form_shows_price(server: SimpleNamespace, browser) -> None:
     page = browser.new_page()
-    page.goto(f"{server}/Predict", wait_until="domcontentloaded")
+    page.goto(f"{server.url}/Predict", wait_until="domcontentloaded")
     submit = page.locator(".st-key-predict button")
     submit.wait_for(state="visible", timeout=60_000)
     submit.click()
     metric = page.locator('.st-key-predicted-price [data-testid="stMetricValue"]')
     metric.first.wait_for(state="visible", timeout=60_000)
     assert re.fullmatch(r"\$\d{1,3}(,\d{3})+", metric.first.inner_text().strip())
+    assert page.get_by_text("Training curve").count()  # the model's learning curve beside it
     page.close()

@@ -101,7 +101,7 @@ def test_reports_are_written_and_readable(eager) -> None:
     assert set(files) == set(REPORT_FILES)
     report = files["report.md"].read_text()
     assert "TTFT" in report and "TPOT" in report and "of the measured fp32 matmul rate" in report
-    assert "Top operators, decode" in report and "-bound; judge it by" in report
+    assert "Top operators, decode" in report and "-bound, so judged by" in report
     stored = json.loads(files["metrics.json"].read_text())
     assert any(m["name"] == "ttft_us" and m["phase"] == "prefill" for m in stored)
     inputs = json.loads(files["inputs.json"].read_text())
