@@ -105,6 +105,10 @@ def read_only_query(store: Store, text: str, limit: int = DEFAULT_LIMIT) -> Quer
         except duckdb.Error as exc:
             if is_damage_error(exc):
                 raise  # the store's own one-line message for a damaged file (Store.connect)
+            if isinstance(exc, duckdb.OutOfMemoryException):  # DuckDB's hint (a temp directory) does not apply here
+                raise StoreError(f"query failed: it needs more than the {MEMORY_LIMIT} a query may hold here "
+                                 f"({str(exc).splitlines()[0]}); narrow it with WHERE, LIMIT or fewer columns") \
+                    from None
             if isinstance(exc, duckdb.PermissionException):
                 raise SqlRefused(f"refused: {one_line(exc)} (this window reads the store only)") from None
             raise StoreError(f"query failed: {one_line(exc)}") from None
