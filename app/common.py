@@ -100,13 +100,21 @@ def parse_batch_sizes(text: str) -> list[int]:
 
 
 # -- flash messages: callbacks run before the script, so they leave a message for the render that follows ----------
-def flash(kind: str, text: str) -> None:
-    st.session_state.setdefault("_flash", []).append((kind, text))
+def flash(kind: str, text: str, where: str = "") -> None:
+    """Leave a message for the next render, shown by the show_flash(where) call placed next to the button that
+    caused it ('' for the page's general place)."""
+    st.session_state.setdefault("_flash", []).append((kind, text, where))
 
 
-def show_flash() -> None:
-    for kind, text in st.session_state.pop("_flash", []):
-        getattr(st, kind)(text)
+def show_flash(where: str = "") -> None:
+    kept = []
+    for kind, text, place in st.session_state.pop("_flash", []):
+        if place == where:
+            getattr(st, kind)(text)
+        else:
+            kept.append((kind, text, place))
+    if kept:
+        st.session_state["_flash"] = kept
 
 
 def submit(specs: Sequence[jobs.JobSpec], group_id: str | None = None) -> list[int] | None:

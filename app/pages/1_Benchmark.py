@@ -143,7 +143,8 @@ def queue_runs(modes: list[str], device: str, params: dict[str, Any], repeats: i
     ids = submit(specs, group_id=group)
     if ids:
         what = ", ".join(f"#{i} {m}" for i, m in zip(ids, modes * repeats))
-        flash("success", f"Queued {what} on {device}. Progress shows below; charts update when a run finishes.")
+        flash("success", f"Queued {what} on {device}. Progress shows above the cards; charts update when a run "
+              "finishes.", where=f"card-{modes[0]}" if len(modes) == 1 and repeats == 1 else "")
 
 
 if device in info["devices"]:
@@ -226,6 +227,7 @@ for start in range(0, len(mode_names), 3):
                 st.caption(f":material/block: Not available on {device}: {reason}")
             st.button("Run benchmark", key=f"run-{name}", disabled=not (ok and settings_ok), help=reason or None,
                       on_click=queue_runs, args=([name], device, params, repeats))
+            show_flash(f"card-{name}")  # its confirmation, beside the button
 
 # -- charts ---------------------------------------------------------------------------------------------------------
 with st.container(border=True, key="charts"):

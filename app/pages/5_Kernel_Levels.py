@@ -127,7 +127,8 @@ def queue(levels: list[str]) -> None:
                       **({"impl_path": impl_path} if yours_levels.is_yours(lv) else {})}) for lv in levels]
     ids = submit(specs, group_id=uuid.uuid4().hex[:12] if len(specs) > 1 else None)
     if ids:
-        flash("success", f"Queued {', '.join(f'#{i} {lv}' for i, lv in zip(ids, levels))} on {device}.")
+        flash("success", f"Queued {', '.join(f'#{i} {lv}' for i, lv in zip(ids, levels))} on {device}.",
+              where=f"card-{levels[0]}" if len(levels) == 1 and levels[0] in LEVELS else "")
 
 
 here = device in info["devices"]
@@ -190,6 +191,7 @@ for start in range(0, len(level_keys), 3):
             if not ok:
                 st.caption(f":material/block: Not available on {device}: {reason}")
             st.button("Run", key=f"run-{key}", disabled=not ok, help=reason or None, on_click=queue, args=([key],))
+            show_flash(f"card-{key}")  # its confirmation, beside the button
 
 # -- your kernels: their figures and guard verdicts ------------------------------------------------------------------
 if yours_keys:

@@ -79,6 +79,8 @@ def test_extract_renders_the_mermaid_graph(ir_server: str, chromium) -> None:
     page = chromium.new_page(viewport={"width": 1400, "height": 1000})
     requests: list[str] = []
     page.on("request", lambda r: requests.append(r.url))
+    logs: list[str] = []  # console.log lines: the graph component keeps the mermaid bundle's quiet
+    page.on("console", lambda m: logs.append(m.text) if m.type in ("log", "debug", "info") else None)
     page.goto(f"{ir_server}/IR_Explorer", wait_until="domcontentloaded")
     extract = page.locator(".st-key-extract button").first
     extract.wait_for(state="visible", timeout=60_000)
@@ -105,6 +107,14 @@ def test_extract_renders_the_mermaid_graph(ir_server: str, chromium) -> None:
     page.locator(".irg svg g.cluster").first.wait_for(timeout=60_000)
     assert "layers.1.self_attn" in page.locator(".irg svg").text_content()
     assert float(page.locator(".irg").get_attribute("data-render-ms")) < 5000
+    # the pane fits the graph (no taller than it needs at the width's scale), the caption sits below the drawing
+    stage, status = page.locator(".irg-stage").bounding_box(), page.locator(".irg-status").bounding_box()
+    assert status["y"] >= stage["y"] + stage["height"] - 1 and 160 <= stage["height"] <= 640
+    page.locator(".irg-tools button[data-z='fit']").click()  # Fit: the whole graph inside the pane
+    canvas = page.locator(".irg-canvas svg").bounding_box()
+    assert canvas["width"] <= stage["width"] + 1 and canvas["height"] <= stage["height"] + 1
+    page.wait_for_timeout(1000)
+    assert not logs, logs[:10]
     page.close()
 
 
