@@ -314,8 +314,10 @@ def test_device_lock_serialises_processes(tmp_path, child_env, lab_env):
     first, second = sorted(held, key=lambda h: h["start"])
     assert first["end"] - first["start"] >= 0.5 and second["end"] - second["start"] >= 0.5
     assert second["start"] >= first["end"], f"the lock was held twice at once: {held}"
-    # The one that waited was told who held the lock.
-    assert second["waited"] == [f"waiting for cpu: held by pid {first['pid']}"]
+    # The one that waited was told who held the lock: its pid, its command line and for how long.
+    (told,) = second["waited"]
+    assert told.startswith(f"waiting for cpu: held by pid {first['pid']} (python -m tests.engine.runner.lock_holder")
+    assert told.endswith(" s")
     assert first["waited"] == []
     assert lock_path("cpu").parent == Path(lab_env["MODELAB_LOCK_DIR"])
 
