@@ -24,7 +24,6 @@ def fake_device(monkeypatch, free_gib: float, total_gib: float = 141.0) -> None:
         return free, total, ""
 
     monkeypatch.setattr(group, "device_budget", budget)
-    monkeypatch.setattr(group, "ensure_ceilings", lambda *a, **k: None)
 
 
 def cfgs(preset: str, **kw) -> list[LLMConfig]:
