@@ -46,7 +46,7 @@ def test_every_part_starts_each_of_its_steps(tmp_path: Path) -> None:
             log.unlink()
     calls = (tmp_path / "calls.log").read_text()
     # the steps that once could not start: `timeout` handed the shell functions llm and pytest_q
-    assert "python3 -m engine llm --prompt-len 512 --new-tokens 128 --device cuda --preset 1B --no-profile" in calls
+    assert "python3 -m engine llm --prompt-len 512 --new-tokens 128 --device cuda --preset 1B " in calls
     assert "python3 -m pytest -q -x -p no:cacheprovider tests/engine/kernels/test_triton_kernels.py" in calls
 
 
