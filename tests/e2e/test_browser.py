@@ -99,6 +99,11 @@ PAGES = {"home": "", "benchmark": "Benchmark", "predict": "Predict", "ir_explore
          "profiler": "Profiler", "kernel_levels": "Kernel_Levels", "llm": "LLM", "compare": "Compare"}
 
 
+def own_arguments() -> str:
+    """This process's arguments after the interpreter, from /proc (pytest's, or an xdist worker's)."""
+    return " ".join(Path("/proc/self/cmdline").read_bytes().decode(errors="replace").split("\0")[1:]).strip()
+
+
 def settle(page, quiet_s: float = 1.5, timeout_s: float = 90) -> None:
     """Wait until the script has run: the page's title is drawn and Streamlit's running indicator has been gone a
     while."""
@@ -182,7 +187,7 @@ def test_a_run_waiting_for_its_device_names_the_holder_and_can_be_cancelled(serv
         row = page.locator(".st-key-progress").filter(has_text="held by pid")
         row.wait_for(timeout=60_000)
         text = row.inner_text()
-        assert f"waiting for cpu, held by pid {os.getpid()}" in text and "pytest" in text, text
+        assert f"waiting for cpu, held by pid {os.getpid()}" in text and own_arguments()[:30] in text, text
         run_id = int(re.search(r"#(\d+) · bench eager on cpu", text).group(1))
         page.locator(f".st-key-cancel-{run_id} button").first.click()  # (a refresh may briefly draw the row twice)
         page.get_by_text(f"Cancelled #{run_id} (bench eager on cpu) before it started.").wait_for(timeout=30_000)

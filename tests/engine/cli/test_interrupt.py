@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.store.db import Store, pid_alive
+from engine.store.db import Store, StoreDamagedError, pid_alive
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -48,7 +48,10 @@ def _under_way(store: Store) -> bool:
     """A run whose worker has reported progress (beyond the supervisor's own 'starting worker')."""
     if not store.path.exists():
         return False
-    runs = store.runs(kind="bench")
+    try:
+        runs = store.runs(kind="bench")
+    except StoreDamagedError:  # the CLI is still creating the file (0 bytes so far): not under way yet
+        return False
     return bool(((runs["status"] == "running") & (runs["progress"] > 0)).any()) if not runs.empty else False
 
 
