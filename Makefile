@@ -30,8 +30,10 @@ run: $(STAMP) data
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
 
+# The suite in two worker processes (pytest-xdist), a test file to each at a time (module fixtures built once): much
+# of it waits on worker subprocesses, compilers and the browser, which leaves a core idle for the second process.
 test: lint
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
 
 # The tests marked gpu (pytest.ini: they need a CUDA device or pick their device by one), with the machine's own
 # Python: `make test-gpu` on the GPU machine. Left out: the offline sm_90 builds (marked sm90_offline), which need no
