@@ -1,9 +1,10 @@
 """The code and docs read in the present tense: no work-journal wording in comments, docstrings or docs.
 
-What counts as journal wording: a numbered session ("session 23", "(a later session)"), "did not help", and a date in
-YYYY-MM-DD form. Dates are allowed in one place only: the date column of docs/figures.md's tables, where each figure
-names when it was taken. In Python files a date is looked for in comments and docstrings only, so test data such as
-`pd.to_datetime(["2026-01-01"])` stays allowed; the session and "did not help" patterns apply to every line.
+What counts as journal wording: a numbered work session (the word followed by a number, or "(a later" and the
+word), "did not help", and a date in YYYY-MM-DD form. Dates are allowed in one place only: the date column of
+docs/figures.md's tables, where each figure names when it was taken. In Python files a date is looked for in
+comments and docstrings only, so test data such as `pd.to_datetime(["2026-01-01"])` stays allowed; the session and
+"did not help" patterns apply to every line.
 """
 
 from __future__ import annotations
@@ -117,13 +118,18 @@ def test_the_tree_reads_in_the_present_tense() -> None:
                        "and put figures in docs/figures.md\n" + "\n".join(found))
 
 
+# The planted lines spell the word in two parts, so that a search of the tree for journal wording skips this file.
+SESSION = "sess" + "ion"
+
+
 @pytest.mark.parametrize("name, text, flagged", [
-    ("notes.md", "Fine.\nMeasured in session 12, it did not help.\nAlso fine.\n", [2]),
+    ("notes.md", "Fine.\nMeasured in " + SESSION + " 12, it did not help.\nAlso fine.\n", [2]),
     ("notes.md", "the gate (a later session) changed\n", [1]),
     ("notes.md", "Timed 2026-11-24 on the GPU.\n", [1]),
     ("Makefile", "# (2026-11-28, two H200s) kernels ran past 540 s\ntest:\n\ttrue\n", [1]),
-    ("kernel.cu", "// ran faster in session 7\nint x;\n", [1]),
-    ("mod.py", '"""Docstring (H100, 2026-11-27)."""\nX = ["2026-01-01"]  # data, not prose\n# see session 3\n', [1, 3]),
+    ("kernel.cu", "// ran faster in " + SESSION + " 7\nint x;\n", [1]),
+    ("mod.py", '"""Docstring (H100, 2026-11-27)."""\nX = ["2026-01-01"]  # data, not prose\n# see '
+     + SESSION + ' 3\n', [1, 3]),
     ("mod.py", 'def f():\n    """Spans\n    2026-11-25 on its second line."""\n    return "2026-01-02"\n', [3]),
     ("mod.py", "def test_x(session):\n    session.run()  # a fixture\nS = st.session_state\n", []),
     ("mod.py", "# values can also come from session state (session state, here)\n", []),
