@@ -145,81 +145,80 @@ def roofline_chart(points: pd.DataFrame, peak: float | None, bw: float | None, p
 
 
 # -- new runs -------------------------------------------------------------------------------------------------------
-runs = llm_runs(store, status="ok")
-with st.expander("New LLM run", expanded=runs.empty, icon=":material/rocket_launch:"):
-    from engine.llm.modes import MODES, availability, phase_unavailable
-    from engine.llm.run import DTYPES, LLMConfig, params_of
+def new_run_form(runs: pd.DataFrame) -> None:
+    """The New LLM run form: preset, lengths, batch, device, mode or all, a sweep; Run queues the group."""
+    with st.expander("New LLM run", expanded=runs.empty, icon=":material/rocket_launch:"):
+        from engine.llm.modes import MODES, availability, phase_unavailable
+        from engine.llm.run import DTYPES, LLMConfig, params_of
 
-    info = device_info()
-    c1, c2, c3, c4, c5 = st.columns(5)
-    preset = c1.selectbox("Preset", list(PRESETS), key="new-preset",
-                          format_func=lambda p: f"{p} (d={PRESETS[p]['dim']}, {PRESETS[p]['layers']} layers)")
-    prompt_len = int(c2.number_input("Prompt length P", 1, 32768, 32 if preset in ("tiny", "small") else 512,
-                                     key=f"new-p-{preset}"))
-    new_tokens = int(c3.number_input("New tokens N", 1, 8192, 16 if preset in ("tiny", "small") else 128,
-                                     key=f"new-n-{preset}"))
-    batch = int(c4.number_input("Batch B", 1, 1024, 1, key="new-b"))
-    device = c5.selectbox("Device", info["devices"], key="new-device",
-                          format_func=lambda d: f"{d} — {info['names'].get(d, '')}")
-    dtype = DTYPES["bfloat16" if device.startswith("cuda") else "float32"]
-    # presets only here: the transformers-* modes run an --hf folder's own transformers module (CLI)
-    reasons = {name: availability(m, device, dtype) for name, m in MODES.items() if m.route == "native"}
-    runnable = [n for n, r in reasons.items() if r is None]
-    c6, c7, c8 = st.columns([2, 1, 2])
-    mode = c6.selectbox("Mode", ["all"] + list(reasons), key="new-mode",
-                        format_func=lambda m: f"all available ({len(runnable)})" if m == "all" else
-                        (m if reasons[m] is None else f"{m} (unavailable)"))
-    sweep_kind = c7.selectbox("Sweep", list(SWEEP_PARAMS), key="new-sweep")
-    sweep_values: list[int] = []
-    errors: list[str] = []
-    if SWEEP_PARAMS[sweep_kind]:
-        param, default = SWEEP_PARAMS[sweep_kind]
-        text = c8.text_input(f"{sweep_kind} values", default, key=f"new-sweep-{param}")
-        try:
-            sweep_values = [int(v) for v in text.replace(",", " ").split()]
-            if not sweep_values or any(v < 1 for v in sweep_values):
-                raise ValueError
-        except ValueError:
-            errors.append(f"Sweep values must be whole numbers ≥ 1, e.g. {default}.")
-    profile = st.toggle("Profile each run (torch.profiler; adds a few seconds per run)", value=not sweep_values,
-                        key="new-profile")
-    st.caption(MODES[mode].description if mode != "all" else
-               "Every mode available on this device, one run each, as one group.")
-    if mode != "all" and reasons[mode]:
-        errors.append(f"{mode} is not available on {device}: {reasons[mode]}")
-    elif mode != "all":
-        why = phase_unavailable(MODES[mode], "decode", device, dtype)
-        if why:
-            st.caption(f":material/info: prefill only here — {why}")
-    if device == "cpu" and preset not in ("tiny", "small"):
-        st.caption(":material/warning: a billion-parameter model in float32 on the CPU takes minutes per run.")
-    modes = runnable if mode == "all" else [mode]
-    configs: list[dict[str, Any]] = []
-    for v in sweep_values or [None]:
-        for m in modes:
-            cfg = LLMConfig(preset=preset, prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, mode=m,
-                            device=device, profile=profile, sweep=SWEEP_PARAMS[sweep_kind][0].replace("_len", "")
-                            if SWEEP_PARAMS[sweep_kind] else None)
-            if v is not None:
-                setattr(cfg, SWEEP_PARAMS[sweep_kind][0], v)
+        info = device_info()
+        c1, c2, c3, c4, c5 = st.columns(5)
+        preset = c1.selectbox("Preset", list(PRESETS), key="new-preset",
+                              format_func=lambda p: f"{p} (d={PRESETS[p]['dim']}, {PRESETS[p]['layers']} layers)")
+        prompt_len = int(c2.number_input("Prompt length P", 1, 32768, 32 if preset in ("tiny", "small") else 512,
+                                         key=f"new-p-{preset}"))
+        new_tokens = int(c3.number_input("New tokens N", 1, 8192, 16 if preset in ("tiny", "small") else 128,
+                                         key=f"new-n-{preset}"))
+        batch = int(c4.number_input("Batch B", 1, 1024, 1, key="new-b"))
+        device = c5.selectbox("Device", info["devices"], key="new-device",
+                              format_func=lambda d: f"{d} — {info['names'].get(d, '')}")
+        dtype = DTYPES["bfloat16" if device.startswith("cuda") else "float32"]
+        # presets only here: the transformers-* modes run an --hf folder's own transformers module (CLI)
+        reasons = {name: availability(m, device, dtype) for name, m in MODES.items() if m.route == "native"}
+        runnable = [n for n, r in reasons.items() if r is None]
+        c6, c7, c8 = st.columns([2, 1, 2])
+        mode = c6.selectbox("Mode", ["all"] + list(reasons), key="new-mode",
+                            format_func=lambda m: f"all available ({len(runnable)})" if m == "all" else
+                            (m if reasons[m] is None else f"{m} (unavailable)"))
+        sweep_kind = c7.selectbox("Sweep", list(SWEEP_PARAMS), key="new-sweep")
+        sweep_values: list[int] = []
+        errors: list[str] = []
+        if SWEEP_PARAMS[sweep_kind]:
+            param, default = SWEEP_PARAMS[sweep_kind]
+            text = c8.text_input(f"{sweep_kind} values", default, key=f"new-sweep-{param}")
             try:
-                cfg.validate()
-            except ValueError as exc:
-                errors.append(str(exc))
-                break
-            configs.append(params_of(cfg))
-    for message in dict.fromkeys(errors):
-        st.error(message, icon=":material/error:")
-    st.button(f"Run ({len(configs)} run{'s' if len(configs) != 1 else ''})", key="llm-run", type="primary",
-              disabled=bool(errors) or not configs, on_click=queue, args=(configs,))
-show_flash()
-watch_active_runs(kind="llm")
+                sweep_values = [int(v) for v in text.replace(",", " ").split()]
+                if not sweep_values or any(v < 1 for v in sweep_values):
+                    raise ValueError
+            except ValueError:
+                errors.append(f"Sweep values must be whole numbers ≥ 1, e.g. {default}.")
+        profile = st.toggle("Profile each run (torch.profiler; adds a few seconds per run)", value=not sweep_values,
+                            key="new-profile")
+        st.caption(MODES[mode].description if mode != "all" else
+                   "Every mode available on this device, one run each, as one group.")
+        if mode != "all" and reasons[mode]:
+            errors.append(f"{mode} is not available on {device}: {reasons[mode]}")
+        elif mode != "all":
+            why = phase_unavailable(MODES[mode], "decode", device, dtype)
+            if why:
+                st.caption(f":material/info: prefill only here — {why}")
+        if device == "cpu" and preset not in ("tiny", "small"):
+            st.caption(":material/warning: a billion-parameter model in float32 on the CPU takes minutes per run.")
+        modes = runnable if mode == "all" else [mode]
+        configs: list[dict[str, Any]] = []
+        for v in sweep_values or [None]:
+            for m in modes:
+                cfg = LLMConfig(preset=preset, prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, mode=m,
+                                device=device, profile=profile, sweep=SWEEP_PARAMS[sweep_kind][0].replace("_len", "")
+                                if SWEEP_PARAMS[sweep_kind] else None)
+                if v is not None:
+                    setattr(cfg, SWEEP_PARAMS[sweep_kind][0], v)
+                try:
+                    cfg.validate()
+                except ValueError as exc:
+                    errors.append(str(exc))
+                    break
+                configs.append(params_of(cfg))
+        for message in dict.fromkeys(errors):
+            st.error(message, icon=":material/error:")
+        st.button(f"Run ({len(configs)} run{'s' if len(configs) != 1 else ''})", key="llm-run", type="primary",
+                  disabled=bool(errors) or not configs, on_click=queue, args=(configs,))
+
 
 # -- the selected run -----------------------------------------------------------------------------------------------
-if runs.empty:
-    st.info("No LLM runs yet. Open **New LLM run**, pick a preset and press **Run** (the tiny preset on the CPU takes "
-            "seconds), or run `python -m engine llm --preset 1B --mode all --device cuda`.", icon=":material/info:")
-else:
+def show_run(runs: pd.DataFrame) -> None:
+    """The selected run: its cards, its group's modes, energy, latency, operators, roofline, envelope, a second run
+    beside it and its report."""
     records = {int(r["id"]): r for r in runs.to_dict("records")}
     ids = list(records)
     run_id = st.selectbox("Run", ids, key="run-a", format_func=lambda i: run_label(records[i]))
@@ -230,7 +229,18 @@ else:
             line = found.line()
             st.info(f"{line[0].upper()}{line[1:]} · runs #{found.native_run} and #{found.transformers_run}, the "
                     "newest group of this checkpoint with both", icon=":material/compare_arrows:")
+    _cards(run_id, row, view)
+    _group_modes(runs, row)
+    _energy(runs, row)
+    _latency(run_id, row, view)
+    _operators(view)
+    _roofline(runs, records, row, run_id, view)
+    envelope_section.render(runs)
+    _side_by_side(records, run_id, view)
+    _report(run_id)
 
+
+def _cards(run_id: int, row: dict[str, Any], view: Any) -> None:
     with st.container(border=True, key="cards"):
         cols = st.columns(5)
         cols[0].metric("TTFT (prefill)", fmt_us(value(row, "ttft_us")),
@@ -270,6 +280,8 @@ else:
         for note in view.notes:
             st.caption(f":material/info: {note}")
 
+
+def _group_modes(runs: pd.DataFrame, row: dict[str, Any]) -> None:
     group = row.get("group_id")
     members = (runs[runs["group_id"] == group] if "group_id" in runs and group is not None and not pd.isna(group)
                else runs.iloc[0:0])
@@ -286,6 +298,8 @@ else:
                    "(greedy top-1 agreement and mean KL against the unquantized model, thresholds in "
                    "docs/quantization.md).")
 
+
+def _energy(runs: pd.DataFrame, row: dict[str, Any]) -> None:
     setup = same_setup(runs, row)  # every mode's newest run of this model, device, B, P and N
     energy_cols = [(phase, energy_points(setup, phase)) for phase in ENERGY_PHASES]
     if any(not pts.empty for _, pts in energy_cols):
@@ -301,6 +315,8 @@ else:
         st.caption("Each mode's newest run of this model, device, B, P and N. Whole-board energy over the timed "
                    "region, idle draw included (docs/measurement.md); a star is a mode no other beats on both.")
 
+
+def _latency(run_id: int, row: dict[str, Any], view: Any) -> None:
     with st.expander("Formulas", icon=":material/functions:"):
         st.code((llm_metrics.__doc__ or "").strip(), language=None)
 
@@ -320,6 +336,8 @@ else:
         st.plotly_chart(history_line(past, None, history_steps(store, past, "median_us"),
                                      "History: median decode step (TPOT) of runs like this one"), key="chart-history")
 
+
+def _operators(view: Any) -> None:
     st.subheader("Where the time goes: prefill vs decode")
     k = int(st.number_input("Top k", 3, 30, 8, key="top-k"))
     op_cols = st.columns(2)
@@ -331,12 +349,14 @@ else:
             what = "kernels" if (top["kind"] != "operator").any() else "operators"
             col.plotly_chart(ops_chart(top, f"{phase.capitalize()}: top {k} {what} per step"), key=f"chart-ops-{phase}")
 
-    # -- roofline -------------------------------------------------------------------------------------------------
+
+def _roofline(runs: pd.DataFrame, records: dict[int, dict[str, Any]], row: dict[str, Any], run_id: int,
+              view: Any) -> None:
     st.subheader("Roofline")
     groups = runs[runs["group_id"].notna() & runs["sweep"].notna()] if "group_id" in runs else runs.iloc[0:0]
     sweep_ids = {g: [int(i) for i in f["id"]] for g, f in groups.groupby("group_id")} if not groups.empty else {}
     default = [i for i in sweep_ids.get(row.get("group_id"), [])] or [run_id]
-    chosen = st.multiselect("Runs on the roofline", ids, default=default, key=f"roof-{run_id}",
+    chosen = st.multiselect("Runs on the roofline", list(records), default=default, key=f"roof-{run_id}",
                             format_func=lambda i: run_label(records[i]),
                             help="A sweep (B or P) shows the step from memory- to compute-bound; its runs are "
                                  "picked when the selected run belongs to one.")
@@ -352,12 +372,10 @@ else:
         if sweep_ids:
             st.caption(f"{len(sweep_ids)} sweep group(s) stored; queue one under *New LLM run* → *Sweep*.")
 
-    # -- the operating envelope: a two-axis sweep's heatmaps (app/envelope_section.py) ----------------------------
-    envelope_section.render(runs)
 
-    # -- two runs side by side ------------------------------------------------------------------------------------
+def _side_by_side(records: dict[int, dict[str, Any]], run_id: int, view: Any) -> None:
     st.subheader("Two runs side by side")
-    others = [i for i in ids if i != run_id]
+    others = [i for i in records if i != run_id]
     if not others:
         st.info("Run a second mode (or size) to compare it with this one.", icon=":material/info:")
     else:
@@ -392,7 +410,8 @@ else:
             col.plotly_chart(_layout(fig, f"{phase.capitalize()}: top operators, A vs B",
                                      max(300, 26 * merged["label"].nunique() + 140)), key=f"chart-cmp-{phase}")
 
-    # -- report -----------------------------------------------------------------------------------------------------
+
+def _report(run_id: int) -> None:
     with st.container(border=True, key="report"):
         st.markdown("**Report**")
         try:
@@ -411,12 +430,25 @@ else:
                 st.markdown(files["report.md"].read_text())
         st.caption(f"Also: `python -m engine llm-report {run_id}`.")
 
-# -- failures -------------------------------------------------------------------------------------------------------
-failed = store.runs(kind="llm", status=["failed"], limit=10)
-if not failed.empty:
-    st.subheader("Failed runs")
-    for frow in failed.itertuples():
-        st.markdown(f"**#{frow.id}** `{frow.mode}` on {frow.device} · {fmt_time(frow.finished_at)}")
-        st.error(first_line(frow.error) or "failed without a message", icon=":material/error:")
-        with st.expander(f"Full error of run #{frow.id}"):
-            st.code(frow.error or "", language=None)
+
+def show_failures() -> None:
+    failed = store.runs(kind="llm", status=["failed"], limit=10)
+    if not failed.empty:
+        st.subheader("Failed runs")
+        for frow in failed.itertuples():
+            st.markdown(f"**#{frow.id}** `{frow.mode}` on {frow.device} · {fmt_time(frow.finished_at)}")
+            st.error(first_line(frow.error) or "failed without a message", icon=":material/error:")
+            with st.expander(f"Full error of run #{frow.id}"):
+                st.code(frow.error or "", language=None)
+
+
+runs = llm_runs(store, status="ok")
+new_run_form(runs)
+show_flash()
+watch_active_runs(kind="llm")
+if runs.empty:
+    st.info("No LLM runs yet. Open **New LLM run**, pick a preset and press **Run** (the tiny preset on the CPU takes "
+            "seconds), or run `python -m engine llm --preset 1B --mode all --device cuda`.", icon=":material/info:")
+else:
+    show_run(runs)
+show_failures()
