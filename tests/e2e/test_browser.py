@@ -163,7 +163,8 @@ def test_profile_both_and_explain_refreshes_in_place(server: SimpleNamespace, br
         timeout=240_000)
     text = explain.inner_text()
     # explained (the terms of both profiled steps), or a profile too far off its benchmark named for a redo
-    assert "per profiled step" in text or "Profile eager again" in text or "Profile fx again" in text, text
+    assert ("per profiled step" in text or "Profile eager again" in text or "Profile fx again" in text
+            or "take about the same time" in text), text  # two modes within 5 % of each other are said to be equal
     assert "No profile of" not in text
     assert page.evaluate("window.__sameDocument === true")
     # the pair kept: the sentence is still about eager and fx
