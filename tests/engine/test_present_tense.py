@@ -24,7 +24,7 @@ FIGURES = Path("docs") / "figures.md"
 SELF = Path(__file__).resolve()  # this file spells the patterns out
 
 JOURNAL = re.compile(
-    r"\bsessions? \d"  # session 23, sessions 17 and 19
+    r"\bsessions? \d"  # the word with a number after it, singular or plural
     r"|\((?:(?:a|an|the|this|that|one|later|earlier|next|same|previous)\s+)*session\b(?![)\w,=.\[]| state)"
     r"|\b(?:this|that|a later|an earlier|the previous|the next) session\b"
     r"|did not help",
