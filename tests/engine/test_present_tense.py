@@ -124,7 +124,7 @@ SESSION = "sess" + "ion"
 
 @pytest.mark.parametrize("name, text, flagged", [
     ("notes.md", "Fine.\nMeasured in " + SESSION + " 12, it did not help.\nAlso fine.\n", [2]),
-    ("notes.md", "the gate (a later session) changed\n", [1]),
+    ("notes.md", "the gate (a later " + SESSION + ") changed\n", [1]),
     ("notes.md", "Timed 2026-11-24 on the GPU.\n", [1]),
     ("Makefile", "# (2026-11-28, two H200s) kernels ran past 540 s\ntest:\n\ttrue\n", [1]),
     ("kernel.cu", "// ran faster in " + SESSION + " 7\nint x;\n", [1]),
