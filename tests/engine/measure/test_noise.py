@@ -58,8 +58,10 @@ def test_other_load_alone_makes_a_tight_series_interfered() -> None:
     """Contention that slows every call alike keeps the spread tight; the conditions still say it was shared."""
     assert noise.judge(quiet(), busy(0.6)).state == "interfered"  # a quarter of 2 cores is 0.5
     assert noise.judge(quiet(), busy(0.4)).state == "clean"
-    waited = Conditions(cores=2, other_cores=0.3, cpu_wait_frac=0.4, window_s=1)
+    waited = Conditions(cores=16, other_cores=0.8, cpu_wait_frac=0.4, window_s=1)  # under a quarter of 16 cores
     assert "its threads waited for a CPU 40 % of the time" in noise.judge(quiet(), waited).reason
+    floor = Conditions(cores=2, other_cores=0.4, cpu_wait_frac=0.4, window_s=1)  # an idle machine's reading
+    assert noise.judge(quiet(), floor).state == "clean"
     own_threads = Conditions(cores=2, other_cores=0.0, cpu_wait_frac=0.4, window_s=1)  # waited on itself only
     assert noise.judge(quiet(), own_threads).state == "clean"
 
