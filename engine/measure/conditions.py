@@ -284,9 +284,14 @@ class _GpuWatch:
 
 
 def _in_group(pid: int) -> bool:
-    """True when `pid` descends from this process or from its parent (a sibling worker of the same supervisor lane
-    or fork server, or something one of them started); False where /proc does not show it (another container)."""
-    mine = {os.getpid(), os.getppid()}
+    """True when `pid` is this run's supervisor or descends from it, from this process or from its parent: a worker
+    of the same group in any lane (its fork server's or its supervisor's child), the supervisor itself (which may
+    hold a CUDA context of its own), or something one of them started; False where /proc does not show it (another
+    container). A group's other runs hold their memory but never launch work while this one times (the device
+    lock's exclusive phase), so they are listed apart from interference."""
+    from engine.runner import device_lock
+
+    mine = {os.getpid(), os.getppid(), device_lock.supervisor_pid()} - {0}
     if pid in mine:
         return True
     seen = 0

@@ -310,6 +310,20 @@ def note_run_wait(seconds: float) -> None:
     _RUN_WAIT_S[0] = max(0.0, float(seconds))
 
 
+_SUPERVISOR_PID = [0]  # the process that launched this worker's group (job.json), set by the worker
+
+
+def note_supervisor(pid: int) -> None:
+    """The worker's record of its supervisor: it and every process under it (the other runs of the group, in any
+    lane) are the lab's own, not other users of the device (engine.measure.conditions)."""
+    _SUPERVISOR_PID[0] = int(pid)
+
+
+def supervisor_pid() -> int:
+    """This worker's supervisor's pid (0 outside a worker)."""
+    return _SUPERVISOR_PID[0]
+
+
 def waited_s() -> float:
     """Seconds this worker's run has waited for its device so far: its supervisor's wait for the whole-run lock and,
     beside a group, every wait of its phased hold (engine.measure.conditions reports each timing's share)."""

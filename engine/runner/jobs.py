@@ -461,7 +461,7 @@ def _write_job(store: Store, run_id: int, run: dict[str, Any], files: _RunFiles,
     clear_cancel(files.workdir)
     files.log.write_bytes(b"")
     job = {"run_id": run_id, "target": target, "params": params, "result_file": str(files.result),
-           "progress_file": str(files.progress)}
+           "progress_file": str(files.progress), "supervisor_pid": os.getpid()}
     if group_size > 1:
         job["device_phases"] = {"device": run["device"], "group_size": group_size}
     files.spec.write_text(json.dumps(job))

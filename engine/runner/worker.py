@@ -100,6 +100,10 @@ def run_job(job_path: str | Path) -> int:
         from engine.runner.worker_env import configure_compile_caches
 
         configure_compile_caches()
+        if job.get("supervisor_pid"):  # the group's own processes on the device are not interference
+            from engine.runner.device_lock import note_supervisor
+
+            note_supervisor(job["supervisor_pid"])
         if job.get("device_wait_s"):  # how long the supervisor waited for the device before starting this run
             from engine.runner.device_lock import note_run_wait
 

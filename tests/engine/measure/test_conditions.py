@@ -117,6 +117,19 @@ def test_gpu_figures_come_from_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
         finally:
             nvml.set_backend(previous)
     assert grouped.gpu_group_processes == [child.pid] and grouped.gpu_other_processes == [4242]
+    with foreign_hog(5.0, 1) as (sibling,):  # another lane's worker: not under this process, under its supervisor
+        previous = nvml.set_backend(nvml.FakeNvml(pids=[sibling.pid, 4242]))
+        try:
+            with conditions.window("cuda:0", min_span_s=0.0) as outside:
+                pass
+            device_lock.note_supervisor(sibling.pid)
+            with conditions.window("cuda:0", min_span_s=0.0) as supervised:
+                pass
+        finally:
+            device_lock.note_supervisor(0)
+            nvml.set_backend(previous)
+    assert outside.gpu_other_processes == sorted([4242, sibling.pid])
+    assert supervised.gpu_group_processes == [sibling.pid] and supervised.gpu_other_processes == [4242]
     previous = nvml.set_backend(nvml.FakeNvml(init_error="driver gone"))
     try:
         with conditions.window("cuda:0", min_span_s=0.0) as missing:
