@@ -17,10 +17,16 @@ Definitions (all times in µs, summed over the profiled "active" steps):
   event's end. Device busy = length of the union of device-event intervals inside the window; idle = window − busy.
 - kernel launches: host calls that put kernels on the device (cudaLaunchKernel*, cuLaunchKernel*, cudaGraphLaunch —
   a CUDA graph replay is one launch for all its kernels); CPU launch time is the duration of those calls.
+- per step: a host event belongs to the step (ProfilerStep#N) it starts in, a device event to the step of the
+  operator that launched it (its own start where no launcher is found). Per row, `self_p10_us` and `self_p90_us` are
+  the 10th and 90th percentiles of its self time per step over the profiled steps (a step without the row counts 0);
+  per profile, `step_wall_{p10,median,p90}_us` spread the steps' wall times and, on a GPU,
+  `device_busy_{p10,median,p90}_us` the union of each step's device events.
 """
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import re
@@ -30,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 HOST_KINDS = {"cpu_op": "operator", "cuda_runtime": "runtime", "cuda_driver": "runtime",
@@ -70,6 +77,8 @@ class TraceAnalysis:
     metrics: dict[str, float]
     has_device: bool
     notes: list[str] = field(default_factory=list)
+    step_walls_us: list[float] = field(default_factory=list)  # each profiled step's wall time, in order
+    device_busy_steps_us: list[float] = field(default_factory=list)  # each step's device busy time (GPU only)
 
 
 def load_trace(path: str | Path) -> dict[str, Any]:
@@ -187,13 +196,45 @@ def _ext_id(args: dict[str, Any]) -> Any:
     return args.get("External id", args.get("external id"))
 
 
-def aggregate(events: Sequence[Event]) -> list[dict[str, Any]]:
-    """op_stats rows: one per (kind, device, name), with calls, self/total time, device time of the kernels an
-    operator launched itself, the most frequent input shapes, and for kernels the operator that launched them."""
-    op_by_ext: dict[Any, Event] = {}  # External id → the operator (or record_function range) that launched
+def launchers(events: Sequence[Event]) -> dict[Any, Event]:
+    """External id → the operator (or record_function range) that launched the device events carrying it."""
+    op_by_ext: dict[Any, Event] = {}
     for e in events:
         if e.kind in ("operator", "annotation") and _ext_id(e.args) is not None:
             op_by_ext.setdefault(_ext_id(e.args), e)
+    return op_by_ext
+
+
+def step_index(events: Sequence[Event], spans: Sequence[tuple[float, float]]) -> dict[int, int]:
+    """id(event) → the index of the profiled step it belongs to: a host event's step is the one it starts in, a
+    device event's the one its launching operator starts in (its own start where none is found). Events before the
+    first step count in it."""
+    starts = [s for s, _ in spans] or [0.0]
+    op_by_ext = launchers(events)
+
+    def at(ts: float) -> int:
+        return max(0, bisect.bisect_right(starts, ts) - 1)
+
+    out = {}
+    for e in events:
+        launcher = op_by_ext.get(_ext_id(e.args)) if e.device != "cpu" else None
+        out[id(e)] = at(launcher.ts if launcher is not None else e.ts)
+    return out
+
+
+def _p10_p90(values: np.ndarray) -> tuple[float, float]:
+    p10, p90 = np.percentile(values, [10, 90])  # linear, as engine.measure.noise.spread
+    return float(p10), float(p90)
+
+
+def aggregate(events: Sequence[Event], spans: Sequence[tuple[float, float]] | None = None) -> list[dict[str, Any]]:
+    """op_stats rows: one per (kind, device, name), with calls, self/total time, device time of the kernels an
+    operator launched itself, the most frequent input shapes, for kernels the operator that launched them, and the
+    p10 and p90 of the self time per step over the steps in `spans` (the whole trace as one step when None)."""
+    op_by_ext = launchers(events)  # External id → the operator (or record_function range) that launched
+    steps = max(1, len(spans or ()))
+    where = step_index(events, spans or [])
+    per_step: dict[tuple[str, str, str], np.ndarray] = defaultdict(lambda: np.zeros(steps))
     groups: dict[tuple[str, str, str], dict[str, Any]] = {}
     for e in events:
         if e.merged:
@@ -207,6 +248,7 @@ def aggregate(events: Sequence[Event]) -> list[dict[str, Any]]:
         g["calls"] += 1
         g["self_us"] += e.self_us
         g["total_us"] += e.dur
+        per_step[key][min(where[id(e)], steps - 1)] += e.self_us
         if e.device == "cpu":
             shape = _shape_text(e.args)
             if shape:
@@ -221,10 +263,11 @@ def aggregate(events: Sequence[Event]) -> list[dict[str, Any]]:
                     "total_us": 0.0, "device_us": None, "shapes": Counter(), "parents": Counter()})
                 opg["device_us"] = (opg["device_us"] or 0.0) + e.dur
     rows = []
-    for g in groups.values():
+    for key, g in groups.items():
         shapes, parents = g.pop("shapes"), g.pop("parents")
         g["input_shapes"] = " | ".join(s for s, _ in shapes.most_common(3)) or None
         g["parent"] = parents.most_common(1)[0][0] if parents else None
+        g["self_p10_us"], g["self_p90_us"] = _p10_p90(per_step[key])
         rows.append(g)
     rows.sort(key=lambda r: (r["device"], -r["self_us"]))
     return rows
@@ -232,6 +275,24 @@ def aggregate(events: Sequence[Event]) -> list[dict[str, Any]]:
 
 def step_spans(events: Sequence[Event]) -> list[tuple[float, float]]:
     return sorted((e.ts, e.end) for e in events if e.kind == "annotation" and STEP_RE.match(e.name))
+
+
+def spread_metrics(prefix: str, values: Sequence[float]) -> dict[str, float]:
+    """{prefix}_p10_us, _median_us and _p90_us of a per-step series (nothing for an empty one)."""
+    if not len(values):
+        return {}
+    p10, p50, p90 = np.percentile(np.asarray(values, dtype=np.float64), [10, 50, 90])
+    return {f"{prefix}_p10_us": float(p10), f"{prefix}_median_us": float(p50), f"{prefix}_p90_us": float(p90)}
+
+
+def device_busy_per_step(events: Sequence[Event], spans: Sequence[tuple[float, float]]) -> list[float]:
+    """Each step's device busy time: the union of the device events it launched (step_index), in step order."""
+    where = step_index(events, spans)
+    by_step: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for e in events:
+        if e.device != "cpu":
+            by_step[where[id(e)]].append((e.ts, e.end))
+    return [union_length(by_step.get(i, [])) for i in range(max(1, len(spans)))]
 
 
 def analyze(trace: dict[str, Any] | list, phase: str | None = None) -> TraceAnalysis:
@@ -265,6 +326,9 @@ def analyze(trace: dict[str, Any] | list, phase: str | None = None) -> TraceAnal
         "host_untracked_us": sum(e.self_us for e in host if e.kind == "annotation" and STEP_RE.match(e.name)),
         "op_calls": float(sum(1 for e in host if e.kind == "operator")),
     }
+    walls = [end - begin for begin, end in spans]
+    metrics.update(spread_metrics("step_wall", walls))
+    busy_steps: list[float] = []
     if device or launches:  # launch figures mean nothing on a CPU-only profile: left out, not zero
         metrics.update({
             "kernel_launches": float(len(launches)),
@@ -290,16 +354,19 @@ def analyze(trace: dict[str, Any] | list, phase: str | None = None) -> TraceAnal
             "memcpy_us": sum(e.dur for e in device if e.kind == "memcpy"),
             "device_overlap_us": overlap,
         })
+        busy_steps = device_busy_per_step(events, spans)
+        metrics.update(spread_metrics("device_busy", busy_steps))
         total = sum(e.dur for e in device)
         if total > 0 and overlap > 0.01 * total:
             notes.append(f"device events overlap ({overlap / steps:,.1f} µs per step, {overlap / total:.0%} of their "
                          "durations: programmatic dependent launch or concurrent streams): a kernel's self time is "
                          "the part of it no earlier-started one covers, so self times add up to the busy time; "
                          "total_us keeps whole durations")
-    rows = aggregate(events)
+    rows = aggregate(events, spans)
     for r in rows:
         r["phase"] = phase
-    return TraceAnalysis(op_stats=rows, metrics=metrics, has_device=bool(device), notes=notes)
+    return TraceAnalysis(op_stats=rows, metrics=metrics, has_device=bool(device), notes=notes, step_walls_us=walls,
+                         device_busy_steps_us=busy_steps)
 
 
 # -- presenting and comparing ---------------------------------------------------------------------------------------

@@ -225,10 +225,16 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         # JSON (engine.measure.noise.record): {"state": clean|noisy|interfered, "flags": [...], "series": [...]}
         "ALTER TABLE runs ADD COLUMN conditions VARCHAR",
     ]),
+    (6, "the spread of each profiled operator's self time over the steps", [
+        # Per op_stats row: the 10th and 90th percentile of its self time per profiled step, in µs (NULL for rows
+        # stored before: they kept only the totals).
+        "ALTER TABLE op_stats ADD COLUMN self_p10_us DOUBLE",
+        "ALTER TABLE op_stats ADD COLUMN self_p90_us DOUBLE",
+    ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 OP_STATS_COLUMNS = ("phase", "kind", "device", "name", "calls", "self_us", "total_us", "device_us", "input_shapes",
-                    "parent")
+                    "parent", "self_p10_us", "self_p90_us")
 KERNEL_METRICS_COLUMNS = ("phase", "kernel", "launches", "duration_us", "mem_throughput_pct", "sm_throughput_pct",
                           "metrics")
 

@@ -89,6 +89,28 @@ def test_migration_from_v1_keeps_data_and_adds_the_new_schema(tmp_path):
     assert store.run(new_id)["notes"] == ["hello"]
 
 
+def test_migration_6_adds_the_op_spread_and_keeps_old_profiles_readable(tmp_path):
+    store = Store(tmp_path / "results.duckdb")
+    assert store.init(upto=5) == 5
+    assert "self_p10_us" not in columns(store.path, "op_stats")
+    run_id = store.create_run("profile", "house_price", "eager", "cpu")
+    with duckdb.connect(str(store.path)) as con:  # an op_stats row as a v5 build wrote it: totals only
+        con.execute("INSERT INTO op_stats VALUES (?, 'train', 'operator', 'cpu', 'aten::addmm', 9, 90.0, 120.0, "
+                    "NULL, '[[64,5]]', NULL)", [run_id])
+
+    assert store.init() == SCHEMA_VERSION
+    assert columns(store.path, "op_stats")[-2:] == ["self_p10_us", "self_p90_us"]
+    (old,) = store.op_stats([run_id]).to_dict("records")
+    assert (old["name"], old["calls"], old["self_us"]) == ("aten::addmm", 9, 90.0)
+    assert pd.isna(old["self_p10_us"]) and pd.isna(old["self_p90_us"])  # never measured: missing, not zero
+    new_id = store.create_run("profile", "house_price", "fx", "cpu")
+    store.record_result(new_id, RunResult(op_stats=[{
+        "phase": "train", "kind": "operator", "device": "cpu", "name": "aten::mm", "calls": 3, "self_us": 30.0,
+        "total_us": 30.0, "self_p10_us": 8.0, "self_p90_us": 12.0}]))
+    (row,) = store.op_stats([new_id]).to_dict("records")
+    assert (row["self_p10_us"], row["self_p90_us"]) == (8.0, 12.0)
+
+
 def test_newer_schema_version_refuses_with_a_clear_message(tmp_path):
     store = Store(tmp_path / "results.duckdb")
     store.init()
