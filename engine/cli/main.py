@@ -183,8 +183,18 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _missing(value: object) -> bool:
+    """None, NaN or pandas' NA/NaT: a column the store left empty."""
+    import pandas as pd
+
+    try:
+        return value is None or bool(pd.isna(value))
+    except (TypeError, ValueError):  # a list or another value pandas cannot test
+        return False
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
-    from engine.store.report import run_state
+    from engine.store.report import run_condition_summary, run_state
 
     store = open_store(args)
     frame = store.runs(kind=args.kind, status=[args.status] if args.status else None, limit=args.limit)
@@ -195,12 +205,16 @@ def cmd_runs(args: argparse.Namespace) -> int:
     judged = [run_state(c) for c in frame.get("conditions", [None] * len(frame))]
     repeats = [_repeat_label(p) for p in frame["params"]]
     if args.json:  # one object per line per run; "flags" empty when its timing was clean (or never judged)
-        for row, (state, flags), repeat in zip(frame.to_dict("records"), judged, repeats):
-            print(json.dumps({"id": int(row["id"]), "group_id": row["group_id"], "kind": row["kind"],
-                              "workload": row["workload"], "mode": row["mode"], "device": row["device"],
-                              "status": row["status"], "repeat": repeat or None, "created_at": str(row["created_at"]),
-                              "error": (row["error"] or "").split("\n")[0] or None, "state": state or None,
-                              "flags": flags}))
+        conditions = frame.get("conditions", [None] * len(frame))
+        for row, (state, flags), repeat, cond in zip(frame.to_dict("records"), judged, repeats, conditions):
+            row = {k: (None if _missing(v) else v) for k, v in row.items()}
+            print(json.dumps({"id": int(row["id"]),
+                              "group_id": row["group_id"],
+                              "kind": row["kind"], "workload": row["workload"], "mode": row["mode"],
+                              "device": row["device"], "status": row["status"], "repeat": repeat or None,
+                              "created_at": str(row["created_at"]),
+                              "error": str(row["error"] or "").split("\n")[0] or None, "state": state or None,
+                              "flags": flags, "conditions": run_condition_summary(cond)}))
         return 0
     cols = ["id", "kind", "workload", "mode", "device", "status", "created_at", "error"]
     frame = frame[cols].copy()

@@ -116,10 +116,32 @@ def condition_flags(c: Conditions | None) -> list[str]:
     throttles = [r for r in c.gpu_reasons if any(w in r.lower() for w in THROTTLE_WORDS)]
     if throttles:
         flags.append("GPU clock slowed: " + ", ".join(throttles))
-    low, mid = c.gpu_sm_clock_min_mhz, c.gpu_sm_clock_median_mhz
-    if low is not None and mid and low < (1 - MAX_CLOCK_DIP) * mid:
-        flags.append(f"SM clock dipped to {low:.0f} MHz (median {mid:.0f})")
+    if _clock_dipped(c) and not _power_capped(c):
+        flags.append(f"SM clock dipped to {c.gpu_sm_clock_min_mhz:.0f} MHz (median {c.gpu_sm_clock_median_mhz:.0f})")
     return flags
+
+
+def _clock_dipped(c: Conditions) -> bool:
+    low, mid = c.gpu_sm_clock_min_mhz, c.gpu_sm_clock_median_mhz
+    return low is not None and bool(mid) and low < (1 - MAX_CLOCK_DIP) * mid
+
+
+def _power_capped(c: Conditions) -> bool:
+    """The clock was held by the board's software power cap and by nothing that throttles from outside (thermal,
+    power brake, HW slowdown): the workload's own draw sets that clock, so it is part of what the timing measures
+    (on the H200 a bf16 attention or matmul loop runs at 1500-1800 of 1980 MHz under its 700 W cap, every time)."""
+    reasons = [r.lower() for r in c.gpu_reasons]
+    return any("power_cap" in r or "power cap" in r for r in reasons) and not any(
+        w in r for r in reasons for w in THROTTLE_WORDS)
+
+
+def condition_notes(c: Conditions | None) -> list[str]:
+    """What the conditions show that is not interference but belongs beside the figure, one phrase each: an SM clock
+    held below its median by the software power cap."""
+    if c is None or not (_clock_dipped(c) and _power_capped(c)):
+        return []
+    return [f"SM clock {c.gpu_sm_clock_min_mhz:.0f}-{c.gpu_sm_clock_median_mhz:.0f} MHz, held by the software power "
+            "cap (the workload's own draw)"]
 
 
 @dataclass
@@ -171,7 +193,7 @@ def record(series: Sequence[Any], windows: Sequence[Conditions]) -> dict[str, An
     """Judge every timed series (objects with phase, batch_size, values, unit: engine.store.db.Samples) against
     the window that timed it; the run's record for runs.conditions: its worst state, its flags (each with its series
     where the run has several) and one entry per series with the spread and conditions."""
-    entries, flags = [], []
+    entries, flags, notes = [], [], []
     timed = [s for s in series if getattr(s, "unit", "us") == "us" and len(s.values)]
     for s in timed:
         c = _window_for(windows, s.phase, s.batch_size)
@@ -179,7 +201,10 @@ def record(series: Sequence[Any], windows: Sequence[Conditions]) -> dict[str, An
         label = _series_label(s.phase, s.batch_size)
         figures = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(j.spread).items()}
         entries.append({"phase": s.phase, "batch_size": s.batch_size, "state": j.state, "flags": j.flags,
-                        "spread": figures, "conditions": c.to_dict() if c is not None else None})
+                        "notes": condition_notes(c), "spread": figures,
+                        "conditions": c.to_dict() if c is not None else None})
         for flag in j.flags:
             flags.append(f"{label}: {flag}" if len(timed) > 1 and label else flag)
-    return {"state": worst([e["state"] for e in entries]), "flags": flags, "series": entries}
+        for note in entries[-1]["notes"]:
+            notes.append(f"{label}: {note}" if len(timed) > 1 and label else note)
+    return {"state": worst([e["state"] for e in entries]), "flags": flags, "notes": notes, "series": entries}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +35,33 @@ def run_state(conditions: Any) -> tuple[str, list[str]]:
     if c is None:
         return "", []
     return str(c.get("state") or ""), [str(f) for f in c.get("flags") or []]
+
+
+def run_condition_summary(conditions: Any) -> dict[str, Any]:
+    """What a run's timed windows saw, over all its series: other processes' cores (most), load (most), device-lock
+    wait (total); on a GPU the SM clock (lowest minimum, median of medians), the clock-event reasons seen and the
+    hottest temperature. Keys whose figures were never read are left out; {} where nothing was recorded."""
+    c = parse_conditions(conditions)
+    windows = [e.get("conditions") or {} for e in (c or {}).get("series") or []]
+    if not windows:
+        return {}
+
+    def values(key: str) -> list[float]:
+        return [float(w[key]) for w in windows if isinstance(w.get(key), (int, float))]
+
+    out: dict[str, Any] = {}
+    for key, name, pick in (("other_cores", "other_cores_max", max), ("load_end", "load_max", max),
+                            ("device_wait_s", "device_wait_s", sum),
+                            ("gpu_sm_clock_min_mhz", "gpu_sm_clock_min_mhz", min),
+                            ("gpu_sm_clock_median_mhz", "gpu_sm_clock_median_mhz", statistics.median),
+                            ("gpu_temperature_c", "gpu_temperature_c_max", max)):
+        found = values(key)
+        if found:
+            out[name] = round(pick(found), 3)
+    reasons = sorted({str(r) for w in windows for r in w.get("gpu_reasons") or []})
+    if reasons:
+        out["gpu_reasons"] = reasons
+    return out
 
 
 def series_state(conditions: Any, phase: str | None, batch_size: Any) -> tuple[str, list[str]]:
@@ -235,16 +263,21 @@ def bench_flags(store: Store, run_ids: Sequence[int]) -> list[str]:
 
 def flag_lines(store: Store, run_ids: Sequence[int]) -> list[str]:
     """A heading and one line per flagged run of these (noisy or interfered timings, engine.measure.noise), in id
-    order; [] when none is: what the levels and llm commands print under their tables."""
+    order, then the runs whose conditions carry notes (a power-capped clock); [] when none: what the levels and llm
+    commands print under their tables."""
     runs = store.runs(run_ids=[int(r) for r in run_ids], limit=max(1, len(run_ids)))
     if runs.empty or "conditions" not in runs:
         return []
-    lines = []
+    lines, noted = [], []
     for row in runs.sort_values("id").to_dict("records"):
         state, flags = run_state(row.get("conditions"))
         if state in FLAGGED_STATES:
             lines.append(f"  run {row['id']} ({row['mode']}): {state} — {'; '.join(flags)}")
-    return ["", "flagged timings (not headline figures):", *lines] if lines else []
+        notes = (parse_conditions(row.get("conditions")) or {}).get("notes") or []
+        if notes:
+            noted.append(f"  run {row['id']} ({row['mode']}): {'; '.join(map(str, notes))}")
+    return ((["", "flagged timings (not headline figures):", *lines] if lines else [])
+            + (["", "conditions (recorded, not flags):", *noted] if noted else []))
 
 
 def _progress_events(store: Store, run_id: int) -> list[dict]:

@@ -3,6 +3,8 @@ with the reasons in words; a run's record per series; time_adaptive's extra roun
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -76,6 +78,18 @@ def test_gpu_conditions() -> None:
     steady = Conditions(cores=2, other_cores=0.0, gpu_sm_clock_min_mhz=1950, gpu_sm_clock_median_mhz=1980,
                         gpu_reasons=["sw_power_cap"])
     assert noise.judge(quiet(), steady).state == "clean"
+    # Under the software power cap alone the clock is the workload's own: a note beside the figure, not a flag
+    capped = Conditions(cores=2, other_cores=0.0, gpu_sm_clock_min_mhz=1605, gpu_sm_clock_median_mhz=1785,
+                        gpu_reasons=["sw_power_cap"])
+    assert noise.judge(quiet(), capped).state == "clean"
+    assert noise.condition_notes(capped) == ["SM clock 1605-1785 MHz, held by the software power cap (the "
+                                             "workload's own draw)"]
+    record = noise.record([Samples("infer", list(quiet()), "us", None)], [capped])
+    assert record["state"] == "clean" and record["notes"] == noise.condition_notes(capped)
+    braked = dataclasses.replace(capped, gpu_reasons=["sw_power_cap", "hw_power_brake"])
+    assert noise.judge(quiet(), braked).reason == ("GPU clock slowed: hw_power_brake; SM clock dipped to 1605 MHz "
+                                                   "(median 1785)")
+    assert noise.condition_notes(braked) == [] and noise.condition_notes(dip) == []
 
 
 def test_a_runs_record_judges_each_series_against_its_window() -> None:

@@ -4,6 +4,10 @@ and llm commands print."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 
 from engine.store.db import Metric, RunResult, Samples, Store
@@ -12,6 +16,7 @@ from engine.store.report import (
     bench_table,
     flag_lines,
     pooled_summary,
+    run_condition_summary,
     run_state,
     series_state,
     with_noise,
@@ -68,3 +73,25 @@ def test_a_modes_processes_are_pooled(store: Store) -> None:
     assert abs(row["proc_spread"] - 0.04 / 1.02) < 0.01 and 100 < row["median_us"] < 104.5
     table = bench_table(store, ids)
     assert list(table.columns[:4]) == ["mode", "phase", "batch", "procs"] and table["proc_spread"].iloc[0] != ""
+
+
+def test_conditions_notes_and_summary_are_listed_and_runs_json_survives_empty_columns(store: Store) -> None:
+    gpu = {"cores": 2, "other_cores": 0.1, "gpu_sm_clock_min_mhz": 1605.0, "gpu_sm_clock_median_mhz": 1785.0,
+           "gpu_reasons": ["sw_power_cap"], "gpu_temperature_c": 56}
+    note = "SM clock 1605-1785 MHz, held by the software power cap (the workload's own draw)"
+    capped = {"state": "clean", "flags": [], "notes": [note],
+              "series": [{"phase": "infer", "batch_size": 64, "state": "clean", "flags": [], "notes": [note],
+                          "conditions": gpu}]}
+    level = add(store, "L1-native", 478.0, capped)
+    assert flag_lines(store, [level]) == ["", "conditions (recorded, not flags):", f"  run {level} (L1-native): {note}"]
+    assert run_condition_summary(store.run(level)["conditions"]) == {
+        "other_cores_max": 0.1, "gpu_sm_clock_min_mhz": 1605.0, "gpu_sm_clock_median_mhz": 1785.0,
+        "gpu_temperature_c_max": 56.0, "gpu_reasons": ["sw_power_cap"]}
+    failed = store.create_run("bench", "house_price", "eager", "cpu", {"mode": "eager"})
+    store.fail_run(failed, "worker died\nits log: …")
+    listing = subprocess.run([sys.executable, "-m", "engine", "runs", "--json", "--db", str(store.path)],
+                             capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 0, listing.stderr
+    rows = {r["id"]: r for r in map(json.loads, listing.stdout.splitlines())}
+    assert rows[failed]["error"] == "worker died" and rows[failed]["conditions"] == {}
+    assert rows[level]["error"] is None and rows[level]["conditions"]["gpu_reasons"] == ["sw_power_cap"]
