@@ -194,13 +194,13 @@ def params_of(cfg: LLMConfig) -> dict[str, Any]:
 
 
 # -- memory ---------------------------------------------------------------------------------------------------------
-def memory_needed(cfg: LLMConfig) -> int:
+def memory_needed(cfg: LLMConfig, twin: bool = True) -> int:
     """Bytes of weights and KV cache this run allocates at once (activations and logits come on top): the model,
-    and during calibration its float32 twin with a one-sequence cache."""
+    and, where it computes its reference (twin), during calibration its float32 twin with a one-sequence cache."""
     elem = torch.finfo(cfg.torch_dtype).bits // 8
     mc = cfg.model_config()
     need = elem * parameter_count(mc) + M.kv_bytes(mc, cfg.batch, cfg.max_seq, elem)
-    if cfg.torch_dtype != torch.float32:
+    if twin and cfg.torch_dtype != torch.float32:
         need += 4 * parameter_count(mc) + M.kv_bytes(mc, 1, cfg.max_seq, 4)
     return need
 
@@ -216,9 +216,10 @@ def device_budget(cfg: LLMConfig) -> tuple[int, int, str]:
     return free, total, ""
 
 
-def check_memory(cfg: LLMConfig) -> None:
+def check_memory(cfg: LLMConfig, twin: bool = True) -> None:
     """A clear error before allocating a model that cannot fit on this GPU (or, for a checkpoint, this device), or in
-    what --device-memory leaves of it."""
+    what --device-memory leaves of it; twin: the run computes its reference (engine.llm.reference) with the float32
+    twin."""
     if cfg.hf or cfg.hf_config:
         from engine.llm import hf
 
@@ -228,11 +229,12 @@ def check_memory(cfg: LLMConfig) -> None:
     if not cfg.device.startswith("cuda"):
         return
     free, total, capped = device_budget(cfg)
-    need = memory_needed(cfg)
+    need = memory_needed(cfg, twin)
     if need > 0.95 * free:
         raise MemoryError(f"{cfg.preset} with B={cfg.batch}, {cfg.max_seq} cached positions needs "
-                          f"{need / 2**30:.1f} GiB of weights and KV cache (the float32 twin that calibrates the "
-                          f"check included); {cfg.device} has {free / 2**30:.1f} GiB free of {total / 2**30:.1f} "
+                          f"{need / 2**30:.1f} GiB of weights and KV cache"
+                          + (" (the float32 twin that calibrates the check included)" if twin else "")
+                          + f"; {cfg.device} has {free / 2**30:.1f} GiB free of {total / 2**30:.1f} "
                           f"GiB{capped}. Use a smaller preset, batch or length.")
 
 
@@ -259,6 +261,10 @@ def build(cfg: LLMConfig) -> tuple[LlamaDecoder, torch.Tensor]:
     if cfg.fuse:
         model.fuse_projections()
     model.setup_cache(cfg.batch, cfg.max_seq)
+    return model, prompt_tokens(cfg, model.cfg.vocab).to(cfg.device)
+
+
+def prompt_tokens(cfg: LLMConfig, vocab: int) -> torch.Tensor:
+    """The seeded prompt (B, P) on the CPU: the same for every mode of one seed and shape."""
     gen = torch.Generator().manual_seed(cfg.seed + 1)
-    prompt = torch.randint(0, model.cfg.vocab, (cfg.batch, cfg.prompt_len), generator=gen).to(cfg.device)
-    return model, prompt
+    return torch.randint(0, vocab, (cfg.batch, cfg.prompt_len), generator=gen)

@@ -7,6 +7,8 @@ In order, in one worker process (engine.runner.jobs starts it; it never touches 
 2. Reference: eager greedy generation of a few tokens through the static cache, checked once against a full
    recompute without a cache (the plain forward over the whole sequence): the cache itself is verified on the
    device. A float32 twin of the model sets the run's logits tolerance (engine.llm.verify: TOLERANCE_FACTOR).
+   The first run of a key (model, seed, prompt, shape, dtype, device, torch) computes it and stores it; the others
+   of its group load it once their own eager prefill agrees with it (engine.llm.reference).
 3. The mode: its first prefill and first decode step are timed on their own (compilation, CUDA-graph capture).
    Its greedy generation is then compared with eager's: logits at every checked step within the tolerance
    (relative L2 error) and the same tokens. A mismatch fails the run (ToleranceError), except a token flip where
@@ -41,6 +43,7 @@ from pathlib import Path
 import torch
 
 from engine.llm import metrics as M
+from engine.llm import reference as reference_cache
 from engine.llm.config import (
     DTYPES,
     MAX_POSITIONS,
@@ -163,6 +166,7 @@ class _Reference:
     calibration: Calibration
     check_tokens: int  # k: the decode steps compared with eager
     gate_generation: Generation | None = None  # a quantized mode's: eager over the accuracy gate's steps
+    computed: bool = True  # this run computed the reference (else loaded it: engine.llm.reference)
 
     @property
     def tolerance(self) -> float:
@@ -209,33 +213,45 @@ def _start(cfg: LLMConfig, progress: Progress, wall0: float) -> _Run:
 
 
 def _reference(run: _Run) -> _Reference:
-    """Build the model; eager through the static cache is the reference, verified once against a full recompute,
-    and its distance from a float32 twin sets the run's tolerance."""
+    """Build the model and give it its reference: eager's greedy generation through the static cache, verified once
+    against a full recompute, its distance from a float32 twin setting the run's tolerance. The first run of a key
+    computes it and stores it; the others load it (engine.llm.reference: no twin, no eager generation) once their own
+    eager prefill agrees with it, and check their mode against it exactly as against a computed one."""
     cfg, device, result = run.cfg, run.device, run.result
     run.progress(0.05, f"building {cfg.name} ({cfg.torch_dtype}) on {device}")
     cap_device_memory(cfg)
-    check_memory(cfg)
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats(torch.device(device))
-    model, prompt = build(cfg)
-    positions = torch.arange(cfg.prompt_len, device=device)
-
-    run.progress(0.1, "eager reference")
-    k = min(cfg.check_tokens, cfg.new_tokens)
-    eager = step_fn(model)
-    with nvtx_ranges.range("reference"):
-        gate_ref = None
-        if run.mode.quant:  # the gate's positions, as calibrated (greedy: its first k steps are the check's)
-            from engine.llm.quant import GATE_STEPS
-
-            gate_ref = generate(eager, Decoder(eager), prompt, max(k, min(GATE_STEPS, cfg.new_tokens)))
-            ref = Generation(gate_ref.tokens[:, :k + 1], gate_ref.logits[:k + 1])
+    with reference_cache.Claim(cfg, _who(run)) as claim:
+        stored, why = _stored_reference(run, claim)  # None: this run computes it, holding the key's claim
+        computed = False
+        check_memory(cfg, twin=stored is None)
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats(torch.device(device))
+        model, prompt = build(cfg)
+        positions = torch.arange(cfg.prompt_len, device=device)
+        eager = step_fn(model)
+        if stored is not None and (stale := _disagreement(stored, eager, prompt, positions)):
+            why = f"{stored.key} disagrees with this model's eager prefill ({stale})"
+            stored = None
+            claim.acquire(lambda holder: run.progress(0.06, f"waiting for {holder} (the reference)"),
+                          device_phases.released)
+            check_memory(cfg)
+        if stored is None:
+            stored = _compute_reference(run, model, prompt, eager)
+            computed = True
+            path = reference_cache.save(cfg, stored)
+            result.notes.append(f"reference: computed (eager's generation, its float32 calibration and the cache "
+                                f"check), stored as {path.stem} for the other runs of its key"
+                                + ("" if why == "none stored" else f"; the stored one was not used: {why}"))
         else:
-            ref = generate(eager, Decoder(eager), prompt, k)
-        calib = calibrate(cfg, model, prompt, ref)
-        cache_err = check_cache_against_recompute(model, prompt, ref, calib.tolerance)
-    result.metrics += [Metric("cache_vs_recompute_rel_err", cache_err, ""),
-                       Metric("tolerance", calib.tolerance, "")]
+            by = f"run {stored.run_id}" if stored.run_id is not None else "a run outside the job runner"
+            result.notes.append(f"reference: loaded from {stored.key} (computed by {by})")
+    k = reference_cache.check_steps(cfg)
+    full, calib = stored.generation, stored.calibration
+    ref = Generation(full.tokens[:, :k + 1].to(device), full.logits[:k + 1])
+    gate_ref = Generation(full.tokens.to(device), full.logits) if run.mode.quant else None
+    result.metrics += [Metric("cache_vs_recompute_rel_err", stored.cache_err, ""),
+                       Metric("tolerance", calib.tolerance, ""),
+                       Metric("reference_computed", float(computed), "")]
     if calib.eager_fp32_rel_err is not None:
         result.metrics.append(Metric("eager_fp32_rel_err", calib.eager_fp32_rel_err, ""))
     if cfg.hf or cfg.hf_config:
@@ -244,7 +260,58 @@ def _reference(run: _Run) -> _Reference:
         run.reference_peak = torch.cuda.max_memory_reserved(torch.device(device))
         torch.cuda.empty_cache()  # the twin's blocks back to the device, for the runs preparing beside this one
         torch.cuda.reset_peak_memory_stats(torch.device(device))
-    return _Reference(model, prompt, positions, eager, ref, calib, k, gate_ref)
+    return _Reference(model, prompt, positions, eager, ref, calib, k, gate_ref, computed)
+
+
+def _stored_reference(run: _Run, claim: reference_cache.Claim) -> tuple[reference_cache.Reference | None, str]:
+    """The key's stored reference, or None and why (then `claim` is held: this run computes it). Where another run
+    of the key is computing it, waits for it (its device hold given up meanwhile) and loads what it stored."""
+    stored, why = reference_cache.load(run.cfg)
+    if stored is not None:
+        return stored, why
+    claim.acquire(lambda holder: run.progress(0.06, f"waiting for {holder} (the reference)"), device_phases.released)
+    stored, _ = reference_cache.load(run.cfg)  # stored meanwhile by the run that held the claim
+    if stored is not None:
+        claim.release()
+        return stored, ""
+    return None, why
+
+
+def _disagreement(stored: reference_cache.Reference, eager: StepFn, prompt: torch.Tensor,
+                  positions: torch.Tensor) -> str | None:
+    """Why a loaded reference is not this model's (its eager prefill's logits beyond the tolerance from the stored
+    ones: the model or eager changed under the same key), or None."""
+    _, logits = eager(prompt, positions)
+    err = rel_l2(logits.float().cpu(), stored.generation.logits[0])
+    tol = stored.calibration.tolerance
+    return None if err <= tol else f"prefill relative L2 error {err_text(err)} > {tol:g}"
+
+
+def _compute_reference(run: _Run, model: LlamaDecoder, prompt: torch.Tensor, eager: StepFn
+                       ) -> reference_cache.Reference:
+    """Eager's generation over the check's and the quantization gate's steps, the tolerance from the float32 twin,
+    the static cache against a full recompute (a ToleranceError fails the run)."""
+    cfg = run.cfg
+    run.progress(0.1, "eager reference")
+    k = reference_cache.check_steps(cfg)
+    with nvtx_ranges.range("reference"):
+        # the gate's positions too (greedy: its first k steps are the check's), so every mode can load it
+        full = generate(eager, Decoder(eager), prompt, reference_cache.steps(cfg))
+        ref = Generation(full.tokens[:, :k + 1], full.logits[:k + 1])
+        calib = calibrate(cfg, model, prompt, ref)
+        cache_err = check_cache_against_recompute(model, prompt, ref, calib.tolerance)
+    return reference_cache.Reference(Generation(full.tokens.cpu(), full.logits), calib, cache_err, "", _run_id(run))
+
+
+def _run_id(run: _Run) -> int | None:
+    """The run's id where the job runner gave it its folder (artifacts/run_<id>)."""
+    folder = re.fullmatch(r"run_(\d+)", run.out_dir.name)
+    return int(folder.group(1)) if folder else None
+
+
+def _who(run: _Run) -> str:
+    run_id = _run_id(run)
+    return f"run {run_id}" if run_id is not None else f"process {os.getpid()}"
 
 
 def _checkpoint_reference(run: _Run, prompt: torch.Tensor, ref: Generation, calib: Calibration) -> None:
@@ -362,11 +429,12 @@ def _quant_gate(run: _Run, ref: _Reference) -> None:
 
 def _check(run: _Run, ref: _Reference, prepared: Prepared) -> None:
     """The mode's greedy generation against eager's: logits within the tolerance, the same tokens (a ToleranceError
-    fails the run). Eager is the reference itself: it matches by definition."""
+    fails the run). Eager that computed the reference is the reference itself: it matches by definition; eager that
+    loaded it is compared with it like any mode."""
     mode, result, decoder, k = run.mode, run.result, prepared.decoder, ref.check_tokens
     run.progress(0.5, f"{mode.name}: comparing with eager")
     got: Generation | None = None
-    if mode.name != "eager":
+    if mode.name != "eager" or not ref.computed:
         if decoder is None:  # prefill only: its first token and logits
             got = generate(prepared.prefill, Decoder(ref.eager), ref.prompt, 0)
             want = Generation(ref.generation.tokens[:, :1], ref.generation.logits[:1])
@@ -699,9 +767,7 @@ def _elem(cfg: LLMConfig) -> int:
 def _write_reports(run: _Run) -> None:
     run.result.metrics.append(Metric("run_wall_s", time.perf_counter() - run.wall0, "s"))
     # The job runner gives each run the folder artifacts/run_<id>: the reports can name their run.
-    folder = re.fullmatch(r"run_(\d+)", run.out_dir.name)
-    run.result.artifacts += write_reports(run.cfg, run.result, run.out_dir,
-                                          run_id=int(folder.group(1)) if folder else None)
+    run.result.artifacts += write_reports(run.cfg, run.result, run.out_dir, run_id=_run_id(run))
 
 
 # -- helpers: first calls, compile counters, profiles ---------------------------------------------------------------
