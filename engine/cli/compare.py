@@ -3,6 +3,7 @@
     python -m engine compare --base commit:abc123 --head latest    # exit 1 when a series regressed, 3 cannot tell
     python -m engine compare --base ids:12 --head ids:15 --threshold 10% --json
     python -m engine compare --base device:H100 --head device:H200 --kind llm
+    python -m engine compare --base commit:abc123 --head latest --metric energy    # exit 1 when it takes more energy
 """
 
 from __future__ import annotations
@@ -35,8 +36,12 @@ them, widened for few processes; the Mann-Whitney U p-value for reference.
                its machine (earlier repeat groups), or every run of a side is flagged; says the repeats it needs
   'too few samples' under --min-samples on a side
 Runs flagged noisy or interfered (engine.measure.noise) are left out unless --include-flagged.
-Exit code: 1 when any series is slower, else 3 when any cannot be told, else 0; 2 for bad arguments (a SPEC that
-matches no run, a bad threshold: write 5% or 0.05). See docs/compare.md."""
+--metric energy judges the runs' energy figures instead (J per step, token or prefill: whole board or CPU package,
+the share above the idle draw beside it), one per run, with a bootstrap over the runs: 'more energy' and 'less
+energy' in place of slower and faster, the same rules, 'cannot tell' and exit codes.
+Exit code: 1 when any series is slower (more energy), else 3 when any cannot be told, else 0; 2 for bad arguments
+(a SPEC that matches no run, a bad threshold: write 5% or 0.05; runs with no energy figure under --metric energy).
+See docs/compare.md."""
 
 
 def _alpha(text: str) -> float:
@@ -50,7 +55,7 @@ def _alpha(text: str) -> float:
 
 
 def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    from engine.compare.verdict import ALPHA, KINDS, MIN_SAMPLES, RESAMPLES
+    from engine.compare.verdict import ALPHA, KINDS, METRICS, MIN_SAMPLES, RESAMPLES
 
     p = sub.add_parser("compare", help="did it get slower? two sets of runs (commits, torch versions, devices, "
                        "merged stores, run ids) compared per series with a bootstrap CI over processes; exit 1 on a "
@@ -61,6 +66,9 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.add_argument("--head", required=True, metavar="SPEC", help="the runs judged against it, e.g. latest")
     p.add_argument("--threshold", default="5%", help="smallest slowdown that counts: 5%% or 0.05 (default 5%%)")
     p.add_argument("--kind", choices=KINDS, default=None, help="only this kind of run (default: all three)")
+    p.add_argument("--metric", choices=METRICS, default="time",
+                   help="what is judged: the time samples (default) or the runs' energy figures (J per step, token, "
+                        "prefill)")
     p.add_argument("--alpha", type=_alpha, default=ALPHA, help=f"significance level (default {ALPHA})")
     p.add_argument("--resamples", type=int_at_least(100, 1_000_000), default=RESAMPLES,  # arrays of B floats
                    help=f"bootstrap resamples B (default {RESAMPLES})")
@@ -89,7 +97,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     try:
         options = Options(threshold=parse_threshold(args.threshold), alpha=args.alpha, resamples=args.resamples,
                           seed=args.seed, min_samples=args.min_samples,
-                          kinds=(args.kind,) if args.kind else KINDS, include_flagged=args.include_flagged)
+                          kinds=(args.kind,) if args.kind else KINDS, include_flagged=args.include_flagged,
+                          metric=args.metric)
         base, head = parse_spec(args.base), parse_spec(args.head)
         result = compare(open_store(args), base, head, options)
     except CompareError as exc:

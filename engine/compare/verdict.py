@@ -97,14 +97,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from engine.compare import energy
 from engine.store.db import Store
-from engine.store.report import FLAGGED_STATES, series_state
+from engine.store.report import FLAGGED_STATES, fmt_joules, series_state
 
 KINDS = ("bench", "levels", "llm")
 KEYS = ("ids", "commit", "torch", "device", "host", "merged", "kind", "workload", "mode")
 LIST_KEYS = ("ids", "kind", "workload", "mode")
 VERDICTS = ("slower", "faster", "unchanged", "cannot tell", "too few samples")
 UNDECIDED = ("cannot tell", "too few samples")
+METRICS = ("time", "energy")
+ENERGY_WORDS = {"slower": "more energy", "faster": "less energy"}  # the energy metric's names for a change
+WORSE = ("slower", "more energy")
 RESAMPLES = 2000
 ALPHA = 0.05
 THRESHOLD = 0.05
@@ -394,14 +398,39 @@ def process_ratio_ci(base: Sequence[np.ndarray], head: Sequence[np.ndarray], *, 
     a normal draw of that side's known process noise sigma (σ of log medians) added to each resample."""
     rng = np.random.default_rng(seed)
     logs = np.log(bootstrap_medians(head, resamples, rng)) - np.log(bootstrap_medians(base, resamples, rng))
-    centre = float(np.median(logs))
-    logs = centre + widening(len(base), len(head), alpha) * (logs - centre)
-    extra = sum(s ** 2 for s, side in ((sigma_base, base), (sigma_head, head)) if s is not None and len(side) < 2)
-    if extra:
-        logs = logs + rng.normal(0.0, math.sqrt(extra), resamples)
-    lo, hi = np.quantile(logs, [alpha / 2, 1 - alpha / 2])
+    lo, hi = _process_interval(logs, len(base), len(head), alpha, rng, sigma_base, sigma_head)
     point = float(np.median(np.concatenate(head)) / np.median(np.concatenate(base)))
-    return point, float(math.exp(lo)), float(math.exp(hi))
+    return point, lo, hi
+
+
+def _process_interval(logs: np.ndarray, n_base: int, n_head: int, alpha: float, rng: np.random.Generator,
+                      sigma_base: float | None, sigma_head: float | None) -> tuple[float, float]:
+    """The CI of a ratio from its bootstrap log ratios: deviations widened for few processes, a normal draw of the
+    known process noise added for a side of one process."""
+    centre = float(np.median(logs))
+    logs = centre + widening(n_base, n_head, alpha) * (logs - centre)
+    extra = sum(s ** 2 for s, n in ((sigma_base, n_base), (sigma_head, n_head)) if s is not None and n < 2)
+    if extra:
+        logs = logs + rng.normal(0.0, math.sqrt(extra), len(logs))
+    lo, hi = np.quantile(logs, [alpha / 2, 1 - alpha / 2])
+    return float(math.exp(lo)), float(math.exp(hi))
+
+
+def figure_ratio_ci(base: Sequence[float], head: Sequence[float], *, resamples: int = RESAMPLES,
+                    alpha: float = ALPHA, seed: int = 0, sigma_base: float | None = None,
+                    sigma_head: float | None = None) -> tuple[float, float, float]:
+    """(ratio of medians, CI low, CI high) of one figure per process (a run's energy per step): each resample draws
+    a side's figures with replacement and takes their median (the process level of process_ratio_ci, with nothing
+    below it), then the same widening and known process noise."""
+    rng = np.random.default_rng(seed)
+
+    def medians(values: Sequence[float]) -> np.ndarray:
+        values = np.asarray(values, dtype=float)
+        return np.median(values[rng.integers(0, len(values), (resamples, len(values)))], axis=1)
+
+    logs = np.log(medians(head)) - np.log(medians(base))
+    lo, hi = _process_interval(logs, len(base), len(head), alpha, rng, sigma_base, sigma_head)
+    return float(np.median(head) / np.median(base)), lo, hi
 
 
 def repeats_needed(sigma: float, threshold: float, alpha: float = ALPHA) -> int:
@@ -607,6 +636,9 @@ class Row:
     repeats_needed: int | None = None  # cannot tell: processes a side would need (bench --repeat N)
     flagged_left_out: list[int] = field(default_factory=list)  # runs of this series left out as flagged
     why: str = ""  # the reason for a 'cannot tell'
+    above_idle_base: float = float("nan")  # energy: the median figure above the idle draw (nan where unknown)
+    above_idle_head: float = float("nan")
+    unmeasured: list[int] = field(default_factory=list)  # energy: runs of this series that stored no figure
 
 
 @dataclass
@@ -626,10 +658,12 @@ class Comparison:
     only_head: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     include_flagged: bool = False
+    metric: str = "time"  # what the verdicts judge: the raw time samples, or the runs' energy figures
 
     @property
     def regressed(self) -> bool:
-        return any(r.verdict == "slower" for r in self.rows)
+        """Some series got worse: slower (time), more energy (energy)."""
+        return any(r.verdict in WORSE for r in self.rows)
 
     @property
     def undecided(self) -> bool:
@@ -642,7 +676,12 @@ class Comparison:
         return 1 if self.regressed else 3 if self.undecided else 0
 
     def counts(self) -> dict[str, int]:
-        return {v: sum(r.verdict == v for r in self.rows) for v in VERDICTS}
+        return {v: sum(r.verdict == v for r in self.rows) for v in verdict_names(self.metric)}
+
+
+def verdict_names(metric: str) -> tuple[str, ...]:
+    """The verdicts of a metric, best first for sorting: time's VERDICTS, energy's with 'more/less energy'."""
+    return tuple(ENERGY_WORDS.get(v, v) for v in VERDICTS) if metric == "energy" else VERDICTS
 
 
 @dataclass
@@ -654,6 +693,7 @@ class Options:
     min_samples: int = MIN_SAMPLES
     kinds: tuple[str, ...] = KINDS
     include_flagged: bool = False  # flagged runs (engine.measure.noise) count in the verdicts too
+    metric: str = "time"  # "energy": the runs' energy figures instead of the time samples (one figure per run)
 
 
 def _side_groups(store: Store, spec: Spec, side: str, kinds: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -696,6 +736,8 @@ def _flagged(groups: pd.DataFrame) -> pd.Series:
 def compare(store: Store, base: str | Spec, head: str | Spec, options: Options | None = None) -> Comparison:
     """Compare the runs two SPECs select, series by series; raises CompareError for a bad or empty side."""
     opts = options or Options()
+    if opts.metric not in METRICS:
+        raise CompareError(f"metric {opts.metric!r}: compare judges one of {', '.join(METRICS)}")
     base_spec = parse_spec(base) if isinstance(base, str) else base
     head_spec = parse_spec(head) if isinstance(head, str) else head
     groups, runs, notes = _pick_groups(store, base_spec, head_spec, opts.kinds)
@@ -710,7 +752,8 @@ def compare(store: Store, base: str | Spec, head: str | Spec, options: Options |
                         resamples=opts.resamples, seed=opts.seed, min_samples=opts.min_samples,
                         base_runs=sorted(set(groups.loc[groups["side"] == "base", "run_id"].astype(int))),
                         head_runs=sorted(set(groups.loc[groups["side"] == "head", "run_id"].astype(int))),
-                        across_devices=across, notes=notes, include_flagged=opts.include_flagged)
+                        across_devices=across, notes=notes, include_flagged=opts.include_flagged,
+                        metric=opts.metric)
     for side, target in (("base", result.only_base), ("head", result.only_head)):
         lonely = groups[groups["series"].isin(sides[sides == {side}].index)].drop_duplicates("series")
         target += [series_label(r, not across) for r in lonely.to_dict("records")]
@@ -719,8 +762,11 @@ def compare(store: Store, base: str | Spec, head: str | Spec, options: Options |
                            f"({'; '.join(result.only_base[:3])}…), the head {len(result.only_head)} "
                            f"({'; '.join(result.only_head[:3])}…)")
     chosen = groups[groups["series"].isin(both)]
-    noise = ProcessNoise.measure(store, chosen, opts.kinds)
-    result.rows = _rows(store, chosen, runs, opts, across, noise)
+    figures = None
+    if opts.metric == "energy":
+        chosen, figures = _with_energy(store, chosen, result.notes, not across)
+    noise = ProcessNoise.measure(store, chosen, opts.kinds, opts.metric)
+    result.rows = _rows(store, chosen, runs, opts, across, noise, figures)
     flagged = chosen[chosen["flagged"]]
     if not flagged.empty:
         ids = sorted(set(flagged["run_id"].astype(int)))
@@ -732,6 +778,24 @@ def compare(store: Store, base: str | Spec, head: str | Spec, options: Options |
     if across:
         result.notes.append("the sides share no device name: series are matched across devices")
     return result
+
+
+def _with_energy(store: Store, chosen: pd.DataFrame, notes: list[str], with_device: bool
+                 ) -> tuple[pd.DataFrame, dict[energy.Key, energy.Figure]]:
+    """The series with an energy figure in some run, and the figures; the series measured in no run are left out
+    (a note names them); raises CompareError (the not-measured line) where no chosen run carries a figure."""
+    figures = energy.load_figures(store, sorted(set(chosen["run_id"].astype(int))))
+    has = pd.Series([energy.figure(figures, r, p, b) is not None
+                     for r, p, b in zip(chosen["run_id"], chosen["phase"], chosen["batch"])], index=chosen.index)
+    measured = set(chosen.loc[has, "series"])
+    if not measured:
+        raise CompareError(energy.not_measured_line(store, chosen["run_id"]))
+    bare = chosen[~chosen["series"].isin(measured)]
+    if not bare.empty:
+        labels = [series_label(r, with_device) for r in bare.drop_duplicates("series").to_dict("records")]
+        notes.append(f"{len(labels)} series with no energy figure in any run left out: " + "; ".join(labels[:5])
+                     + (" …" if len(labels) > 5 else ""))
+    return chosen[chosen["series"].isin(measured)], figures
 
 
 # -- process-to-process noise measured earlier on a machine ----------------------------------------------------------
@@ -751,8 +815,10 @@ class ProcessNoise:
         return (*(row[c] for c in SERIES_COLUMNS), row["device_name"], row.get("hostname") or "")
 
     @classmethod
-    def measure(cls, store: Store, wanted: pd.DataFrame, kinds: Sequence[str]) -> ProcessNoise:
-        """From every ok run of a repeat group (params.repeats > 1) on the machines `wanted` ran on."""
+    def measure(cls, store: Store, wanted: pd.DataFrame, kinds: Sequence[str], metric: str = "time"
+                ) -> ProcessNoise:
+        """From every ok run of a repeat group (params.repeats > 1) on the machines `wanted` ran on: the spread of
+        their sample medians (time) or of their energy figures (energy)."""
         machines = set(zip(wanted["device_name"], wanted["hostname"].fillna("")))
         found = cls()
         runs = select_runs(store, Spec(text="(repeat groups)"), kinds)
@@ -762,11 +828,14 @@ class ProcessNoise:
         runs = runs[[(d, h) in machines for d, h in zip(runs["device_name"], runs["hostname"])]]
         if runs.empty:
             return found
-        with store.connect(read_only=True) as con:
-            medians = con.execute(
-                "SELECT run_id, phase, coalesce(batch_size, -1) AS batch, median(value) AS med FROM samples "
-                "WHERE run_id IN (SELECT unnest(?::BIGINT[])) AND isfinite(value) AND value > 0 GROUP BY ALL",
-                _ids_arg(list(runs["run_id"]))).df()
+        if metric == "energy":
+            medians = energy.to_frame(energy.load_figures(store, list(runs["run_id"])))
+        else:
+            with store.connect(read_only=True) as con:
+                medians = con.execute(
+                    "SELECT run_id, phase, coalesce(batch_size, -1) AS batch, median(value) AS med FROM samples "
+                    "WHERE run_id IN (SELECT unnest(?::BIGINT[])) AND isfinite(value) AND value > 0 GROUP BY ALL",
+                    _ids_arg(list(runs["run_id"]))).df()
         rows = medians.merge(runs, on="run_id")
         rows = rows[~_flagged(rows)]
         pooled: dict[tuple, list[float]] = {}
@@ -787,9 +856,11 @@ class ProcessNoise:
 
 
 def _rows(store: Store, groups: pd.DataFrame, runs: pd.DataFrame, opts: Options, across: bool,
-          noise: ProcessNoise) -> list[Row]:
+          noise: ProcessNoise, figures: dict[energy.Key, energy.Figure] | None = None) -> list[Row]:
+    """One row per series: judged on the raw samples, or on the runs' energy figures where `figures` is given."""
     ids = sorted(set(groups["run_id"].astype(int)))
-    samples = _load_samples(store, ids)
+    samples = _load_samples(store, ids) if figures is None else pd.DataFrame(
+        columns=["run_id", "phase", "batch", "value", "unit"])
     by_run = {k: v["value"].to_numpy() for k, v in samples.groupby(["run_id", "phase", "batch"])}
     units = samples.groupby(["run_id", "phase"])["unit"].first().to_dict()
     metrics = _correctness_rows(store, ids)
@@ -802,7 +873,6 @@ def _rows(store: Store, groups: pd.DataFrame, runs: pd.DataFrame, opts: Options,
         left_out = sorted(int(r) for r in series.loc[series["flagged"], "run_id"]) if not opts.include_flagged \
             else []
         kept = {s: part if opts.include_flagged else part[~part["flagged"]] for s, part in sides.items()}
-        arrays = {s: [by_run[(r, phase, batch)] for r in part["run_id"]] for s, part in kept.items()}
         side_runs = {s: [int(r) for r in part["run_id"]] for s, part in kept.items()}
         sigma = {s: noise.series.get(ProcessNoise.key(part.iloc[-1].to_dict())) for s, part in sides.items()}
         machine = {s: noise.machine.get((part.iloc[-1]["device_name"], part.iloc[-1]["hostname"]))
@@ -810,11 +880,18 @@ def _rows(store: Store, groups: pd.DataFrame, runs: pd.DataFrame, opts: Options,
         correct = [_side_correctness(metrics, side_runs[s], phase, batch, newest["kind"]) for s in ("base", "head")]
         device = " → ".join(", ".join(sorted(set(sides[s]["device_name"].astype(str)))) for s in ("base", "head")) \
             if across else str(newest["device_name"])
+        command = reproduce_command(newest["kind"], params[newest["run_id"]], newest["mode"], newest["device"],
+                                    phase, batch)
+        if figures is not None:
+            found = {s: [(r, energy.figure(figures, r, phase, batch)) for r in run_list]
+                     for s, run_list in side_runs.items()}
+            rows.append(_energy_row(series_label(newest, not across), newest, device, found, opts, correct, command,
+                                    sigma, machine, left_out))
+            continue
+        arrays = {s: [by_run[(r, phase, batch)] for r in run_list] for s, run_list in side_runs.items()}
         rows.append(_row(series_label(newest, not across), newest, device, arrays, side_runs, opts, correct,
-                         units.get((int(newest["run_id"]), phase), ""),
-                         reproduce_command(newest["kind"], params[newest["run_id"]], newest["mode"],
-                                           newest["device"], phase, batch), sigma, machine, left_out))
-    order = {v: i for i, v in enumerate(VERDICTS)}
+                         units.get((int(newest["run_id"]), phase), ""), command, sigma, machine, left_out))
+    order = {v: i for i, v in enumerate(verdict_names(opts.metric))}
     return sorted(rows, key=lambda r: (order[r.verdict], -abs(math.log(r.ratio)) if r.ratio == r.ratio else 0,
                                        r.series))
 
@@ -851,28 +928,90 @@ def _row(label: str, newest: dict[str, Any], device: str, arrays: dict[str, list
     if lonely and len(known) < len(lonely):
         row.ratio, row.ci_low, row.ci_high = ratio_ci(base, head, resamples=opts.resamples, alpha=opts.alpha,
                                                       seed=seed)  # within the processes only: shown, not judged
-        guess = next((machine[s] for s in lonely if machine.get(s) is not None), None)
-        row.repeats_needed = repeats_needed(guess if guess is not None else GUESSED_PROCESS_NOISE, opts.threshold,
-                                            opts.alpha)
-        row.why = (f"{row.procs_base} process(es) base, {row.procs_head} head, and no process-to-process noise "
-                   f"measured for this series on {'these machines' if ' → ' in device else 'this machine'}: run "
-                   f"each side with bench --repeat {row.repeats_needed} (from "
-                   + (f"the machine's other series' σ = {100 * guess:.1f} %)" if guess is not None else
-                      f"an assumed σ = {100 * GUESSED_PROCESS_NOISE:.0f} % between processes)"))
+        _cannot_tell(row, lonely, machine, opts, "this series")
         return row
     row.ratio, row.ci_low, row.ci_high = process_ratio_ci(
         base, head, resamples=opts.resamples, alpha=opts.alpha, seed=seed,
         sigma_base=known.get("base"), sigma_head=known.get("head"))
-    row.process_noise = "; ".join(
-        [f"{s}: σ = {100 * known[s]:.1f} % from {sigma[s][1]} earlier repeat group(s) on its machine"
-         for s in lonely] or [f"between these runs' processes ({row.procs_base} + {row.procs_head})"])
+    row.process_noise = _noise_text(row, lonely, known, sigma)
     row.verdict = verdict(row.ratio, row.ci_low, row.ci_high, len(pooled_base), len(pooled_head),
                           threshold=opts.threshold, min_samples=opts.min_samples)
     return row
 
 
+def _cannot_tell(row: Row, lonely: list[str], machine: dict[str, float | None], opts: Options, what: str) -> None:
+    """A side of one process and no process noise measured for `what` on its machine: the repeats a side needs."""
+    guess = next((machine[s] for s in lonely if machine.get(s) is not None), None)
+    row.repeats_needed = repeats_needed(guess if guess is not None else GUESSED_PROCESS_NOISE, opts.threshold,
+                                        opts.alpha)
+    row.why = (f"{row.procs_base} process(es) base, {row.procs_head} head, and no process-to-process noise "
+               f"measured for {what} on {'these machines' if ' → ' in row.device else 'this machine'}: run "
+               f"each side with bench --repeat {row.repeats_needed} (from "
+               + (f"the machine's other series' σ = {100 * guess:.1f} %)" if guess is not None else
+                  f"an assumed σ = {100 * GUESSED_PROCESS_NOISE:.0f} % between processes)"))
+
+
+def _noise_text(row: Row, lonely: list[str], known: dict[str, float], sigma: dict[str, tuple[float, int] | None]
+                ) -> str:
+    return "; ".join(
+        [f"{s}: σ = {100 * known[s]:.1f} % from {sigma[s][1]} earlier repeat group(s) on its machine"
+         for s in lonely] or [f"between these runs' processes ({row.procs_base} + {row.procs_head})"])
+
+
+def _energy_row(label: str, newest: dict[str, Any], device: str,
+                found: dict[str, list[tuple[int, energy.Figure | None]]], opts: Options,
+                correct: list[dict[str, float]], command: str, sigma: dict[str, tuple[float, int] | None],
+                machine: dict[str, float | None], left_out: list[int]) -> Row:
+    """A series judged on its runs' energy figures, one per run (process): the ratio of the sides' median figures
+    with the process-level bootstrap CI; the median above the idle draw is reported beside it."""
+    figures = {s: [f for _, f in pairs if f is not None] for s, pairs in found.items()}
+    text, worse = correctness_text(*correct)
+    batch = int(newest["batch"])
+    unit = next((f[2] for s in ("head", "base") for f in figures[s]), "J")
+    runs = {s: [r for r, f in pairs if f is not None] for s, pairs in found.items()}
+    base, head = ([f[0] for f in figures[s]] for s in ("base", "head"))
+    row = Row(series=label, kind=newest["kind"], workload=newest["workload"], mode=newest["mode"],
+              phase=newest["phase"], batch_size=batch if batch >= 0 else None, config=newest["config"],
+              device=device, n_base=len(base), n_head=len(head), runs_base=runs["base"], runs_head=runs["head"],
+              median_base=float("nan"), median_head=float("nan"), unit=unit, ratio=float("nan"),
+              ci_low=float("nan"), ci_high=float("nan"), p_value=float("nan"), verdict="cannot tell",
+              correctness=text, correctness_worse=worse, command=command, procs_base=len(base),
+              procs_head=len(head), flagged_left_out=left_out,
+              unmeasured=sorted(r for pairs in found.values() for r, f in pairs if f is None))
+    if not found["base"] or not found["head"]:
+        row.why = (f"every {' and '.join(s for s in ('base', 'head') if not found[s])} run of this series is "
+                   f"flagged (runs {', '.join(map(str, left_out))}); --include-flagged counts them")
+        return row
+    if not base or not head:
+        missing = [s for s in ("base", "head") if not figures[s]]
+        row.why = (f"no energy figure in the {' and '.join(missing)} runs of this series (runs "
+                   f"{', '.join(str(r) for s in missing for r, _ in found[s])}): NVML or RAPL not available there")
+        return row
+    row.median_base, row.median_head = float(np.median(base)), float(np.median(head))
+    for side, values in (("base", figures["base"]), ("head", figures["head"])):
+        above = [f[1] for f in values if f[1] == f[1]]
+        setattr(row, f"above_idle_{side}", float(np.median(above)) if above else float("nan"))
+    row.p_value = mann_whitney(base, head)[1]
+    lonely = [s for s, values in (("base", base), ("head", head)) if len(values) < 2]
+    known = {s: sigma[s][0] for s in lonely if sigma.get(s) is not None}
+    if lonely and len(known) < len(lonely):
+        row.ratio = row.median_head / row.median_base  # one figure a side: no interval to show
+        _cannot_tell(row, lonely, machine, opts, "this series' energy")
+        return row
+    row.ratio, row.ci_low, row.ci_high = figure_ratio_ci(
+        base, head, resamples=opts.resamples, alpha=opts.alpha, seed=zlib.crc32(label.encode()) ^ opts.seed,
+        sigma_base=known.get("base"), sigma_head=known.get("head"))
+    row.process_noise = _noise_text(row, lonely, known, sigma)
+    judged = verdict(row.ratio, row.ci_low, row.ci_high, len(base), len(head), threshold=opts.threshold,
+                     min_samples=1)  # one figure per process: the process count is the sample size
+    row.verdict = ENERGY_WORDS.get(judged, judged)
+    return row
+
+
 # -- output ----------------------------------------------------------------------------------------------------------
 def fmt_value(value: float, unit: str) -> str:
+    if unit.startswith("J/"):
+        return fmt_joules(value) + unit[1:]
     if unit != "us":
         return f"{value:.4g} {unit}".strip()
     if value >= 1e6:
@@ -880,15 +1019,39 @@ def fmt_value(value: float, unit: str) -> str:
     return f"{value / 1e3:.3f} ms" if value >= 1e3 else f"{value:.2f} µs"
 
 
+def _ratio_text(r: Row) -> str:
+    if r.ratio != r.ratio:
+        return "—"
+    if r.ci_low != r.ci_low:
+        return f"{r.ratio:.3f} [—]"
+    return f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" + (" (within processes)" if r.verdict == "cannot tell"
+                                                                 else "")
+
+
+def _above_idle_text(r: Row) -> str:
+    """'0.21 J/step (41 %) → 0.25 J/step (44 %)': the median above the idle draw and its share of the whole."""
+    parts = [f"{fmt_value(a, r.unit)} ({100 * a / w:.0f} %)" if a == a and w == w and w > 0 else "—"
+             for a, w in ((r.above_idle_base, r.median_base), (r.above_idle_head, r.median_head))]
+    return "—" if parts == ["—", "—"] else " → ".join(parts)
+
+
 def table(comparison: Comparison) -> pd.DataFrame:
     """One display row per series (the page's table and the CLI's)."""
+    if comparison.metric == "energy":
+        return pd.DataFrame([{
+            "#": i, "series": r.series, "runs base/head": f"{r.procs_base}/{r.procs_head}",
+            "energy base → head": "—" if r.median_base != r.median_base else
+            f"{fmt_value(r.median_base, r.unit)} → {fmt_value(r.median_head, r.unit)}",
+            "above idle base → head": _above_idle_text(r), "ratio [CI]": _ratio_text(r),
+            "p (MWU)": "—" if r.p_value != r.p_value else f"{r.p_value:.2g}",
+            "verdict": r.verdict, "correctness": ("⚠ " if r.correctness_worse else "") + (r.correctness or "—"),
+        } for i, r in enumerate(comparison.rows, 1)])
     return pd.DataFrame([{
         "#": i, "series": r.series, "procs base/head": f"{r.procs_base}/{r.procs_head}",
         "n base/head": f"{r.n_base}/{r.n_head}",
         "median base → head": "—" if r.median_base != r.median_base else
         f"{fmt_value(r.median_base, r.unit)} → {fmt_value(r.median_head, r.unit)}",
-        "ratio [CI]": "—" if r.ratio != r.ratio else f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
-        + (" (within processes)" if r.verdict == "cannot tell" else ""),
+        "ratio [CI]": _ratio_text(r),
         "p (MWU)": "—" if r.p_value != r.p_value else f"{r.p_value:.2g}",
         "verdict": r.verdict, "correctness": ("⚠ " if r.correctness_worse else "") + (r.correctness or "—"),
     } for i, r in enumerate(comparison.rows, 1)])
@@ -897,10 +1060,14 @@ def table(comparison: Comparison) -> pd.DataFrame:
 def render(comparison: Comparison) -> str:
     c = comparison
     counts = ", ".join(f"{n} {v}" for v, n in c.counts().items() if n)
-    lines = [f"base: {c.base} ({len(c.base_runs)} runs)   head: {c.head} ({len(c.head_runs)} runs)",
-             f"head/base ratio of medians, {100 * (1 - c.alpha):g} % hierarchical-bootstrap CI (processes, then "
-             f"samples; B = {c.resamples}, seed {c.seed}); slower/faster: CI clear of 1 and the ratio beyond "
-             f"{100 * c.threshold:g} %", "", table(c).to_string(index=False), ""]
+    method = (f"head/base ratio of medians, {100 * (1 - c.alpha):g} % hierarchical-bootstrap CI (processes, then "
+              f"samples; B = {c.resamples}, seed {c.seed}); slower/faster: CI clear of 1 and the ratio beyond "
+              f"{100 * c.threshold:g} %") if c.metric == "time" else (
+        f"energy (whole board or CPU package; above idle beside it): head/base ratio of the runs' median figures, "
+        f"{100 * (1 - c.alpha):g} % bootstrap CI over the runs (B = {c.resamples}, seed {c.seed}); more/less "
+        f"energy: CI clear of 1 and the ratio beyond {100 * c.threshold:g} %")
+    lines = [f"base: {c.base} ({len(c.base_runs)} runs)   head: {c.head} ({len(c.head_runs)} runs)", method, "",
+             table(c).to_string(index=False), ""]
     for i, r in enumerate(c.rows, 1):
         if r.why:
             lines.append(f"[{i}] cannot tell: {r.why}")
@@ -908,6 +1075,8 @@ def render(comparison: Comparison) -> str:
             lines.append(f"[{i}] process noise: {r.process_noise}")
         if r.flagged_left_out:
             lines.append(f"[{i}] left out as flagged: runs {', '.join(map(str, r.flagged_left_out))}")
+        if r.unmeasured:
+            lines.append(f"[{i}] no energy figure, left out: runs {', '.join(map(str, r.unmeasured))}")
     lines += ["", "reproduce the head side:"]
     lines += [f"  [{i}] {r.command}" for i, r in enumerate(c.rows, 1)]
     for title, names in (("only in the base", c.only_base), ("only in the head", c.only_head)):
