@@ -29,6 +29,7 @@ from engine.cli.args import (
 )
 from engine.measure.op_stats import comparable_kinds, compare, compare_metrics, short_name
 from engine.store.db import Store
+from engine.store.report import parse_conditions
 
 
 def phases_arg(text: str) -> tuple[str, ...]:
@@ -52,7 +53,10 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     p.add_argument("--batch-size", type=positive_int, default=None, help="default: the workload's training batch")
     p.add_argument("--wait", type=non_negative_int, default=1, help="profiler schedule: skipped steps (default 1)")
     p.add_argument("--warmup", type=non_negative_int, default=2, help="traced, discarded steps (default 2)")
-    p.add_argument("--active", type=positive_int, default=5, help="profiled steps (default 5)")
+    p.add_argument("--active", type=positive_int, default=None,
+                   help="profiled steps (default: as many as fit in --budget, 3 to 30)")
+    p.add_argument("--budget", type=positive_float, default=None,
+                   help="seconds of profiled steps to aim at without --active (default 2)")
     p.add_argument("--deep", action="store_true", help="also run Nsight Compute (ncu) on the top-k kernels (CUDA)")
     p.add_argument("--top-k", type=positive_int, default=10, help="rows to print; kernels for --deep (max 10)")
     p.add_argument("--timeout", type=positive_float, default=1800, help="seconds before a run counts as hung")
@@ -116,6 +120,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
               **(mine.params if mine else {})}
     if args.batch_size:
         params["batch_size"] = args.batch_size
+    if args.budget:
+        params["budget_s"] = args.budget
     specs = [JobSpec("profile", workload, m.name, args.device, {**params, "mode": m.name, "phases": phases[m.name]},
                      timeout_s=args.timeout) for m in modes]
     ids = create_runs(store, specs, group_id=uuid.uuid4().hex[:12] if len(specs) > 1 else None)
@@ -162,6 +168,19 @@ def _us(value: float | None) -> str:
     return f"{value / 1e3:,.2f} ms" if abs(value) >= 10_000 else f"{value:,.1f} µs"
 
 
+def profile_judgements(conditions: object, phase: str) -> list[tuple[str, str, list[str]]]:
+    """(series, state, flags) of one phase of a profile's stored noise record (profiled steps first); [] for a run
+    judged before profiles kept their steps' spread."""
+    record = parse_conditions(conditions) or {}
+    return [(str(e.get("series") or "steps"), str(e.get("state") or ""), [str(f) for f in e.get("flags") or []])
+            for e in record.get("series") or [] if e.get("phase") == phase]
+
+
+def _spread(m: dict[str, float], prefix: str) -> str:
+    return (f"{_us(m.get(prefix + '_median_us'))} median, p10–p90 {_us(m.get(prefix + '_p10_us'))} – "
+            f"{_us(m.get(prefix + '_p90_us'))}")
+
+
 def print_profile(store: Store, run_id: int, top_k: int = 10) -> None:
     run = _profile_run(store, run_id)
     stats = store.op_stats([run_id])
@@ -169,14 +188,21 @@ def print_profile(store: Store, run_id: int, top_k: int = 10) -> None:
     for phase, m in run_metrics(store, run_id).items():
         steps = max(m.get("steps", 1.0), 1.0)
         print(f"\nrun {run_id} · {run['mode']} on {run['device']} · {phase} · {int(steps)} profiled steps")
-        print(f"  host wall per step      {_us(m.get('step_wall_us'))}")
+        print(f"  host wall per step      {_us(m.get('step_wall_us'))}"
+              + (f" mean; {_spread(m, 'step_wall')}" if "step_wall_p10_us" in m else ""))
+        for series, state, flags in profile_judgements(run.get("conditions"), phase):
+            if state and state != "clean":
+                print(f"  warning: {series} {state}: {'; '.join(flags)}")
+            elif state:
+                print(f"  {series:<24}clean")
         if "step_p10_us" in m:  # the step without the profiler: its spread says whether the machine was steady
             print(f"  step, unprofiled        {_us(m.get('step_median_us'))} median, p10–p90 "
                   f"{_us(m['step_p10_us'])} – {_us(m.get('step_p90_us'))}")
         print(f"  CPU time per step       {_us(m.get('cpu_time_per_step_us'))} (operators "
               f"{_us(m.get('cpu_op_self_us', 0) / steps)}, {m.get('op_calls', 0) / steps:,.0f} op calls)")
         if "device_busy_us" in m:
-            print(f"  device busy per step    {_us(m.get('device_busy_per_step_us'))}")
+            print(f"  device busy per step    {_us(m.get('device_busy_per_step_us'))}"
+                  + (f" mean; {_spread(m, 'device_busy')}" if "device_busy_p10_us" in m else ""))
             print(f"  device idle fraction    {m['idle_fraction']:.1%} of {_us(m['device_window_us'])}")
             print(f"  kernels per step        {m.get('kernels_per_step', 0):,.1f}")
             print(f"  kernel launches/step    {m.get('launches_per_step', 0):,.1f} "
@@ -197,6 +223,9 @@ def print_profile(store: Store, run_id: int, top_k: int = 10) -> None:
                 "calls/step": (top["calls"] / steps).round(1),
                 "self/step": (top["self_us"] / steps).map(_us),
                 "share": (top["self_us"] / total).map("{:.1%}".format),
+                "p10–p90/step": [f"{_us(a)} – {_us(b)}" if not pd.isna(a) else "—"
+                                 for a, b in zip(top.get("self_p10_us", [None] * len(top)),
+                                                 top.get("self_p90_us", [None] * len(top)))],
                 "shapes": top["input_shapes"].fillna("").map(lambda s: s[:40]),
             })
             print(f"  top {len(top)} {title}:")

@@ -3,14 +3,20 @@
 For each phase (`train`: zero_grad → forward → loss → backward → Adam step, the very step engine.bench.run times;
 `infer`: forward under no_grad): a fresh copy of the seeded model is prepared by the mode, called once (tracing and
 compilation happen here, outside the profile), called `settle` more times, then run under torch.profiler with a
-wait/warm-up/active schedule (CPU activity, plus CUDA on a GPU; input shapes recorded). The trace of the active steps
-is written gzipped under the run's artifacts folder and analysed by engine.measure.op_stats. With `deep`, the top-k
+wait/warm-up/active schedule (CPU activity, plus CUDA on a GPU; input shapes recorded). Without a fixed `active`, the
+schedule keeps as many steps as fit in `budget_s` (the fastest settle call, doubled for the profiler's cost), between
+MIN_ACTIVE and `max_active`: enough steps at small shapes for a p10–p90 per step and per operator to mean something,
+few when the step is slow. The trace of the active steps is written gzipped under the run's artifacts folder and
+analysed by engine.measure.op_stats; each profiled step's wall time (and device busy time on a GPU) is kept as a
+series of its own (samples `<phase>_profiled`, `<phase>_profiled_device_busy`) with its p10, median and p90 as
+metrics (`step_wall_p10_us` …, `device_busy_p10_us` …). With `deep`, the top-k
 kernels by device time are measured again by Nsight Compute (engine.profiling.ncu) in a subprocess. After the
 profile, the same step is timed `unprofiled_iters` times without the profiler (metrics `step_median_us`, `step_p10_us`,
 `step_p90_us`; its samples kept), so the explainer (engine.explain.why) can state what the profiler itself added. The
-machine's conditions are recorded around the profiled and timed steps (engine.measure.conditions) and the step's
-samples judged with them (engine.measure.noise): a disturbed profile says so in a note, and its record is stored with
-the run. For a compiled mode, a child process then
+machine's conditions are recorded around the profiled and timed steps (engine.measure.conditions), and both series,
+the profiled steps' wall times and the unprofiled timing, are judged with them (engine.measure.noise.judge; the
+profiled steps also by how far a few slow steps pull their mean, which every per-step total in the profile is): a
+disturbed profile says so in a note, and the record is stored with the run. For a compiled mode, a child process then
 compiles the step once more under depyf (engine.profiling.compiled_code): the decompiled code, guards and kernels
 become artifacts of kind `depyf`.
 
@@ -21,8 +27,10 @@ The worker never touches DuckDB: everything comes back in the RunResult (op_stat
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +38,7 @@ import torch
 
 from engine.bench.run import _sync, build_step, user_model_job
 from engine.measure import conditions, noise, nvtx_ranges
+from engine.measure.conditions import Conditions
 from engine.measure.op_stats import analyze, load_trace
 from engine.measure.timing import time_fn
 from engine.modes import Mode, get_mode
@@ -42,6 +51,15 @@ Progress = Callable[[float, str], None]
 PHASES = ("train", "infer")
 UNITS = {"steps": "", "op_calls": "", "kernel_launches": "", "launches_per_step": "", "kernels": "",
          "kernels_per_step": "", "idle_fraction": ""}
+BUDGET_S = 2.0  # profiled time the adaptive schedule aims at
+MIN_ACTIVE = 3  # fewest profiled steps, when the step is slow
+MAX_ACTIVE = 30  # most: p10 and p90 are the 3rd and 27th of them; more only lengthens the trace
+PROFILER_COST = 2.0  # a profiled step takes about this many plain ones at small shapes (record_shapes, Python events)
+PROFILED = "_profiled"  # samples phase suffix of the profiled steps' wall times
+DEVICE_BUSY = "_profiled_device_busy"  # ... and of their device busy times (GPU)
+# The profile's per-step figures and op totals are means over the steps: a mean this far above the median means a
+# few slow steps carry them (one preempted step made an eager train step read 91.5 ms).
+MAX_MEAN_OVER_MEDIAN = 1.10
 
 
 @dataclass
@@ -53,7 +71,9 @@ class ProfileConfig:
     batch_size: int | None = None  # None: the workload's training batch (64 for house_price), for every phase
     wait: int = 1  # profiler schedule: steps skipped, steps traced but discarded (warm-up), steps kept (active)
     warmup: int = 2
-    active: int = 5
+    active: int | None = None  # None: as many as fit in budget_s, MIN_ACTIVE to max_active
+    budget_s: float = BUDGET_S
+    max_active: int = MAX_ACTIVE
     settle: int = 2  # plain calls after the first call and before the profiler (CUDA graph trees record here)
     unprofiled_iters: int = 30  # then the step timed without the profiler (step_median_us, its p10 and p90)
     depyf: bool = True  # compiled modes: dump what torch.compile produced, in a child (engine.profiling.compiled_code)
@@ -68,8 +88,11 @@ class ProfileConfig:
     def validate(self) -> None:
         if not self.phases or any(p not in PHASES for p in self.phases):
             raise ValueError(f"phases must be a non-empty subset of {PHASES}, not {self.phases!r}")
-        if self.wait < 0 or self.warmup < 0 or self.active < 1 or self.settle < 0 or self.unprofiled_iters < 1:
-            raise ValueError("the schedule needs wait ≥ 0, warmup ≥ 0, active ≥ 1 and settle ≥ 0")
+        if self.wait < 0 or self.warmup < 0 or self.settle < 0 or self.unprofiled_iters < 1 or \
+                (self.active is not None and self.active < 1):
+            raise ValueError("the schedule needs wait ≥ 0, warmup ≥ 0, active ≥ 1 (or None) and settle ≥ 0")
+        if not self.budget_s > 0 or self.max_active < MIN_ACTIVE:
+            raise ValueError(f"budget_s must be above 0 and max_active at least {MIN_ACTIVE}")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         if self.top_k < 1 or self.ncu_steps < 1:
@@ -89,6 +112,15 @@ def default_batch_size(workload: Workload, batch_size: int | None) -> int:
     return int(batch_size or workload.default_train_batch_sizes[0])
 
 
+def adaptive_active(step_s: float, cfg: ProfileConfig) -> int:
+    """Profiled steps for a step that takes `step_s` unprofiled: cfg.active when set, else as many as fit in
+    cfg.budget_s at PROFILER_COST times the step, between MIN_ACTIVE and cfg.max_active."""
+    if cfg.active is not None:
+        return cfg.active
+    fit = cfg.budget_s / (PROFILER_COST * step_s) if step_s > 0 else float(cfg.max_active)
+    return int(min(cfg.max_active, max(MIN_ACTIVE, fit)))
+
+
 def activities(device: str) -> list[torch.profiler.ProfilerActivity]:
     acts = [torch.profiler.ProfilerActivity.CPU]
     if device.startswith("cuda"):
@@ -98,7 +130,10 @@ def activities(device: str) -> list[torch.profiler.ProfilerActivity]:
 
 def profile_step(step: Callable[[], object], device: str, trace_path: Path, cfg: ProfileConfig,
                  on_step: Callable[[int, int], None] = lambda i, n: None) -> Path:
-    """Run `step` wait + warmup + active times under torch.profiler; the active steps' trace lands at trace_path."""
+    """Run `step` wait + warmup + active times under torch.profiler; the active steps' trace lands at trace_path.
+    cfg.active must be set (profile_phase sets it from adaptive_active)."""
+    if cfg.active is None:
+        raise ValueError("profile_step needs a fixed number of active steps (cfg.active)")
     trace_path.parent.mkdir(parents=True, exist_ok=True)
     exported: list[Path] = []
 
@@ -136,16 +171,28 @@ def profile_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, p
         progress(lo + 0.05 * (hi - lo), f"{mode.name} {phase} B={batch_size}: first call"
                  + (": compiling (or loading from the cache)" if mode.compiles else ""))
         with nvtx_ranges.range("first_call"):
+            t0 = time.perf_counter()
             step()
             _sync(device)
+            first_s = time.perf_counter() - t0
         with nvtx_ranges.range("settle"):
+            times = []
             for _ in range(cfg.settle):
+                t0 = time.perf_counter()
                 step()
-            _sync(device)
+                _sync(device)
+                times.append(time.perf_counter() - t0)
+            # The fastest settle call: one that another process slowed would shrink the schedule. No settle calls:
+            # the first call (with any compilation), an overestimate.
+            step_s = min(times, default=first_s)
+        active = adaptive_active(step_s, cfg)
+        if cfg.active is None and active < 10:
+            result.notes.append(f"{phase}: {active} profiled steps (a step takes {step_s * 1e3:,.0f} ms, the budget "
+                                f"is {cfg.budget_s:g} s): its p10–p90 rest on few steps; --active sets more")
         progress(lo + 0.3 * (hi - lo), f"{phase} B={batch_size}: profiling")
         with conditions.window(device, phase, batch_size):  # what else ran while it was profiled and timed
             trace_path = profile_step(
-                step, device, out_dir / f"trace-{phase}.json.gz", cfg,
+                step, device, out_dir / f"trace-{phase}.json.gz", dataclasses.replace(cfg, active=active),
                 on_step=lambda i, n: progress(lo + (0.3 + 0.5 * (i + 1) / n) * (hi - lo),
                                               f"{phase} B={batch_size}: profiler step {i + 1}/{n}"))
             # The same step without the profiler, in the same process and minutes: what the profiler itself costs.
@@ -162,6 +209,11 @@ def profile_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, p
     stats = plain.stats
     result.metrics += [Metric(f"step_{name}_us", getattr(stats, name), "us", **tag)
                        for name in ("median", "p10", "p90")]
+    result.samples.append(Samples(phase=phase + PROFILED, values=analysis.step_walls_us, unit="us",
+                                  batch_size=batch_size))
+    if analysis.device_busy_steps_us:
+        result.samples.append(Samples(phase=phase + DEVICE_BUSY, values=analysis.device_busy_steps_us, unit="us",
+                                      batch_size=batch_size))
     result.samples.append(Samples(phase=phase, values=plain.samples_us, unit="us", batch_size=batch_size))
     result.artifacts.append(Artifact(kind="chrome_trace", name=trace_path.name, path=str(trace_path)))
     result.op_stats.extend(analysis.op_stats)
@@ -220,13 +272,55 @@ def profile_mode(cfg: ProfileConfig, progress: Progress = lambda f, msg: None) -
                                                 default_batch_size(workload, cfg.batch_size),
                                                 out_dir / f"depyf-{phase}", result.notes)
             result.artifacts += [Artifact(kind="depyf", name=f"depyf-{phase}/{f.name}", path=str(f)) for f in files]
-    result.conditions = noise.record(result.samples, conditions.take_windows())
-    for entry in result.conditions["series"]:
-        if entry["state"] != "clean":  # the profile's times are the machine's as much as the code's
-            result.notes.append(f"{entry['phase']}: the profile is disturbed ({entry['state']}: "
-                                f"{'; '.join(entry['flags'])}); its times may not be the code's alone")
+    result.conditions = judge_profile(result.samples, conditions.take_windows())
+    result.notes += disturbed_notes(result.conditions)
     progress(1.0, "done")
     return result
+
+
+def mean_flags(walls: Sequence[float]) -> list[str]:
+    """A phrase when a few slow steps pull the steps' mean (what per-step totals are) above their median."""
+    if len(walls) < 2:
+        return []
+    ordered = sorted(walls)
+    median = float(noise.spread(ordered).median)
+    mean = sum(ordered) / len(ordered)
+    if not median > 0 or mean < MAX_MEAN_OVER_MEDIAN * median:
+        return []
+    return [f"the mean step is {mean / median:.2f}× the median (the slowest {ordered[-1] / median:.1f}×): "
+            "slow steps carry the per-step totals"]
+
+
+def judge_profile(samples: Sequence[Samples], windows: Sequence[Conditions]) -> dict:
+    """The run's noise record (runs.conditions): per phase, the profiled steps' wall times and the unprofiled
+    timing, each judged with the conditions window around them (engine.measure.noise.record); an entry's `series`
+    says which. A profiled series whose mean a few slow steps pull up is noisy too (mean_flags)."""
+    entries, flags = [], []
+    for s in samples:
+        if s.unit != "us" or not s.values or s.phase.endswith(DEVICE_BUSY):
+            continue
+        profiled = s.phase.endswith(PROFILED)
+        phase = s.phase.removesuffix(PROFILED)
+        what = "profiled steps" if profiled else "unprofiled steps"
+        record = noise.record([Samples(phase=phase, values=s.values, unit=s.unit, batch_size=s.batch_size)], windows)
+        for entry in record["series"]:
+            if profiled:
+                extra = mean_flags(s.values)
+                entry["flags"] = entry["flags"] + extra
+                if extra and entry["state"] == "clean":
+                    entry["state"] = "noisy"
+            entry["series"] = what
+            entries.append(entry)
+            flags += [f"{phase} {what}: {f}" for f in entry["flags"]]
+    return {"state": noise.worst([e["state"] for e in entries]), "flags": flags, "series": entries}
+
+
+def disturbed_notes(record: dict) -> list[str]:
+    """One note per flagged series of a profile's noise record: the profile's times are the machine's as much as
+    the code's."""
+    return [f"{e['phase']}: the profile is disturbed: its {e.get('series', 'steps')} are {e['state']} "
+            f"({'; '.join(e['flags'])}); its times may not be the code's alone"
+            for e in record.get("series", []) if e["state"] != "clean"]
 
 
 def config_from_params(params: dict) -> ProfileConfig:

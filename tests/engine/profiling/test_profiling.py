@@ -12,6 +12,7 @@ import stat
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -30,9 +31,10 @@ from engine.measure.op_stats import (
     union_length,
 )
 from engine.profiling import ncu
-from engine.profiling.profile import ProfileConfig, profile_mode
+from engine.profiling import profile as profiling
+from engine.profiling.profile import ProfileConfig, adaptive_active, judge_profile, profile_mode
 from engine.store import settings
-from engine.store.db import RunResult, Store
+from engine.store.db import RunResult, Samples, Store
 
 CUDA = torch.cuda.is_available()
 
@@ -99,6 +101,62 @@ def test_cpu_profile_rows_and_figures(cpu_profiles):
     assert m["step_wall_us"] == pytest.approx(m["profiled_wall_us"] / 3)
     assert by_phase(result, "infer")["op_calls"] < m["op_calls"]  # no backward, no optimizer
     assert result.env.get("torch") and not result.kernel_metrics
+
+
+def test_profiled_steps_are_kept_and_judged(cpu_profiles):
+    result = cpu_profiles["eager"]
+    series = {s.phase: s.values for s in result.samples}
+    assert set(series) == {"train_profiled", "train", "infer_profiled", "infer"}
+    for phase in ("train", "infer"):
+        m, walls = by_phase(result, phase), series[f"{phase}_profiled"]
+        assert len(walls) == m["steps"] == 3
+        assert sum(walls) == pytest.approx(m["profiled_wall_us"])
+        assert [m[f"step_wall_{q}_us"] for q in ("p10", "median", "p90")] == pytest.approx(
+            np.percentile(walls, [10, 50, 90]))
+    rows = pd.DataFrame(result.op_stats)
+    assert (rows["self_p10_us"] <= rows["self_p90_us"] + 1e-9).all()
+    assert (rows["self_p90_us"] <= rows["self_us"] + 1e-9).all()  # a step's share is at most the total
+    entries = [(e["phase"], e["series"]) for e in result.conditions["series"]]
+    assert entries == [("train", "profiled steps"), ("train", "unprofiled steps"), ("infer", "profiled steps"),
+                       ("infer", "unprofiled steps")]
+    assert all(e["conditions"] is not None for e in result.conditions["series"])  # the window around them
+
+
+def test_default_schedule_profiles_at_least_ten_small_steps(tmp_path):
+    result = profile_mode(ProfileConfig(mode="eager", phases=("infer",), settle=3, unprofiled_iters=5,
+                                        artifacts_dir=str(tmp_path)))
+    steps = by_phase(result, "infer")["steps"]
+    assert 10 <= steps <= profiling.MAX_ACTIVE  # a house-price forward takes about a millisecond
+
+
+def test_one_slow_profiled_step_flags_the_profile(tmp_path, monkeypatch):
+    """A step that sleeps 80 ms once among twelve profiled ones: the profile says it is disturbed and why."""
+    import time
+
+    real = profiling.build_step
+    calls = [0]
+
+    def with_a_slow_step(*args, **kwargs):
+        step, prepared = real(*args, **kwargs)
+
+        def maybe_slow():
+            calls[0] += 1
+            if calls[0] == 8:  # first call 1, settle 2, warm-up 3, active 4-15
+                time.sleep(0.08)
+            return step()
+        return maybe_slow, prepared
+
+    monkeypatch.setattr(profiling, "build_step", with_a_slow_step)
+    result = profile_mode(ProfileConfig(mode="eager", phases=("infer",), wait=0, warmup=1, active=12, settle=1,
+                                        unprofiled_iters=5, artifacts_dir=str(tmp_path)))
+    walls = next(s.values for s in result.samples if s.phase == "infer_profiled")
+    assert len(walls) == 12 and max(walls) >= 80_000
+    profiled = next(e for e in result.conditions["series"] if e["series"] == "profiled steps")
+    assert any(f.startswith("the mean step is") for f in profiled["flags"])
+    blamed = any("other processes" in f or "waited for a CPU" in f for f in profiled["flags"])
+    assert profiled["state"] == ("interfered" if blamed else "noisy")
+    assert any(n.startswith(f"infer: the profile is disturbed: its profiled steps are {profiled['state']}")
+               and "the mean step is" in n for n in result.notes)
 
 
 def test_nvtx_ranges_label_every_phase(tmp_path, monkeypatch):
@@ -260,6 +318,82 @@ def test_interval_union_and_overhanging_children():
     rows = {r["name"]: r for r in analyze(trace).op_stats}
     assert rows["aten::sum"]["calls"] == 1 and rows["aten::sum"]["self_us"] == pytest.approx(7)
     assert rows["aten::sum"]["total_us"] == 10
+
+
+def host_steps(per_step: list[dict[str, float]], gap: float = 0.0) -> dict:
+    """A CPU trace of one ProfilerStep#N per entry of `per_step` (op name → its self time in that step), the ops
+    back to back inside each step, `gap` µs of Python after them."""
+    H = {"pid": 1, "tid": 1}
+    events, t = [], 0.0
+    for i, ops in enumerate(per_step):
+        wall = sum(ops.values()) + gap
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i + 2}", "ts": t, "dur": wall,
+                       **H, "args": {}})
+        at = t
+        for name, dur in ops.items():
+            events.append({"ph": "X", "cat": "cpu_op", "name": name, "ts": at, "dur": dur, **H, "args": {}})
+            at += dur
+        t += wall + 1.0  # the profiler's own gap between steps
+    return {"traceEvents": events}
+
+
+def test_per_step_and_per_op_spread_from_a_synthetic_trace():
+    mm = [10.0, 20.0, 30.0, 40.0, 100.0]
+    steps = [{"aten::mm": v, **({"aten::relu": 5.0} if i < 2 else {})} for i, v in enumerate(mm)]
+    a = analyze(host_steps(steps, gap=2.0), "train")
+    walls = [v + (5.0 if i < 2 else 0.0) + 2.0 for i, v in enumerate(mm)]
+    assert a.step_walls_us == walls and not a.device_busy_steps_us
+    p10, p50, p90 = np.percentile(walls, [10, 50, 90])
+    m = a.metrics
+    assert (m["step_wall_p10_us"], m["step_wall_median_us"], m["step_wall_p90_us"]) == (p10, p50, p90)
+    assert "device_busy_p10_us" not in m  # no device: absent, not zero
+    rows = {r["name"]: r for r in a.op_stats}
+    assert (rows["aten::mm"]["self_p10_us"], rows["aten::mm"]["self_p90_us"]) == tuple(np.percentile(mm, [10, 90]))
+    relu = [5.0, 5.0, 0.0, 0.0, 0.0]  # a step without the op counts 0 for it
+    assert (rows["aten::relu"]["self_p10_us"], rows["aten::relu"]["self_p90_us"]) == tuple(
+        np.percentile(relu, [10, 90]))
+    assert rows["ProfilerStep*"]["self_p10_us"] == rows["ProfilerStep*"]["self_p90_us"] == 2.0
+    assert rows["aten::mm"]["self_p10_us"] <= rows["aten::mm"]["self_us"] / 5 <= rows["aten::mm"]["self_p90_us"]
+
+
+def test_device_busy_per_step_follows_the_launching_step():
+    a = analyze(gpu_trace(), "train")
+    # Step 1 launched gemm [30,50] and relu [60,70] ∪ memcpy [65,75]: 35 µs; step 2's graph replay ran [130,160] and
+    # [170,210] (the last one after the step's host end still counts in its step): 70 µs.
+    assert a.device_busy_steps_us == [35.0, 70.0]
+    assert a.metrics["device_busy_p10_us"] == pytest.approx(35 + 0.1 * 35)
+    assert a.metrics["device_busy_p90_us"] == pytest.approx(35 + 0.9 * 35)
+    gemm = next(r for r in a.op_stats if r["name"].startswith("void gemm_kernel"))
+    assert (gemm["self_p10_us"], gemm["self_p90_us"]) == pytest.approx((20 + 0.1 * 20, 20 + 0.9 * 20))
+
+
+def test_a_profile_with_one_slow_step_is_noisy_and_says_why():
+    steady = [1000.0 + 5 * i for i in range(12)]
+    slow = steady[:6] + [50_000.0] + steady[7:]
+    quiet = judge_profile([Samples("train_profiled", steady), Samples("train", steady)], [])
+    assert quiet["state"] == "clean" and quiet["flags"] == []
+    assert [e["series"] for e in quiet["series"]] == ["profiled steps", "unprofiled steps"]
+    record = judge_profile([Samples("train_profiled", slow), Samples("train", steady)], [])
+    assert record["state"] == "noisy"
+    profiled, unprofiled = record["series"]
+    assert profiled["state"] == "noisy" and unprofiled["state"] == "clean"
+    (flag,) = record["flags"]  # p90/p10 and the IQR do not see one step in 12; the mean does
+    assert flag.startswith(f"train profiled steps: the mean step is {np.mean(slow) / np.median(slow):.2f}× the "
+                           f"median (the slowest {50_000 / np.median(slow):.1f}×)")
+    (note,) = profiling.disturbed_notes(record)
+    assert note.startswith("train: the profile is disturbed: its profiled steps are noisy (the mean step is")
+
+
+def test_adaptive_schedule_takes_more_steps_when_the_step_is_fast():
+    cfg = ProfileConfig()
+    assert cfg.active is None
+    assert adaptive_active(0.0005, cfg) == profiling.MAX_ACTIVE
+    assert adaptive_active(0.1, cfg) == int(profiling.BUDGET_S / (profiling.PROFILER_COST * 0.1))
+    assert adaptive_active(3.0, cfg) == profiling.MIN_ACTIVE
+    assert adaptive_active(3.0, ProfileConfig(active=7)) == 7
+    assert adaptive_active(0.1, ProfileConfig(budget_s=20.0, max_active=12)) == 12
+    with pytest.raises(ValueError, match="max_active"):
+        ProfileConfig(max_active=2).validate()
 
 
 def test_kernel_names():
@@ -465,6 +599,10 @@ def test_cli_profile_runs_in_a_worker_and_lands_in_the_store(lab_env, capsys):
     assert metrics["steps"] == 2 and metrics["profiled_wall_us"] > 0
     # The stored run reads back through profile-show and profile-compare.
     assert cli.main(["profile-show", str(run_id), "--db", lab_env["RESULTS_DB"]]) == 0
+    out = capsys.readouterr().out
+    assert "mean; " in out and "median, p10–p90" in out and "p10–p90/step" in out
+    state = store.run(run_id)["conditions"]["series"][0]["state"]
+    assert ("profiled steps" in out) and (("warning: profiled steps" in out) == (state != "clean"))
     assert cli.main(["profile-compare", str(run_id), str(run_id), "--db", lab_env["RESULTS_DB"]]) == 0
     out = capsys.readouterr().out
     assert "operators both" in out and "only in A (0): none" in out
@@ -475,6 +613,7 @@ def test_cli_profile_runs_in_a_worker_and_lands_in_the_store(lab_env, capsys):
     (["profile", "--mode", "nope"], "unknown mode 'nope'"),
     (["profile", "--phases", "train,decode"], "phases are a comma list of train, infer"),
     (["profile", "--active", "0"], "'0' must be at least 1"),
+    (["profile", "--budget", "0"], "'0' must be greater than 0"),
     (["profile-show", "999"], "no run 999"),
 ])
 def test_cli_profile_errors(lab_env, capsys, args, message):
@@ -520,6 +659,9 @@ def test_cuda_profile_has_device_events_and_figures(tmp_path):
     assert device["self_us"].sum() == pytest.approx(m["kernel_us"] + m["memcpy_us"] + device[
         device["kind"] == "memset"]["self_us"].sum())
     assert device[device["kind"] == "kernel"]["parent"].notna().any()
+    busy = next(s.values for s in result.samples if s.phase == "train_profiled_device_busy")
+    assert len(busy) == 3 and sum(busy) == pytest.approx(m["device_busy_us"], rel=0.01)  # each step's share
+    assert m["device_busy_p10_us"] <= m["device_busy_median_us"] <= m["device_busy_p90_us"]
 
 
 @pytest.mark.gpu
