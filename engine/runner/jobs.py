@@ -13,7 +13,9 @@ A segfault, CUDA error, OOM kill or hang therefore only ends the worker; the das
 crashed. A run whose supervisor is killed (kill -9) stays 'running' until `Store.fail_stale_runs` sees its pid gone;
 if its worker had finished, the result.json it left is recorded instead (ingest_left_results, before that check).
 A store that another process keeps open delays a run's record (RECORD_WAIT_S), it does not lose it. Ctrl-C or SIGTERM
-in a supervising CLI kills its workers and marks its unfinished runs failed, "interrupted by SIGINT" (or SIGTERM).
+in a supervising CLI, or SIGTERM, SIGINT or SIGHUP to the detached supervisor, kills its workers and marks its
+unfinished runs failed, "interrupted by SIGINT" (or SIGTERM, SIGHUP); a worker that had finished has its result
+recorded.
 """
 
 from __future__ import annotations
@@ -610,20 +612,30 @@ def ingest_left_results(store: Store) -> list[int]:
                        [socket.gethostname()])
     root, recorded = artifacts_root(store), []
     for run_id, pid in rows.itertuples(index=False) if not rows.empty else ():
-        files = _RunFiles(root / f"run_{int(run_id)}")
-        if pid_alive(_as_pid(pid)) or not files.result.exists():
+        if pid_alive(_as_pid(pid)):
             continue
-        try:
-            if json.loads(files.spec.read_text()).get("run_id") != int(run_id):
-                continue  # another store's run of the same number
-            result = _result_of(files)
-        except (OSError, ValueError, TypeError):
-            continue  # unreadable: the stale check fails the run with its reason
+        result = _left_result(root, int(run_id))
+        if result is None:
+            continue  # none, or unreadable: the stale check fails the run with its reason
         result.notes.append("recorded from its result.json by a later command: the supervisor that ran it could not "
                             "record it (the store stayed busy, or it was stopped)")
         if store.record_result(int(run_id), result, only_if_active=True):
             recorded.append(int(run_id))
     return recorded
+
+
+def _left_result(root: Path, run_id: int) -> RunResult | None:
+    """The result a finished worker of this run left in its folder under root; None when there is none, it is
+    unreadable, or the folder's job.json is another store's run of the same number."""
+    files = _RunFiles(root / f"run_{run_id}")
+    if not files.result.exists():
+        return None
+    try:
+        if json.loads(files.spec.read_text()).get("run_id") != run_id:
+            return None
+        return _result_of(files)
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def _as_pid(value: Any) -> int | None:
@@ -650,10 +662,11 @@ def _fail_patiently(store: Store, run_id: int, error: str, wait_s: float = RECOR
 
 
 class Interrupted(KeyboardInterrupt):
-    """A signal (SIGTERM) in a supervising process, raised in its main thread like Ctrl-C's KeyboardInterrupt."""
+    """A signal (SIGTERM, SIGHUP) in a supervising process, raised in its main thread like Ctrl-C's
+    KeyboardInterrupt."""
 
 
-def _signal_name(exc: KeyboardInterrupt) -> str:
+def signal_name(exc: KeyboardInterrupt) -> str:
     return str(exc.args[0]) if isinstance(exc, Interrupted) and exc.args else "SIGINT"
 
 
@@ -661,24 +674,50 @@ def _signal_name(exc: KeyboardInterrupt) -> str:
 def interrupt_on_sigterm() -> Iterator[None]:
     """For the block, SIGTERM raises Interrupted("SIGTERM") in the main thread, so a supervising command marks its runs
     interrupted (as on Ctrl-C) instead of dying with them 'running'. Outside the main thread: nothing changes."""
+    with interrupt_on(signal.SIGTERM):
+        yield
+
+
+# What ends a detached supervisor (engine.runner.plan): `kill`, Ctrl-C where it has a terminal, the terminal closing.
+SUPERVISOR_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@contextmanager
+def interrupt_on(*signums: signal.Signals, once: bool = False) -> Iterator[None]:
+    """For the block, each of these signals raises Interrupted(its name) in the main thread. once: only the first
+    does; the ones after it are ignored, so a second `kill` does not cut short the marking of the runs the first one
+    interrupted. Outside the main thread: nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    raised = False
 
     def handler(signum: int, frame: Any) -> None:
+        nonlocal raised
+        if once and raised:
+            return
+        raised = True
         raise Interrupted(signal.Signals(signum).name)
 
-    before = signal.signal(signal.SIGTERM, handler)
+    before = {signum: signal.signal(signum, handler) for signum in signums}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for signum, previous in before.items():
+            signal.signal(signum, previous)
+
+
+def interrupt_runs(store: Store, run_ids: Sequence[int], exc: KeyboardInterrupt) -> None:
+    """A signal ended the supervisor of run_ids (engine.runner.plan's main): as _interrupt, for every run of them
+    still queued or running."""
+    _interrupt(store, run_ids, {}, exc)
 
 
 def _interrupt(store: Store, run_ids: Sequence[int], statuses: dict[int, str], exc: KeyboardInterrupt) -> None:
     """Ctrl-C or SIGTERM while supervising run_ids: no further run starts, the live workers are killed, and every
-    unfinished run is marked failed, "interrupted by SIG…" (waiting a few seconds at most for a busy store)."""
-    reason = f"interrupted by {_signal_name(exc)}"
+    unfinished run is marked failed, "interrupted by SIG…" (waiting a few seconds at most for a busy store) — unless
+    its worker had finished and left its result, which is recorded."""
+    reason = f"interrupted by {signal_name(exc)}"
     unfinished = [_key(store, i) for i in run_ids if i not in statuses]
     with _LIVE_GUARD:
         for key in unfinished:
@@ -693,8 +732,17 @@ def _interrupt(store: Store, run_ids: Sequence[int], statuses: dict[int, str], e
         except StoreError as err:
             print(f"run {run_id}: could not be marked {reason}: {err}", file=sys.stderr)
             continue
-        if run is not None and run["status"] in ("queued", "running"):
+        if run is None or run["status"] not in ("queued", "running"):
+            continue
+        result = _left_result(artifacts_root(store), run_id) if run["status"] == "running" else None
+        if result is None:
             _fail_patiently(active, run_id, reason, wait_s=10.0)
+            continue
+        result.notes.append(f"recorded after its supervisor was {reason}: the worker had finished")
+        try:
+            while_busy(lambda: active.record_result(run_id, result, only_if_active=True), 10.0)
+        except StoreBusyError as err:  # the next command that opens the store records it (ingest_left_results)
+            print(f"run {run_id}: its result stays in its result.json, the store is busy: {err}", file=sys.stderr)
 
 
 def _failure(outcome: _Exit, files: _RunFiles, timeout_s: float) -> str:

@@ -15,13 +15,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
 from engine.runner.device_lock import TIMING_CORES
-from engine.runner.jobs import OnProgress, preload_for, prestarted_launcher, run_jobs
+from engine.runner.jobs import (
+    SUPERVISOR_SIGNALS,
+    OnProgress,
+    interrupt_on,
+    interrupt_runs,
+    preload_for,
+    prestarted_launcher,
+    run_jobs,
+    signal_name,
+)
 from engine.runner.kinds import StoredKind, resolve
 from engine.store.db import Store
 
@@ -125,15 +135,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("run_ids", nargs="+", type=int)
     args = parser.parse_args(argv)
     store = Store(args.db)
-    plurals = {StoredKind.of(run).plural for run in (store.run(i) for i in args.run_ids) if run}
-    # The lane's fork server starts before planning and the group's start, whose ceilings check imports torch: the
-    # imports overlap.
-    preload = preload_for(store, args.run_ids) if len(args.run_ids) > 1 else None
-    with prestarted_launcher(store, preload) as launcher:
-        statuses = supervise(store, args.run_ids, launcher=launcher,
-                             what=plurals.pop() if len(plurals) == 1 else "runs")
+    # SIGTERM, SIGINT or SIGHUP ends the group as Ctrl-C ends a CLI's: its workers are killed, its unfinished runs
+    # marked failed "interrupted by SIG…" (a finished worker's result recorded), and it exits; the second signal
+    # waits for that.
+    with interrupt_on(*SUPERVISOR_SIGNALS, once=True):
+        try:
+            statuses = _plan_and_supervise(store, args.run_ids)
+        except KeyboardInterrupt as exc:
+            interrupt_runs(store, args.run_ids, exc)
+            print(f"interrupted by {signal_name(exc)}", file=sys.stderr)
+            return 128 + signal.Signals[signal_name(exc)]
     print(json.dumps(statuses))
     return 0 if all(s == "ok" for s in statuses.values()) else 1
+
+
+def _plan_and_supervise(store: Store, run_ids: Sequence[int]) -> dict[int, str]:
+    plurals = {StoredKind.of(run).plural for run in (store.run(i) for i in run_ids) if run}
+    # The lane's fork server starts before planning and the group's start, whose ceilings check imports torch: the
+    # imports overlap.
+    preload = preload_for(store, run_ids) if len(run_ids) > 1 else None
+    with prestarted_launcher(store, preload) as launcher:
+        return supervise(store, run_ids, launcher=launcher, what=plurals.pop() if len(plurals) == 1 else "runs")
 
 
 if __name__ == "__main__":
