@@ -17,8 +17,10 @@ def open_compare() -> AppTest:
     return AppTest.from_file(str(PAGE), default_timeout=60)
 
 
-def add_run(store: Store, mode: str, commit: str, scale: float = 1.0, processes: int = 3) -> int:
-    """One measurement in `processes` worker processes (a `bench --repeat` group); the last process's run id."""
+def add_run(store: Store, mode: str, commit: str, scale: float = 1.0, processes: int = 3,
+            joules: float | None = None) -> int:
+    """One measurement in `processes` worker processes (a `bench --repeat` group); the last process's run id.
+    `joules`: each process also stores the energy figures the meter writes (J/step ±1 %, 40 % of it above idle)."""
     group = f"{mode}-{commit}-{scale}"
     for repeat in range(processes):
         run_id = store.create_run("bench", "house_price", mode, "cpu",
@@ -27,9 +29,12 @@ def add_run(store: Store, mode: str, commit: str, scale: float = 1.0, processes:
                                   group_id=group)
         store.start_run(run_id)
         rng = np.random.default_rng(run_id)
+        figure = None if joules is None else joules * (1 + 0.01 * (repeat - 1))
+        energy = [] if figure is None else [Metric("energy_per_step", figure, "J/step", "infer", 64),
+                                            Metric("energy_above_idle_per_step", 0.4 * figure, "J/step", "infer", 64)]
         store.record_result(run_id, RunResult(
             samples=[Samples("infer", list(scale * 100 * np.exp(rng.normal(0, 0.02, 60))), "us", 64)],
-            metrics=[Metric("max_abs_err", 1e-7, "", "infer", 64)],
+            metrics=[Metric("max_abs_err", 1e-7, "", "infer", 64), *energy],
             env={"git_commit": commit, "torch": "2.13.0", "device_name": "CPU: test", "hostname": "here"}))
     return run_id
 
@@ -80,6 +85,37 @@ def test_two_commits_give_the_verdict_table_and_the_forest_plot(lab: Store) -> N
     at.selectbox(key="head-by").set_value("device").run()
     assert not at.exception and "--head 'device:\"CPU: test\"'" in texts(at.code)
     assert "no samples left" in texts(at.warning)
+
+
+def test_the_energy_choice_judges_the_runs_energy_figures(lab: Store) -> None:
+    add_run(lab, "eager", "aaaa1111", joules=0.5)
+    add_run(lab, "eager", "bbbb2222", joules=0.65)  # 30 % more joules per step, the same time
+    add_run(lab, "fx", "aaaa1111")  # no energy figures: left out of the energy verdict, with a note
+    add_run(lab, "fx", "bbbb2222")
+    at = open_compare().run()
+    at.selectbox(key="head-by").set_value("commit").run()
+    at.selectbox(key="head-value").set_value("bbbb2222").run()
+    assert at.radio(key="metric").value == "time"
+    assert list(at.dataframe[0].value["verdict"]) == ["unchanged", "unchanged"]
+    at.radio(key="metric").set_value("energy").run()
+    assert not at.exception
+    frame = at.dataframe[0].value
+    assert list(frame["verdict"]) == ["more energy"] and frame["series"].iloc[0].startswith("bench house_price eager")
+    assert frame["energy base → head"].iloc[0] == "500 mJ/step → 650 mJ/step"
+    assert frame["above idle base → head"].iloc[0] == "200 mJ/step (40 %) → 260 mJ/step (40 %)"
+    assert "1 series: 1 more energy" in texts(at.error) and "exits with code 1" in texts(at.error)
+    assert "--metric energy" in texts(at.code) and "no energy figure in any run left out" in texts(at.caption)
+    (chart,) = at.get("plotly_chart")
+    assert "median energy" in chart.proto.spec and "more energy" in chart.proto.spec
+    # Only the runs without energy: the one line, as a message.
+    at.selectbox(key="base-by").set_value("ids").run()
+    at.multiselect(key="base-ids").set_value([o for o in at.multiselect(key="base-ids").options
+                                              if " fx " in o][-1:]).run()
+    at.selectbox(key="head-by").set_value("ids").run()
+    at.multiselect(key="head-ids").set_value([o for o in at.multiselect(key="head-ids").options
+                                              if " fx " in o][:1]).run()
+    assert not at.exception and "energy: not measured in runs" in texts(at.warning)
+    assert "NVML or RAPL not available there" in texts(at.warning) and not at.dataframe
 
 
 def test_a_side_with_nothing_left_is_a_message(lab: Store) -> None:
