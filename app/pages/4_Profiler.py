@@ -27,7 +27,7 @@ from app.common import (
 from engine.measure.op_stats import comparable_kinds, compare, compare_metrics, short_name
 from engine.modes import MODES
 from engine.profiling import ncu
-from engine.profiling.profile import default_phases
+from engine.profiling.profile import BUDGET_S, MAX_ACTIVE, MIN_ACTIVE, default_phases, judgements
 from engine.runner.jobs import JobSpec
 from engine.workloads import get_workload
 from engine.workloads.user_model import PROFILE_TARGET
@@ -70,9 +70,10 @@ def top_bar(rows: pd.DataFrame, steps: float, k: int, title: str) -> go.Figure:
     top = rows.nlargest(k, "self_us").iloc[::-1]
     df = top.assign(label=_labels(top["name"]), per_step=top["self_us"] / steps, calls_per_step=top["calls"] / steps,
                     shapes=top["input_shapes"].fillna("—").str.slice(0, 80))
+    spread = {c: ":,.1f" for c in ("self_p10_us", "self_p90_us") if c in df.columns and df[c].notna().any()}
     fig = px.bar(df, x="per_step", y="label", orientation="h", color="kind",
                  hover_data={"name": True, "calls_per_step": ":.1f", "shapes": True, "label": False,
-                             "per_step": ":,.1f"})
+                             "per_step": ":,.1f", **spread})
     fig.update_layout(xaxis_title="self time per step (µs)", yaxis_title=None, showlegend=df["kind"].nunique() > 1)
     return _layout(fig, title, height=max(300, 28 * len(df) + 120))
 
@@ -169,8 +170,11 @@ with st.expander("New profile", expanded=runs.empty, icon=":material/speed:"):
     phases = c3.multiselect("Phases", offered, default=list(default_phases(MODES[mode])), key=f"new-phases-{mode}",
                             format_func=PHASE_LABELS.get,
                             help=None if len(offered) > 1 else f"{mode} runs only the {offered[0]} phase.")
-    active = int(c4.number_input("Profiled steps", min_value=1, max_value=100, value=5, key="new-active",
-                                 help="The schedule skips 1 step, traces 2 warm-up steps and keeps this many."))
+    active = c4.number_input("Profiled steps", min_value=1, max_value=100, value=None, step=1, key="new-active",
+                             placeholder=f"auto ({MIN_ACTIVE}–{MAX_ACTIVE})",
+                             help="The schedule skips 1 step, traces 2 warm-up steps and keeps this many. Empty: as "
+                                  f"many as fit in {BUDGET_S:g} s of profiling, {MIN_ACTIVE} to {MAX_ACTIVE}, so "
+                                  "each step's and each operator's p10–p90 rests on enough steps.")
     why_not_deep = ncu.unavailable(device)
     deep = st.toggle("Deep profile: Nsight Compute on the top-5 kernels", key="new-deep",
                      disabled=why_not_deep is not None, help=why_not_deep)
@@ -186,7 +190,8 @@ with st.expander("New profile", expanded=runs.empty, icon=":material/speed:"):
         st.caption(":material/error: Pick at least one phase to profile.")
     mine = model_field("profile")  # your own model by import path; empty: the lab's house-price model
     params = {"workload": mine.spec.name if mine else WORKLOAD, "phases": phases, "wait": 1, "warmup": 2,
-              "active": active, "deep": bool(deep and why_not_deep is None), "top_k": 5,
+              "active": None if active is None else int(active), "deep": bool(deep and why_not_deep is None),
+              "top_k": 5,
               **(mine.spec.params() if mine else {})}
     model_ok = mine is None or mine.ok
     st.button("Profile", key="profile-run", type="primary", disabled=not (ok and phases and model_ok),
@@ -215,14 +220,33 @@ def show_profile(runs: pd.DataFrame) -> None:
     steps = max(m.get("steps", 1.0), 1.0)
     on_device = "device_busy_us" in m
     stats = store.op_stats([run_id], phase)
-    _cards(run_id, run, m, on_device)
+    _cards(run_id, run, m, on_device, phase)
     _operators(stats, m, steps, k)
     _trace(run_id, run, phase)
     _deep(run_id, phase)
     _comparison(records, run_id, run, phase, m, stats, steps, k)
 
 
-def _cards(run_id: int, run: dict[str, Any], m: dict[str, float], on_device: bool) -> None:
+def spread_line(m: dict[str, float]) -> str | None:
+    """The profiled steps' spread in words, or None for a profile stored before it was kept."""
+    if "step_wall_p10_us" not in m:
+        return None
+    text = (f"Per profiled step: host wall {fmt_us(m['step_wall_median_us'])} median, p10–p90 "
+            f"{fmt_us(m['step_wall_p10_us'])} – {fmt_us(m['step_wall_p90_us'])}")
+    if "device_busy_p10_us" in m:
+        text += (f"; device busy {fmt_us(m['device_busy_median_us'])} median, p10–p90 "
+                 f"{fmt_us(m['device_busy_p10_us'])} – {fmt_us(m['device_busy_p90_us'])}")
+    return text + "."
+
+
+def _cards(run_id: int, run: dict[str, Any], m: dict[str, float], on_device: bool, phase: str | None) -> None:
+    stored = store.run(run_id) or {}
+    flagged = [(series, state, flags) for series, state, flags in judgements(stored.get("conditions"), phase or "")
+               if state and state != "clean"]
+    for series, state, flags in flagged:
+        st.warning(f"Disturbed profile: its {series} are **{state}** ({'; '.join(flags)}). Its per-step figures "
+                   "may be the machine's as much as the code's; profile again when the machine is quiet.",
+                   icon=":material/warning:")
     with st.container(border=True, key="cards"):
         cols = st.columns(6)
         cols[0].metric("Host wall / step", fmt_us(m.get("step_wall_us")))
@@ -245,8 +269,13 @@ def _cards(run_id: int, run: dict[str, Any], m: dict[str, float], on_device: boo
         st.caption(f"Run #{run_id} · {run['mode']} on {run['device']} · {int(m.get('steps', 0))} profiled steps · "
                    + (f"{m.get('kernels_per_step', 0):,.1f} kernels per step" if on_device else
                       f"device busy/idle time and kernel launches are {NOT_ON_CPU} (no device kernels)"))
-        for note in (store.run(run_id) or {}).get("notes", []):
-            st.caption(f":material/info: {note}")
+        spread = spread_line(m)
+        if spread:
+            st.caption(f":material/bar_chart: {spread}")
+        shown = f"{phase}: the profile is disturbed"  # said by the warning above
+        for note in stored.get("notes", []):
+            if not (flagged and note.startswith(shown)):
+                st.caption(f":material/info: {note}")
 
 
 def _operators(stats: pd.DataFrame, m: dict[str, float], steps: float, k: int) -> None:
@@ -274,6 +303,8 @@ def _operators(stats: pd.DataFrame, m: dict[str, float], steps: float, k: int) -
             tables.show(table, {"name": "name", "kind": "kind", "device": "device",
                                 "calls_per_step": ("calls per step", "num"),
                                 "self_us_per_step": ("self time per step", "us"),
+                                "self_p10_us": ("self p10 per step", "us"),
+                                "self_p90_us": ("self p90 per step", "us"),
                                 "total_us_per_step": ("total time per step", "us"),
                                 "device_us": ("device time (all steps)", "us"), "input_shapes": "input shapes",
                                 "parent": "launched by"}, key="op-table")

@@ -29,7 +29,6 @@ from engine.cli.args import (
 )
 from engine.measure.op_stats import comparable_kinds, compare, compare_metrics, short_name
 from engine.store.db import Store
-from engine.store.report import parse_conditions
 
 
 def phases_arg(text: str) -> tuple[str, ...]:
@@ -168,20 +167,14 @@ def _us(value: float | None) -> str:
     return f"{value / 1e3:,.2f} ms" if abs(value) >= 10_000 else f"{value:,.1f} µs"
 
 
-def profile_judgements(conditions: object, phase: str) -> list[tuple[str, str, list[str]]]:
-    """(series, state, flags) of one phase of a profile's stored noise record (profiled steps first); [] for a run
-    judged before profiles kept their steps' spread."""
-    record = parse_conditions(conditions) or {}
-    return [(str(e.get("series") or "steps"), str(e.get("state") or ""), [str(f) for f in e.get("flags") or []])
-            for e in record.get("series") or [] if e.get("phase") == phase]
-
-
 def _spread(m: dict[str, float], prefix: str) -> str:
     return (f"{_us(m.get(prefix + '_median_us'))} median, p10–p90 {_us(m.get(prefix + '_p10_us'))} – "
             f"{_us(m.get(prefix + '_p90_us'))}")
 
 
 def print_profile(store: Store, run_id: int, top_k: int = 10) -> None:
+    from engine.profiling.profile import judgements
+
     run = _profile_run(store, run_id)
     stats = store.op_stats([run_id])
     traces = store.artifacts(run_id).query("kind == 'chrome_trace'")
@@ -190,7 +183,7 @@ def print_profile(store: Store, run_id: int, top_k: int = 10) -> None:
         print(f"\nrun {run_id} · {run['mode']} on {run['device']} · {phase} · {int(steps)} profiled steps")
         print(f"  host wall per step      {_us(m.get('step_wall_us'))}"
               + (f" mean; {_spread(m, 'step_wall')}" if "step_wall_p10_us" in m else ""))
-        for series, state, flags in profile_judgements(run.get("conditions"), phase):
+        for series, state, flags in judgements(run.get("conditions"), phase):
             if state and state != "clean":
                 print(f"  warning: {series} {state}: {'; '.join(flags)}")
             elif state:

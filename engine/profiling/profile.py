@@ -45,6 +45,7 @@ from engine.modes import Mode, get_mode
 from engine.profiling import compiled_code, ncu
 from engine.store.db import Artifact, Metric, RunResult, Samples
 from engine.store.envinfo import capture_env
+from engine.store.report import parse_conditions
 from engine.workloads import Workload, get_workload
 
 Progress = Callable[[float, str], None]
@@ -321,6 +322,14 @@ def disturbed_notes(record: dict) -> list[str]:
     return [f"{e['phase']}: the profile is disturbed: its {e.get('series', 'steps')} are {e['state']} "
             f"({'; '.join(e['flags'])}); its times may not be the code's alone"
             for e in record.get("series", []) if e["state"] != "clean"]
+
+
+def judgements(conditions: object, phase: str) -> list[tuple[str, str, list[str]]]:
+    """(series, state, flags) of one phase in a profile's stored noise record (runs.conditions), its profiled steps
+    first; a run judged before profiles kept their steps has one entry, series "steps"; never judged: []."""
+    record = parse_conditions(conditions) or {}
+    return [(str(e.get("series") or "steps"), str(e.get("state") or ""), [str(f) for f in e.get("flags") or []])
+            for e in record.get("series") or [] if e.get("phase") == phase]
 
 
 def config_from_params(params: dict) -> ProfileConfig:

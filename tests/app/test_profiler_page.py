@@ -7,14 +7,18 @@ import gzip
 import json
 from pathlib import Path
 
+import duckdb
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.common import fmt_us
 from engine.measure.op_stats import analyze
 from engine.profiling import ncu
-from engine.profiling.profile import ProfileConfig, profile_mode
+from engine.profiling import profile as profiling
+from engine.profiling.profile import ProfileConfig, judge_profile, profile_mode
 from engine.runner import jobs
-from engine.store.db import Artifact, Metric, RunResult, Store
+from engine.store.db import Artifact, Metric, RunResult, Samples, Store
 
 PAGE = Path(__file__).resolve().parents[2] / "app" / "pages" / "4_Profiler.py"
 
@@ -61,10 +65,11 @@ def kineto_trace(kernels: list[str], steps: int = 2, graph: bool = False) -> dic
 
 
 def add_profile_run(store: Store, folder: Path, mode: str, kernels: list[str], *, graph: bool = False,
-                    deep: list[dict] | None = None, phase: str = "train") -> int:
+                    deep: list[dict] | None = None, phase: str = "train", trace: dict | None = None,
+                    conditions: dict | None = None) -> int:
     run_id = store.create_run("profile", "house_price", mode, "cuda", {"mode": mode, "device": "cuda"})
     store.start_run(run_id)
-    trace = kineto_trace(kernels, graph=graph)
+    trace = trace or kineto_trace(kernels, graph=graph)
     path = folder / f"run_{run_id}" / f"trace-{phase}.json.gz"
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt") as f:
@@ -73,7 +78,8 @@ def add_profile_run(store: Store, folder: Path, mode: str, kernels: list[str], *
     result = RunResult(
         metrics=[Metric(k, v, "", phase=phase, batch_size=64) for k, v in analysis.metrics.items()],
         artifacts=[Artifact("chrome_trace", path.name, str(path))], op_stats=analysis.op_stats,
-        kernel_metrics=deep or [], notes=["a note from the run"])
+        kernel_metrics=deep or [], notes=["a note from the run", *profiling.disturbed_notes(conditions or {})],
+        conditions=conditions)
     store.record_result(run_id, result)
     return run_id
 
@@ -119,6 +125,42 @@ def test_gpu_profile_cards_charts_trace_and_deep_metrics(gpu_pair: tuple[int, in
     cards = {m.label: m.value for m in at.metric}
     assert cards["Kernel launches / step"] == "3.0"
     assert "not found on PATH" in texts(at.info)  # no ncu metrics for this run, and no ncu here
+
+
+def test_per_step_spread_columns_and_a_disturbed_profile_warning(lab: Store, tmp_path: Path) -> None:
+    trace = kineto_trace(["gemm_kernel", "relu_kernel"], steps=4)
+    for e in trace["traceEvents"]:
+        if e["name"] == "gemm_kernel" and e["ts"] >= 3000:  # the last step's GEMM takes 4× as long
+            e["dur"] *= 4
+    steady = [900.0 + i for i in range(11)]
+    disturbed = judge_profile([Samples("train_profiled", steady + [40_000.0]), Samples("train", steady)], [])
+    run_id = add_profile_run(lab, tmp_path, "eager", [], trace=trace, conditions=disturbed)
+    at = open_profiler().run()
+    assert not at.exception and at.selectbox(key="run-a").value == run_id
+    (warning,) = at.warning
+    assert warning.value.startswith("Disturbed profile: its profiled steps are **noisy** (the mean step is")
+    captions = texts(at.caption)
+    assert "the profile is disturbed" not in captions  # the warning says it once
+    assert "a note from the run" in captions and "Per profiled step: host wall 900.0 µs median" in captions
+    assert "device busy 35.0 µs median" in captions
+    table = next(d.value for d in at.dataframe if "self p10 per step" in d.value.columns).set_index("name")
+    gemm = [15.0, 15.0, 15.0, 60.0]  # its self time in each of the four steps
+    p10, p90 = (fmt_us(v) for v in np.percentile(gemm, [10, 90]))
+    assert (table.loc["gemm_kernel", "self p10 per step"], table.loc["gemm_kernel", "self p90 per step"]) == (p10, p90)
+    assert table.loc["relu_kernel", "self p10 per step"] == table.loc["relu_kernel", "self p90 per step"] == "20.0 µs"
+
+
+def test_a_profile_stored_before_the_spread_reads_with_dashes(lab: Store, tmp_path: Path) -> None:
+    run_id = add_profile_run(lab, tmp_path, "eager", ["gemm_kernel"])
+    with duckdb.connect(str(lab.path)) as con:  # what a store from before schema 6 holds after migrating
+        con.execute("UPDATE op_stats SET self_p10_us = NULL, self_p90_us = NULL WHERE run_id = ?", [run_id])
+        con.execute("DELETE FROM metrics WHERE run_id = ? AND regexp_matches(name, '_(p10|p90|median)_us$')",
+                    [run_id])
+    at = open_profiler().run()
+    assert not at.exception and not at.warning
+    assert "Per profiled step" not in texts(at.caption)
+    table = next(d.value for d in at.dataframe if "self p10 per step" in d.value.columns)
+    assert set(table["self p10 per step"]) == set(table["self p90 per step"]) == {"—"}
 
 
 def test_comparison_lists_kernels_removed_and_added(gpu_pair: tuple[int, int]) -> None:
