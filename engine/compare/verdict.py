@@ -77,6 +77,14 @@ Verdict (threshold t, default 5 %; α = 0.05):
                      or every run of a side flagged (the row says which, and the repeats it would need)
     too few samples  fewer than 5 samples on a side (min_samples)
 
+Energy (metric "energy", `--metric energy`): the same series judged on the runs' energy figures
+(engine.compare.energy: J per step, token or prefill, whole board or CPU package; the median above the idle draw
+reported beside it). A run
+has one figure per series, so the runs are the samples: each resample draws a side's figures with replacement and
+takes their median, widened as above; one run a side uses the spread of the series' energy in earlier repeat groups,
+else "cannot tell". The verdicts read "more energy" / "less energy" for slower / faster; min_samples does not apply;
+a comparison whose chosen runs carry no figure is a CompareError naming the runs and the reason they stored.
+
 Beside each verdict: the correctness figures both sides stored (bench: max_abs_err, max_rel_err; levels: rel_l2_err
 and its tolerance; llm: max_rel_err per phase, max_abs_err, tokens_matched, tolerance), and the `python -m engine …`
 command that re-runs the head side's series, built from its newest run's stored parameters.
