@@ -83,14 +83,15 @@ def test_prepare_slots_say_why() -> None:
                                                      "while it compiles")
 
 
-def test_plan_group_orders_compiling_modes_first_and_leaves_other_kinds_alone(store: Store) -> None:
+def test_plan_group_starts_eager_and_the_modes_that_compile_nothing_first_and_leaves_other_kinds_alone(
+        store: Store) -> None:
     from engine.llm.group import plan_group
     from engine.llm.run import LLMConfig, params_of
     from engine.runner.jobs import JobSpec, create_runs
 
     ids = create_runs(store, [JobSpec("llm", "llama-tiny", m, "cpu", params_of(LLMConfig(preset="tiny", mode=m)))
                               for m in ("eager", "compile", "sdpa-math")])
-    assert plan_group(store, ids) == (1, [ids[1], ids[0], ids[2]], "one run at a time on the CPU (the compiles "
+    assert plan_group(store, ids) == (1, [ids[0], ids[2], ids[1]], "one run at a time on the CPU (the compiles "
                                       "would take the cores the timings need)")
     other = create_runs(store, [JobSpec("bench", "house_price", "eager", "cpu", {})])
     assert plan_group(store, [*ids, *other], requested=3) == (1, [*ids, *other],
