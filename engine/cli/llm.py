@@ -250,8 +250,14 @@ def _sweep_points(sweeps: list[tuple[str, tuple[int, ...]]] | None) -> tuple[str
 
 
 def _fits(cfg: LLMConfig) -> str | None:
-    """Why a sweep's cell cannot run on its GPU (its estimated need beyond what the lab may use there), or None;
-    always None off CUDA."""
+    """Why a sweep's cell cannot run on its GPU (its estimated need beyond what the lab may use there) or on the CPU
+    (its weights, KV cache and float32 twin beyond the memory available: _check_memory), or None."""
+    if cfg.device == "cpu" and not (cfg.hf or cfg.hf_config):
+        try:
+            _check_memory(cfg)
+        except MemoryError as exc:
+            return str(exc)
+        return None
     if not cfg.device.startswith("cuda") or cfg.hf or cfg.hf_config:
         return None
     from engine.llm.config import device_budget
@@ -263,6 +269,20 @@ def _fits(cfg: LLMConfig) -> str | None:
         return None
     return (f"needs about {need / 2**30:.1f} GiB (weights, KV cache of {cfg.max_seq} positions, workspaces); "
             f"{cfg.device} has {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB{capped}")
+
+
+def _check_memory(cfg: LLMConfig) -> None:
+    """A checkpoint, or any run on the CPU, that will not fit says so (MemoryError) before anything is queued: the
+    run's own check (engine.llm.config.check_memory), with the float32 twin unless its key's reference is stored
+    already (engine.llm.reference: the run loads it). A preset run on a GPU is admitted by its group's planner
+    (engine.llm.group)."""
+    from engine.llm import reference
+    from engine.llm.config import check_memory
+
+    if not (cfg.hf or cfg.hf_config or cfg.device == "cpu"):
+        return
+    shares = cfg.tp == 1 and cfg.route != "transformers"  # a run of these checks against a stored reference
+    check_memory(cfg, twin=not (shares and cfg.device == "cpu" and reference.path_of(cfg).exists()))
 
 
 def _job_specs(args: argparse.Namespace, base: LLMConfig, modes: list[str]) -> tuple[list[JobSpec], list[str]]:
@@ -283,10 +303,7 @@ def _job_specs(args: argparse.Namespace, base: LLMConfig, modes: list[str]) -> t
                 continue
             try:
                 cfg.validate()
-                if cfg.hf or cfg.hf_config:  # a checkpoint that will not fit says so before anything is queued
-                    from engine.llm.config import check_memory
-
-                    check_memory(cfg)
+                _check_memory(cfg)
             except (ValueError, MemoryError) as exc:
                 raise CliError(str(exc)) from exc
             workload = f"llama-{cfg.preset}"

@@ -217,15 +217,18 @@ def device_budget(cfg: LLMConfig) -> tuple[int, int, str]:
 
 
 def check_memory(cfg: LLMConfig, twin: bool = True) -> None:
-    """A clear error before allocating a model that cannot fit on this GPU (or, for a checkpoint, this device), or in
-    what --device-memory leaves of it; twin: the run computes its reference (engine.llm.reference) with the float32
-    twin."""
+    """A clear error before allocating a model that cannot fit on this GPU, in what --device-memory leaves of it, or
+    in the memory this machine has available for a CPU run (or, for a checkpoint, on its device); twin: the run
+    computes its reference (engine.llm.reference) with the float32 twin."""
     if cfg.hf or cfg.hf_config:
         from engine.llm import hf
 
         ckpt = hf.checkpoint_of(cfg.hf, cfg.hf_config)
         assert ckpt is not None
         hf.check_fits(ckpt, cfg.device, cfg.torch_dtype, cfg.batch, cfg.max_seq)
+    if cfg.device == "cpu":
+        check_host_memory(cfg, twin)
+        return
     if not cfg.device.startswith("cuda"):
         return
     free, total, capped = device_budget(cfg)
@@ -236,6 +239,23 @@ def check_memory(cfg: LLMConfig, twin: bool = True) -> None:
                           + (" (the float32 twin that calibrates the check included)" if twin else "")
                           + f"; {cfg.device} has {free / 2**30:.1f} GiB free of {total / 2**30:.1f} "
                           f"GiB{capped}. Use a smaller preset, batch or length.")
+
+
+def check_host_memory(cfg: LLMConfig, twin: bool = True) -> None:
+    """check_memory for a CPU run: its weights and KV cache (twin: and the float32 twin) against the memory the
+    machine has available now (/proc/meminfo's MemAvailable; no check where that is unknown), with the same 5 %
+    margin as on a GPU."""
+    from engine.llm import hf
+
+    available = hf.available_bytes("cpu")
+    need = memory_needed(cfg, twin)
+    if available is None or need <= 0.95 * available:
+        return
+    raise MemoryError(f"{cfg.name} with B={cfg.batch}, {cfg.max_seq} cached positions needs {need:,} bytes "
+                      f"({need / 2**30:.1f} GiB) of weights and KV cache"
+                      + (" (the float32 twin that calibrates the check included)" if twin else "")
+                      + f"; this machine has {available:,} bytes ({available / 2**30:.1f} GiB) available "
+                      "(MemAvailable). Use a smaller preset, batch or length.")
 
 
 def cap_device_memory(cfg: LLMConfig) -> None:
