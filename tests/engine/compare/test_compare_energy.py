@@ -4,6 +4,7 @@ where the runs carry no energy figure, flagged runs left out, and the interval's
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine.cli import main as cli
-from engine.compare.verdict import ALPHA, CompareError, Options, compare, figure_ratio_ci, render, verdict
+from engine.compare.verdict import ALPHA, CompareError, Options, compare, figure_ratio_ci, render, to_json, verdict
 from engine.store.db import Metric, RunResult, Samples, Store
 
 ENV = {"python": "3.11.0", "torch": "2.13.0", "device_name": "CPU: test", "git_commit": "aaaa1111",
@@ -89,6 +90,8 @@ def test_more_energy_at_the_same_time_is_a_regression_of_energy_only(store: Stor
     text = render(result)
     assert "energy (whole board or CPU package; above idle beside it)" in text and "REGRESSION" in text
     assert "mJ/step" in text and "(40 %)" in text  # 500 mJ/step, 200 mJ/step (40 %) above idle
+    data = json.loads(to_json(result))
+    assert data["metric"] == "energy" and data["counts"]["more energy"] == 2 and data["exit_code"] == 1
     # The time of those runs did not change: the time verdict says so.
     assert compare(store, "commit:aaaa", "commit:cccc").exit_code == 0
 
