@@ -252,10 +252,16 @@ def default_preload() -> tuple[str, ...]:
 
 
 def preload_for(store: Store, run_ids: Sequence[int]) -> tuple[str, ...]:
-    """What a lane's fork server may import for these runs: the narrowest their stored kinds name (a kind's preload,
-    engine.runner.kinds), default_preload() for the rest."""
+    """What a lane's fork server may import for these runs: the longest start that the preloads of their stored kinds
+    share (a kind's preload, engine.runner.kinds; default_preload() for the rest). The server imports in order, so a
+    start of a run's own preload never imports what that run must not find imported."""
     runs = [run for run in (store.run(i) for i in run_ids) if run is not None]
-    return min((kinds.StoredKind.of(r).preload or default_preload() for r in runs), key=len, default=default_preload())
+    preloads = [kinds.StoredKind.of(r).preload or default_preload() for r in runs] or [default_preload()]
+    shared = preloads[0]
+    for preload in preloads[1:]:
+        same = next((i for i, (a, b) in enumerate(zip(shared, preload)) if a != b), min(len(shared), len(preload)))
+        shared = shared[:same]
+    return tuple(shared)
 
 
 class Launcher:
