@@ -17,10 +17,16 @@ def prepare_cost(level: str) -> int:
 
 
 def preload(device: str) -> tuple[str, ...] | None:
-    """What a lane's fork server may import for levels on `device`. Off CUDA the worker switches Triton to its
-    interpreter (engine.levels.base.use_triton_interpreter), which only works while Triton is not imported yet, and
-    dynamo and Inductor import it: such lanes preload torch alone. On CUDA the default."""
-    return None if device.startswith("cuda") else ("torch",)
+    """What a lane's fork server may import for levels on `device`. Off CUDA Triton runs in its interpreter, a switch
+    read when Triton is first imported (dynamo and Inductor import it): the server imports engine.levels.interpreter,
+    which sets it, right after torch and before the default's dynamo, Inductor and Triton, so a worker starts with
+    them imported (each would otherwise spend seconds importing them). On CUDA the default."""
+    if device.startswith("cuda"):
+        return None
+    from engine.runner.jobs import default_preload
+
+    first, *rest = default_preload()
+    return (first, "engine.levels.interpreter", *rest)
 
 
 KIND = register(RunKind(

@@ -380,7 +380,7 @@ def test_submitted_group_runs_through_one_fork_server_that_ends_with_its_supervi
                "the supervisor and its fork server to exit")
 
 
-def test_lanes_with_cpu_kernel_levels_preload_torch_alone(store):
+def test_lanes_with_cpu_kernel_levels_switch_triton_to_its_interpreter_before_importing_it(store):
     from engine.runner.jobs import default_preload, preload_for
 
     bench = create_runs(store, [JobSpec("bench", "house_price", "eager", "cpu", {})])
@@ -388,8 +388,11 @@ def test_lanes_with_cpu_kernel_levels_preload_torch_alone(store):
     gpu_level = create_runs(store, [JobSpec("levels", "causal_attention", "L4-triton", "cuda", {})])
     assert preload_for(store, bench) == default_preload() and "torch._dynamo" in default_preload()
     assert preload_for(store, gpu_level) == default_preload()
-    # Dynamo imports Triton, after which the worker could no longer switch Triton to its interpreter.
+    # CPU levels alone: the interpreter's switch right after torch, then the default's dynamo, Inductor and Triton
+    assert preload_for(store, cpu_level) == ("torch", "engine.levels.interpreter", *default_preload()[1:])
+    # Beside a bench run neither list's next import suits the other: the part they share, torch alone.
     assert preload_for(store, bench + cpu_level) == ("torch",)
+    assert preload_for(store, cpu_level + bench) == ("torch",)
 
 
 def test_exit_reports_never_swallow_the_started_event_a_spawner_waits_for(tmp_path):
