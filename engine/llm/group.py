@@ -213,7 +213,10 @@ def plan_group(store: Store, run_ids: Sequence[int], requested: int | str = "aut
         slots, why = prepare_slots(requested, cfgs, serial)
         return slots, ids, why
     keys = [reference_key(c) for c in cfgs]
-    stored = {k: _stored(c) for k, c in zip(keys, cfgs) if k is not None}
+    stored: dict[str, bool] = {}
+    for k, c in zip(keys, cfgs):
+        if k is not None and k not in stored:
+            stored[k] = _stored(c)
     computes = [k is None or not stored[k] for k in keys]  # a run of a key not stored may be the one to compute it
     needs = [need_of(store, r, twin) for r, twin in zip(runs, computes)]
     keep = []

@@ -9,11 +9,11 @@ recompute. None of it depends on the mode, only on the key.
 The key is everything the reference depends on: the model (its LlamaConfig, the preset and --layers, the
 checkpoint's folder and hash), the seed and the prompt's own tokens (hashed; the seed, batch and prompt length make
 them, a --prompts file only lengthens P), the steps compared, the cache length, the dtype, fused projections, the
-device's name and the torch (and CUDA) version. An entry is in `$MODELAB_BUILD_DIR/llm-reference/<key>.pt` (else
-`.build/`): a few tensors, the first sequence's float32 logits and every sequence's eager logits over the steps. A file
-that does not load, misses a field, names other key fields, or holds a tensor of another shape or a non-finite value
-is recomputed and overwritten, never trusted; engine.llm.run also recomputes one that disagrees with the run's own
-eager prefill.
+device's name, the torch (and CUDA) version and the source of the modules that compute it (SOURCES). An entry is
+in `$MODELAB_BUILD_DIR/llm-reference/<key>.pt` (else `.build/`): a few tensors, the first sequence's float32 logits
+and every sequence's eager logits over the steps. A file that does not load, misses a field, names other key fields,
+or holds a tensor of another shape or a non-finite value is recomputed and overwritten, never trusted;
+engine.llm.run also recomputes one that disagrees with the run's own eager prefill.
 
 One run of a key computes at a time (`Claim`, a file lock beside the entry): the others of its group wait for it and
 load what it stored, so a group holds at most one float32 twin per key — what the group planner counts
@@ -23,7 +23,9 @@ load what it stored, so a group holds at most one float32 twin per key — what 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -79,6 +81,19 @@ def device_name(device: str) -> str:
     return f"cpu {platform.machine()} {platform.processor()}".strip()
 
 
+# The modules that compute a reference (the decoder, greedy generation, the calibration): their source is part of
+# the key, so an entry never outlives a change to how it is computed.
+SOURCES = ("engine.workloads.llama", "engine.llm.generate", "engine.llm.verify")
+
+
+@functools.cache
+def code_hash() -> str:
+    h = hashlib.sha256()
+    for name in SOURCES:
+        h.update(Path(importlib.import_module(name).__file__).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def key_fields(cfg: LLMConfig) -> dict:
     """Everything the reference depends on (module docstring), as JSON-ready values."""
     mc = cfg.model_config()
@@ -91,7 +106,7 @@ def key_fields(cfg: LLMConfig) -> dict:
             "prompt_sha256": hashlib.sha256(prompt.numpy().tobytes()).hexdigest()[:16],
             "check_steps": check_steps(cfg), "steps": steps(cfg), "max_seq": cfg.max_seq,
             "dtype": str(cfg.torch_dtype), "fuse": bool(cfg.fuse), "device": device_name(cfg.device),
-            "torch": torch.__version__, "cuda": torch.version.cuda}
+            "torch": torch.__version__, "cuda": torch.version.cuda, "code": code_hash()}
 
 
 def _stored_fields(cfg: LLMConfig) -> dict:

@@ -231,10 +231,13 @@ def _reference(run: _Run) -> _Reference:
         eager = step_fn(model)
         if stored is not None and (stale := _disagreement(stored, eager, prompt, positions)):
             why = f"{stored.key} disagrees with this model's eager prefill ({stale})"
-            stored = None
             claim.acquire(lambda holder: run.progress(0.06, f"waiting for {holder} (the reference)"),
                           device_phases.released)
-            check_memory(cfg)
+            stored, _ = reference_cache.load(cfg)  # recomputed meanwhile by the run that held the claim?
+            if stored is not None and _disagreement(stored, eager, prompt, positions):
+                stored = None
+            if stored is None:
+                check_memory(cfg)
         if stored is None:
             stored = _compute_reference(run, model, prompt, eager)
             computed = True

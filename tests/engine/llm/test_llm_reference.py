@@ -79,6 +79,16 @@ def test_another_seed_shape_or_depth_is_another_key(twins, tmp_path: Path) -> No
         assert reference.key(cfg_for("eager", tmp_path, 1, **change)) != reference.key(base), change
 
 
+def test_the_code_that_computes_it_is_part_of_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = reference.key(cfg_for("eager", tmp_path, 1))
+    monkeypatch.setattr(reference, "SOURCES", (*reference.SOURCES, "engine.llm.quant"))
+    reference.code_hash.cache_clear()
+    try:
+        assert reference.key(cfg_for("eager", tmp_path, 1)) != base
+    finally:
+        reference.code_hash.cache_clear()
+
+
 def test_a_mode_off_tolerance_still_fails_against_a_loaded_reference(twins, tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     llm_run(cfg_for("eager", tmp_path, 1))
