@@ -172,3 +172,25 @@ def test_one_claim_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     thread.join(5)
     assert order == ["first done", "second"] and second.held
     second.release()
+
+
+def test_a_group_preparing_side_by_side_computes_one_reference(store, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two worker processes of one group start together: one claims the key and computes, the other waits for the
+    claim and loads what it stored; both pass their checks."""
+    from engine.llm.run import params_of
+    from engine.runner.jobs import JobSpec, create_runs, run_jobs
+
+    monkeypatch.setenv("MODELAB_BUILD_DIR", str(tmp_path / "build"))  # the workers inherit it
+    specs = [JobSpec("llm", "llama-tiny", m, "cpu", params_of(cfg_for(m, tmp_path, 0, artifacts_dir=None)))
+             for m in ("eager", "sdpa-math")]
+    ids = create_runs(store, specs)
+    assert run_jobs(store, ids, prepare_parallel=2) == {i: "ok" for i in ids}
+    notes = {i: [n for n in store.run(i)["notes"] if n.startswith("reference:")] for i in ids}
+    computed = [i for i in ids if notes[i][0].startswith("reference: computed")]
+    assert len(computed) == 1, notes
+    (loaded,) = set(ids) - set(computed)
+    key = reference.key(cfg_for("eager", tmp_path, 0))
+    assert notes[loaded] == [f"reference: loaded from {key} (computed by run {computed[0]})"]
+    flags = store.metrics(ids).query("name == 'reference_computed'").set_index("run_id")["value"]
+    assert flags.to_dict() == {computed[0]: 1.0, loaded: 0.0}
