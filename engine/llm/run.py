@@ -241,9 +241,12 @@ def _reference(run: _Run) -> _Reference:
         if stored is None:
             stored = _compute_reference(run, model, prompt, eager)
             computed = True
-            path = reference_cache.save(cfg, stored)
-            result.notes.append(f"reference: computed (eager's generation, its float32 calibration and the cache "
-                                f"check), stored as {path.stem} for the other runs of its key"
+            try:
+                kept = f"stored as {reference_cache.save(cfg, stored).stem} for the other runs of its key"
+            except OSError as exc:  # the run goes on; the next run of the key computes it again
+                kept = f"not stored ({type(exc).__name__}: {exc})"
+            result.notes.append("reference: computed (eager's generation, the tolerance's calibration and the cache "
+                                f"check), {kept}"
                                 + ("" if why == "none stored" else f"; the stored one was not used: {why}"))
         else:
             by = f"run {stored.run_id}" if stored.run_id is not None else "a run outside the job runner"
