@@ -28,9 +28,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.store import settings
+
 
 def lock_dir() -> Path:
-    return Path(os.environ.get("MODELAB_LOCK_DIR") or tempfile.gettempdir())
+    return settings.get("MODELAB_LOCK_DIR") or Path(tempfile.gettempdir())
 
 
 def lock_path(device: str) -> Path:
@@ -182,14 +184,12 @@ def timing_cores(cores: list[int]) -> set[int]:
     """The TIMING_CORES cores a timing holds: MODELAB_TIMING_CORES (e.g. "6,7") if set; else the last ones, each on
     its own physical core — hyperthread siblings would share one core's pipeline, and core 0 often takes more of a
     machine's interrupts (on a GPU machine either choice times the same: docs/architecture.md)."""
-    wanted = os.environ.get("MODELAB_TIMING_CORES", "").strip()
+    wanted = settings.get("MODELAB_TIMING_CORES")  # ValueError for anything but core numbers
     if wanted:
-        try:
-            chosen = {int(c) for c in wanted.split(",") if c.strip()}
-        except ValueError:
-            raise ValueError(f"MODELAB_TIMING_CORES={wanted!r}: give core numbers, e.g. 6,7") from None
-        if not chosen or not chosen < set(cores):
-            raise ValueError(f"MODELAB_TIMING_CORES={wanted!r}: not a proper subset of this process's cores {cores}")
+        chosen = set(wanted)
+        if not chosen < set(cores):
+            raise ValueError(f"MODELAB_TIMING_CORES={','.join(map(str, wanted))!r}: not a proper subset of this "
+                             f"process's cores {cores}")
         return chosen
     chosen, physical = set(), set()
     for cpu in reversed(cores):

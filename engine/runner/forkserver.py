@@ -34,12 +34,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from engine.store import settings
+
 ENV_SWITCH = "MODELAB_FORKSERVER"
 READY_TIMEOUT_S = 180.0
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+    return bool(settings.get(ENV_SWITCH))
 
 
 def _thread_count() -> int:

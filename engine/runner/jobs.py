@@ -49,6 +49,7 @@ from engine.runner.device_lock import (  # noqa: F401 - the runner's lock, named
 from engine.runner.forkserver import ForkServer, ForkServerError
 from engine.runner.forkserver import enabled as forkserver_enabled
 from engine.runner.worker_env import with_libstdcxx_preloaded
+from engine.store import settings
 from engine.store.db import (
     REPO_ROOT,
     Artifact,
@@ -86,7 +87,7 @@ class JobSpec:
 
 
 def artifacts_root(store: Store) -> Path:
-    return Path(os.environ.get("ARTIFACTS_DIR") or store.path.parent / "artifacts")
+    return settings.get("ARTIFACTS_DIR") or store.path.parent / "artifacts"
 
 
 def create_runs(store: Store, specs: Sequence[JobSpec], group_id: str | None = None) -> list[int]:

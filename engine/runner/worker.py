@@ -22,6 +22,8 @@ import time
 import traceback
 from pathlib import Path
 
+from engine.store import settings
+
 
 def die_with_parent() -> None:
     # If the supervisor (or fork server) is killed (kill -9), do not run on orphaned: Linux sends us SIGKILL.
@@ -163,12 +165,13 @@ def main(argv: list[str]) -> int:
     die_with_parent()
     faulthandler.enable()
     sys.stdout = sys.stderr  # both go to the run's log; one stream keeps their order
+    fast_exit = settings.get("MODELAB_WORKER_FAST_EXIT")  # read first: a bad value fails before the run starts
     code = run_job(argv[0])
     # The result is on disk and everything a run writes (traces, caches, packages) was written synchronously: skip
     # the interpreter's teardown of torch (1.5–3.5 s per worker on a 2-core CPU). Flush first: os._exit drops
     # buffered output.
     _flush_all()
-    if code == 0 and os.environ.get("MODELAB_WORKER_FAST_EXIT", "1") != "0":
+    if code == 0 and fast_exit:
         os._exit(0)
     return code
 

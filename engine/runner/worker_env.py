@@ -18,6 +18,8 @@ import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 
+from engine.store import settings
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -25,7 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def build_root() -> Path:
     """Where native builds and compiled caches live: $MODELAB_BUILD_DIR, else `.build/` in the repository."""
-    return Path(os.environ.get("MODELAB_BUILD_DIR") or REPO_ROOT / ".build")
+    return settings.get("MODELAB_BUILD_DIR") or REPO_ROOT / ".build"
 
 
 def build_tag() -> str:

@@ -80,10 +80,10 @@ def json_object(raw: str) -> dict[str, Any]:
 
 def core_list(raw: str) -> tuple[int, ...]:
     try:
-        cores = tuple(int(part) for part in raw.split(","))
+        cores = tuple(int(part) for part in raw.split(",") if part.strip())  # "6,7," is 6 and 7
     except ValueError:
         raise ValueError("give core numbers, e.g. 6,7") from None
-    if any(core < 0 for core in cores):
+    if not cores or any(core < 0 for core in cores):
         raise ValueError("give core numbers, e.g. 6,7")
     return cores
 
