@@ -19,7 +19,8 @@ TARGETS = "tests.engine.runner.fault_targets"
 
 def spec(target: str, timeout_s: float = 120.0, **params) -> JobSpec:
     """A run of a kind nobody registered: the planner runs such a group one at a time, in order."""
-    return JobSpec("signal_test", "house_price", target, "cpu", params, target=f"{TARGETS}:{target}", timeout_s=timeout_s)
+    return JobSpec("signal_test", "house_price", target, "cpu", params, target=f"{TARGETS}:{target}",
+                   timeout_s=timeout_s)
 
 
 def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.1):
