@@ -1,5 +1,7 @@
 """`python -m engine ...` as a user runs it: help, one-line errors with exit code 2, and a real bench → runs → sql →
-train → predict session on a temporary store."""
+train → predict session on a temporary store. Each command's help and the argument refusals run main() in this
+process (an interpreter start is ~2 s of importing per case); the top-level help and two refusals, one of argparse's
+and one of the commands' own, go through `python -m engine` itself."""
 
 from __future__ import annotations
 
@@ -24,6 +26,19 @@ def cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.Com
                           text=True, timeout=timeout)
 
 
+def in_process(capsys: pytest.CaptureFixture, *args: str) -> subprocess.CompletedProcess:
+    """main(args) in this process, as `cli` would report it: argparse's refusals and --help exit through
+    SystemExit."""
+    from engine.cli.main import main
+
+    try:
+        code = main(list(args))
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["python", "-m", "engine", *args], code, out, err)
+
+
 def one_line_error(proc: subprocess.CompletedProcess) -> str:
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
@@ -41,8 +56,8 @@ def test_top_level_help(child_env):
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_command_help(child_env, command):
-    proc = cli(child_env, command, "--help")
+def test_command_help(capsys, command):
+    proc = in_process(capsys, command, "--help")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"usage: python -m engine {command}")
 
@@ -66,10 +81,20 @@ def test_command_help(child_env, command):
     (["sql", "select 1"], r"error: no results database at"),
     (["nope"], r"invalid choice: 'nope'"),
 ])
-def test_bad_arguments_exit_2_with_one_line(child_env, lab_env, args, message):
-    line = one_line_error(cli(child_env, *args))
+def test_bad_arguments_exit_2_with_one_line(capsys, lab_env, args, message):
+    line = one_line_error(in_process(capsys, *args))
     assert re.search(message, line), line
     assert not Path(lab_env["RESULTS_DB"]).exists()  # refused before touching the store
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nope"], r"invalid choice: 'nope'"),
+    (["bench", "--mode", "nope"], r"error: unknown mode 'nope'; known modes: eager, fx, torchscript"),
+])
+def test_python_m_engine_refuses_bad_arguments_in_one_line(child_env, lab_env, args, message):
+    line = one_line_error(cli(child_env, *args))
+    assert re.search(message, line), line
+    assert not Path(lab_env["RESULTS_DB"]).exists()
 
 
 def test_train_with_a_bad_csv_is_refused_up_front(child_env, tmp_path):
