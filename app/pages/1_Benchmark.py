@@ -24,6 +24,7 @@ from app.common import (
     submit,
     watch_active_runs,
 )
+from app.conditions_view import show_conditions
 from engine.compare.changepoints import history_steps
 from engine.explain.why import first_use as first_use_caches
 from engine.modes import MODES
@@ -217,6 +218,8 @@ for start in range(0, len(mode_names), 3):
                                      key=f"timeline-{name}"):
                         tables.show(timeline, {"step": "step", "started_s": ("started after", "s"),
                                                "seconds": ("took", "s")})
+                stored = store.run(int(row["run_id"])) or {}
+                show_conditions(stored.get("conditions"), int(row["run_id"]), key=f"conditions-{name}")
             else:
                 st.caption("No result for these filters yet.")
             if notes.get(name):  # once per card, however many batch sizes repeated the warning

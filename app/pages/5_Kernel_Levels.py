@@ -24,6 +24,7 @@ from app.common import (
     submit,
     watch_active_runs,
 )
+from app.conditions_view import show_conditions
 from engine.compare.changepoints import history_steps, series_history
 from engine.levels import COMPONENTS, LEVELS
 from engine.levels import yours as yours_levels
@@ -35,6 +36,7 @@ from engine.measure.kernel_timers import NOTE_PREFIX as CROSS_TIMER
 from engine.profiling.ncu import unavailable as ncu_unavailable
 from engine.runner.jobs import JobSpec
 from engine.store.db import REPO_ROOT
+from engine.store.report import FLAGGED_STATES
 
 st.set_page_config(page_title="Kernel Levels · Mode Lab", layout="wide")
 store = get_store()
@@ -166,6 +168,9 @@ for start in range(0, len(level_keys), 3):
                 interpreted = row.get("interpreted") == 1
                 versus = row.get("speedup")
                 delta = None if key == "L1-naive" or versus != versus else f"{versus:.2f}× L1-naive"
+                naive = by_level.get("L1-naive") or {}
+                if delta and (row.get("state") in FLAGGED_STATES or naive.get("state") in FLAGGED_STATES):
+                    delta = f"({delta}, a flagged timing)"  # greyed (delta_color off), never a headline
                 st.metric("Median" + (" (interpreted)" if interpreted else ""), fmt_us(row["median_us"]),
                           delta=delta, delta_color="off", delta_arrow="off")
                 if interpreted:
@@ -184,6 +189,11 @@ for start in range(0, len(level_keys), 3):
                 st.caption(f"rel. error {row['rel_l2_err']:.1e} (≤ {row['tolerance']:g}) · p10–p90 "
                            f"{fmt_us(row['p10_us'])}–{fmt_us(row['p90_us'])} · first call "
                            f"{fmt_us(row['first_call_us'])} · run #{row['id']} · {fmt_time(row['finished_at'])}")
+                if row.get("state"):  # a flagged timing is no headline: its reasons beside it
+                    st.caption((":material/warning: " if row["state"] in FLAGGED_STATES else "")
+                               + f"Timing: {row['state']}" + (f" — {row['flags']}" if row.get("flags") else "")
+                               + (f" · {row['condition_notes']}" if row.get("condition_notes") else ""))
+                show_conditions(row.get("conditions"), int(row["id"]), key=f"conditions-{key}")
             elif row is not None:
                 st.error(f"Latest run #{row['id']} failed: {first_line(row['error'])}", icon=":material/error:")
             else:

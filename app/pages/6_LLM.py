@@ -26,6 +26,7 @@ from app.common import (
     submit,
     watch_active_runs,
 )
+from app.conditions_view import show_conditions
 from engine.compare.changepoints import history_steps, run_series_history
 from engine.llm import metrics as llm_metrics
 from engine.llm.report import (
@@ -54,7 +55,7 @@ from engine.llm.report import (
 )
 from engine.measure.op_stats import short_name
 from engine.runner.jobs import JobSpec
-from engine.store.report import fmt_joules
+from engine.store.report import FLAGGED_STATES, fmt_joules, run_state
 from engine.workloads.llama import PRESETS
 
 SWEEP_PARAMS = {"none": None, "batch B": ("batch", "1, 2, 4, 8, 16, 32, 64"),
@@ -279,6 +280,12 @@ def _cards(run_id: int, row: dict[str, Any], view: Any) -> None:
             st.caption(f":material/speed: {sentence}")
         for note in view.notes:
             st.caption(f":material/info: {note}")
+        conditions = row.get("conditions")
+        state, flags = run_state(conditions)
+        if state:  # a flagged run's figures are no headline: its reasons beside them
+            st.caption((":material/warning: " if state in FLAGGED_STATES else "") + f"Timing: {state}"
+                       + (f" — {'; '.join(flags)}" if flags else ""))
+        show_conditions(conditions, run_id, key=f"conditions-llm-{run_id}")
 
 
 def _group_modes(runs: pd.DataFrame, row: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ import pandas as pd
 
 from engine.measure.op_stats import short_name
 from engine.store.db import Store
+from engine.store.report import parse_conditions, run_state
 
 FIGURES = {"median": "median_us", "p10": "p10_us", "p90": "p90_us", "first_call": "first_call_us",
            "flops_per_s": "flops_per_s", "bytes_per_s": "bytes_per_s", "intensity": "intensity",
@@ -22,8 +23,9 @@ FIGURES = {"median": "median_us", "p10": "p10_us", "p90": "p90_us", "first_call"
 def level_results(store: Store, *, run_ids: Sequence[int] | None = None, component: str | None = None,
                   shape: str | None = None, device: str | None = None, phase: str = "forward",
                   latest_only: bool = False) -> pd.DataFrame:
-    """Level runs (ok and failed) with their `phase` figures; `speedup` is vs the newest ok L1-naive run of the same
-    component, shape and device. latest_only keeps the newest run per (component, shape, level, device)."""
+    """Level runs (ok and failed) with their `phase` figures and their timing's state, flags and condition notes
+    (engine.measure.noise); `speedup` is vs the newest ok L1-naive run of the same component, shape and device.
+    latest_only keeps the newest run per (component, shape, level, device)."""
     where, args = ["kind = 'levels'"], []
     if run_ids is not None:
         if not run_ids:
@@ -34,11 +36,16 @@ def level_results(store: Store, *, run_ids: Sequence[int] | None = None, compone
         if value is not None:
             where.append(f"{column} = ?")
             args.append(value)
-    runs = store.query(f"SELECT id, group_id, workload, mode, device, status, error, params, notes, finished_at "
-                       f"FROM runs WHERE {' AND '.join(where)} ORDER BY id", args)
+    runs = store.query(f"SELECT id, group_id, workload, mode, device, status, error, params, notes, conditions, "
+                       f"finished_at FROM runs WHERE {' AND '.join(where)} ORDER BY id", args)
     if runs.empty:
         return runs
     runs["shape"] = [json.loads(p or "{}").get("shape") for p in runs["params"]]
+    judged = [run_state(c) for c in runs["conditions"]]  # the timing's noise state: a flagged figure is no headline
+    runs["state"] = [state for state, _ in judged]
+    runs["flags"] = ["; ".join(flags) for _, flags in judged]
+    runs["condition_notes"] = ["; ".join(map(str, (parse_conditions(c) or {}).get("notes") or []))
+                               for c in runs["conditions"]]
     if shape is not None:
         runs = runs[runs["shape"] == shape]
     if latest_only:

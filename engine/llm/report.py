@@ -20,6 +20,7 @@ from engine.llm import metrics as M
 from engine.llm.config import LLMConfig, params_of
 from engine.llm.modes import MODES, TRANSFORMERS_MODES, route_mode
 from engine.store.db import Artifact, RunResult, Store
+from engine.store.report import run_state
 from engine.workloads.llama import PRESETS, LlamaConfig
 
 REPORT_FILES = ("report.md", "operators.md", "metrics.json", "env.json", "inputs.json", "assumptions.md")
@@ -478,15 +479,24 @@ def _dtype(row: Mapping[str, Any]) -> str:
     return "bfloat16" if str(row.get("device") or "").startswith("cuda") else "float32"
 
 
+def timing_text(conditions: Any) -> str:
+    """A run's timing state in a table cell: 'clean', 'interfered: <its first flag> (+N)', '—' where never judged."""
+    state, flags = run_state(conditions)
+    if not state:
+        return "—"
+    return state + (f": {flags[0]}" + (f" (+{len(flags) - 1})" if len(flags) > 1 else "") if flags else "")
+
+
 def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per run of a group (llm_runs rows with the headline figures), as text: its weights, TTFT (a quantized
     prefill dequantizes each weight, then F.linear), TPOT, bytes per generated token and how many times fewer than
     the unquantized step, MBU, the lab's quantized GEMV against the plain dequantize-then-matmul way of the same
     scheme (same group), the check it passed (the logits tolerance, or a quantized mode's own accuracy gate) and how
-    long quantizing took (or loading the codes from the quantization cache)."""
+    long quantizing took (or loading the codes from the quantization cache), and its timing's noise state (a
+    flagged run is no headline: engine.measure.noise)."""
     if runs.empty:
         return pd.DataFrame(columns=["run", "mode", "weights", "TTFT", "TPOT", "bytes / token", "vs unquantized", "MBU",
-                                     "vs plain", "accuracy", "quantized in"])
+                                     "vs plain", "accuracy", "quantized in", "timing"])
     rows = runs.to_dict("records")
     tpot = {(r["mode"], r.get("batch"), r.get("prompt_len")): _cell(r, "tpot_median_us") for r in rows}
     unquantized = {(r.get("batch"), r.get("prompt_len")): _cell(r, "decode_bytes") for r in rows
@@ -518,7 +528,8 @@ def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
             "vs unquantized": f"{full / per_step:.2f}× fewer" if scheme and full and per_step else
             ("1×" if per_step and not scheme else "—"),
             "MBU": fmt_pct(_cell(r, "mbu_pct")), "vs plain": vs_plain, "accuracy": accuracy,
-            "quantized in": f"{_cell(r, 'quantize_s'):.2f} s" if _cell(r, "quantize_s") is not None else "—"})
+            "quantized in": f"{_cell(r, 'quantize_s'):.2f} s" if _cell(r, "quantize_s") is not None else "—",
+            "timing": timing_text(r.get("conditions"))})
     return pd.DataFrame(out)
 
 

@@ -64,6 +64,31 @@ def run_condition_summary(conditions: Any) -> dict[str, Any]:
     return out
 
 
+CONDITION_COLUMNS = ("series", "state", "flags", "notes", "other_cores", "cpu_wait_frac", "load_end", "cpu_mhz_median",
+                     "device_wait_s", "gpu_sm_clock_min_mhz", "gpu_sm_clock_median_mhz", "gpu_reasons",
+                     "gpu_temperature_c", "gpu_other_processes", "gpu_group_processes", "window_s")
+
+
+def condition_rows(conditions: Any) -> pd.DataFrame:
+    """One row per timed series of a run: its state, flags and notes beside what its window recorded (other
+    processes' cores, its threads' CPU wait, load, CPU clock, device-lock wait; on a GPU the SM clock, clock-event
+    reasons, temperature, other and own-group processes). Empty where the run recorded none."""
+    c = parse_conditions(conditions)
+    rows = []
+    for entry in (c or {}).get("series") or []:
+        window = entry.get("conditions") or {}
+        phase, batch = entry.get("phase"), entry.get("batch_size")
+        row = {"series": " ".join(str(x) for x in (phase, f"B={batch}" if batch is not None else None) if x)
+               or "the timing", "state": entry.get("state") or "",
+               "flags": "; ".join(map(str, entry.get("flags") or [])),
+               "notes": "; ".join(map(str, entry.get("notes") or []))}
+        for key in CONDITION_COLUMNS[4:]:
+            value = window.get(key)
+            row[key] = ", ".join(map(str, value)) if isinstance(value, list) else value
+        rows.append(row)
+    return pd.DataFrame(rows, columns=list(CONDITION_COLUMNS))
+
+
 def series_state(conditions: Any, phase: str | None, batch_size: Any) -> tuple[str, list[str]]:
     """(state, flags) of one series of a run (phase, batch size); ("", []) where it was never judged."""
     c = parse_conditions(conditions)

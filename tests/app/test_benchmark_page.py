@@ -53,12 +53,17 @@ def test_a_flagged_eager_run_greys_every_speedup_and_says_why(filled: Store, pag
     eager = add_bench_run(filled, "eager", 16000.0)
     record = {"state": "interfered", "flags": ["infer B=64: p90/p10 = 250×"], "series": [
         {"phase": "infer", "batch_size": 64, "state": "interfered",
-         "flags": ["p90/p10 = 250×", "other processes took 1.6 of 2 cores"]}]}
+         "flags": ["p90/p10 = 250×", "other processes took 1.6 of 2 cores"],
+         "conditions": {"cores": 2, "other_cores": 1.6, "cpu_wait_frac": 0.41, "load_end": 3.2}}]}
     with filled.connect() as con:
         con.execute("UPDATE runs SET conditions = ? WHERE id = ?", [json.dumps(record), eager])
     at = page("benchmark").run()
     assert not at.exception
     assert "Timing: interfered — p90/p10 = 250×; other processes took 1.6 of 2 cores" in texts(at.caption)
+    [expander] = [e for e in at.expander if e.label == f"Conditions of run #{eager}"]  # what its window saw
+    shown = expander.dataframe[0].value.iloc[0]
+    assert shown["series"] == "infer B=64" and shown["other processes (cores)"] == "1.6"
+    assert shown["its threads waiting"] == "41.0 %" and shown["load"] == "3.2"
     deltas = [str(m.delta) for m in at.metric if m.delta and not m.label.startswith("Fastest")]  # the cards'
     assert deltas and all(d.startswith("(") and d.endswith(", flagged)") for d in deltas)
     summary = {m.label: m.delta for m in at.metric if m.label.startswith("Fastest")}

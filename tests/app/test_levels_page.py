@@ -33,7 +33,7 @@ def add_level_run(store: Store, level: str, median_us: float, *, device: str = "
                   component: str = "causal_attention", interpreted: bool = False, stage_us: float | None = None,
                   graph_us: float | None = None, stage_graph_us: float | None = None,
                   kernel_us: float | None = None, notes: list[str] | None = None,
-                  kernel_metrics: list[dict] | None = None) -> int:
+                  kernel_metrics: list[dict] | None = None, conditions: dict | None = None) -> int:
     run_id = store.create_run("levels", component, level, device,
                               {"component": component, "shape": shape, "level": level, "device": device})
     store.start_run(run_id)
@@ -61,7 +61,7 @@ def add_level_run(store: Store, level: str, median_us: float, *, device: str = "
                     Metric("flops_per_s", 14.8e9 / (stage_us * 1e-6), "FLOP/s", "patch_embed")]
     store.record_result(run_id, RunResult(env=ENV, metrics=metrics, samples=samples,
                                           notes=(["interpreted"] if interpreted else []) + (notes or []),
-                                          kernel_metrics=kernel_metrics or []))
+                                          kernel_metrics=kernel_metrics or [], conditions=conditions))
     return run_id
 
 
@@ -105,6 +105,31 @@ def test_stored_gpu_results_draw_cards_charts_and_roofline(gpu_results: Store) -
     # Buttons are off: this machine has no cuda device.
     assert at.button(key="run-L4-triton").disabled
     assert "stored results only" in captions
+
+
+def test_a_flagged_timing_is_greyed_with_its_reason_and_the_conditions_are_shown(lab: Store) -> None:
+    """The issue's rule on this page: a speedup resting on a flagged run is no headline, its reasons beside the card;
+    a power-capped clock is a note; each run's conditions in an expander."""
+    add_ceilings(lab)
+    window = {"cores": 16, "other_cores": 0.02, "gpu_sm_clock_min_mhz": 1605.0, "gpu_sm_clock_median_mhz": 1785.0,
+              "gpu_reasons": ["sw_power_cap"], "gpu_other_processes": [4242]}
+    note = "SM clock 1605-1785 MHz, held by the software power cap (the workload's own draw)"
+    flag = "1 other process on the GPU (pid 4242)"
+    add_level_run(lab, "L1-naive", 20000.0, conditions={
+        "state": "clean", "flags": [], "notes": [], "series": [{"phase": "forward", "state": "clean", "flags": []}]})
+    native = add_level_run(lab, "L1-native", 1000.0, conditions={
+        "state": "interfered", "flags": [flag], "notes": [note],
+        "series": [{"phase": "forward", "batch_size": None, "state": "interfered", "flags": [flag],
+                    "notes": [note], "conditions": window}]})
+    at = _select_stored_gpu(open_levels())
+    assert not at.exception
+    assert "(20.00× L1-naive, a flagged timing)" in [str(m.delta) for m in at.metric]
+    captions = "\n".join(c.value for c in at.caption)
+    assert f"Timing: interfered — {flag} · {note}" in captions and "Timing: clean" in captions
+    [expander] = [e for e in at.expander if e.label == f"Conditions of run #{native}"]
+    shown = expander.dataframe[0].value
+    assert shown.loc[0, "clock-event reasons"] == "sw_power_cap" and shown.loc[0, "SM clock min (MHz)"] == "1,605"
+    assert shown.loc[0, "other processes on the GPU"] == "4242" and "CPU clock (MHz)" not in shown.columns
 
 
 def test_a_deep_run_shows_what_holds_each_kernel_back(lab: Store) -> None:

@@ -122,6 +122,10 @@ def test_cards_charts_roofline_comparison_and_report(lab: Store, sweep_results) 
     assert ttft["B / A"].endswith("×") and "ms" in ttft.iloc[0] or "µs" in ttft.iloc[0]
     assert len(at.download_button) == 6  # report.md … assumptions.md
     assert f"python -m engine llm-report {ids[-1]}" in captions
+    # the selected run's timing state beside its cards, and what its windows recorded
+    assert any(line.split(":material/warning: ")[-1].startswith("Timing: ") for line in captions.splitlines())
+    [expander] = [e for e in at.expander if e.label == f"Conditions of run #{ids[-1]}"]
+    assert set(expander.dataframe[0].value["series"]) == {"prefill B=2", "decode B=2"}
 
 
 def test_failed_run_shows_its_error(lab: Store) -> None:
@@ -169,6 +173,7 @@ def test_a_group_with_a_quantized_mode_shows_bytes_and_its_gate(lab: Store, swee
     assert list(table["run"]) == [f"#{quant_id}", f"#{eager_id}"]
     assert table.loc["int8-wo", "vs unquantized"].endswith("× fewer") and table.loc["eager", "vs unquantized"] == "1×"
     assert table.loc["int8-wo", "accuracy"].startswith("top-1 ") and table.loc["eager", "accuracy"] == "the reference"
+    assert table.loc["eager", "timing"].split(":")[0] in ("clean", "noisy", "interfered")  # each run's noise state
     captions = texts(at.caption)
     assert "accuracy gate: greedy top-1 agreement with the unquantized model" in captions
     assert f"(≥ {GATES['int8-wo'].min_top1:g})" in captions and "logits vs eager" not in captions
