@@ -132,14 +132,24 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
                           env=env, timeout=600)
 
 
-def test_cli_lists_checks_arguments_and_runs(child_env: dict[str, str]) -> None:
-    listed = _cli("--list", env=child_env)
+def _in_process(capsys: pytest.CaptureFixture, *args: str) -> subprocess.CompletedProcess:
+    """`levels` through main() in this process (the listing and the refusals: no interpreter start for each)."""
+    from engine.cli.main import main
+
+    code = main(["levels", *args])
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
+def test_cli_lists_checks_arguments_and_runs(child_env: dict[str, str], lab_env: dict[str, str],
+                                             capsys: pytest.CaptureFixture) -> None:
+    listed = _in_process(capsys, "--list")
     assert listed.returncode == 0 and "causal_attention" in listed.stdout and "L5-cuda" in listed.stdout
-    bad = _cli("--component", "convolution", env=child_env)
+    bad = _in_process(capsys, "--component", "convolution")
     assert bad.returncode == 2 and "unknown component" in bad.stderr
-    real_on_cpu = _cli("--component", "causal_attention", "--shape", "S=4096", env=child_env)
+    real_on_cpu = _in_process(capsys, "--component", "causal_attention", "--shape", "S=4096")
     assert real_on_cpu.returncode == 2 and "meant for cuda" in real_on_cpu.stderr
-    only_cuda = _cli("--component", "causal_attention", "--level", "L5-cuda", env=child_env)
+    only_cuda = _in_process(capsys, "--component", "causal_attention", "--level", "L5-cuda")
     assert only_cuda.returncode == 2 and "not available on cpu" in only_cuda.stderr
     ran = _cli("--component", "gnn_message_passing", "--shape", "small-sorted", "--level", "L1-naive,L1-native",
                "--iters", "2", "--warmup", "0", env=child_env)
