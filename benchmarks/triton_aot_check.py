@@ -1,6 +1,6 @@
 """Compile the LLM lab's Triton kernels for a GPU target offline, without a GPU (Triton's bundled ptxas).
 
-    python benchmarks/triton_aot_check.py [--arch 90] [--kernels bf16|quant|mp|attn|all]
+    python benchmarks/triton_aot_check.py [--arch 90] [--kernels bf16|quant|mp|attn|gluon|all, or a comma list]
 
 A check, not a timing: tests/engine/kernels/test_decode_attention.py runs it on every `make test` (10-20 s on a
 2-core CPU), and `benchmarks/gpu_check.sh decode` on the GPU machine.
@@ -227,17 +227,30 @@ def resource_usage(cubin: bytes) -> tuple[str, str]:
     return (found.group(1), found.group(2)) if found else ("?", "?")
 
 
+FAMILIES = ("bf16", "quant", "mp", "attn", "gluon")
+
+
 def selected_jobs(arch: int, kernels: str):
-    if kernels in ("all", "bf16"):
+    """The jobs of `kernels`: one family, `all`, or a comma list of families (in FAMILIES' order)."""
+    wanted = set(FAMILIES) if kernels == "all" else set(kernels.split(","))
+    if "bf16" in wanted:
         yield from jobs(arch)
-    if kernels in ("all", "quant"):
+    if "quant" in wanted:
         yield from quant_jobs(arch)
-    if kernels in ("all", "mp"):
+    if "mp" in wanted:
         yield from message_passing_jobs(arch)
-    if kernels in ("all", "attn"):
+    if "attn" in wanted:
         yield from attention_jobs(arch)
-    if kernels in ("all", "gluon"):
+    if "gluon" in wanted:
         yield from gluon_jobs(arch)
+
+
+def families(value: str) -> str:
+    """--kernels: `all`, or one or more of FAMILIES, comma-separated."""
+    names = [v.strip() for v in value.split(",")]
+    if value != "all" and (not all(names) or not set(names) <= set(FAMILIES)):
+        raise argparse.ArgumentTypeError(f"{value!r}: use all, or a comma list of {', '.join(FAMILIES)}")
+    return value if value == "all" else ",".join(names)
 
 
 def main() -> int:
@@ -245,11 +258,11 @@ def main() -> int:
     parser.add_argument("--arch", type=int, default=90, help="compute capability × 10 (default 90: H100/H200)")
     # default bf16: the set tests/engine/kernels/test_decode_attention.py counts; the quantized GEMVs are checked by
     # tests/engine/kernels/test_quant_gemv.py (--kernels quant); `all` is both
-    parser.add_argument("--kernels", choices=("all", "bf16", "quant", "mp", "attn", "gluon"), default="bf16",
+    parser.add_argument("--kernels", type=families, default="bf16",
                         help="bf16 (default): decode attention and the bf16 GEMVs; quant: the weight-only quantized "
                              "GEMVs; mp: Kernel Levels' L4 message passing (bucketing, segment reduce, scatter); "
                              "attn: Kernel Levels' L4 attention at every autotune tile; gluon: its Gluon kernel "
-                             "(sm_90); all: every one")
+                             "(sm_90); all: every one; or several, comma-separated (one process, one Triton import)")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("TRITON_INTERPRET is set: interpreted kernels cannot be compiled; unset it", file=sys.stderr)

@@ -22,6 +22,12 @@ def aot_check_rows(tmp_path):
     return lambda *args: _aot_check_rows(tmp_path, *args)
 
 
+@pytest.fixture(scope="module")
+def module_aot_check_rows(tmp_path_factory):
+    """aot_check_rows for a module-scoped fixture: one run of the check, its rows shared by several tests."""
+    return lambda *args: _aot_check_rows(tmp_path_factory.mktemp("aot"), *args)
+
+
 def _aot_check_rows(tmp_path, *args: str) -> list[str]:
     import subprocess
     import sys

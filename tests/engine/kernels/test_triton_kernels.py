@@ -372,23 +372,33 @@ def test_message_passing_bad_inputs() -> None:
         mp_mod.message_passing(x, src, dst, w.long(), 20)
 
 
+@pytest.fixture(scope="module")
+def sm90_rows(module_aot_check_rows) -> dict[str, list[str]]:
+    """The L4 kernels below compiled for sm_90 in one run of benchmarks/triton_aot_check.py --kernels mp,attn,gluon
+    (one interpreter start and Triton import instead of one per test), its rows by their first word: the family."""
+    by_family: dict[str, list[str]] = {"mp": [], "attention": [], "gluon": []}
+    for row in module_aot_check_rows("--kernels", "mp,attn,gluon"):
+        by_family[row.split()[0]].append(row)
+    return by_family
+
+
 @pytest.mark.sm90_offline
-def test_the_message_passing_kernels_compile_for_the_h100_without_one(aot_check_rows) -> None:
+def test_the_message_passing_kernels_compile_for_the_h100_without_one(sm90_rows) -> None:
     """The interpreter never lowers to the GPU: the grouping kernels (link; count+rank, place), both reduces at every
     tuned tile (the segment reduce plain and over packed records) and the atomic scatter compile for sm_90 with
     Triton's own ptxas (benchmarks/triton_aot_check.py --kernels mp), in a process without TRITON_INTERPRET, cache
     empty."""
-    rows = aot_check_rows("--kernels", "mp")
+    rows = sm90_rows["mp"]
     per_dtype = 2 * len(mp_mod._segment_reduce_tuned.configs) + len(mp_mod._linked_reduce_tuned.configs) + 1
     assert len(rows) == 2 * (1 + 2 * 2) + 2 * per_dtype and all(r.endswith("ok") for r in rows), rows
 
 
 @pytest.mark.sm90_offline
-def test_the_attention_compiles_for_the_h100_at_every_tile_without_spilling_its_wide_tiles(aot_check_rows) -> None:
+def test_the_attention_compiles_for_the_h100_at_every_tile_without_spilling_its_wide_tiles(sm90_rows) -> None:
     """Every autotune tile of the L4 attention compiles for sm_90 through descriptors (benchmarks/triton_aot_check.py
     --kernels attn); the 8-warp tiles at D=128 keep everything in registers (no stack frame) -- what loading Q and
     storing O through descriptors bought (with pointers the 128x128 tile spilled)."""
-    rows = aot_check_rows("--kernels", "attn")
+    rows = sm90_rows["attention"]
     assert len(rows) == 2 * len(attn_mod._gpu_configs()) and all(r.endswith("ok") for r in rows), rows
     wide = [r.split() for r in rows if r.startswith("attention D128") and " w8 " in r]
     assert wide and all(cols[-3] == "0" for cols in wide), rows  # columns: ... regs stack seconds result
@@ -397,11 +407,11 @@ def test_the_attention_compiles_for_the_h100_at_every_tile_without_spilling_its_
 # ---- the Gluon attention (engine/kernels/triton/attention_ws.py, Hopper) -------------------------------------------
 
 @pytest.mark.sm90_offline
-def test_the_gluon_attention_compiles_for_the_h100_without_one(aot_check_rows) -> None:
+def test_the_gluon_attention_compiles_for_the_h100_without_one(sm90_rows) -> None:
     """Gluon is never interpreted: each build (bf16 and fp16, D 128 and 64, causal or not) compiles for sm_90 with
     Triton's own ptxas (benchmarks/triton_aot_check.py --kernels gluon), three partitions in 168 registers a thread on
     average, nothing spilled."""
-    rows = aot_check_rows("--kernels", "gluon")
+    rows = sm90_rows["gluon"]
     assert len(rows) == 8 and all(r.endswith("ok") for r in rows), rows
     assert all(r.split()[-4:-2] == ["168", "0"] for r in rows), rows  # columns: ... regs stack seconds result
 
