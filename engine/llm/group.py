@@ -25,12 +25,15 @@ engine.runner.plan asks it for an LLM group, for the CLI and for the dashboard's
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.llm.config import device_budget, memory_needed
 from engine.llm.modes import MODES
 from engine.llm.run import LLMConfig, config_from_params
+from engine.runner.device_lock import TIMING_CORES
+from engine.runner.plan import MAX_GPU_SLOTS
 from engine.store.db import Store
 
 # Device memory a run's process holds beyond its tensors: the CUDA context, activations, logits, CUDA graph pools and
@@ -199,9 +202,11 @@ def reference_key(cfg: LLMConfig) -> str | None:
 
 
 def plan_group(store: Store, run_ids: Sequence[int], requested: int | str = "auto", serial: bool = False
-               ) -> tuple[int, list[int], str]:
-    """(runs preparing at once, the order to start them in, why that many) for queued LLM runs. A run that cannot fit
-    alone is failed here with its bytes, before anything loads."""
+               ) -> tuple:
+    """(runs preparing at once, the order to start them in, why that many[, (each run's device bytes, the bytes the
+    runs under way may hold together)]) for queued LLM runs; the runner admits the next run only while its bytes fit
+    beside those of the runs under way (engine.runner.jobs.run_jobs). A run that cannot fit alone is failed here with
+    its bytes, before anything loads."""
     runs = [store.run(i) for i in run_ids]
     if any(r is None or r["kind"] != "llm" for r in runs) or len({r["device"] for r in runs}) > 1:
         return 1, list(run_ids), "one run at a time (not one device's LLM runs)"
@@ -235,8 +240,28 @@ def plan_group(store: Store, run_ids: Sequence[int], requested: int | str = "aut
             key = keys[i] if keys[i] is not None else ("own", i)
             if key not in computing or needs[i].most > computing[key].most:
                 computing[key] = needs[i]
-    slots, why = prepare_slots(requested, [cfgs[i] for i in keep], serial, loading, list(computing.values()))
-    return slots, [ids[i] for i in keep], why
+    kept = [cfgs[i] for i in keep]
+    slots, why = prepare_slots(requested, kept, serial, loading, list(computing.values()))
+    order = [ids[i] for i in keep]
+    if slots < 2:
+        return slots, order, why
+    # Admission by each run's own need: the first run of a key to compute counts the float32 twin, the others what
+    # they hold loading it; a run starts while the needs of the runs under way and its own fit, so once the big
+    # ones end, more of the small ones prepare at once than the largest needs alone would allow.
+    weights: dict[int, int] = {}
+    first_of: set[object] = set()
+    for i in keep:
+        key = keys[i] if keys[i] is not None else ("own", i)
+        twin = computes[i] and key not in first_of
+        first_of.add(key)
+        weights[int(ids[i])] = (needs[i] if twin else loading[keep.index(i)]).most
+    free, _total, _capped = device_budget(kept[0])
+    cores = os.cpu_count() or 1
+    lanes = min(len(keep), MAX_GPU_SLOTS, max(1, (cores - TIMING_CORES) // 2))
+    lanes = max(slots, lanes if requested == "auto" else min(int(requested), len(keep)))
+    if lanes > slots:
+        why = f"{slots}–{lanes} at a time as their memory fits" + why[why.index(" at a time") + len(" at a time"):]
+    return slots if lanes == slots else lanes, order, why, (weights, int(MEMORY_MARGIN * free))
 
 
 def _stored(cfg: LLMConfig) -> bool:

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -766,10 +766,13 @@ def _failure(outcome: _Exit, files: _RunFiles, timeout_s: float) -> str:
 
 
 def run_jobs(store: Store, run_ids: Sequence[int], on_progress: OnProgress | None = None,
-             launcher: Launcher | None = None, prepare_parallel: int = 1) -> dict[int, str]:
+             launcher: Launcher | None = None, prepare_parallel: int = 1, needs: Mapping[int, int] | None = None,
+             budget: int | None = None) -> dict[int, str]:
     """Supervise runs in this process (the CLI's path; `submit` runs this detached): one after another, or with
     prepare_parallel > 1, up to that many at once, each preparing beside the others and timing alone (run_one's
-    group_size; only for runs of a phased kind on one device)."""
+    group_size; only for runs of a phased kind on one device). With `needs` (what each run holds, in any unit) and
+    a `budget`, a run starts only while the needs of the runs under way and its own fit the budget, in the order
+    given (the next waits for room; alone it always starts): the group planner's device-memory admission."""
     store.set_owner(run_ids, os.getpid())
     ingest_left_results(store)
     statuses: dict[int, str] = {}
@@ -780,14 +783,23 @@ def run_jobs(store: Store, run_ids: Sequence[int], on_progress: OnProgress | Non
             raise ValueError("only runs of a phased kind (whose workers mark their timed sections, engine.runner.kinds)"
                              " on one device prepare side by side")
     todo = list(run_ids)
-    guard = threading.Lock()
+    guard = threading.Condition()
+    held = [0]  # the needs of the runs under way
+
+    def admitted() -> tuple[int, int] | None:
+        """The next run and its need once it fits beside the runs under way; None when nothing is left."""
+        with guard:
+            while todo:
+                need = int((needs or {}).get(todo[0], 0))
+                if budget is None or held[0] == 0 or held[0] + need <= budget:
+                    held[0] += need
+                    return todo.pop(0), need
+                guard.wait(0.5)  # a run under way ends (notify) or the group is interrupted (todo cleared)
+            return None
 
     def lane(launcher: Launcher) -> None:
-        while True:
-            with guard:
-                if not todo:
-                    return
-                run_id = todo.pop(0)
+        while (nxt := admitted()) is not None:
+            run_id, need = nxt
             try:
                 status = run_one(store, run_id, on_progress, launcher, group_size=slots)
             except Exception as exc:  # the supervisor must leave no run behind in 'running'
@@ -795,6 +807,8 @@ def run_jobs(store: Store, run_ids: Sequence[int], on_progress: OnProgress | Non
                 status = "failed"
             with guard:
                 statuses[run_id] = status
+                held[0] -= need
+                guard.notify_all()
 
     with lane_launcher(store, run_ids, launcher=launcher) as launcher:
         try:

@@ -60,7 +60,8 @@ class StoredKind:
     """What a run stores of its kind (params["_kind"]): everything the runner reads of it. The defaults are what a run
     without one gets: it runs alone."""
     phased: bool = False  # its worker marks its timed sections: it may prepare beside others of its group
-    planner: str | None = None  # (store, run_ids, requested, serial) -> (slots, order, why); None: the runner's
+    # (store, run_ids, requested, serial) -> (slots, order, why[, (needs, budget)]); None: the runner's
+    planner: str | None = None
     group_start: tuple[str, ...] = ()  # each called (store, runs in order) when a group starts side by side
     preload: tuple[str, ...] | None = None  # what its lane's fork server imports; None: the default
     prepare_cost: int = 1  # higher prepares longer: a group starts those first

@@ -38,9 +38,11 @@ from engine.store.db import Store
 
 @dataclass
 class GroupPlan:
-    slots: int  # runs preparing at once (each still times alone)
+    slots: int  # runs preparing at once, at most (each still times alone)
     order: list[int]  # the order runs start in
     why: str  # one line: why that many at once
+    needs: dict[int, int] | None = None  # what each run holds (an LLM group: device bytes), where admission counts it
+    budget: int | None = None  # what the runs under way may hold together: the next starts only while it fits
 
     def describe(self) -> str:
         return f"preparing {self.why}; timing one at a time"
@@ -62,9 +64,10 @@ def plan_group(store: Store, run_ids: Sequence[int], requested: int | str = "aut
     stored = [StoredKind.of(r) for r in runs]
     if not all(s.phased for s in stored):
         return GroupPlan(1, list(run_ids), f"one run at a time ({kind} runs hold the device from start to end)")
-    if stored[0].planner:
-        slots, order, why = resolve(stored[0].planner)(store, run_ids, requested, serial)
-        return GroupPlan(slots, order, why)
+    if stored[0].planner:  # (slots, order, why) or (slots, order, why, (needs, budget)): the kind's admission
+        slots, order, why, *admission = resolve(stored[0].planner)(store, run_ids, requested, serial)
+        needs, budget = admission[0] if admission and admission[0] else (None, None)
+        return GroupPlan(slots, order, why, needs, budget)
     repeats = max(int(r["params"].get("repeats", 1) or 1) for r in runs)
     if repeats > 1 and requested == "auto" and not serial:
         # `bench --repeat N`: the processes of each mode time in the order given, interleaved across modes (A B C A
@@ -122,7 +125,8 @@ def supervise(store: Store, run_ids: Sequence[int], on_progress: OnProgress | No
         print(f"{len(plan.order)} {what}; {plan.describe()}", file=out or sys.stdout, flush=True)
     if plan.slots > 1:
         start_group(store, plan.order)
-    statuses = run_jobs(store, plan.order, on_progress, launcher, prepare_parallel=plan.slots) if plan.order else {}
+    statuses = run_jobs(store, plan.order, on_progress, launcher, prepare_parallel=plan.slots, needs=plan.needs,
+                        budget=plan.budget) if plan.order else {}
     # a run the planner refused (it cannot fit the device alone) is failed already: its status as stored
     return {i: statuses.get(i) or str((store.run(i) or {}).get("status", "failed")) for i in run_ids}
 

@@ -94,7 +94,7 @@ def test_a_run_too_big_alone_is_refused_with_its_bytes_and_the_rest_run(store: S
     big = LLMConfig(preset="7B", mode="triton-fused", device="cuda", prompt_len=512, new_tokens=128)
     ids = create_runs(store, [JobSpec("llm", "llama-1B", "triton-fused", "cuda", params_of(small)),
                               JobSpec("llm", "llama-7B", "triton-fused", "cuda", params_of(big))])
-    slots, order, why = plan_group(store, ids)
+    slots, order, why, *admission = plan_group(store, ids)
     assert order == [ids[0]]
     refused = store.run(ids[1])
     assert refused["status"] == "failed"
@@ -134,7 +134,7 @@ def test_only_the_run_computing_the_reference_is_planned_with_the_twin(store: St
     """`llm --preset 7B --mode all` on an H200: one twin for the group, the others admitted at their own needs."""
     fake_device(monkeypatch, 139)
     ids = queue_all_modes(store)
-    slots, order, why = plan_group(store, ids)
+    slots, order, why, *admission = plan_group(store, ids)
     runs = [store.run(i) for i in order]
     with_twin = [group.need_of(store, r) for r in runs]
     without = [group.need_of(store, r, False) for r in runs]
@@ -149,13 +149,13 @@ def test_a_stored_reference_leaves_the_twin_out_of_the_plan(store: Store, monkey
     fake_device(monkeypatch, 139)
     ids = queue_all_modes(store)
     cfg = LLMConfig(preset="7B", mode="eager", device="cuda", prompt_len=512, new_tokens=128)
-    computing, _, _ = plan_group(store, ids)
+    computing, *_ = plan_group(store, ids)
     s, k, vocab = reference.steps(cfg), reference.check_steps(cfg), cfg.model_config().vocab
     reference.save(cfg, reference.Reference(
         Generation(torch.zeros(1, s + 1, dtype=torch.long), [torch.zeros(1, vocab)] * (s + 1)),
         Calibration(0.01, 0.002, [torch.zeros(1, vocab)] * (k + 1)), 0.001, "", run_id=1))
     assert reference.cached(cfg)
-    slots, order, why = plan_group(store, ids)
+    slots, order, why, *admission = plan_group(store, ids)
     assert slots > computing and "the reference is stored: no float32 twin" in why
     assert "up to 0." not in why  # the needs are GiB of a 7B model
 
@@ -163,7 +163,7 @@ def test_a_stored_reference_leaves_the_twin_out_of_the_plan(store: Store, monkey
 def test_the_cheap_modes_start_first_eager_at_the_head(store: Store, monkeypatch) -> None:
     fake_device(monkeypatch, 139)
     ids = queue_all_modes(store)
-    _, order, _ = plan_group(store, ids)
+    _, order, *_ = plan_group(store, ids)
     modes = [store.run(i)["mode"] for i in order]
     assert modes[0] == "eager"
     compiling = [ALL_MODES[m].compiles for m in modes]
@@ -189,3 +189,22 @@ def test_measured_peaks_are_taken_from_runs_that_computed_or_loaded_alike(store:
     assert group.need_of(store, store.run(queued)).source == f"measured in run {done['computed']}"
     store.fail_run(done["computed"], "gone")  # the newest that computed is not ok: one stored without the metric
     assert group.need_of(store, store.run(queued)).source == f"measured in run {done['old']}"
+
+
+def test_a_16_core_gpu_machine_admits_runs_by_their_own_needs(store: Store, monkeypatch) -> None:
+    """`llm --preset 7B --mode all` on a 16-core H200: up to 6 lanes, each run weighed by its own need (one float32
+    twin for the group, on the first run of its key), within 90 % of the free memory (engine.runner.jobs admits)."""
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    fake_device(monkeypatch, 139)
+    ids = queue_all_modes(store)
+    slots, order, why, (weights, budget) = plan_group(store, ids)
+    assert slots == 6 and sorted(weights) == sorted(order) and budget == int(group.MEMORY_MARGIN * 139 * GiB)
+    runs = {i: store.run(i) for i in order}
+    twin = group.need_of(store, runs[order[0]]).most
+    assert weights[order[0]] == twin  # eager, first: the one that computes the reference
+    assert all(weights[i] == group.need_of(store, runs[i], False).most for i in order[1:])
+    assert why.startswith("3–6 at a time as their memory fits (139 GiB free")
+    serial_like = plan_group(store, ids, serial=True)
+    assert serial_like[:1] == (1,) and len(serial_like) == 3  # one at a time: nothing to admit

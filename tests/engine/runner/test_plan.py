@@ -57,7 +57,7 @@ def test_a_group_side_by_side_measures_its_ceilings_then_starts_its_builds(store
                                                                           requested, serial, starts) -> None:
     ids = _bench(store, ["eager", "aoti", "compile"], device="cuda")
     supervised: list[tuple[list[int], int]] = []
-    monkeypatch.setattr(plan, "run_jobs", lambda store, order, on_progress, launcher, prepare_parallel:
+    monkeypatch.setattr(plan, "run_jobs", lambda store, order, on_progress, launcher, prepare_parallel, needs, budget:
                         supervised.append((order, prepare_parallel)) or {i: "ok" for i in order})
     assert plan.supervise(store, ids, requested=requested, serial=serial) == {i: "ok" for i in ids}
     assert supervised == [([ids[1], ids[2], ids[0]], 3 if starts else 1)]  # the slowest to prepare first
@@ -193,3 +193,42 @@ def test_runs_preparing_side_by_side_split_inductors_compile_threads(monkeypatch
         assert worker.os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "3" and inductor_config.compile_threads == 4
     finally:
         inductor_config.compile_threads = before
+
+
+def test_admission_keeps_the_runs_under_way_within_the_budget_and_runs_every_one(store, monkeypatch) -> None:
+    """run_jobs with needs and a budget (an LLM group's device bytes): a run starts only while its need fits beside
+    those under way, in the order given; one too big for the budget still runs, alone."""
+    import threading
+    import time
+
+    from engine.runner import jobs
+
+    ids = create_runs(store, [JobSpec("llm", "llama-7B", m, "cuda", {"mode": m, "_kind": {"phased": True}})
+                              for m in ("a", "b", "c", "d", "e", "f")])
+    needs = dict(zip(ids, (60, 30, 30, 30, 110, 20)))  # e alone exceeds the budget
+    under_way: dict[int, int] = {}
+    seen: list[tuple[int, ...]] = []
+    lock = threading.Lock()
+
+    def fake_run_one(store, run_id, on_progress, launcher, group_size):
+        with lock:
+            under_way[run_id] = needs[run_id]
+            seen.append(tuple(sorted(under_way)))
+        time.sleep(0.05)
+        with lock:
+            del under_way[run_id]
+        return "ok"
+
+    class Launcher:
+        why_not = None
+
+        def open(self) -> None: ...
+
+        def close(self) -> None: ...
+
+    monkeypatch.setattr(jobs, "run_one", fake_run_one)
+    statuses = jobs.run_jobs(store, ids, launcher=Launcher(), prepare_parallel=4, needs=needs, budget=100)
+    assert statuses == {i: "ok" for i in ids}
+    assert all(sum(needs[i] for i in held) <= 100 or held == (ids[4],) for held in seen)
+    assert max(len(held) for held in seen) >= 2  # side by side where they fit (a 60 and a 30, or three 30s)
+    assert any(held == (ids[4],) for held in seen)  # the one too big ran, alone
