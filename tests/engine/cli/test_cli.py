@@ -1,7 +1,8 @@
 """`python -m engine ...` as a user runs it: help, one-line errors with exit code 2, and a real bench → runs → sql →
-train → predict session on a temporary store. Each command's help and the argument refusals run main() in this
-process (an interpreter start is ~2 s of importing per case); the top-level help and two refusals, one of argparse's
-and one of the commands' own, go through `python -m engine` itself."""
+train → predict session on a temporary store. Each command's help, the argument refusals and, in the session, the
+refusals, options and warnings after a command's first use run main() in this process (an interpreter start is ~2 s
+of importing per case); the top-level help, two refusals (one of argparse's, one of a command's own) and each
+command's first use in the session go through `python -m engine` itself."""
 
 from __future__ import annotations
 
@@ -37,6 +38,15 @@ def in_process(capsys: pytest.CaptureFixture, *args: str) -> subprocess.Complete
         code = exc.code
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(["python", "-m", "engine", *args], code, out, err)
+
+
+def in_session(session: tuple, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
+               *args: str) -> subprocess.CompletedProcess:
+    """in_process with the session's store, models and artifacts (what `cli(env, ...)` gives a child)."""
+    env, _ = session
+    for key in ("RESULTS_DB", "MODELS_DIR", "ARTIFACTS_DIR", "MODELAB_LOCK_DIR"):
+        monkeypatch.setenv(key, env[key])
+    return in_process(capsys, *args)
 
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:
@@ -140,34 +150,35 @@ def test_bench_stores_an_ok_run(session):
     assert store.environment(run["id"])["torch"].startswith("2.")
 
 
-def test_runs_lists_it(session):
+def test_runs_lists_it(session, capsys, monkeypatch):
     env, store = session
     proc = cli(env, "runs")
     assert proc.returncode == 0, proc.stderr
     header, *rows = proc.stdout.strip().splitlines()
     assert header.split()[:6] == ["id", "kind", "workload", "mode", "device", "status"]
     assert any(r.split()[1:6] == ["bench", "house_price", "eager", "cpu", "ok"] for r in rows)
-    assert cli(env, "runs", "--status", "failed").stdout.strip() == "no runs"
-    lines = cli(env, "runs", "--json").stdout.strip().splitlines()
+    # its options through main() in this process (an interpreter start each)
+    assert in_session(session, capsys, monkeypatch, "runs", "--status", "failed").stdout.strip() == "no runs"
+    lines = in_session(session, capsys, monkeypatch, "runs", "--json").stdout.strip().splitlines()
     [run] = [json.loads(line) for line in lines]  # one object per line per run
     assert run["kind"] == "bench" and run["status"] == "ok" and run["state"] in ("clean", "noisy", "interfered")
     assert isinstance(run["flags"], list) and (run["flags"] == []) == (run["state"] == "clean")
-    assert cli(env, "runs", "--json", "--status", "failed").stdout == ""
+    assert in_session(session, capsys, monkeypatch, "runs", "--json", "--status", "failed").stdout == ""
 
 
-def test_sql_works(session):
+def test_sql_works(session, capsys, monkeypatch):
     env, _ = session
     proc = cli(env, "sql", "select count(*) as n from runs")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["n", "1"]
-    bad = cli(env, "sql", "select nope from nowhere")
+    bad = in_session(session, capsys, monkeypatch, "sql", "select nope from nowhere")
     # DuckDB's several lines (its hint and the query's line) joined into one.
     assert bad.returncode == 2 and bad.stdout == "" and "Traceback" not in bad.stderr
     assert bad.stderr.startswith("error: query failed: Catalog Error: Table with name nowhere does not exist")
     assert len(bad.stderr.strip().splitlines()) == 1 and "LINE 1: select nope from nowhere" in bad.stderr
 
 
-def test_train_then_predict(session):
+def test_train_then_predict(session, capsys, monkeypatch):
     env, store = session
     proc = cli(env, "train", "--mode", "eager", "--epochs", "1")
     assert proc.returncode == 0, proc.stderr
@@ -183,19 +194,20 @@ def test_train_then_predict(session):
     assert 100_000 < int(match.group(1).replace(",", "")) < 1_000_000
     assert proc.stderr == ""
 
-    proc = cli(env, "predict", "--mode", "eager", *FEATURES[:-1], "7000")  # 7000 km from the centre: refused
-    assert "is not plausible" in one_line_error(proc)
-    proc = cli(env, "predict", "--mode", "eager", *FEATURES[:-1], "80")  # outside the training range: a warning
-    assert proc.returncode == 0 and proc.stdout.startswith("$")
+    # the refusals and the warning through main() in this process (an interpreter start each)
+    proc = in_session(session, capsys, monkeypatch, "predict", "--mode", "eager", *FEATURES[:-1], "7000")
+    assert "is not plausible" in one_line_error(proc)  # 7000 km from the centre: refused
+    proc = in_session(session, capsys, monkeypatch, "predict", "--mode", "eager", *FEATURES[:-1], "80")
+    assert proc.returncode == 0 and proc.stdout.startswith("$")  # outside the training range: a warning
     assert proc.stderr.startswith("warning: Distance to city centre (km) = 80 is outside the training range")
-    line = one_line_error(cli(env, "predict", "--mode", "fx", *FEATURES))
+    line = one_line_error(in_session(session, capsys, monkeypatch, "predict", "--mode", "fx", *FEATURES))
     assert "no trained weights for mode 'fx' (trained: eager)" in line
 
 
-def test_sql_is_read_only(session):
+def test_sql_is_read_only(session, capsys, monkeypatch):
     env, store = session
     before = len(store.runs())
-    bad = cli(env, "sql", "delete from runs")
+    bad = in_session(session, capsys, monkeypatch, "sql", "delete from runs")
     assert bad.returncode == 2 and "read-only" in bad.stderr
     assert len(store.runs()) == before > 0
 
