@@ -9,13 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from engine.store.db import Store
 from engine.store.report import group_timeline, pooled_summary
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_repeat_runs_each_mode_in_processes_timed_in_turn(child_env: dict[str, str], lab_env: dict[str, str]) -> None:
+def test_repeat_runs_each_mode_in_processes_timed_in_turn(child_env: dict[str, str], lab_env: dict[str, str],
+                                                         capsys: pytest.CaptureFixture) -> None:
     done = subprocess.run([sys.executable, "-m", "engine", "bench", "--mode", "eager,fx", "--repeat", "2",
                            "--phases", "infer", "--batch-sizes", "4", "--iters", "5", "--warmup", "1"],
                           cwd=REPO_ROOT, env=child_env, capture_output=True, text=True, timeout=600)
@@ -39,9 +42,10 @@ def test_repeat_runs_each_mode_in_processes_timed_in_turn(child_env: dict[str, s
     assert pooled.loc["eager", "procs"] == pooled.loc["fx", "procs"] == 2
     header = next(line for line in done.stdout.splitlines() if line.split()[:4] == ["mode", "phase", "batch", "procs"])
     assert "proc_spread" in header and "state" in header
-    listing = subprocess.run([sys.executable, "-m", "engine", "runs", "--json"], cwd=REPO_ROOT, env=child_env,
-                             capture_output=True, text=True, timeout=120)
-    rows = [json.loads(line) for line in listing.stdout.splitlines()]
+    from engine.cli.main import main  # `runs --json` through main() in this process: no second interpreter start
+
+    assert main(["runs", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert sorted((r["id"], r["repeat"]) for r in rows) == [(ids[0], "1/2"), (ids[1], "1/2"), (ids[2], "2/2"),
                                                            (ids[3], "2/2")]
     assert all(r["state"] in ("clean", "noisy", "interfered") and isinstance(r["flags"], list) for r in rows)

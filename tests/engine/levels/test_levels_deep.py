@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import stat
-import subprocess
 import sys
 from pathlib import Path
 
@@ -104,11 +103,13 @@ def test_a_level_the_target_cannot_build_leaves_a_note_not_a_failure(tmp_path: P
     assert note.startswith("Nsight Compute measured 0 kernel(s) of forward (exit code 1)"), note
 
 
-def test_the_target_refuses_a_bad_call_count() -> None:
-    done = subprocess.run([sys.executable, "-m", "engine.levels.deep", "--component", "causal_attention", "--shape",
-                           "small", "--level", "L1-naive", "--device", "cpu", "--calls", "0"],
-                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[3])
-    assert done.returncode == 2 and "--calls must be at least 1" in done.stderr
+def test_the_target_refuses_a_bad_call_count(capsys: pytest.CaptureFixture) -> None:
+    from engine.levels.deep import main as deep_main  # in this process: no interpreter start for a refusal
+
+    with pytest.raises(SystemExit) as refused:
+        deep_main(["--component", "causal_attention", "--shape", "small", "--level", "L1-naive", "--device", "cpu",
+              "--calls", "0"])
+    assert refused.value.code == 2 and "--calls must be at least 1" in capsys.readouterr().err
 
 
 def test_levels_deep_without_ncu_times_the_level_and_says_why_there_are_no_kernel_figures(

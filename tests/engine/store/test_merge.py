@@ -76,7 +76,7 @@ def test_merge_refuses_bad_files_with_a_message(tmp_path: Path) -> None:
     assert junk.read_bytes() == b"not a database at all" * 100
 
 
-def test_merge_cli(tmp_path: Path, child_env: dict[str, str]) -> None:
+def test_merge_cli(tmp_path: Path, child_env: dict[str, str], capsys: pytest.CaptureFixture) -> None:
     other = Store(tmp_path / "other.duckdb")
     _fill(other, "cuda", "NVIDIA H200", 2)
     db = tmp_path / "results.duckdb"
@@ -84,6 +84,7 @@ def test_merge_cli(tmp_path: Path, child_env: dict[str, str]) -> None:
                          capture_output=True, text=True, env=child_env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "merged 2 run(s)" in out.stdout and "1 queued/running skipped" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "engine", "merge", str(tmp_path / "nope.duckdb"), "--db", str(db)],
-                         capture_output=True, text=True, env=child_env, timeout=120)
-    assert bad.returncode == 2 and "no such file" in bad.stderr
+    from engine.cli.main import main  # the refusal through main() in this process: no second interpreter start
+
+    assert main(["merge", str(tmp_path / "nope.duckdb"), "--db", str(db)]) == 2
+    assert "no such file" in capsys.readouterr().err
