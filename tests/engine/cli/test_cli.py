@@ -40,10 +40,10 @@ def in_process(capsys: pytest.CaptureFixture, *args: str) -> subprocess.Complete
     return subprocess.CompletedProcess(["python", "-m", "engine", *args], code, out, err)
 
 
-def in_session(session: tuple, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
-               *args: str) -> subprocess.CompletedProcess:
-    """in_process with the session's store, models and artifacts (what `cli(env, ...)` gives a child)."""
-    env, _ = session
+def in_lab(lab: tuple, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
+           *args: str) -> subprocess.CompletedProcess:
+    """in_process with the CLI lab's store, models and artifacts (what `cli(env, ...)` gives a child)."""
+    env, _ = lab
     for key in ("RESULTS_DB", "MODELS_DIR", "ARTIFACTS_DIR", "MODELAB_LOCK_DIR"):
         monkeypatch.setenv(key, env[key])
     return in_process(capsys, *args)
@@ -158,12 +158,12 @@ def test_runs_lists_it(session, capsys, monkeypatch):
     assert header.split()[:6] == ["id", "kind", "workload", "mode", "device", "status"]
     assert any(r.split()[1:6] == ["bench", "house_price", "eager", "cpu", "ok"] for r in rows)
     # its options through main() in this process (an interpreter start each)
-    assert in_session(session, capsys, monkeypatch, "runs", "--status", "failed").stdout.strip() == "no runs"
-    lines = in_session(session, capsys, monkeypatch, "runs", "--json").stdout.strip().splitlines()
+    assert in_lab(session, capsys, monkeypatch, "runs", "--status", "failed").stdout.strip() == "no runs"
+    lines = in_lab(session, capsys, monkeypatch, "runs", "--json").stdout.strip().splitlines()
     [run] = [json.loads(line) for line in lines]  # one object per line per run
     assert run["kind"] == "bench" and run["status"] == "ok" and run["state"] in ("clean", "noisy", "interfered")
     assert isinstance(run["flags"], list) and (run["flags"] == []) == (run["state"] == "clean")
-    assert in_session(session, capsys, monkeypatch, "runs", "--json", "--status", "failed").stdout == ""
+    assert in_lab(session, capsys, monkeypatch, "runs", "--json", "--status", "failed").stdout == ""
 
 
 def test_sql_works(session, capsys, monkeypatch):
@@ -171,7 +171,7 @@ def test_sql_works(session, capsys, monkeypatch):
     proc = cli(env, "sql", "select count(*) as n from runs")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["n", "1"]
-    bad = in_session(session, capsys, monkeypatch, "sql", "select nope from nowhere")
+    bad = in_lab(session, capsys, monkeypatch, "sql", "select nope from nowhere")
     # DuckDB's several lines (its hint and the query's line) joined into one.
     assert bad.returncode == 2 and bad.stdout == "" and "Traceback" not in bad.stderr
     assert bad.stderr.startswith("error: query failed: Catalog Error: Table with name nowhere does not exist")
@@ -195,19 +195,19 @@ def test_train_then_predict(session, capsys, monkeypatch):
     assert proc.stderr == ""
 
     # the refusals and the warning through main() in this process (an interpreter start each)
-    proc = in_session(session, capsys, monkeypatch, "predict", "--mode", "eager", *FEATURES[:-1], "7000")
+    proc = in_lab(session, capsys, monkeypatch, "predict", "--mode", "eager", *FEATURES[:-1], "7000")
     assert "is not plausible" in one_line_error(proc)  # 7000 km from the centre: refused
-    proc = in_session(session, capsys, monkeypatch, "predict", "--mode", "eager", *FEATURES[:-1], "80")
+    proc = in_lab(session, capsys, monkeypatch, "predict", "--mode", "eager", *FEATURES[:-1], "80")
     assert proc.returncode == 0 and proc.stdout.startswith("$")  # outside the training range: a warning
     assert proc.stderr.startswith("warning: Distance to city centre (km) = 80 is outside the training range")
-    line = one_line_error(in_session(session, capsys, monkeypatch, "predict", "--mode", "fx", *FEATURES))
+    line = one_line_error(in_lab(session, capsys, monkeypatch, "predict", "--mode", "fx", *FEATURES))
     assert "no trained weights for mode 'fx' (trained: eager)" in line
 
 
 def test_sql_is_read_only(session, capsys, monkeypatch):
     env, store = session
     before = len(store.runs())
-    bad = in_session(session, capsys, monkeypatch, "sql", "delete from runs")
+    bad = in_lab(session, capsys, monkeypatch, "sql", "delete from runs")
     assert bad.returncode == 2 and "read-only" in bad.stderr
     assert len(store.runs()) == before > 0
 
