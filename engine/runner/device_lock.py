@@ -118,6 +118,11 @@ def holder(device: str) -> Holder | None:
         since = os.fstat(fd).st_mtime
     finally:
         os.close(fd)
+    return _named(label, since)
+
+
+def _named(label: str, since: float) -> Holder | None:
+    """The holder a lock file's label names ("pid 123 …"), None for an empty one."""
     if not label:
         return None
     match = re.match(r"pid (\d+)", label)
@@ -133,9 +138,10 @@ def device_lock(device: str, on_wait: Callable[[str], None] | None = None, poll_
     try:
         def waiting() -> None:
             if on_wait:
-                found = holder(device)
-                text = found.describe() if found else (Path(path).read_text().strip() or "other runs (preparing)")
-                on_wait(f"waiting for {device}: held by {text}")
+                # A holder that has just taken the lock has not written its label yet: read the file once more, and
+                # name a process found there with its command line too.
+                found = holder(device) or _named(Path(path).read_text().strip(), os.stat(path).st_mtime)
+                on_wait(f"waiting for {device}: held by {found.describe() if found else 'other runs (preparing)'}")
 
         waited = _take(fd, fcntl.LOCK_EX, poll_s, waiting)
         os.ftruncate(fd, 0)

@@ -4,13 +4,15 @@ The supervisor starts every worker (and fork server) with `with_libstdcxx_preloa
 worker (or the fork server, before it imports torch's compiler) calls `configure_compile_caches`. engine.native
 builds under the same folder (`build_root() / build_tag()`) and imports these from here.
 
-Light on purpose: the supervisor never loads torch (build_tag imports it when called), and the fork server calls
-this before its preload, where nothing may start a thread (so no engine.store, whose pandas starts one).
+Light on purpose: the supervisor never loads torch (build_tag reads torch's version.py where torch is not imported),
+and the fork server calls this before its preload, where nothing may start a thread (so no engine.store, whose
+pandas starts one).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -30,14 +32,30 @@ def build_root() -> Path:
     return settings.get("MODELAB_BUILD_DIR") or REPO_ROOT / ".build"
 
 
+def torch_versions() -> tuple[str, str | None]:
+    """torch's version and the CUDA version it was built with: from torch where it is imported, else from its
+    version.py alone (a file of constants), without importing torch — a second or more that a worker whose target
+    never uses torch, or the supervisor, does not need to spend."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        spec = importlib.util.find_spec("torch")  # a top-level package: found, not imported
+        version_py = Path(spec.origin).with_name("version.py") if spec is not None and spec.origin else None
+        if version_py is not None and version_py.is_file():
+            constants: dict = {}
+            exec(compile(version_py.read_text(), str(version_py), "exec"), constants)
+            if isinstance(constants.get("__version__"), str):
+                return constants["__version__"], constants.get("cuda")
+        import torch
+    return torch.__version__, torch.version.cuda
+
+
 def build_tag() -> str:
     """One folder per torch + Python version (+ CUDA version): binaries never cross an upgrade."""
-    import torch
-
-    tag = f"torch-{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
+    version, cuda = torch_versions()
+    tag = f"torch-{version}-py{sys.version_info.major}{sys.version_info.minor}"
     # Wheels spell the CUDA version in torch.__version__ (+cu130); a source build ("2.11.0a0") does not.
-    if torch.version.cuda and "cu" not in torch.__version__.partition("+")[2]:
-        tag += f"-cu{torch.version.cuda}"
+    if cuda and "cu" not in version.partition("+")[2]:
+        tag += f"-cu{cuda}"
     return tag.replace("+", "_").replace("/", "_")
 
 

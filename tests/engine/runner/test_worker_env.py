@@ -28,3 +28,15 @@ def test_a_supervisor_builds_a_workers_environment_without_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=worker_env.REPO_ROOT).stdout.split()
     assert out == ["False", "True"]
+
+
+def test_the_build_tag_is_read_without_importing_torch_and_matches_the_imported_one() -> None:
+    """A worker whose target never uses torch (and the supervisor) names the build folder from torch's version.py
+    alone; the name is the one torch itself gives."""
+    import torch  # noqa: F401 - this process's tag comes from the imported torch
+
+    code = ("import sys; from engine.runner.worker_env import build_tag, configure_compile_caches; "
+            "configure_compile_caches({}); print(build_tag(), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=worker_env.REPO_ROOT).stdout.split()
+    assert out == [worker_env.build_tag(), "False"]
