@@ -41,7 +41,7 @@ def test_sweep_points_are_the_cells_of_both_axes() -> None:
         cli_llm._sweep_points([("batch", (1,)), ("batch", (2,))])
 
 
-def test_a_cell_beyond_the_gpu_memory_does_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cell_beyond_the_memory_does_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     from engine.llm import config
 
     monkeypatch.setattr(config, "device_budget", lambda cfg: (80 << 30, 80 << 30, ""))
@@ -50,7 +50,13 @@ def test_a_cell_beyond_the_gpu_memory_does_not_fit(monkeypatch: pytest.MonkeyPat
     assert cli_llm._fits(cell(1, 512)) is None
     reason = cli_llm._fits(cell(32, 8192))
     assert reason and "8208 positions" in reason and "80.0 GiB free" in reason
-    assert cli_llm._fits(config.LLMConfig(preset="7B", batch=32, prompt_len=8192, device="cpu")) is None
+    # On the CPU the cell is held to MemAvailable instead (engine.llm.config.check_host_memory)
+    from engine.llm import hf
+
+    monkeypatch.setattr(hf, "available_bytes", lambda device: 64 << 30)
+    cpu = cli_llm._fits(config.LLMConfig(preset="7B", batch=32, prompt_len=8192, device="cpu"))
+    assert cpu and "MemAvailable" in cpu and "64.0 GiB" in cpu
+    assert cli_llm._fits(config.LLMConfig(preset="tiny", batch=32, prompt_len=8192, device="cpu")) is None
 
 
 def test_two_axis_sweep_flags_parse() -> None:
