@@ -9,24 +9,16 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from engine.store.db import Store, StoreDamagedError, pid_alive
+from tests.engine.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
-def _wait_until(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def _worker_pids(run_dir: Path) -> set[int]:
@@ -63,7 +55,7 @@ def test_an_interrupted_cli_marks_its_runs_interrupted_and_ends_their_workers(si
                            cwd=REPO_ROOT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     workers: set[int] = set()
     try:
-        _wait_until(lambda: _under_way(store), 180, "a bench run under way")
+        wait_until(lambda: _under_way(store), 180, "a bench run under way")
         ids = [int(i) for i in store.runs(kind="bench")["id"]]
         workers = set().union(*(_worker_pids(Path(lab_env["ARTIFACTS_DIR"]) / f"run_{i}") for i in ids))
         assert workers, "no worker found"
@@ -79,7 +71,7 @@ def test_an_interrupted_cli_marks_its_runs_interrupted_and_ends_their_workers(si
     assert len(runs) == len(modes.split(","))
     assert set(runs["status"]) == {"failed"}, runs[["id", "status", "error"]]
     assert set(runs["error"]) == {f"interrupted by {sig.name}"}
-    _wait_until(lambda: not any(pid_alive(p) for p in workers), 10, "the workers to end")
+    wait_until(lambda: not any(pid_alive(p) for p in workers), 10, "the workers to end")
     for pid in workers:  # leave nothing behind if the check above failed
         if pid_alive(pid):
             os.kill(pid, signal.SIGKILL)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from engine.runner import cancel
 from engine.runner.device_lock import device_lock, held_text, holder
 from engine.runner.jobs import JobSpec, create_runs, run_jobs
 from engine.store.db import Store, pid_alive
+from tests.engine.waiting import wait_until
 
 TARGETS = "tests.engine.runner.fault_targets"
 
@@ -23,14 +23,6 @@ def spec(target: str, **params) -> JobSpec:
     return JobSpec("bench", "house_price", target, "cpu", params, target=f"{TARGETS}:{target}", timeout_s=120.0)
 
 
-def wait_until(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import pytest
 from engine.runner.jobs import JobSpec, create_runs, describe_exit, lock_path, run_jobs, submit
 from engine.runner.worker import classify
 from engine.store.db import Store, pid_alive
+from tests.engine.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 TARGETS = "tests.engine.runner.fault_targets"
@@ -30,14 +31,6 @@ def spec(target: str, timeout_s: float = 60.0, **params) -> JobSpec:
     return JobSpec("bench", "house_price", target, "cpu", params, target=f"{TARGETS}:{target}", timeout_s=timeout_s)
 
 
-def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def target_pid(run_dir: Path) -> int:

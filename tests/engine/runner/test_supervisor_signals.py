@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
 from engine.runner.jobs import Interrupted, JobSpec, create_runs, interrupt_runs, submit
 from engine.store.db import Metric, RunResult, Store, pid_alive
+from tests.engine.waiting import wait_until
 
 TARGETS = "tests.engine.runner.fault_targets"
 
@@ -23,14 +23,6 @@ def spec(target: str, timeout_s: float = 120.0, **params) -> JobSpec:
                    timeout_s=timeout_s)
 
 
-def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def parent_of(pid: int) -> int:
