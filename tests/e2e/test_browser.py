@@ -175,8 +175,10 @@ def test_profile_both_and_explain_refreshes_in_place(server: SimpleNamespace, br
     page.locator(".st-key-explain").filter(has_text="finished; the explanation above reads them").wait_for(
         timeout=240_000)
     text = explain.inner_text()
-    # explained (the terms of both profiled steps), or a profile too far off its benchmark named for a redo
+    # explained (the terms of both profiled steps), or a profile too far off its benchmark named for a redo (one of
+    # them, or both when a loaded machine disturbed both pairs: the button then profiles both again)
     assert ("per profiled step" in text or "Profile eager again" in text or "Profile fx again" in text
+            or "Profile both again and explain" in text
             or "take about the same time" in text), text  # two modes within 5 % of each other are said to be equal
     assert "No profile of" not in text
     assert page.evaluate("window.__sameDocument === true")
