@@ -23,6 +23,8 @@ decode         decode-attention and GEMV tests, the sm_90 compile check, 1B and 
 argmax         the next token's argmax alone (argmax_bench.py): torch's, eager and compiled, beside the Triton one
 decode-path    1B triton-fused and triton-int4-wo profiled: each decode kernel's time on the critical path per step
 llm-1b-all     1B, every LLM mode, prepared side by side and timed alone: total seconds and each run's phase timeline
+llm-7b-all     7B, every LLM mode (DEVICE_MEMORY=80GB: held to that much): wall seconds, each run's status and
+               J/token, the phase timelines (each phase's peak memory in the store, gpu.duckdb)
 levels         every kernel level of the three components at their real shapes
 cuda-levels    the L5 CUDA kernels: build (ptxas registers), checks, timings against torch (cuda_levels_gpu.py)
 triton-levels  the L4 Triton kernels: checks and timings against torch (benchmarks/triton_kernels_gpu.py)
@@ -148,6 +150,10 @@ case $part in
                  WHERE o.device = 'cuda' AND o.phase = 'decode' AND r.kind = 'llm' ORDER BY r.id, o.self_us DESC" ;;
   llm-1b-all) t timeout 580 python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --mode all \
                 --device cuda >"$out/llm1b_all.log" 2>&1; tail -30 "$out/llm1b_all.log"
+              python3 benchmarks/run_timelines.py --kind llm ;;
+  llm-7b-all) t timeout 580 python3 -m engine llm --preset 7B --prompt-len 512 --new-tokens 128 --mode all \
+                --device cuda ${DEVICE_MEMORY:+--device-memory "$DEVICE_MEMORY"} >"$out/llm7b_all.log" 2>&1
+              tail -40 "$out/llm7b_all.log"
               python3 benchmarks/run_timelines.py --kind llm ;;
   levels) t python3 -m engine levels --component "${LEVEL_COMPONENTS:-all}" --level all --device cuda \
             >"$out/levels.log" 2>&1
