@@ -14,6 +14,7 @@ from engine.llm import run as llm_run_module
 from engine.llm.run import LLMConfig, llm_run
 from engine.measure.checks import ToleranceError
 from engine.store.db import RunResult
+from tests.engine.llm.drift import drift_prefill
 
 
 @pytest.fixture
@@ -92,20 +93,7 @@ def test_the_code_that_computes_it_is_part_of_the_key(tmp_path: Path, monkeypatc
 def test_a_mode_off_tolerance_still_fails_against_a_loaded_reference(twins, tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     llm_run(cfg_for("eager", tmp_path, 1))
-    real_prepare = llm_run_module.prepare
-
-    def drifting(mode, model, device, sdpa=None, autotune=False):
-        prepared = real_prepare(mode, model, device, sdpa=sdpa, autotune=autotune)
-        inner = prepared.prefill
-
-        def prefill(tokens, pos):
-            token, logits = inner(tokens, pos)
-            return token, logits * 1.1
-
-        prepared.prefill = prefill
-        return prepared
-
-    monkeypatch.setattr(llm_run_module, "prepare", drifting)
+    drift_prefill(monkeypatch, 1.1)
     with pytest.raises(ToleranceError, match="sdpa-math: prefill logits differ from eager's"):
         llm_run(cfg_for("sdpa-math", tmp_path, 2))
     assert twins == ["eager"]  # it failed against the loaded reference, not a fresh one

@@ -22,6 +22,7 @@ from engine.measure.checks import ToleranceError
 from engine.store.db import Metric, RunResult, Store
 from engine.store.envinfo import capture_env
 from engine.workloads.llama import preset
+from tests.engine.llm.drift import drift_prefill
 
 COPY_BW, MATMUL = 2.0e10, 5.0e10  # the fake ceilings this module stores (B/s, FLOP/s)
 
@@ -151,20 +152,7 @@ def test_modes_that_cannot_run_here_say_why() -> None:
 
 def test_a_mode_off_tolerance_fails_the_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A mode whose logits drift (here: a prefill that adds 1 % noise) fails with ToleranceError, before timing."""
-    real_prepare = llm_run_module.prepare
-
-    def drifting(mode, model, device, sdpa=None, autotune=False):
-        prepared = real_prepare(mode, model, device, sdpa=sdpa, autotune=autotune)
-        inner = prepared.prefill
-
-        def prefill(tokens, pos):
-            token, logits = inner(tokens, pos)
-            return token, logits * 1.01
-
-        prepared.prefill = prefill
-        return prepared
-
-    monkeypatch.setattr(llm_run_module, "prepare", drifting)
+    drift_prefill(monkeypatch, 1.01)
     with pytest.raises(ToleranceError, match="sdpa-math: prefill logits differ from eager's"):
         llm_run(LLMConfig(preset="tiny", prompt_len=8, new_tokens=2, mode="sdpa-math", profile=False,
                           ceilings="none", artifacts_dir=str(tmp_path)))
