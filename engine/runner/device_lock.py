@@ -7,6 +7,11 @@ it never goes stale).
                                and exclusive while it times or profiles; a shared holder never overlaps an exclusive
                                one, so two timings (or a timing and another run's compile) never share the device
 
+An exclusive taker queues on a second flock first (the device's gate, `gate_path`) and holds it while it waits; a
+shared taker passes the gate only while nobody queues there. So a waiting timing holds new preparations back and gets
+the device once the preparations already under way step out of it: a group whose runs keep preparing side by side,
+their shared holds overlapping, cannot starve a ready run of its timing.
+
 Code that times (engine.measure.timing users, the GEMV's choice, Triton's autotuner) wraps the timed part in
 `exclusive()`: a
 no-op in an ordinary worker, whose supervisor already holds the device alone. Host-only work (native builds, C++ and
@@ -40,25 +45,55 @@ def lock_path(device: str) -> Path:
     return lock_dir() / f"modelab-device-{name.replace(':', '')}.lock"
 
 
-def _open(device: str) -> int:
-    path = lock_path(device)
+def gate_path(device: str) -> Path:
+    """The device's gate: held by whoever waits to take the device exclusively, so shared takers queue behind it."""
+    return lock_path(device).with_suffix(".gate")
+
+
+def _open(device: str, path: Path | None = None) -> int:
+    path = path or lock_path(device)
     path.parent.mkdir(parents=True, exist_ok=True)
     return os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
 
 
-def _take(fd: int, kind: int, poll_s: float, on_wait: Callable[[], None] | None = None) -> float:
-    """Poll for the lock (non-blocking tries, so a signal or timeout always gets through); returns seconds waited."""
+def _try(fd: int, kind: int) -> bool:
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _take(fd: int, kind: int, poll_s: float, on_wait: Callable[[], None] | None = None, gate: int | None = None
+          ) -> float:
+    """Poll for the lock (non-blocking tries, so a signal or timeout always gets through); returns seconds waited.
+    With the device's `gate` (an fd of gate_path): an exclusive taker holds the gate while it waits, a shared one
+    tries the lock only while the gate is free — a waiting exclusive taker goes before later shared ones."""
     t0 = time.perf_counter()
     waited = False
-    while True:
-        try:
-            fcntl.flock(fd, kind | fcntl.LOCK_NB)
-            return time.perf_counter() - t0
-        except BlockingIOError:
+    queued = False  # this exclusive taker holds the gate
+    try:
+        while True:
+            if gate is None:
+                if _try(fd, kind):
+                    return time.perf_counter() - t0
+            elif kind == fcntl.LOCK_EX:
+                queued = queued or _try(gate, fcntl.LOCK_EX)
+                if queued and _try(fd, kind):
+                    return time.perf_counter() - t0
+            elif _try(gate, fcntl.LOCK_SH):  # nobody queues for the device exclusively
+                try:
+                    if _try(fd, kind):
+                        return time.perf_counter() - t0
+                finally:
+                    fcntl.flock(gate, fcntl.LOCK_UN)
             if on_wait and not waited:
                 on_wait()
             waited = True
             time.sleep(poll_s)
+    finally:
+        if queued:
+            fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 @dataclass
@@ -135,6 +170,7 @@ def device_lock(device: str, on_wait: Callable[[str], None] | None = None, poll_
     """Exclusive, machine-wide lock on a device for as long as the block runs; yields the seconds it waited."""
     path = lock_path(device)
     fd = _open(device)
+    gate = _open(device, gate_path(device))
     try:
         def waiting() -> None:
             if on_wait:
@@ -143,13 +179,14 @@ def device_lock(device: str, on_wait: Callable[[str], None] | None = None, poll_
                 found = holder(device) or _named(Path(path).read_text().strip(), os.stat(path).st_mtime)
                 on_wait(f"waiting for {device}: held by {found.describe() if found else 'other runs (preparing)'}")
 
-        waited = _take(fd, fcntl.LOCK_EX, poll_s, waiting)
+        waited = _take(fd, fcntl.LOCK_EX, poll_s, waiting, gate)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
         yield waited
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+        os.close(gate)
 
 
 def _drain_device(device: str) -> None:
@@ -230,6 +267,7 @@ class PhaseHold:
         self.exclusive_s = 0.0  # time held exclusively (timing and profiling)
         self._since = 0.0
         self._fd = _open(device)
+        self._gate = _open(device, gate_path(device))
         self.cores = split_cores(device)  # None: released() passes straight through, affinity is left alone
         self._all_cores = set(os.sched_getaffinity(0)) if self.cores else set()
         self.released_s = 0.0  # time given up for host-only work (released())
@@ -258,8 +296,9 @@ class PhaseHold:
             return
         kind = fcntl.LOCK_EX if state == "exclusive" else fcntl.LOCK_SH
         what = ("waiting for the device: other runs are preparing or timing" if state == "exclusive"
-                else "waiting for the device: another run is timing")
-        waited = _take(self._fd, kind, self.poll_s, (lambda: self.on_wait(what)) if self.on_wait else None)
+                else "waiting for the device: another run is timing or waits to time")
+        waited = _take(self._fd, kind, self.poll_s, (lambda: self.on_wait(what)) if self.on_wait else None,
+                       self._gate)
         self.waited_s += waited
         if waited and self.on_wait:  # the wait is over: the supervisor counts time against the run again from here
             self.on_wait(HAS_DEVICE)
@@ -286,6 +325,7 @@ class PhaseHold:
         if self.cores:
             os.sched_setaffinity(0, self._all_cores)
         os.close(self._fd)
+        os.close(self._gate)
 
 
 _HOLD: PhaseHold | None = None

@@ -138,20 +138,56 @@ def test_phased_supervision_refuses_kinds_that_do_not_mark_their_timings(tmp_pat
     assert {store.run(i)["status"] for i in ids} == {"queued"}
 
 
-def test_a_waiting_timing_lets_preparations_start_meanwhile():
+def test_a_waiting_timing_goes_before_later_preparations():
     a, timing, late = (dl.PhaseHold("cpu", poll_s=0.005) for _ in range(3))
     a.shared()
-    waiter = threading.Thread(target=timing.exclusive)
+    waiter = threading.Thread(target=timing.exclusive, daemon=True)
     waiter.start()
     time.sleep(0.1)
-    late.shared()  # preparations still overlap: one waiting timing does not serialise them
-    assert late.waited_s < 0.05 and timing.state is None
+    joining = threading.Thread(target=late.shared, daemon=True)
+    joining.start()
+    time.sleep(0.1)
+    assert late.state is None and timing.state is None  # the later preparation queues behind the waiting timing
     a.release()
-    late.release()
     waiter.join(5)
-    assert timing.state == "exclusive"
+    assert timing.state == "exclusive" and late.state is None
+    timing.release()
+    joining.join(5)
+    assert late.state == "shared"
     for hold in (a, timing, late):
         hold.close()
+
+
+def test_overlapping_preparations_cannot_starve_a_timing():
+    """Two runs that keep preparing with their shared holds overlapping (the device never free) let a waiting
+    timing in as soon as each has stepped out once."""
+    preparers = [dl.PhaseHold("cpu", poll_s=0.002) for _ in range(2)]
+    timing = dl.PhaseHold("cpu", poll_s=0.002)
+    stop = threading.Event()
+
+    def prepare(hold: dl.PhaseHold, offset: float) -> None:
+        time.sleep(offset)
+        while not stop.is_set():
+            hold.shared()
+            time.sleep(0.05)  # a stretch of device work...
+            hold.release()  # ...and straight back to the next one
+
+    threads = [threading.Thread(target=prepare, args=(hold, 0.025 * i), daemon=True)
+               for i, hold in enumerate(preparers)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.1)
+    got = threading.Thread(target=timing.exclusive, daemon=True)
+    got.start()
+    got.join(2)
+    timed = timing.state == "exclusive"
+    timing.release()
+    stop.set()
+    for thread in threads:
+        thread.join(5)
+    for hold in (*preparers, timing):
+        hold.close()
+    assert timed and timing.waited_s < 0.5, timing.waited_s
 
 
 @pytest.fixture
