@@ -596,16 +596,24 @@ def _record_now(store: Store, run_id: int, outcome: _Exit, files: _RunFiles, tim
             return "failed"
         store.record_result(run_id, result)
         return "ok"
+    kept = _failed_artifacts(files)
     interrupted = _INTERRUPTED.get(_key(store, run_id))
     if interrupted:  # killed by run_jobs on Ctrl-C / SIGTERM: that is the reason, not the kill
-        store.fail_run(run_id, interrupted)
+        store.fail_run(run_id, interrupted, kept)
         return "failed"
     if outcome.lost is not None:
         tail = _tail(files.log)
-        store.fail_run(run_id, outcome.lost + (f"\n--- last lines of {files.log} ---\n{tail}" if tail else ""))
+        store.fail_run(run_id, outcome.lost + (f"\n--- last lines of {files.log} ---\n{tail}" if tail else ""),
+                       kept)
         return "failed"
-    store.fail_run(run_id, _failure(outcome, files, timeout_s))
+    store.fail_run(run_id, _failure(outcome, files, timeout_s), kept)
     return "failed"
+
+
+def _failed_artifacts(files: _RunFiles) -> list[Artifact]:
+    """A failed run's log and phase timeline, kept with it: where it was when it stopped (report.run_timeline)."""
+    return [Artifact(kind="log", name=path.name, path=str(path)) for path in (files.log, files.progress)
+            if path.exists()]
 
 
 def ingest_left_results(store: Store) -> list[int]:

@@ -523,12 +523,17 @@ class Store:
             con.execute("UPDATE runs SET progress = ?, message = ? WHERE id = ?",
                         [max(0.0, min(1.0, progress)), message[:500], run_id])
 
-    def fail_run(self, run_id: int, error: str) -> None:
-        with self.connect() as con:
+    def fail_run(self, run_id: int, error: str, artifacts: Sequence[Artifact] = ()) -> None:
+        """Mark the run failed with its reason; `artifacts` (its log, its phase timeline) are kept with it."""
+        with self.transaction() as con:
             con.execute(
                 "UPDATE runs SET status = 'failed', error = ?, message = 'failed', finished_at = ? WHERE id = ?",
                 [error[-8000:], _now(), run_id],
             )
+            for a in artifacts:
+                size = Path(a.path).stat().st_size if Path(a.path).exists() else None
+                con.execute("INSERT INTO artifacts VALUES (?, ?, ?, ?, ?, ?)",
+                            [run_id, a.kind, a.name, a.path, size, _now()])
 
     def record_result(self, run_id: int, result: RunResult, only_if_active: bool = False) -> bool:
         """Persist everything a run produced and mark it ok, atomically. only_if_active: only while the run is still

@@ -125,6 +125,15 @@ def test_segfault_names_the_signal_and_the_stack(faults):
     assert progress_of(faults, "segfault")[-1] == (1.0, "failed")
 
 
+def test_a_failed_run_keeps_its_log_and_its_timeline(faults):
+    from engine.store.report import run_timeline
+
+    rid = faults.ids["hang"]  # reported "hanging" before it stopped answering
+    artifacts = faults.store.artifacts(rid).set_index("name")
+    assert {"worker.log", "progress.jsonl"} <= set(artifacts.index)
+    assert "hanging" in list(run_timeline(faults.store, rid)["step"])
+
+
 def test_hang_times_out_and_the_worker_is_killed(faults):
     rid = faults.ids["hang"]
     assert faults.statuses[rid] == "failed"
