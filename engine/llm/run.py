@@ -202,6 +202,12 @@ def _start(cfg: LLMConfig, progress: Progress, wall0: float) -> _Run:
         import torch._inductor.config as inductor_config
 
         inductor_config.compile_threads = max(1, (os.cpu_count() or 1) // hold.group_size)
+    if hold is not None:
+        # Inductor's lowering and code generation and Triton's compiles give the device up (others of the group time
+        # meanwhile); only Inductor's timings of candidate kernels take it alone (engine.measure.inductor_timing)
+        from engine.measure.inductor_timing import install
+
+        install()
     ceilings = None
     if cfg.ceilings != "none":
         progress(0.02, "device ceilings")
