@@ -205,14 +205,23 @@ TIMING_CORES = 2
 def split_cores(device: str) -> tuple[set[int], set[int]] | None:
     """(cores a timing holds, cores a released block runs on) for a phased worker on `device`; None where host-only
     work cannot be kept off a timing's cores (a CPU device, whose timings use every core; too few cores; no
-    affinity calls on this system)."""
+    affinity calls on this system). The timing cores' hyperthread siblings belong to neither: a compile on a
+    sibling shares the timing's physical core, its pipeline and caches, and slows a host-bound step."""
     if not device.startswith("cuda") or not hasattr(os, "sched_getaffinity"):
         return None
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < MIN_CORES_TO_SPLIT:
         return None
     timing = timing_cores(cores)
-    return timing, set(cores) - timing
+    others = set(cores) - timing - siblings(timing, cores)
+    return timing, others or set(cores) - timing
+
+
+def siblings(chosen: set[int], cores: list[int]) -> set[int]:
+    """The cores among `cores`, outside `chosen`, that share a physical core with one of `chosen` (none where the
+    topology cannot be read)."""
+    physical = {_physical_core(cpu) for cpu in chosen} - {None}
+    return {cpu for cpu in cores if cpu not in chosen and _physical_core(cpu) in physical}
 
 
 def _physical_core(cpu: int) -> tuple[str, str] | None:

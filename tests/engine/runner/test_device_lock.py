@@ -272,6 +272,17 @@ def test_a_timing_holds_two_cores_of_two_physical_cores_away_from_core_0(monkeyp
     assert dl.timing_cores(list(range(8))) == {6, 7}
 
 
+def test_host_work_stays_off_the_timing_cores_hyperthread_siblings(monkeypatch):
+    monkeypatch.delenv("MODELAB_TIMING_CORES", raising=False)
+    monkeypatch.setattr(dl.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(dl, "_physical_core", lambda cpu: ("0", str(cpu % 8)))  # siblings n and n+8
+    timing, others = dl.split_cores("cuda:0")
+    assert timing == {15, 14} and others == set(range(16)) - {6, 7, 14, 15}
+    monkeypatch.setattr(dl, "_physical_core", lambda cpu: None)  # no topology: only the timing cores themselves
+    timing, others = dl.split_cores("cuda:0")
+    assert timing == {14, 15} and others == set(range(14))
+
+
 def test_the_timing_cores_can_be_chosen_and_a_bad_choice_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("MODELAB_TIMING_CORES", "2,3")
     assert dl.timing_cores(list(range(8))) == {2, 3}
