@@ -250,7 +250,7 @@ def route_run(cfg: LLMConfig, progress: Progress = lambda f, m: None) -> RunResu
         prepared, graphs0 = _route_compile(run)  # 3: the mode, its first calls, its generation against eager's
         hold = _route_take_device(run)  # from here the device is this run's alone
         prefill_us, decode_us = _route_time(run, prepared, graphs0)  # 4: TTFT and TPOT samples
-        _route_share_device(run, hold)  # the rest is arithmetic and files: the next run of the group may time
+        _route_give_device_up(run, hold)  # the rest is arithmetic and files: others may time and prepare
         shapes = shapes_of(run.model)
     if cfg.profile:
         run.result.notes.append("profile: torch.profiler and Nsight Compute are not taken on the transformers route "
@@ -405,11 +405,12 @@ def _route_take_device(run: _RouteRun) -> Any:
     return hold
 
 
-def _route_share_device(run: _RouteRun, hold: Any) -> None:
-    """Timed: the next run of the group may time; what the run prepared beside, stated as the native route does."""
+def _route_give_device_up(run: _RouteRun, hold: Any) -> None:
+    """Timed: the run lets the device go (engine.llm.run._give_device_up); what it prepared beside, stated as the
+    native route does."""
     if hold is None:
         return
-    hold.shared()
+    hold.release()
     run.result.metrics += [Metric("prepared_alongside", float(hold.group_size - 1), ""),
                            Metric("device_wait_s", hold.waited_s, "s")]
     run.result.notes.append(f"prepared beside up to {hold.group_size - 1} other run(s) of its group (untimed work "

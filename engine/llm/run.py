@@ -115,7 +115,7 @@ def llm_run(cfg: LLMConfig, progress: Progress = lambda f, m: None) -> RunResult
             _prompt_set(run, ref, compiled)  # 4: TTFT and TPOT across the --prompts file's prompts
         decode_rows = _profile_phases(run, ref, compiled.prepared) if cfg.profile else []  # 5: torch.profiler
     _deep_profile(run, compiled.prepared, decode_rows)  # 5: Nsight Compute (`deep`)
-    _share_device(run)  # the rest is arithmetic and files: the next run of the group may time
+    _give_device_up(run)  # the rest is arithmetic and files: the group's next runs may time and prepare
     progress(0.92, "figures and reports")
     _figures(run, timings)  # 6: MFU, MBU, throughput
     run.result.conditions = noise.record(run.result.samples, conditions.take_windows())
@@ -644,11 +644,12 @@ def _deep_profile(run: _Run, prepared: Prepared, decode_rows: list[dict]) -> Non
         run.result.notes.append("deep profile skipped: this mode has no decode phase here")
 
 
-def _share_device(run: _Run) -> None:
-    """The rest is arithmetic and files: the next run of the group may time."""
+def _give_device_up(run: _Run) -> None:
+    """The rest is arithmetic and files: the run lets the device go altogether. (Taking it back shared would queue
+    behind every run of the group waiting to time, holding its slot and memory until the last of them had timed.)"""
     if run.hold is None:
         return
-    run.hold.shared()
+    run.hold.release()
     group = run.hold.group_size
     run.result.metrics += [Metric("prepared_alongside", float(group - 1), ""),
                            Metric("device_wait_s", run.hold.waited_s, "s")]

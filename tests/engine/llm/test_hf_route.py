@@ -182,13 +182,13 @@ def test_a_route_run_times_with_the_device_to_itself(monkeypatch: pytest.MonkeyP
         def exclusive(self) -> None:
             calls.append("exclusive")
 
-        def shared(self) -> None:
-            calls.append("shared")
+        def release(self) -> None:
+            calls.append("release")
 
     monkeypatch.setattr(device_lock, "current", lambda: Hold())
     run = hf_route._RouteRun(LLMConfig(mode="transformers-compile"), lambda f, m: None, RunResult())
     assert run.mode == "compile"
     hold = hf_route._route_take_device(run)
-    hf_route._route_share_device(run, hold)
-    assert calls == ["exclusive", "shared"]
+    hf_route._route_give_device_up(run, hold)
+    assert calls == ["exclusive", "release"]
     assert {m.name: m.value for m in run.result.metrics} == {"prepared_alongside": 2.0, "device_wait_s": 0.5}

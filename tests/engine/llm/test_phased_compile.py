@@ -28,3 +28,33 @@ def test_a_phased_llm_run_compiles_off_the_device(tmp_path, monkeypatch, phased:
     run = llm_run._start(cfg, lambda f, m: None, 0.0)
     assert (run.hold is not None) == phased
     assert installed == ([True] if phased else [])
+
+
+def test_a_timed_run_lets_the_device_go_without_queueing_behind_the_next_timing() -> None:
+    """After its timing a run only computes figures and writes files: it gives the device up at once, so it does not
+    wait (holding its slot and memory) behind the group's next timing."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from engine.store.db import RunResult
+
+    hold = dl.begin_phases("cpu", group_size=2)
+    hold.exclusive()  # timing
+    other = dl.PhaseHold("cpu", poll_s=0.002)
+    taken = threading.Event()
+
+    def next_timing() -> None:
+        other.exclusive()
+        taken.set()
+        time.sleep(0.5)
+        other.close()
+
+    thread = threading.Thread(target=next_timing, daemon=True)
+    thread.start()
+    time.sleep(0.05)  # the next run queues for the device
+    t0 = time.perf_counter()
+    llm_run._give_device_up(SimpleNamespace(hold=hold, result=RunResult()))
+    assert time.perf_counter() - t0 < 0.3 and hold.state is None
+    assert taken.wait(2)
+    thread.join(2)
