@@ -169,7 +169,10 @@ class _Checked:
 
 def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, phase: str, batch_size: int,
                 cfg: BenchConfig, result: RunResult, progress: Progress, frac: tuple[float, float],
-                ahead: bench_ahead.Ahead | None = None, meter: energy.Meter | None = None) -> None:
+                ahead: bench_ahead.Ahead | None = None, meter: energy.Meter | None = None, last: bool = False
+                ) -> None:
+    """Prepare, check and time one (phase, batch size) of the mode; `last`: the run's last phase, after whose timing
+    the worker lets the device go (device_lock.exclusive's `final`)."""
     device = cfg.device
     inputs, target = workload.make_batch(batch_size, device)
     lo, hi = frac
@@ -188,7 +191,7 @@ def bench_phase(workload: Workload, mode: Mode, base_model: torch.nn.Module, pha
     else:
         checked = _check_train(workload, mode, base_model, inputs, target, batch_size, cfg, progress, frac)
     # Beside other runs of its group (engine.runner.plan) the worker prepared holding the device shared; it times alone.
-    with device_lock.exclusive():
+    with device_lock.exclusive(final=last):
         progress(lo + 0.2 * (hi - lo), f"{phase} B={batch_size}: timing")
         checked.timed, checked.energy_window = _time_step(checked.step, phase, batch_size, cfg, meter)
         extra = _extra_metrics(checked, workload, phase, batch_size, cfg, progress, frac)
@@ -380,7 +383,7 @@ def bench_mode(cfg: BenchConfig, progress: Progress = lambda f, msg: None) -> Ru
         for i, (phase, batch_size) in enumerate(plan):
             with nvtx_ranges.range(f"{mode.name} {phase} B={batch_size}"):
                 bench_phase(workload, mode, base_model, phase, batch_size, cfg, result, progress,
-                            (i / len(plan), (i + 1) / len(plan)), ahead, meter)
+                            (i / len(plan), (i + 1) / len(plan)), ahead, meter, last=i == len(plan) - 1)
     finally:
         if ahead is not None:
             ahead.stop()

@@ -148,8 +148,8 @@ def run_level(cfg: LevelsConfig, progress: Progress = lambda f, m: None) -> RunR
             guard.probe(level.build(component, shape, naive, device).fn)
         checked = _build_and_check(component, shape, level, naive, sets, tol, device, progress)
     # Beside other runs of its group (engine.runner.plan) this worker prepared holding the device shared; it times
-    # alone, the machine's conditions recorded meanwhile (engine.measure.conditions).
-    with device_lock.exclusive(), conditions.window(device):
+    # alone, the machine's conditions recorded meanwhile (engine.measure.conditions), and then lets the device go.
+    with device_lock.exclusive(final=True), conditions.window(device):
         with torch.no_grad():
             progress(0.4, f"timing {level.key}")
             saved = [[x.clone() if isinstance(x, torch.Tensor) else x for x in s] for s in sets] if guard else []

@@ -391,8 +391,10 @@ def current() -> PhaseHold | None:
 
 
 @contextmanager
-def exclusive() -> Iterator[None]:
-    """Own the device for the block: waits until no other run of the group prepares or times; then back to shared.
+def exclusive(final: bool = False) -> Iterator[None]:
+    """Own the device for the block: waits until no other run of the group prepares or times; then back to shared,
+    or, `final` (the run's last use of the device: what follows is arithmetic and files), let go altogether — taking
+    it back shared would queue behind every run of the group waiting to time, holding the run's slot meanwhile.
     Nested blocks and ordinary workers pass straight through."""
     hold = _HOLD
     if hold is None or hold.state == "exclusive":
@@ -403,7 +405,7 @@ def exclusive() -> Iterator[None]:
     try:
         yield
     finally:
-        hold._switch(before)
+        hold._switch(None if final else before)
 
 
 @contextmanager

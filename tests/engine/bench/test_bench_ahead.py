@@ -74,3 +74,20 @@ def test_a_bad_timing_cores_setting_starts_no_build_and_reaches_the_runs(monkeyp
     assert prebuild.start(["cuda"], "cuda:0") == []
     with pytest.raises(ValueError, match="MODELAB_TIMING_CORES='fast': give core numbers"):
         dl.split_cores("cuda:0")
+
+
+def test_a_phased_bench_run_lets_the_device_go_after_its_last_timing(monkeypatch):
+    """Each phase times alone and goes back to preparing; the last one lets the device go, so the run's reports do
+    not queue behind the group's next timings."""
+    dl.begin_phases("cpu", group_size=2)
+    blocks: list[bool] = []
+    real = dl.exclusive
+
+    def watched(final: bool = False):
+        blocks.append(final)
+        return real(final)
+
+    monkeypatch.setattr(dl, "exclusive", watched)
+    bench.bench_mode(bench.BenchConfig(mode="eager", device="cpu", batch_sizes=(1, 4), train_batch_sizes=(),
+                                       phases=("infer",), iters=3, warmup=1))
+    assert blocks == [False, True] and dl.current().state is None

@@ -93,6 +93,9 @@ def test_exclusive_block_switches_a_phased_worker_and_back():
         assert hold.state == "exclusive"
         time.sleep(0.05)
     assert hold.state == "shared" and hold.exclusive_s >= 0.05
+    with dl.exclusive(final=True):  # the run's last timing: afterwards it holds nothing, waits for nothing
+        assert hold.state == "exclusive"
+    assert hold.state is None
     dl.end_phases()
     assert dl.current() is None
 
