@@ -13,8 +13,9 @@ weights stay in the model's dtype.
 - `QuantLinear`: a bias-free linear layer over the codes. impl "plain" dequantizes in PyTorch, then F.linear (on CUDA
   the LLM modes compile the step so Inductor dequantizes inside the product's loads: engine.llm.modes); "triton"
   runs engine/kernels/triton/quant_gemv.py for one row and the one-kernel dequantization then cuBLAS for several.
-- `quantize_model` swaps a model's linears for QuantLinears; quantization is timed (`QuantReport.seconds`) and cached
-  by a hash of the weight and the scheme, in the process and on disk under engine.native.build.build_root()/quant/.
+- `quantize_model` swaps a model's linears for QuantLinears; quantization is timed (`QuantReport.seconds`) and, on the
+  CPU, cached by a hash of the weight and the scheme, in the process and on disk under
+  engine.native.build.build_root()/quant/ (a GPU quantizes faster than it could hash: `quantize_cached`).
 - The accuracy gate (`gate_model`, `check_gate`): the quantized model fed the reference's tokens (teacher forcing),
   compared with the reference at the prefill's last position and GATE_STEPS decode steps by top-1 agreement and mean
   KL(ref ‖ quant) in nats; `gate_for(scheme, layers)` gives the thresholds, calibrated per depth on the lab's
@@ -167,7 +168,12 @@ def cache_dir() -> Path:
 def quantize_cached(w: torch.Tensor, scheme: str, disk: bool = True) -> tuple[QuantWeight, str]:
     """quantize(w, scheme) through the in-process cache and (disk=True) the on-disk one; returns the quantized
     weight (on w's device; never the cached tensors themselves, so a model's buffers can change without changing the
-    cache) and where it came from: "memory", "disk" or "quantized"."""
+    cache) and where it came from: "memory", "disk" or "quantized". A weight on a GPU is quantized there, uncached:
+    that is a few passes over it at the device's bandwidth, where its cache key alone is a copy to the host and a
+    sha256 of every byte (about 1 GB/s), and a miss adds writing the codes to disk — the cache pays on the CPU, where
+    quantizing runs at a quarter of the hash's rate."""
+    if w.device.type == "cuda":
+        return quantize(w, scheme), "quantized"
     key = weight_key(w, scheme)
     if key in _CACHE:
         return _CACHE[key].to(w.device, copy=True), "memory"

@@ -96,6 +96,16 @@ def test_the_cache_keys_on_weights_and_scheme_and_keeps_a_disk_copy(tmp_path) ->
     assert src == "disk" and torch.equal(loaded.q, first.q) and torch.equal(loaded.scales, first.scales)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_weight_on_the_gpu_is_quantized_there_and_not_cached(tmp_path) -> None:
+    w = _weight(seed=5).cuda()
+    first, src = quant.quantize_cached(w, "int4-wo")
+    again, src_again = quant.quantize_cached(w, "int4-wo")
+    assert src == src_again == "quantized" and first.q.is_cuda
+    assert torch.equal(first.q, again.q) and torch.equal(first.scales, again.scales)
+    assert not list((tmp_path / "build" / "quant").glob("*.pt"))
+
+
 def test_side_by_side_quantizers_of_one_weight_all_write_the_disk_cache(tmp_path, monkeypatch) -> None:
     """Runs of a group prepare side by side and quantize the same weights: each writer keeps its own temporary file
     (with one shared name the first rename would take the others' file away)."""
