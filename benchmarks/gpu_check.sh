@@ -154,19 +154,21 @@ case $part in
               python3 benchmarks/run_timelines.py --kind llm ;;
   llm-7b-all) # in a process session of its own (setsid), so it can outlive one call: the part waits for it up to
               # WAIT_S seconds (default 570); called again while it runs (on the same machine, still warm), it goes on
-              # waiting. Its store and log live in $home and are copied to OUT when it has ended.
-              home=/tmp/llm7b-all${DEVICE_MEMORY:+-$DEVICE_MEMORY}; mkdir -p "$home"
+              # waiting. Both variants (all the device's memory, DEVICE_MEMORY) keep one store, /tmp/llm7b-all's, so
+              # the second plans with the peaks the first measured; it is copied to OUT with the variant's log.
+              store=/tmp/llm7b-all; home=$store/${DEVICE_MEMORY:-whole}; mkdir -p "$home"
               if [ ! -e "$home/rc" ] && ! { [ -s "$home/pid" ] && kill -0 "$(cat "$home/pid")" 2>/dev/null; }; then
-                RESULTS_DB="$home/gpu.duckdb" setsid bash -c 'python3 -m engine llm --preset 7B --prompt-len 512 \
+                RESULTS_DB="$store/gpu.duckdb" setsid bash -c 'python3 -m engine llm --preset 7B --prompt-len 512 \
                   --new-tokens 128 --mode all --device cuda ${1:+--device-memory "$1"} >"$0/llm7b_all.log" 2>&1
                   echo $? >"$0/rc"' "$home" "${DEVICE_MEMORY:-}" </dev/null &
                 echo $! >"$home/pid"
-                echo "started: pid $(cat "$home/pid"), its store $home/gpu.duckdb"
+                echo "started: pid $(cat "$home/pid"), its store $store/gpu.duckdb"
               fi
               deadline=$((SECONDS + ${WAIT_S:-570}))
               while [ ! -e "$home/rc" ] && [ $SECONDS -lt $deadline ]; do sleep 2; done
               if [ -e "$home/rc" ]; then
-                cp "$home/gpu.duckdb" "$home/llm7b_all.log" "$out/"
+                cp "$home/llm7b_all.log" "$out/"
+                [ -e "$store/gpu.duckdb" ] && cp "$store/gpu.duckdb" "$out/"
                 echo "[rc $(cat "$home/rc")] the group ended; the runs' own times are in the store"
                 tail -40 "$out/llm7b_all.log"
                 RESULTS_DB="$out/gpu.duckdb" python3 benchmarks/run_timelines.py --kind llm
