@@ -168,19 +168,25 @@ std::vector<int> parse_cores(const std::string& value) {
 }
 
 // The device lock of a group (engine.runner.device_lock.PhaseHold, the same flock file): shared from construction,
-// exclusive() for the timed part; the kernel drops it when the process ends, whatever the way.
+// exclusive() for the timed part; the kernel drops it when the process ends, whatever the way. The lock's gate (the
+// same path ending .gate: device_lock.gate_path) is held while waiting to take the device exclusively and passed
+// while nobody holds it to take it shared, so a waiting timing goes before later preparations, as in device_lock.
 class DeviceHold {
  public:
   explicit DeviceHold(const std::string& path) {
     if (path.empty()) return;
     fd_ = ::open(path.c_str(), O_CREAT | O_RDWR, 0666);
     if (fd_ < 0) fail("cannot open the device lock " + path);
+    const std::string gate = gate_path(path);
+    gate_ = ::open(gate.c_str(), O_CREAT | O_RDWR, 0666);
+    if (gate_ < 0) fail("cannot open the device lock's gate " + gate);
     take(LOCK_SH);
   }
   ~DeviceHold() {
     if (fd_ < 0) return;
     if (exclusive_ && ::ftruncate(fd_, 0) != 0) std::cerr << "aoti_runner: could not clear the lock's label" << std::endl;
     ::close(fd_);  // and with it the lock
+    ::close(gate_);
   }
   // Alone on the device, on the cores a timing holds (the caller synchronised the device first).
   void exclusive(const std::vector<int>& cores) {
@@ -203,12 +209,24 @@ class DeviceHold {
   }
 
  private:
-  void take(int kind) {
-    while (::flock(fd_, kind) != 0) {
+  static std::string gate_path(const std::string& path) {
+    const std::string suffix = ".lock";
+    const bool ends =
+        path.size() >= suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
+    return (ends ? path.substr(0, path.size() - suffix.size()) : path) + ".gate";
+  }
+  static void lock(int fd, int kind) {
+    while (::flock(fd, kind) != 0) {
       if (errno != EINTR) fail("cannot take the device lock");
     }
   }
+  void take(int kind) {
+    lock(gate_, kind == LOCK_EX ? LOCK_EX : LOCK_SH);  // exclusive: queue here; shared: only while nobody queues
+    lock(fd_, kind);
+    ::flock(gate_, LOCK_UN);
+  }
   int fd_ = -1;
+  int gate_ = -1;
   bool exclusive_ = false;
 };
 

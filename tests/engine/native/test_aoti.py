@@ -226,6 +226,12 @@ def test_native_runner_holds_the_device_lock_itself(package, runner, tmp_path):
         fcntl.flock(other, fcntl.LOCK_SH)  # now another run prepares beside it: the runner loads, then waits to time
         _wait_for(lambda: _lock_waiters(proc.pid) == {"WRITE"}, 120, "the runner to wait for the device alone")
         assert proc.poll() is None
+        gate = os.open(lock.with_suffix(".gate"), os.O_RDWR)
+        try:  # it queues at the gate meanwhile: a later preparation waits behind it
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(gate, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        finally:
+            os.close(gate)
         fcntl.flock(other, fcntl.LOCK_UN)
         out, err = proc.communicate(timeout=120)
     finally:
