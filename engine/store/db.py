@@ -305,6 +305,13 @@ class RunResult:
         )
 
 
+def _insert_artifacts(con: duckdb.DuckDBPyConnection, run_id: int, artifacts: Sequence[Artifact]) -> None:
+    """A run's files, each with its size when it exists (inside the caller's transaction)."""
+    for a in artifacts:
+        size = Path(a.path).stat().st_size if Path(a.path).exists() else None
+        con.execute("INSERT INTO artifacts VALUES (?, ?, ?, ?, ?, ?)", [run_id, a.kind, a.name, a.path, size, _now()])
+
+
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
@@ -530,10 +537,7 @@ class Store:
                 "UPDATE runs SET status = 'failed', error = ?, message = 'failed', finished_at = ? WHERE id = ?",
                 [error[-8000:], _now(), run_id],
             )
-            for a in artifacts:
-                size = Path(a.path).stat().st_size if Path(a.path).exists() else None
-                con.execute("INSERT INTO artifacts VALUES (?, ?, ?, ?, ?, ?)",
-                            [run_id, a.kind, a.name, a.path, size, _now()])
+            _insert_artifacts(con, run_id, artifacts)
 
     def record_result(self, run_id: int, result: RunResult, only_if_active: bool = False) -> bool:
         """Persist everything a run produced and mark it ok, atomically. only_if_active: only while the run is still
@@ -559,10 +563,7 @@ class Store:
                     con.execute("INSERT INTO samples SELECT run_id, phase, batch_size, idx, value, unit "
                                 "FROM new_samples")
                     con.unregister("new_samples")
-            for a in result.artifacts:
-                size = Path(a.path).stat().st_size if Path(a.path).exists() else None
-                con.execute("INSERT INTO artifacts VALUES (?, ?, ?, ?, ?, ?)",
-                            [run_id, a.kind, a.name, a.path, size, _now()])
+            _insert_artifacts(con, run_id, result.artifacts)
             env = result.env
             if env:
                 con.execute(
