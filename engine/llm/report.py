@@ -20,7 +20,7 @@ from engine.llm import metrics as M
 from engine.llm.config import LLMConfig, params_of
 from engine.llm.modes import MODES, TRANSFORMERS_MODES, route_mode
 from engine.store.db import Artifact, RunResult, Store
-from engine.store.report import run_state
+from engine.store.report import fmt_joules, run_state
 from engine.workloads.llama import PRESETS, LlamaConfig
 
 REPORT_FILES = ("report.md", "operators.md", "metrics.json", "env.json", "inputs.json", "assumptions.md")
@@ -492,11 +492,12 @@ def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
     prefill dequantizes each weight, then F.linear), TPOT, bytes per generated token and how many times fewer than
     the unquantized step, MBU, the lab's quantized GEMV against the plain dequantize-then-matmul way of the same
     scheme (same group), the check it passed (the logits tolerance, or a quantized mode's own accuracy gate) and how
-    long quantizing took (or loading the codes from the quantization cache), and its timing's noise state (a
-    flagged run is no headline: engine.measure.noise)."""
+    long quantizing took (or loading the codes from the quantization cache), the energy per generated token (the
+    whole board's, where the device reads it) and its timing's noise state (a flagged run is no headline:
+    engine.measure.noise)."""
     if runs.empty:
-        return pd.DataFrame(columns=["run", "mode", "weights", "TTFT", "TPOT", "bytes / token", "vs unquantized", "MBU",
-                                     "vs plain", "accuracy", "quantized in", "timing"])
+        return pd.DataFrame(columns=["run", "mode", "weights", "TTFT", "TPOT", "J/token", "bytes / token",
+                                     "vs unquantized", "MBU", "vs plain", "accuracy", "quantized in", "timing"])
     rows = runs.to_dict("records")
     tpot = {(r["mode"], r.get("batch"), r.get("prompt_len")): _cell(r, "tpot_median_us") for r in rows}
     unquantized = {(r.get("batch"), r.get("prompt_len")): _cell(r, "decode_bytes") for r in rows
@@ -524,6 +525,7 @@ def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
             "run": f"#{int(r['id'])}", "mode": mode,
             "weights": f"{scheme} ({'lab GEMV' if mode != scheme else 'plain'})" if scheme else _dtype(r),
             "TTFT": fmt_time(_cell(r, "ttft_us")), "TPOT": fmt_time(_cell(r, "tpot_median_us")),
+            "J/token": fmt_joules(_cell(r, "j_per_token")),
             "bytes / token": fmt_num(per_step / batch, "B", 2) if per_step else "—",
             "vs unquantized": f"{full / per_step:.2f}× fewer" if scheme and full and per_step else
             ("1×" if per_step and not scheme else "—"),

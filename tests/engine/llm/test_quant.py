@@ -426,7 +426,7 @@ def test_the_modes_table_sets_the_lab_gemv_beside_the_plain_way_of_its_scheme() 
     rows = [  # headline columns as llm_runs gives them; one B=1 P=512 group and the same modes at B=4
         dict(id=3, mode="triton-int4-wo", batch=1, prompt_len=512, dtype="bfloat16", tpot_median_us=468.0,
              decode_bytes=7.6e8, decode_bytes_unquantized=2.5e9, quant_top1=0.72, quant_kl=3.9e-3,
-             gate_min_top1=0.3, gate_max_kl=1.2e-2, mbu_pct=41.0, quantize_s=1.234),
+             gate_min_top1=0.3, gate_max_kl=1.2e-2, mbu_pct=41.0, quantize_s=1.234, j_per_token=1.04),
         dict(id=2, mode="int4-wo", batch=1, prompt_len=512, dtype="bfloat16", tpot_median_us=3170.0,
              decode_bytes=7.6e8, quant_top1=0.72, quant_kl=3.9e-3, mbu_pct=6.1),
         dict(id=1, mode="triton-fused", batch=1, prompt_len=512, dtype="bfloat16", tpot_median_us=886.0,
@@ -439,6 +439,7 @@ def test_the_modes_table_sets_the_lab_gemv_beside_the_plain_way_of_its_scheme() 
     assert first["vs plain"] == f"{3170 / 468:.2f}× faster than int4-wo" and first["vs unquantized"] == "3.29× fewer"
     assert first["accuracy"] == "top-1 0.72 (≥ 0.3), KL 0.0039 (≤ 0.012)" and first["weights"] == "int4-wo (lab GEMV)"
     assert first["quantized in"] == "1.23 s" and plain["quantized in"] == "—"
+    assert first["J/token"] == "1.04 J" and plain["J/token"] == "—"  # energy where the device read it
     assert plain["vs unquantized"] == "3.29× fewer"  # not stored by this (older) run: the group's bf16 step's bytes
     assert plain["accuracy"] == "top-1 0.72, KL 0.0039" and plain["vs plain"] == "—"
     assert bf16["accuracy"] == "logits rel. error 0.004 (≤ 0.05)" and bf16["bytes / token"] == "2.50 GB"
