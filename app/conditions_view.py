@@ -11,7 +11,9 @@ from app import tables
 from engine.store.report import condition_rows
 
 COLUMNS = {"series": "series", "state": "state", "flags": "flags", "notes": "notes",
-           "other_cores": ("other processes (cores)", "num"), "cpu_wait_frac": ("its threads waiting", "share"),
+           "other_cores": ("other processes (cores)", "num"),
+           "sibling_cores": ("hyperthread siblings busy (cores)", "num"),
+           "cpu_wait_frac": ("its threads waiting", "share"),
            "load_end": ("load", "num"), "cpu_mhz_median": ("CPU clock (MHz)", "int"),
            "device_wait_s": ("device-lock wait", "s"), "gpu_sm_clock_min_mhz": ("SM clock min (MHz)", "int"),
            "gpu_sm_clock_median_mhz": ("SM clock median (MHz)", "int"), "gpu_reasons": "clock-event reasons",

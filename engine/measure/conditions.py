@@ -13,6 +13,9 @@ run on (its affinity mask: every core for a CPU timing, the two timing cores of 
   cores — "other processes took 1.6 of 2 cores". /proc/stat counts in ticks (CLK_TCK, 100 a second), so a window is
   measured over at least MIN_SPAN_S: a shorter timing is followed by an idle wait (still holding the device) until
   the span is long enough to count;
+- the timing cores' hyperthread siblings (a GPU worker's two cores; engine.runner.device_lock.siblings): how busy
+  they were, in cores — the lab keeps its own work off them, so whatever ran there shared the timing's physical cores
+  (recorded, not a flag);
 - CPU wait: how long this process's threads waited on a run queue while they wanted a CPU, from
   /proc/self/task/*/schedstat (nanoseconds, no tick granularity) — the direct sign that the timing shared its cores;
 - the load average (1 min) at its start and end, and the CPU frequency where cpufreq exposes it;
@@ -51,6 +54,7 @@ class Conditions:
     cores: int = 0  # the cores this process could run on
     other_cores: float | None = None  # cores' worth of CPU time other processes took on them meanwhile
     own_cores: float | None = None  # this process tree's
+    sibling_cores: float | None = None  # cores' worth busy on the hyperthread siblings of those cores (None: none)
     cpu_wait_frac: float | None = None  # of the time its threads wanted a CPU, the share spent waiting for one
     load_start: float | None = None
     load_end: float | None = None
@@ -215,6 +219,25 @@ def _cpu_figures(start: _Snapshot, end: _Snapshot, cpus: set[int]) -> tuple[floa
     return max(0.0, (busy - own) / per_core), own / per_core
 
 
+def _busy_cores(start: _Snapshot, end: _Snapshot, cpus: set[int]) -> float | None:
+    """Cores' worth of busy time on these CPUs between two snapshots, whoever's it was (None: none readable)."""
+    common = [c for c in cpus if c in start.cpus and c in end.cpus]
+    total = sum(end.cpus[c][1] - start.cpus[c][1] for c in common)
+    if not common or total <= 0:
+        return None
+    busy = sum(end.cpus[c][0] - start.cpus[c][0] for c in common)
+    return busy / (total / len(common))
+
+
+def _siblings(cpus: set[int], known: set[int]) -> set[int]:
+    """The hyperthread siblings of a proper subset of the machine's cores (a GPU worker's timing cores)."""
+    if not cpus or cpus >= known:
+        return set()
+    from engine.runner.device_lock import siblings
+
+    return siblings(cpus, sorted(known))
+
+
 def _wait_fraction(start: _Snapshot, end: _Snapshot) -> float | None:
     ran = waited = 0
     for tid, (run_ns, wait_ns) in end.sched.items():
@@ -333,6 +356,8 @@ def window(device: str, phase: str | None = None, batch_size: int | None = None,
             gpu.finish(found)
         found.span_s = end.t - start.t
         found.other_cores, found.own_cores = _cpu_figures(start, end, cpus)
+        sibs = _siblings(cpus, set(start.cpus))
+        found.sibling_cores = _busy_cores(start, end, sibs) if sibs else None
         found.cpu_wait_frac = _wait_fraction(start, end)
         found.load_start, found.load_end = start.load, end.load
         mhz = start.mhz + end.mhz

@@ -136,12 +136,19 @@ def _power_capped(c: Conditions) -> bool:
 
 
 def condition_notes(c: Conditions | None) -> list[str]:
-    """What the conditions show that is not interference but belongs beside the figure, one phrase each: an SM clock
-    held below its median by the software power cap."""
-    if c is None or not (_clock_dipped(c) and _power_capped(c)):
+    """What the conditions show that is not judged interference but belongs beside the figure, one phrase each: an
+    SM clock held below its median by the software power cap; the timing cores' hyperthread siblings busy (work on
+    the same physical cores, which can slow a host-bound step; recorded, not a flag)."""
+    if c is None:
         return []
-    return [f"SM clock {c.gpu_sm_clock_min_mhz:.0f}-{c.gpu_sm_clock_median_mhz:.0f} MHz, held by the software power "
-            "cap (the workload's own draw)"]
+    notes = []
+    if _clock_dipped(c) and _power_capped(c):
+        notes.append(f"SM clock {c.gpu_sm_clock_min_mhz:.0f}-{c.gpu_sm_clock_median_mhz:.0f} MHz, held by the "
+                     "software power cap (the workload's own draw)")
+    if c.sibling_cores is not None and c.sibling_cores >= MIN_OTHER_CORES_FOR_WAIT:
+        notes.append(f"the timing cores' hyperthread siblings were busy ({c.sibling_cores:.1f} cores' worth): other "
+                     "work on the same physical cores")
+    return notes
 
 
 @dataclass

@@ -38,9 +38,10 @@ def run_state(conditions: Any) -> tuple[str, list[str]]:
 
 
 def run_condition_summary(conditions: Any) -> dict[str, Any]:
-    """What a run's timed windows saw, over all its series: other processes' cores (most), load (most), device-lock
-    wait (total); on a GPU the SM clock (lowest minimum, median of medians), the clock-event reasons seen and the
-    hottest temperature. Keys whose figures were never read are left out; {} where nothing was recorded."""
+    """What a run's timed windows saw, over all its series: other processes' cores (most), the timing cores'
+    hyperthread siblings' busy cores (most), load (most), device-lock wait (total); on a GPU the SM clock (lowest
+    minimum, median of medians), the clock-event reasons seen and the hottest temperature. Keys whose figures were
+    never read are left out; {} where nothing was recorded."""
     c = parse_conditions(conditions)
     windows = [e.get("conditions") or {} for e in (c or {}).get("series") or []]
     if not windows:
@@ -50,7 +51,8 @@ def run_condition_summary(conditions: Any) -> dict[str, Any]:
         return [float(w[key]) for w in windows if isinstance(w.get(key), (int, float))]
 
     out: dict[str, Any] = {}
-    for key, name, pick in (("other_cores", "other_cores_max", max), ("load_end", "load_max", max),
+    for key, name, pick in (("other_cores", "other_cores_max", max), ("sibling_cores", "sibling_cores_max", max),
+                            ("load_end", "load_max", max),
                             ("device_wait_s", "device_wait_s", sum),
                             ("gpu_sm_clock_min_mhz", "gpu_sm_clock_min_mhz", min),
                             ("gpu_sm_clock_median_mhz", "gpu_sm_clock_median_mhz", statistics.median),
@@ -64,9 +66,9 @@ def run_condition_summary(conditions: Any) -> dict[str, Any]:
     return out
 
 
-CONDITION_COLUMNS = ("series", "state", "flags", "notes", "other_cores", "cpu_wait_frac", "load_end", "cpu_mhz_median",
-                     "device_wait_s", "gpu_sm_clock_min_mhz", "gpu_sm_clock_median_mhz", "gpu_reasons",
-                     "gpu_temperature_c", "gpu_other_processes", "gpu_group_processes", "window_s")
+CONDITION_COLUMNS = ("series", "state", "flags", "notes", "other_cores", "sibling_cores", "cpu_wait_frac", "load_end",
+                     "cpu_mhz_median", "device_wait_s", "gpu_sm_clock_min_mhz", "gpu_sm_clock_median_mhz",
+                     "gpu_reasons", "gpu_temperature_c", "gpu_other_processes", "gpu_group_processes", "window_s")
 
 
 def condition_rows(conditions: Any) -> pd.DataFrame:

@@ -89,6 +89,8 @@ def test_a_window_records_its_span_and_the_wait_before_it() -> None:
     assert first.device_wait_s == pytest.approx(1.5) and second.device_wait_s == 0.0
     assert first.window_s < 0.05 and first.span_s >= conditions.MIN_SPAN_S  # ticks need a longer span
     assert first.cores == len(os.sched_getaffinity(0)) and first.other_cores is not None
+    if set(os.sched_getaffinity(0)) >= set(conditions.cpu_jiffies()):  # every core: no sibling outside them
+        assert first.sibling_cores is None
     assert first.load_start is not None and (first.phase, first.batch_size) == ("infer", 64)
     assert conditions.take_windows() == []
     assert conditions.Conditions.from_dict(first.to_dict()) == conditions.Conditions.from_dict(first.to_dict())
@@ -166,3 +168,31 @@ def test_a_cpu_hog_beside_a_short_run_is_flagged_interfered_with_its_share() -> 
     assert quiet_entry["own_cores"] > 0  # the run's own work, kept apart
     if quiet_entry["other_cores"] < noise.MAX_OTHER_SHARE * cores:
         assert not any("other processes" in f for f in quiet["flags"])
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores: one to time on, its 'sibling' busy")
+def test_a_busy_hyperthread_sibling_of_the_timing_core_is_recorded_and_noted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU worker times on two cores; work on their hyperthread siblings shares their physical cores. Here core a
+    times and core b plays its sibling (a faked topology), with a spinner pinned to b."""
+    a, b = sorted(os.sched_getaffinity(0))[:2]
+    monkeypatch.setattr(device_lock, "_physical_core", lambda cpu: ("0", "0") if cpu in (a, b) else ("0", str(cpu)))
+    everything = os.sched_getaffinity(0)
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN.format(s=3)],
+                               preexec_fn=lambda: os.sched_setaffinity(0, {b}))
+    try:
+        time.sleep(0.3)
+        os.sched_setaffinity(0, {a})
+        with conditions.window("cuda:0") as busy:
+            time.sleep(0.4)
+    finally:
+        os.sched_setaffinity(0, everything)
+        spinner.kill()
+        spinner.wait()
+    conditions.take_windows()
+    assert busy.sibling_cores is not None and busy.sibling_cores >= 0.7
+    assert any("hyperthread siblings were busy" in n for n in noise.condition_notes(busy))
+    assert not any("sibling" in f for f in noise.condition_flags(busy))  # recorded, not (yet) judged interference
+    quiet = dataclasses.replace(busy, sibling_cores=0.1)
+    assert not any("sibling" in n for n in noise.condition_notes(quiet))
+    every_core = dataclasses.replace(busy, sibling_cores=None)  # a CPU timing's window: all cores, no siblings
+    assert noise.condition_notes(every_core) == noise.condition_notes(dataclasses.replace(busy, sibling_cores=0.0))
