@@ -193,12 +193,26 @@ def _missing(value: object) -> bool:
         return False
 
 
+def _check_kind(store: Store, kind: str | None) -> None:
+    """CliError for a --kind that no command queues and no stored run has."""
+    from engine.runner import kinds
+
+    if kind is None or kinds.get(kind) is not None:
+        return
+    stored = store.query("SELECT DISTINCT kind FROM runs ORDER BY kind") if store.path.exists() else None
+    seen = [] if stored is None or stored.empty else [str(k) for k in stored["kind"]]
+    if kind not in seen:
+        raise CliError(f"--kind {kind!r}: no run of that kind in this store, and no command queues one (the kinds: "
+                       f"{kinds.known()}" + (f"; this store holds {', '.join(seen)}" if seen else "") + ")")
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     from engine.store.report import run_condition_summary, run_state
 
     store = open_store(args)
     frame = store.runs(kind=args.kind, status=[args.status] if args.status else None, limit=args.limit)
     if frame.empty:
+        _check_kind(store, args.kind)  # a misspelt kind is an error, not "no runs"
         if not args.json:
             print("no runs")
         return 0

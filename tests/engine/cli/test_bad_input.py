@@ -164,6 +164,7 @@ CASES = [
     # runs and --db
     ("runs-limit-huge", ["runs", "--limit", HUGE], None, r"--limit: .* must be at most 2,147,483,647"),
     ("runs-limit-zero", ["runs", "--limit", "0"], None, r"--limit: '0' must be at least 1"),
+    ("runs-kind-misspelt", ["runs", "--kind", "level"], None, r"--kind 'level': no run of that kind .* levels"),
     ("db-under-proc", ["runs", "--db", "/proc/nonexistent/x.duckdb"], None, r"cannot create the folder"),
     ("db-5000-character-name", ["runs", "--db", "{tmp}/" + "a" * 5000], None, r"is 5,\d{3} bytes long; a path has"),
     ("db-name-too-long", ["runs", "--db", "{tmp}/" + "a" * 300], None, r"has a name of 300 bytes"),
