@@ -323,6 +323,7 @@ class Bars:
         self.labels = labels
         self.bars: dict[int, object] = {}
         self.lock = threading.Lock()  # sweeps over several devices report from one thread per device
+        self.ended: dict[int, str] = {}  # off a terminal: the end line printed for each run
 
     def __call__(self, run_id: int, frac: float, message: str) -> None:
         with self.lock:
@@ -332,7 +333,9 @@ class Bars:
         from tqdm import tqdm
 
         if not sys.stderr.isatty():  # logs and CI get one line per finished run, not carriage-return noise
-            if frac >= 1.0:
+            # the worker's "done" and the supervisor's end say it again: a line only when the end says something new
+            if frac >= 1.0 and self.ended.get(run_id) != message:
+                self.ended[run_id] = message
                 print(f"{self.labels.get(run_id, run_id)}: {message}", file=sys.stderr)
             return
         bar = self.bars.get(run_id)

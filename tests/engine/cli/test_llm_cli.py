@@ -151,3 +151,16 @@ def test_list_names_every_mode_and_why_some_cannot_run(capsys: pytest.CaptureFix
                  "compile-cudagraph", "triton-gemv", "triton-decode", "triton-fused"):
         assert name in out
     assert "unavailable: CUDA graphs need a CUDA device" in out
+
+
+def test_off_a_terminal_each_run_ends_in_one_line(capsys) -> None:
+    """The worker's "done" and the supervisor's end both report 100 %: one line per run, a second only when the end
+    says something new (a run recorded failed after its worker finished)."""
+    from engine.cli.args import Bars
+
+    bars = Bars({1: "eager B=1 P=32", 2: "compile B=1 P=32"})
+    for run_id, frac, message in ((1, 0.5, "timing"), (1, 1.0, "done"), (1, 1.0, "done"), (2, 1.0, "done"),
+                                  (2, 1.0, "done"), (2, 1.0, "failed")):
+        bars(run_id, frac, message)
+    assert capsys.readouterr().err.splitlines() == ["eager B=1 P=32: done", "compile B=1 P=32: done",
+                                                    "compile B=1 P=32: failed"]
