@@ -35,9 +35,9 @@ def main() -> int:
         print(f"\nrun {run['id']} {run['mode']} ({run['status']}, {run['seconds']} s)")
         print(timeline.to_string(index=False) if not timeline.empty else "  (no timeline stored)")
         if not timeline.empty:
-            # the phase without its mode name, so the same phase of different modes adds up
-            frames.append(timeline.assign(step=timeline["step"].str.replace(str(run["mode"]), "", regex=False)
-                                          .str.strip(" :")))
+            # the phase without its "MODE: " prefix, so the same phase of different modes adds up ("comparing with
+            # eager" keeps its last word)
+            frames.append(timeline.assign(step=timeline["step"].str.removeprefix(f"{run['mode']}: ")))
     if frames:
         total = pd.concat(frames).groupby("step")["seconds"].sum().sort_values(ascending=False)
         print("\nseconds per phase, all runs:")
