@@ -207,26 +207,27 @@ class _Snapshot:
 
 def _cpu_figures(start: _Snapshot, end: _Snapshot, cpus: set[int]) -> tuple[float | None, float | None]:
     """(cores busy elsewhere, cores this tree used) between two snapshots, over these CPUs."""
-    common = [c for c in cpus if c in start.cpus and c in end.cpus]
-    if not common:
+    span = _span(start, end, cpus)
+    if span is None:
         return None, None
-    busy = sum(end.cpus[c][0] - start.cpus[c][0] for c in common)
-    total = sum(end.cpus[c][1] - start.cpus[c][1] for c in common)
-    if total <= 0:
-        return None, None
-    per_core = total / len(common)  # jiffies one core had in the span
+    busy, per_core = span
     own = max(0, end.own - start.own)
     return max(0.0, (busy - own) / per_core), own / per_core
 
 
-def _busy_cores(start: _Snapshot, end: _Snapshot, cpus: set[int]) -> float | None:
-    """Cores' worth of busy time on these CPUs between two snapshots, whoever's it was (None: none readable)."""
+def _span(start: _Snapshot, end: _Snapshot, cpus: set[int]) -> tuple[int, float] | None:
+    """(busy jiffies on these CPUs, jiffies one core had) between two snapshots; None where none were readable."""
     common = [c for c in cpus if c in start.cpus and c in end.cpus]
     total = sum(end.cpus[c][1] - start.cpus[c][1] for c in common)
     if not common or total <= 0:
         return None
-    busy = sum(end.cpus[c][0] - start.cpus[c][0] for c in common)
-    return busy / (total / len(common))
+    return sum(end.cpus[c][0] - start.cpus[c][0] for c in common), total / len(common)
+
+
+def _busy_cores(start: _Snapshot, end: _Snapshot, cpus: set[int]) -> float | None:
+    """Cores' worth of busy time on these CPUs between two snapshots, whoever's it was (None: none readable)."""
+    span = _span(start, end, cpus)
+    return None if span is None else span[0] / span[1]
 
 
 def _siblings(cpus: set[int], known: set[int]) -> set[int]:
