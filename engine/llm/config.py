@@ -263,8 +263,10 @@ def cap_device_memory(cfg: LLMConfig) -> None:
     would (torch's caching allocator refuses beyond the fraction)."""
     if cfg.device_memory and cfg.device.startswith("cuda"):
         device = torch.device(cfg.device)
-        _free, total = torch.cuda.mem_get_info(device)
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.device_memory / total), device)
+        # the fraction's setter wants an index: "cuda" alone means the current device
+        index = torch.cuda.current_device() if device.index is None else device.index
+        _free, total = torch.cuda.mem_get_info(index)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.device_memory / total), index)
 
 
 # -- the model ------------------------------------------------------------------------------------------------------

@@ -208,3 +208,19 @@ def test_a_16_core_gpu_machine_admits_runs_by_their_own_needs(store: Store, monk
     assert why.startswith("3–6 at a time as their memory fits (139 GiB free")
     serial_like = plan_group(store, ids, serial=True)
     assert serial_like[:1] == (1,) and len(serial_like) == 3  # one at a time: nothing to admit
+
+
+@pytest.mark.parametrize("device, index", [("cuda", 3), ("cuda:1", 1)])
+def test_the_device_memory_cap_passes_the_allocator_an_index(
+        monkeypatch: pytest.MonkeyPatch, device: str, index: int) -> None:
+    """torch's per-process fraction takes an index, not a bare "cuda": --device-memory on "cuda" means the current
+    device, and the fraction is the cap over that device's total memory."""
+    from engine.llm import config as llm_config
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: calls.append(("info", i)) or (0, 160 * GiB))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction, i: calls.append(("fraction", round(fraction, 3), i)))
+    llm_config.cap_device_memory(llm_config.LLMConfig(device=device, device_memory=80 * GiB))
+    assert calls == [("info", index), ("fraction", 0.5, index)]
