@@ -64,9 +64,9 @@ def time_products(cfg, batch: int, choice_name: str) -> float:
         choice.GEMV_MAX_BATCH = was
 
 
-def time_attention(cfg, batch: int, context: int, splits: int) -> tuple[float, int]:
+def time_attention(cfg, batch: int, context: int, splits: int | None) -> tuple[float, int]:
     """(µs per call of the fused decode attention at the last position of a `context`-long cache, the split count
-    that ran) with `splits` asked for."""
+    that ran) with `splits` asked for (None: the kernel's own choice)."""
     from engine.kernels.triton import decode_attention as da
     from engine.measure.timing import time_in_graph
     from engine.workloads.llama import rope_tables
@@ -86,6 +86,7 @@ def time_attention(cfg, batch: int, context: int, splits: int) -> tuple[float, i
     return time_in_graph(calls, replays=10).stats.median, ran
 
 
+@torch.no_grad()  # the weights are nn.Linear parameters; the custom ops have no autograd formula
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="7B")
@@ -96,33 +97,42 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("decode_envelope: needs a CUDA device", file=sys.stderr)
         return 2
-    from engine.kernels.choice import attention_splits, decode_products
+    from engine.kernels.choice import decode_products
+    from engine.measure.ceilings import measure
     from engine.workloads.llama import preset
 
     cfg = preset(args.preset)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"{args.preset}: products per layer (µs)\n{'B':>4} {'gemv':>9} {'gemm':>9} {'faster':>7} {'rule':>5}")
+    copy_bw = measure("cuda")["copy_bw"]  # the ceiling every % here divides by, measured in this call
+    hd = cfg.dim // cfg.heads
+    layer_bytes = 2 * cfg.dim * ((cfg.heads + 2 * cfg.kv_heads) * hd + cfg.heads * hd + 3 * cfg.ffn)
+    pct = lambda nbytes, us: 100 * nbytes / (us * 1e-6) / copy_bw  # noqa: E731
+    print(f"copy bandwidth (this call): {copy_bw / 1e12:.2f} TB/s")
+    print(f"{args.preset}: products per layer (µs; % of the copy bandwidth on the layer's {layer_bytes / 1e6:.1f} MB "
+          f"of weights)\n{'B':>4} {'gemv':>16} {'gemm':>16} {'faster':>7} {'rule':>5}")
     crossover = None
     for b in args.batch:
         gemv_us, gemm_us = time_products(cfg, b, "gemv"), time_products(cfg, b, "gemm")
         faster = "gemv" if gemv_us < gemm_us else "gemm"
         if faster == "gemm" and crossover is None:
             crossover = b
-        print(f"{b:>4} {gemv_us:>9.1f} {gemm_us:>9.1f} {faster:>7} {decode_products(b):>5}")
+        print(f"{b:>4} {gemv_us:>8.1f} ({pct(layer_bytes, gemv_us):4.1f} %) {gemm_us:>8.1f} "
+              f"({pct(layer_bytes, gemm_us):4.1f} %) {faster:>7} {decode_products(b):>5}")
     print(f"crossover: the GEMM is faster from B={crossover} (GEMV_MAX_BATCH = the largest B below it)\n"
           if crossover else "crossover: the fused GEMV is faster at every B timed\n")
-    print(f"{args.preset}: decode attention (µs) per split count; * the fastest, r the rule's ({sms} SMs)")
+    print(f"{args.preset}: decode attention (µs) per split count asked for; * the fastest ({sms} SMs)")
     for b in args.batch:
         for p in args.prompt:
             context = 16 * -(-(p + args.new_tokens) // 16)
-            counts = sorted({1 << i for i in range(0, 12) if (1 << i) <= max(1, context // 16)}
-                            | {attention_splits(b, context, sms, cfg.kv_heads)})
-            rule = attention_splits(b, context, sms, cfg.kv_heads)
+            counts = [1 << i for i in range(0, 12) if (1 << i) <= max(1, context // 16)]
             times = {s: time_attention(cfg, b, context, s) for s in counts}
+            times["r"] = time_attention(cfg, b, context, None)  # the kernel's own choice (choice.attention_splits)
             best = min(times, key=lambda s: times[s][0])
-            row = " ".join(f"{s}:{t:.1f}{'*' if s == best else ''}{'r' if s == rule else ''}"
-                           for s, (t, _) in times.items())
-            print(f"B={b:<3} P={p:<6} {row}   rule/best = {times[rule][0] / times[best][0]:.2f}")
+            row = " ".join(f"{s}:{t:.1f}{'*' if s == best else ''}" for s, (t, _) in times.items() if s != "r")
+            kv_bytes = 2 * 2 * b * cfg.kv_heads * context * hd  # K and V, bf16
+            print(f"B={b:<3} P={p:<6} {row}   rule: {times['r'][1]} splits ran, {times['r'][0]:.1f} µs "
+                  f"({pct(kv_bytes, times['r'][0]):.1f} % on {kv_bytes / 1e6:.0f} MB of cache), "
+                  f"rule/best = {times['r'][0] / times[best][0]:.2f}")
     return 0
 
 

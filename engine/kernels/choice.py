@@ -43,15 +43,18 @@ def decode_products(batch: int) -> str:
 
 def attention_splits(batch: int, context: int, sms: int, kv_heads: int = 1,
                      min_positions: int = MIN_SPLIT_POSITIONS) -> int:
-    """How many splits of the cache the decode attention's kernel runs per (sequence, kv head): enough that
-    batch × kv_heads × splits reaches sms × PROGRAMS_PER_SM, never splits shorter than `min_positions` cached
-    positions (so 1 at contexts up to that long). Grows with context, shrinks with batch."""
+    """How many splits of the cache the decode attention's kernel runs per (sequence, kv head): the largest power of
+    two that keeps batch × kv_heads × splits within about sms × PROGRAMS_PER_SM and splits no shorter than
+    `min_positions` cached positions (so 1 at contexts up to twice that long). Grows with context, shrinks with
+    batch."""
     if min(batch, context, sms, kv_heads, min_positions) < 1:
         raise ValueError(f"attention_splits: batch {batch}, context {context}, sms {sms}, kv_heads {kv_heads} and "
                          f"min_positions {min_positions} must all be at least 1")
     wanted = math.ceil(sms * PROGRAMS_PER_SM / (batch * kv_heads))
     most = max(1, context // min_positions)
-    return max(1, min(wanted, most))
+    # The largest power of two within both: a count just past one (9 or 3 splits) times slower than the power of two
+    # below it (benchmarks/decode_envelope.py prints every count per shape).
+    return 1 << (min(wanted, most).bit_length() - 1)
 
 
 def describe(batch: int, context: int, splits: int, products: tuple[str, ...] = ()) -> str:

@@ -10,13 +10,14 @@ cache a layer at ~0.1 TB/s). Here every (batch, kv head, split of SPLIT position
                     writes the running max m, the sum l and the unnormalised output o (fp32) of its split;
     combine kernel — per (batch, head): out = Σ exp(m_i − M)·o_i / Σ exp(m_i − M)·l_i over the splits, M = max m_i.
 
-How many splits: engine.kernels.choice.attention_splits (split_plan), enough that batch × kv heads × splits fills the
-device, each split at least the tile's length — so a long cache at small batch is split finely, since a few programs
-walking it one tile at a time wait on memory at every tile, and a large batch or a short cache takes few splits (or
-one). Where one split covers the whole cache, the split kernel writes the output itself and no combine runs.
-Positions are one for the whole batch (input_pos[-1]) or one per sequence (`positions`: a ragged batch). The
-combine stays a kernel of its own: under PDL it is resident before the split ends, which costs less than combining
-inside the split kernel (a fence and an atomic count) or inside a thread-block cluster (docs/quantization.md).
+How many splits: engine.kernels.choice.attention_splits (split_plan), the power of two at which batch × kv heads ×
+splits fills the device, each split at least the tile's length — so a long cache at small batch is split finely,
+since a few programs walking it one tile at a time wait on memory at every tile, and a large batch or a short cache
+takes few splits (or one). Where one split covers the whole cache, the split kernel writes the output itself and
+no combine runs. Positions are one for the whole batch (input_pos[-1]) or one per sequence (`positions`: a ragged
+batch). The combine stays a kernel of its own: under PDL it is resident before the split ends, which costs less
+than combining inside the split kernel (a fence and an atomic count) or inside a thread-block cluster
+(docs/quantization.md).
 
 L = input_pos + 1 is read from a device tensor and the grids depend only on the static cache length, so a CUDA graph
 captures both kernels once for every position. Splits that start at or beyond L write m = −inf, l = 0 and add nothing.
@@ -202,9 +203,9 @@ def split_plan(batch: int, kv_heads: int, rep: int, s_max: int, dtype: torch.dty
                splits: int | None = None, tile: tuple[int, int, int] | None = None
                ) -> tuple[int, int, int, int, bool]:
     """(SPLIT positions per program, number of splits, BLOCK_S, num_warps, USE_DOT) of the split kernel for this
-    shape. The split count is engine.kernels.choice.attention_splits (batch × kv heads × splits fills the device,
-    never splits shorter than the tile's own SPLIT) unless `splits` asks for one or `tile` forces the tile
-    (benchmarks/decode_attention_bench.py). A split's length is rounded up to whole BLOCK_S steps, so the count
+    shape. The split count is engine.kernels.choice.attention_splits (a power of two: batch × kv heads × splits
+    fills the device, never splits shorter than the tile's own SPLIT) unless `splits` asks for one or `tile` forces
+    the tile (benchmarks/decode_attention_bench.py). A split's length is rounded up to whole BLOCK_S steps, so the count
     that runs may be below the one asked for where it does not divide the cache; the last split is the short one."""
     from engine.kernels.choice import attention_splits
 

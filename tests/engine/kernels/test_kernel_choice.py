@@ -22,15 +22,18 @@ def test_products_take_the_gemv_up_to_the_threshold_and_the_gemm_above() -> None
 def test_splits_grow_with_context_shrink_with_batch_and_are_one_at_short_contexts() -> None:
     sms, kvh = 132, 8
     at = lambda b, p: choice.attention_splits(b, p, sms, kvh)  # noqa: E731
-    assert at(1, 32) == 1  # a short cache
+    assert at(1, 32) == 1 and at(1, 127) == 1  # a short cache: no split of at least 64 positions to spare
     assert choice.attention_splits(32, 8192, sms, 32) == 1  # the 7B's 32 kv heads at B=32 fill the device
     assert at(1, 512) == 512 // choice.MIN_SPLIT_POSITIONS  # short splits capped at the minimum length
+    assert at(1, 640) == 8  # 10 positions' worth of splits, rounded down to a power of two
     assert at(1, 8192) > at(1, 512) and at(1, 8192) >= at(8, 8192) >= at(32, 8192)
-    # where the context allows, batch × kv heads × splits reaches the target number of programs
+    # where the context allows, batch × kv heads × splits is the power of two just within the target programs
     for b in (1, 8, 32):
         s = at(b, 1 << 20)
-        assert b * kvh * s >= sms * choice.PROGRAMS_PER_SM > b * kvh * (s - 1)
-    assert choice.attention_splits(1, 8192, sms, 32) == 17  # the 7B at B=1: ceil(132 · 4 / 32)
+        assert s & (s - 1) == 0
+        assert b * kvh * s <= max(b * kvh, sms * choice.PROGRAMS_PER_SM) < b * kvh * 2 * s
+    # the 7B (32 kv heads) on 132 SMs: 17 programs' worth at B=1 → 16; 9 at B=2 → 8; 3 at B=8 → 2
+    assert [choice.attention_splits(b, 8320, sms, 32) for b in (1, 2, 8, 32)] == [16, 8, 2, 1]
     with pytest.raises(ValueError, match="context"):
         choice.attention_splits(1, 0, sms)
 
