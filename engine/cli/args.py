@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 
@@ -19,8 +20,24 @@ class CliError(Exception):
 class Parser(argparse.ArgumentParser):
     """argparse whose errors are one line (what is wrong, where to look) rather than the whole usage block."""
 
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def,override]
+        self._argv = list(sys.argv[1:] if args is None else args)  # for error's hint on option-like values
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {message}{self._dash_value_hint(message)} (see {self.prog} --help)\n")
+
+    def _dash_value_hint(self, message: str) -> str:
+        """argparse reads a value that starts with '-' (--device-memory -5GB) as the next option and says only
+        "expected one argument": name the value and the form it takes."""
+        m = re.fullmatch(r"argument (\S+): expected one argument", message)
+        argv = getattr(self, "_argv", [])
+        for name in m.group(1).split("/") if m else ():
+            at = [i for i, a in enumerate(argv[:-1]) if a == name]
+            if at and argv[at[-1] + 1].startswith("-"):
+                value = argv[at[-1] + 1]
+                return f" ({shown(value)} is read as an option: write {name}={value if len(value) <= 60 else 'VALUE'})"
+        return ""
 
 
 def positive_ints(text: str) -> tuple[int, ...]:

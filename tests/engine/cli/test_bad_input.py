@@ -128,6 +128,10 @@ CASES = [
     ("llm-seed-negative", ["llm", "--seed", "-1"], None, r"--seed: '-1' must be at least 0"),
     ("llm-seed-huge", ["llm", "--seed", HUGE], None, r"--seed: .* must be at most 4,294,967,295"),
     ("llm-check-tokens", ["llm", "--check-tokens", "-1"], None, r"--check-tokens: '-1' must be at least 0"),
+    # a value argparse takes for an option: the line names it and the form that passes it
+    ("llm-device-memory-dash", ["llm", "--device-memory", "-5GB"], None,
+     r"expected one argument \('-5GB' is read as an option: write --device-memory=-5GB\)"),
+    ("llm-device-memory-negative", ["llm", "--device-memory=-5GB"], None, r"'-5GB' is not a memory size"),
     ("llm-prompts-empty", ["llm", "--prompts", ""], None, r"--prompts: '' is empty"),
     ("llm-prompts-folder", ["llm", "--prompts", "{folder}"], None, r"--prompts: .* is a folder"),
     ("llm-sweep-huge", ["llm", "--sweep", f"batch={HUGE}"], None, r"sweep values must be between 1 and"),
