@@ -52,8 +52,8 @@ def attention_splits(batch: int, context: int, sms: int, kv_heads: int = 1,
                          f"min_positions {min_positions} must all be at least 1")
     wanted = math.ceil(sms * PROGRAMS_PER_SM / (batch * kv_heads))
     most = max(1, context // min_positions)
-    # The largest power of two within both: a count just past one (9 or 3 splits) times slower than the power of two
-    # below it (benchmarks/decode_envelope.py prints every count per shape).
+    # The largest power of two within both: a count just past a power of two (9 or 3 splits) runs slower than the
+    # power of two below it (benchmarks/decode_envelope.py times every count per shape).
     return 1 << (min(wanted, most).bit_length() - 1)
 
 
