@@ -603,11 +603,18 @@ class Store:
 
     # -- queries -----------------------------------------------------------------------------------------------
     def query(self, sql: str, params: Sequence[Any] | None = None) -> pd.DataFrame:
-        """Read-only SQL for pages and users; an empty frame when the store does not exist yet."""
+        """Read-only SQL for pages and users; an empty frame when the store does not exist yet, or exists without its
+        tables yet (a first command is creating it: a reader can open the file between its first statements)."""
         if not self.path.exists():
             return pd.DataFrame()
         with self.connect(read_only=True) as con:
-            return con.execute(sql, list(params or [])).df()
+            try:
+                return con.execute(sql, list(params or [])).df()
+            except duckdb.CatalogException:
+                tables = {row[0] for row in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+                if tables <= {"schema_version"}:  # being created; a file with other tables is not a store: raise
+                    return pd.DataFrame()
+                raise
 
     def run(self, run_id: int) -> dict[str, Any] | None:
         frame = self.query("SELECT * FROM runs WHERE id = ?", [run_id])

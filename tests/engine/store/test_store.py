@@ -527,3 +527,19 @@ def test_a_forked_child_starts_with_no_turn_taken_at_the_store(store, tmp_path):
         release.set()
         holder.join()
     assert os.WEXITSTATUS(status) == 0 and out.read_text() == "took the turn"
+
+
+def test_a_reader_of_a_store_being_created_sees_no_runs_and_a_foreign_file_still_raises(tmp_path):
+    """A reader can open the file between a first command's first statements (the file there, the runs table not
+    yet): it reads an empty frame as before the file existed. A DuckDB file with other tables is no store: the
+    missing table stays an error."""
+    path = tmp_path / "results.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, description VARCHAR, applied_at TIMESTAMP)")
+    con.close()
+    assert Store(path).runs(kind="bench").empty
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE t (a INTEGER)")
+    con.close()
+    with pytest.raises(duckdb.CatalogException):
+        Store(path).runs()
