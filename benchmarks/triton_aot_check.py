@@ -72,6 +72,19 @@ def quant_jobs(arch: int):
                 "stride_wn": "i32"}, {"BLOCK_N": n, "BLOCK_K": k, "FP8": fp8}, warps)
 
 
+def rows_jobs(arch: int):
+    """The int4 rows kernel (engine/kernels/triton/quant_rows.py: a few rows, codes dequantized in the loads, a
+    bf16 tensor-core dot) at the tiles it launches or the benchmark times."""
+    from engine.kernels.triton import quant_rows as qr
+
+    sig = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "N": "i32",
+           "K": "i32", "stride_xm": "i32", "stride_qn": "i32", "stride_sn": "i32", "stride_ym": "i32"}
+    for block_m in qr.AOT_ROWS:
+        for n, groups, warps in qr.AOT_TILES:
+            yield (f"quant_rows int4 {block_m}x{n}x{groups}g w{warps}", qr._int4_rows_kernel, sig,
+                   {"BLOCK_M": block_m, "BLOCK_N": n, "GROUPS": groups, "ASM": True, "IEEE": False}, warps)
+
+
 def quant_job_count(arch: int = 90) -> int:
     return sum(1 for _ in quant_jobs(arch))
 
@@ -227,7 +240,7 @@ def resource_usage(cubin: bytes) -> tuple[str, str]:
     return (found.group(1), found.group(2)) if found else ("?", "?")
 
 
-FAMILIES = ("bf16", "quant", "mp", "attn", "gluon")
+FAMILIES = ("bf16", "quant", "rows", "mp", "attn", "gluon")
 
 
 def selected_jobs(arch: int, kernels: str):
@@ -237,6 +250,8 @@ def selected_jobs(arch: int, kernels: str):
         yield from jobs(arch)
     if "quant" in wanted:
         yield from quant_jobs(arch)
+    if "rows" in wanted:
+        yield from rows_jobs(arch)
     if "mp" in wanted:
         yield from message_passing_jobs(arch)
     if "attn" in wanted:
@@ -260,7 +275,8 @@ def main() -> int:
     # tests/engine/kernels/test_quant_gemv.py (--kernels quant); `all` is both
     parser.add_argument("--kernels", type=families, default="bf16",
                         help="bf16 (default): decode attention and the bf16 GEMVs; quant: the weight-only quantized "
-                             "GEMVs; mp: Kernel Levels' L4 message passing (bucketing, segment reduce, scatter); "
+                             "GEMVs; rows: the int4 rows kernel (a few rows × int4 codes); mp: Kernel Levels' L4 "
+                             "message passing (bucketing, segment reduce, scatter); "
                              "attn: Kernel Levels' L4 attention at every autotune tile; gluon: its Gluon kernel "
                              "(sm_90); all: every one; or several, comma-separated (one process, one Triton import)")
     args = parser.parse_args()

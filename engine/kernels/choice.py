@@ -30,7 +30,14 @@ PROGRAMS_PER_SM = 4
 # default for callers without a tile. To be measured by benchmarks/decode_envelope.py.
 MIN_SPLIT_POSITIONS = 64
 
+# The most rows (sequences B) for which an int4 layer's products take engine.kernels.triton.quant_rows (the codes
+# dequantized in the loads, a tensor-core dot over the rows) instead of the weight dequantized into a bf16 copy for
+# cuBLAS. 1 (no batch): the kernel is checked interpreted and compiled for sm_90 offline but not yet timed on a GPU;
+# benchmarks/quant_rows_bench.py times both forms per B, and its crossover sets this.
+QUANT_ROWS_MAX_BATCH = 1
+
 PRODUCTS = ("gemv", "gemm")
+QUANT_PRODUCTS = ("rows", "dequantize")
 
 
 def decode_products(batch: int) -> str:
@@ -39,6 +46,14 @@ def decode_products(batch: int) -> str:
     if batch < 1:
         raise ValueError(f"decode_products: batch must be at least 1, got {batch}")
     return "gemv" if batch <= GEMV_MAX_BATCH else "gemm"
+
+
+def quant_products(rows: int) -> str:
+    """How an int4 layer multiplies several rows: "rows" (engine.kernels.triton.quant_rows) for 2 ≤ rows ≤
+    QUANT_ROWS_MAX_BATCH, else "dequantize" (the weight formed in one kernel, then cuBLAS). One row is the GEMV's."""
+    if rows < 1:
+        raise ValueError(f"quant_products: rows must be at least 1, got {rows}")
+    return "rows" if 2 <= rows <= QUANT_ROWS_MAX_BATCH else "dequantize"
 
 
 def attention_splits(batch: int, context: int, sms: int, kv_heads: int = 1,
@@ -57,11 +72,19 @@ def attention_splits(batch: int, context: int, sms: int, kv_heads: int = 1,
     return 1 << (min(wanted, most).bit_length() - 1)
 
 
-def describe(batch: int, context: int, splits: int, products: tuple[str, ...] = ()) -> str:
+def describe(batch: int, context: int, splits: int, products: tuple[str, ...] = (), int4: bool = False) -> str:
     """The run's note of what the rule chose, e.g. 'B=8: qkv, o, gate_up, down, lm_head via GEMM (cuBLAS); decode
-    attention 4 splits over 8192 positions' (without `products`, the attention's part alone)."""
+    attention 4 splits over 8192 positions' (without `products`, the attention's part alone; `int4`: the products
+    are int4 layers', so several rows go as quant_products says)."""
     head = f"B={batch}: "
     if products:
-        how = "GEMM (cuBLAS)" if decode_products(batch) == "gemm" else "the fused Triton GEMV"
+        if decode_products(batch) == "gemv":
+            how = "the fused Triton GEMV"
+        elif int4 and quant_products(batch) == "rows":
+            how = "the int4 rows kernel (codes dequantized in its loads)"
+        elif int4:
+            how = "the weight dequantized each step, then GEMM (cuBLAS)"
+        else:
+            how = "GEMM (cuBLAS)"
         head += f"{', '.join(products)} via {how}; "
     return f"{head}decode attention {splits} split{'s' * (splits != 1)} over {context} positions"

@@ -399,11 +399,11 @@ def _transform_model(mode: LLMMode, model: LlamaDecoder, device: str, notes: lis
                      "norm_swiglu / linear_add); RoPE and the KV-cache write inside the decode attention "
                      "kernel (decode_attention_qkv)")
     if mode.decode_attn:
-        notes.extend(_shape_choice(model, fused=mode.fused))
+        notes.extend(_shape_choice(model, fused=mode.fused, int4=mode.quant == "int4-wo"))
     return quantize_s
 
 
-def _shape_choice(model: LlamaDecoder, fused: bool) -> list[str]:
+def _shape_choice(model: LlamaDecoder, fused: bool, int4: bool = False) -> list[str]:
     """The note of what engine.kernels.choice picks for this run's batch and cache: the products' kernel (the fused
     modes) and the decode attention's split count."""
     cache = model.layers[0].self_attn.kv_cache if model.layers else None
@@ -416,7 +416,7 @@ def _shape_choice(model: LlamaDecoder, fused: bool) -> list[str]:
     rep = model.layers[0].self_attn.heads // kv_heads
     splits = split_plan(batch, kv_heads, rep, context, cache.k.dtype, cache.k.device)[1]
     products = ("qkv", "o", "gate_up", "down", "lm_head") if fused else ()
-    return [describe(batch, context, splits, products) + " (engine/kernels/choice.py)"]
+    return [describe(batch, context, splits, products, int4=int4) + " (engine/kernels/choice.py)"]
 
 
 @dataclass

@@ -226,7 +226,12 @@ class QuantLinear(nn.Module):
             return F.linear(x, dequantize(self.weight_(), x.dtype))
         from engine.kernels.triton import quant_gemv
 
-        if x.numel() != x.shape[-1]:  # several rows (prefill): the weight formed in one kernel, then the GEMM
+        if x.numel() != x.shape[-1]:  # several rows: engine.kernels.choice.quant_products says how
+            if self.scheme == "int4-wo" and _rows_kernel(x):
+                from engine.kernels.triton import quant_rows
+
+                return quant_rows.int4_rows_linear(x, self.q, self.scales)
+            # the weight formed in one kernel, then the GEMM
             return F.linear(x, quant_gemv.dequantized_weight(self.q, self.scales, self.in_features, x.dtype))
         if self.scheme == "int4-wo":
             return quant_gemv.int4_linear(x, self.q, self.scales)
@@ -234,6 +239,14 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.in_features} → {self.out_features}, {self.scheme}, impl={self.impl}"
+
+
+def _rows_kernel(x: torch.Tensor) -> bool:
+    """Whether a few rows of x take the int4 rows kernel (engine.kernels.choice.quant_products, where it runs)."""
+    from engine.kernels.choice import quant_products
+    from engine.kernels.triton import quant_rows
+
+    return quant_products(x.numel() // x.shape[-1]) == "rows" and quant_rows.takes(x)
 
 
 @dataclass

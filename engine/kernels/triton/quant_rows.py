@@ -1,0 +1,133 @@
+"""Y = X @ dequant(W).T for a few rows X (a decode step at 2 ≤ B ≤ 16) and int4 weights: the codes dequantized in
+the loads, the products on the tensor cores. W is never materialised.
+
+Why: at B = 1 the int4 products are GEMVs (engine/kernels/triton/quant_gemv.py). With a few more rows, the lab's
+other path dequantizes the whole weight into a bf16 copy and hands it to cuBLAS: a decode step then writes and reads
+the model in 16 bits (for a 7B: 3.8 GB of codes read, 13.5 GB written and read again) where the codes alone would do.
+Here each program owns BLOCK_N output features and walks K GROUPS groups of 64 at a time: it loads the (GROUPS,
+BLOCK_N, 8) int32 words of its rows once, turns every nibble into (code − 8) · scale in fp32 (the same bits as
+dequantize_int4), rounds that to X's dtype and multiplies the tile by all rows of X at once with tl.dot (the rows
+padded to 16, the smallest tensor-core tile): the bytes a step reads stay the codes' 3.8 GB whatever B is, and the
+unpacking work per weight is the GEMV's, shared by every row.
+
+The words hold k = 64·g + 8·j + t in nibble j of word t (engine/kernels/int4_layout.py). The tile is assembled in
+that order — position 64·g + 8·t + j — and X's columns are loaded in the same order, so the dot sums the right pairs
+with no shuffle of the weights. The nibbles become floats as in the GEMV (`_int4_words_to_f32`: on the GPU one LOP3
+each into the mantissa of 2^23).
+
+`int4_rows(x, q, scales)` launches it; `int4_rows_linear` is the torch custom op (`modelab::quant_rows_int4`)
+engine.llm.quant.QuantLinear calls where engine.kernels.choice.quant_products says "rows". `tile` (BLOCK_N, GROUPS,
+num_warps) is a parameter for benchmarks/quant_rows_bench.py, which times the tiles and this kernel against the
+dequantize-then-cuBLAS path per B. The checks (interpreted, against float64) sit in
+tests/engine/kernels/test_quant_rows.py, the offline sm_90 compile in benchmarks/triton_aot_check.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.kernels.triton._common import is_interpreted
+from engine.kernels.triton.quant_gemv import GROUP, _int4_operands, _int4_words_to_f32
+
+MAX_ROWS = 64  # the most rows one call takes: beyond it the padded dot wastes nothing and a GEMM is the right tool
+# (BLOCK_N, GROUPS, num_warps) on the GPU: 16 features a program fills 132 SMs twice over even at N = 4096, and 4
+# groups (256 weights of a row, 128 bytes of codes) a step keep each row's loads 128-byte wide.
+TILE = (16, 4, 4)
+INTERPRETER_TILE = (16, 2, 1)  # ragged K and N tails at the test shapes
+# what benchmarks/quant_rows_bench.py times (TILE among them) and benchmarks/triton_aot_check.py builds for sm_90,
+# at the rows of a batch up to 16 (BLOCK_M 16)
+AOT_TILES = (TILE, (32, 4, 4), (16, 8, 4), (64, 2, 4))
+AOT_ROWS = (16,)
+
+
+@triton.jit
+def _int4_rows_kernel(x_ptr, q_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn, stride_ym,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, ASM: tl.constexpr = False,
+                      IEEE: tl.constexpr = False):
+    """Y[m, n] = Σ_k X[m, k] · rnd((code[n, k] − 8) · s[n, k // 64]), rnd rounding to X's dtype; M ≤ BLOCK_M rows.
+    IEEE: fp32 X multiplied exactly (no tf32)."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    groups = (K + 63) // 64
+    offs_g = tl.arange(0, GROUPS)
+    # tile position c = 64·g + 8·t + j holds k = 64·g + 8·j + t: X's columns in that order
+    c = tl.arange(0, GROUPS * 64)
+    k_of_c = (c // 64) * 64 + (c % 8) * 8 + (c // 8) % 8
+    words = q_ptr + offs_n[None, :, None].to(tl.int64) * stride_qn + tl.arange(0, 8)[None, None, :]
+    scales = s_ptr + offs_n[None, :].to(tl.int64) * stride_sn
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for g0 in range(0, groups, GROUPS):
+        gs = g0 + offs_g
+        g_ok = gs < groups
+        w = tl.load(words + gs[:, None, None] * 8, mask=g_ok[:, None, None] & n_ok[None, :, None], other=0,
+                    eviction_policy="evict_first")
+        s = tl.load(scales + gs[:, None], mask=g_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)[:, :, None]
+        f0, f1, f2, f3, f4, f5, f6, f7 = _int4_words_to_f32(w, ASM)
+        # f_j = 2^23 + code_j · 16^i (i = j mod 4): f_j · 16^-i − (2^23 · 16^-i + 8) is code_j − 8 exactly
+        v0 = (f0 - 8388616.0) * s
+        v1 = (f1 * 0.0625 - 524296.0) * s
+        v2 = (f2 * 0.00390625 - 32776.0) * s
+        v3 = (f3 * 0.000244140625 - 2056.0) * s
+        v4 = (f4 - 8388616.0) * s
+        v5 = (f5 * 0.0625 - 524296.0) * s
+        v6 = (f6 * 0.00390625 - 32776.0) * s
+        v7 = (f7 * 0.000244140625 - 2056.0) * s
+        # joined along a new last axis, three times: index b0·4 + b1·2 + b2 holds nibble j = b2 + 2·b1 + 4·b0, i.e. j
+        v = tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)), tl.join(tl.join(v1, v5), tl.join(v3, v7)))
+        v = tl.reshape(v, (GROUPS, BLOCK_N, 64))  # [g, n, 8·t + j]
+        w_tile = tl.reshape(tl.permute(v, (0, 2, 1)), (GROUPS * 64, BLOCK_N)).to(x_ptr.dtype.element_ty)
+        ks = g0 * 64 + k_of_c
+        x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & (ks < K)[None, :], other=0.0)
+        if IEEE:
+            acc = tl.dot(x, w_tile, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, w_tile, acc)
+    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+def int4_rows(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
+              tile: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """x (..., K) of at most MAX_ROWS rows · dequant(q).T for q (N, ceil(K/64)·32) packed uint8 and scales (N,
+    ceil(K/64)): (..., N) in x's dtype, accumulated in fp32. `tile` (BLOCK_N, GROUPS, num_warps) overrides TILE."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    m, n = x2.shape[0], q.shape[0]
+    if not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"int4_rows takes 1 to {MAX_ROWS} rows; x has {m}")
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    words, scales = _int4_operands(q, scales, k, f"x's {k} features")
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    interpreted = is_interpreted(_int4_rows_kernel)
+    bn, groups, warps = tile or (INTERPRETER_TILE if interpreted else TILE)
+    _int4_rows_kernel[(triton.cdiv(n, bn),)](
+        x2, words, scales, y, m, n, k, x2.stride(0), words.stride(0), scales.stride(0), y.stride(0),
+        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=bn, GROUPS=groups, ASM=not interpreted,
+        IEEE=x.dtype == torch.float32, num_warps=warps)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def takes(x: torch.Tensor) -> bool:
+    """Whether int4_rows runs where x is: a CUDA tensor, or any under the interpreter (CPU tests)."""
+    return x.is_cuda or is_interpreted(_int4_rows_kernel)
+
+
+@torch.library.custom_op("modelab::quant_rows_int4", mutates_args=())
+def int4_rows_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, dequant(q)) for a few rows of x and group-wise int4 codes, through int4_rows: one opaque kernel to
+    torch.compile, captured by CUDA graphs."""
+    return int4_rows(x, q, scales)
+
+
+@int4_rows_linear.register_fake
+def _(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], q.shape[0]))
+
+
+assert GROUP == 64  # the kernel's tile arithmetic assumes groups of 64 weights
