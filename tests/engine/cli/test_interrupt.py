@@ -36,6 +36,15 @@ def _worker_pids(run_dir: Path) -> set[int]:
     return pids
 
 
+def _as_a_terminal_would() -> None:
+    """The CLI starts as a shell's foreground command does: SIGINT and SIGTERM at their defaults. A process started
+    while its parent ignores SIGINT inherits that (a background job's convention, which Python keeps) and Ctrl-C
+    could not reach it; a pytest worker can be in that state while another test's code runs beside it."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 def _under_way(store: Store) -> bool:
     """A run whose worker has reported progress (beyond the supervisor's own 'starting worker')."""
     if not store.path.exists():
@@ -52,7 +61,8 @@ def test_an_interrupted_cli_marks_its_runs_interrupted_and_ends_their_workers(si
     store = Store(lab_env["RESULTS_DB"])
     cli = subprocess.Popen([sys.executable, "-m", "engine", "bench", "--workload", "house_price", "--mode", modes,
                             "--device", "cpu", "--iters", "1000000", "--warmup", "0", "--db", str(store.path)],
-                           cwd=REPO_ROOT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           cwd=REPO_ROOT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=_as_a_terminal_would)
     workers: set[int] = set()
     try:
         wait_until(lambda: _under_way(store), 180, "a bench run under way")
