@@ -244,9 +244,12 @@ class QuantLinear(nn.Module):
 def _rows_kernel(x: torch.Tensor) -> bool:
     """Whether a few rows of x take the int4 rows kernel (engine.kernels.choice.quant_products, where it runs)."""
     from engine.kernels.choice import quant_products
+
+    if quant_products(x.numel() // x.shape[-1]) != "rows":
+        return False  # the dequantize path, as before the rows kernel: nothing more imported or asked
     from engine.kernels.triton import quant_rows
 
-    return quant_products(x.numel() // x.shape[-1]) == "rows" and quant_rows.takes(x)
+    return quant_rows.takes(x)
 
 
 @dataclass
