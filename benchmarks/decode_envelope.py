@@ -20,14 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-
-def _ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
-
-
-def _copies(nbytes: int) -> int:
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size or (50 << 20)
-    return max(2, min(16, int(3 * l2 // max(1, nbytes)) + 1))
+from engine.cli.args import positive_ints  # noqa: E402
+from engine.measure.timing import copies_beyond_l2  # noqa: E402
 
 
 def time_products(cfg, batch: int, choice_name: str) -> float:
@@ -42,7 +36,7 @@ def time_products(cfg, batch: int, choice_name: str) -> float:
     layer = lambda: (lin((cfg.heads + 2 * cfg.kv_heads) * hd, d), lin(d, cfg.heads * hd),  # noqa: E731
                      lin(2 * cfg.ffn, d), lin(d, cfg.ffn))
     nbytes = 2 * d * ((cfg.heads + 2 * cfg.kv_heads) * hd + cfg.heads * hd + 3 * cfg.ffn)  # a layer's bf16 weights
-    layers = [layer() for _ in range(_copies(nbytes))]
+    layers = [layer() for _ in range(copies_beyond_l2(nbytes))]
     g = torch.ones(d, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(batch, 1, d, device="cuda", dtype=torch.bfloat16)
 
@@ -77,7 +71,7 @@ def time_attention(cfg, batch: int, context: int, splits: int | None) -> tuple[f
     shape = (batch, cfg.kv_heads, context, hd)
     caches = [(torch.randn(shape, device="cuda", dtype=torch.bfloat16), torch.randn(shape, device="cuda",
                                                                                      dtype=torch.bfloat16))
-              for _ in range(_copies(4 * batch * cfg.kv_heads * context * hd))]
+              for _ in range(copies_beyond_l2(4 * batch * cfg.kv_heads * context * hd))]
     pos = torch.tensor([context - 1], device="cuda")
     ran = da.split_plan(batch, cfg.kv_heads, cfg.heads // cfg.kv_heads, context, torch.bfloat16, "cuda", splits)[1]
     for k, v in caches:
@@ -90,8 +84,8 @@ def time_attention(cfg, batch: int, context: int, splits: int | None) -> tuple[f
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="7B")
-    parser.add_argument("--batch", type=_ints, default=[1, 2, 4, 8, 16, 32])
-    parser.add_argument("--prompt", type=_ints, default=[512, 2048, 8192])
+    parser.add_argument("--batch", type=positive_ints, default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--prompt", type=positive_ints, default=[512, 2048, 8192])
     parser.add_argument("--new-tokens", type=int, default=128, help="the cache holds P + N positions")
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -23,16 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from engine.cli.args import positive_ints  # noqa: E402
+from engine.measure.timing import copies_beyond_l2  # noqa: E402
+
 TOL = 8e-3
-
-
-def _ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
-
-
-def _copies(nbytes: int) -> int:
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size or (50 << 20)
-    return max(2, min(16, int(3 * l2 // max(1, nbytes)) + 1))
 
 
 def shapes(preset_name: str) -> dict[str, tuple[int, int]]:
@@ -58,7 +52,7 @@ def _timed(form, copies: list, x: torch.Tensor, check) -> float:  # type: ignore
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="7B")
-    parser.add_argument("--batch", type=_ints, default=[2, 4, 8, 16])
+    parser.add_argument("--batch", type=positive_ints, default=[2, 4, 8, 16])
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("quant_rows_bench: needs a CUDA device", file=sys.stderr)
@@ -78,8 +72,8 @@ def main() -> int:
         qw = quant.quantize(w.float(), "int4-wo").to("cuda")
         q, s = qw.q, qw.scales.to(torch.bfloat16)
         code_bytes = q.numel() + s.numel() * 2
-        codes = [(q.clone(), s.clone()) for _ in range(_copies(code_bytes))]
-        weights = [(w.clone(),) for _ in range(_copies(w.numel() * 2))]
+        codes = [(q.clone(), s.clone()) for _ in range(copies_beyond_l2(code_bytes))]
+        weights = [(w.clone(),) for _ in range(copies_beyond_l2(w.numel() * 2))]
         print(f"\n{args.preset} {name} ({n} × {k}): int4 {code_bytes / 1e6:.1f} MB, bf16 {w.numel() * 2 / 1e6:.1f} MB")
         print(f"{'B':>4} " + " ".join(f"{label:>22}" for label in ["bf16 cuBLAS", "int4 dequantize+cuBLAS",
                                                                     *tiles]))

@@ -214,6 +214,15 @@ def reset_after_failed_capture() -> None:
     torch.cuda.synchronize()
 
 
+def copies_beyond_l2(nbytes: int, most: int = 16) -> int:
+    """How many rotating copies of an `nbytes` operand time_in_graph's calls need so that together they hold about
+    3× the device's L2 and each call reads from HBM (at least 2, at most `most`)."""
+    import torch
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size or (50 << 20)
+    return max(2, min(most, int(3 * l2 // max(1, nbytes)) + 1))
+
+
 def time_in_graph(calls: list[Callable[[], object]], *, replays: int = 20, warmup: int = 2) -> Measurement:
     """Device time per call of `calls`, captured back to back into one CUDA graph and replayed: no host launch cost,
     as inside a decode step's graph. Give calls that read different buffers (e.g. rotating copies of a weight, more

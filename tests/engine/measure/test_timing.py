@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from engine.measure.timing import Measurement, summarize, time_blocks, time_first_call, time_fn
+from engine.measure.timing import Measurement, copies_beyond_l2, summarize, time_blocks, time_first_call, time_fn
 
 
 def test_summarize_one_to_hundred_uses_linear_percentiles():
@@ -174,3 +174,18 @@ def test_time_in_graph_times_each_captured_call_and_scales_with_the_work():
     # takes 7.6 µs, mostly fixed cost, and a 256 MiB one 59 µs)
     assert heavy.stats.median > 8 * few.stats.median
     assert small[0].item() == 1.0 and big[-1].item() == 1.0  # the captured calls really ran
+
+
+def test_rotating_copies_hold_about_three_l2s_within_their_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A benchmark's copies of an operand together outgrow L2 threefold, so every call reads from HBM; never fewer
+    than 2 or more than `most` (a device without an L2 figure counts 50 MB)."""
+    import types
+
+    import torch
+
+    l2 = [60 << 20]
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(L2_cache_size=l2[0]))
+    assert copies_beyond_l2(20 << 20) == 10  # 3 × 60 MB / 20 MB + 1
+    assert copies_beyond_l2(1 << 30) == 2 and copies_beyond_l2(1) == 16 and copies_beyond_l2(1, most=4) == 4
+    l2[0] = 0
+    assert copies_beyond_l2(10 << 20) == 16  # 3 × 50 MB / 10 MB + 1, at most 16
