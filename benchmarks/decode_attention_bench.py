@@ -5,15 +5,8 @@ flash-decoding from the qkv row) over a sweep of split-kernel tiles, per preset,
     python benchmarks/decode_attention_bench.py --long --preset 1B,7B --batch 1,8 --context 8320,32896
 
 --long sweeps the rest of the tile at the split count the rule picks (SPLIT 0, engine.kernels.choice.attention_splits)
-for a batch of sequences at the last position of long caches: BLOCK_S, num_warps, STAGES (0: the registers'
-one-tile prefetch; 3: Triton's pipelined loop through shared memory) and DOT (the products on the tensor cores,
-also for one query row per kv head), then the best tile at half and twice the rule's split count. % = of the copy
-bandwidth measured in the same call.
-
-Each tile's output is checked against the module's default tile first (itself checked against float64 in
-tests/engine/kernels/test_decode_attention.py; relative L2 ≤ 1e-2, bf16), then timed as the decode step runs it: calls
-on rotating copies of the KV cache (more bytes in all than L2 holds) captured back to back in one CUDA graph
-(engine.measure.timing.time_in_graph). GB/s = the cache bytes the call must read (K and V up to pos) / median time.
+for a batch of sequences at the last position of long caches: BLOCK_S × num_warps, then the best tile at half and
+twice the rule's split count. % = of the copy bandwidth measured in the same call.
 """
 
 from __future__ import annotations
@@ -35,10 +28,8 @@ TILES = [(s, b, w) for s, b, w in itertools.product((32, 64, 128, 256), (16, 32,
 # One split over the whole cache (SPLIT ≥ the cache's length): one program per kv head writes the output itself,
 # no combine kernel (decode_attention._attend); long inner steps and many warps keep its loads in flight.
 WHOLE = [(1024, b, w) for b, w in itertools.product((64, 128, 256, 512), (4, 8, 16))]
-# --long: (0 = the rule's split count, BLOCK_S, num_warps, STAGES, DOT)
-LONG = [(0, b, w, st, dot) for b, w, st, dot in itertools.product((32, 64, 128), (2, 4, 8), (0, 3), (0, 1))
-        if not (dot and b < 32) and not (st and b * w < 128)]
-
+# --long: (0 = the rule's split count, BLOCK_S, num_warps)
+LONG = [(0, b, w) for b, w in itertools.product((16, 32, 64, 128), (1, 2, 4, 8)) if b * w <= 512]
 
 def bench_long(name: str, batch: int, context: int, copy_bw: float, top: int) -> None:
     """The LONG tiles for `batch` sequences at the last position of a `context`-long cache, checked against the
@@ -84,7 +75,7 @@ def bench_long(name: str, batch: int, context: int, copy_bw: float, top: int) ->
     label = lambda t: t if isinstance(t, str) else "x".join(map(str, t[1:]))  # noqa: E731
     print(f"{name} B={batch} P={context}: {kv_bytes / 1e6:.0f} MB of cache, rule {default[1]} splits; default "
           f"{times.get('default', float('nan')):.1f} µs ({pct(times.get('default', float('inf'))):.1f} %)")
-    print("   best (BLOCK_S x warps x STAGES x DOT): " + "  ".join(
+    print("   best (BLOCK_S x warps): " + "  ".join(
         f"{label(t)} {times[t]:.1f} ({pct(times[t]):.0f} %)" for t in ranked[:top]))
     best = next((t for t in ranked if t != "default"), None)
     if best is not None:

@@ -1,12 +1,10 @@
-"""Every side of engine/kernels/choice.py's thresholds, timed per (B, P) on a GPU: the decode step's products as the
-fused Triton GEMVs ("gemv": the triton-fused custom ops), as the fused rows kernel at each of its tiles ("rows":
-engine/kernels/triton/gemv_rows.py) and as plain torch ops compiled by Inductor ("gemm": rms_norm + F.linear (cuBLAS)
-+ SwiGLU / the residual add), and the decode attention at every power-of-two split count against the one
-attention_splits picks. Prints each table and the crossovers, to set GEMV_MAX_BATCH, ROWS_MAX_BATCH (and
-gemv_rows.TILE), PROGRAMS_PER_SM and MIN_SPLIT_POSITIONS from.
+"""Both sides of engine/kernels/choice.py's thresholds, timed per (B, P) on a GPU: the decode step's products as the
+fused Triton GEMVs ("gemv": the triton-fused custom ops) and as plain torch ops compiled by Inductor ("gemm": rms_norm
++ F.linear (cuBLAS) + SwiGLU / the residual add), and the decode attention at every power-of-two split count against
+the one attention_splits picks. Prints each table and the crossovers, to set GEMV_MAX_BATCH, PROGRAMS_PER_SM and
+MIN_SPLIT_POSITIONS from.
 
     python benchmarks/decode_envelope.py --preset 7B --batch 1,2,4,8,16,32 --prompt 512,2048,8192   (CUDA only)
-    python benchmarks/decode_envelope.py --preset 1B --batch 2,8,32 --skip attention
 
 Every figure is a median over calls captured back to back in one CUDA graph (engine.measure.timing.time_in_graph),
 the weights or the cache in rotating copies larger than L2 together, so they come from HBM as in a decode step.
@@ -26,12 +24,10 @@ from engine.cli.args import positive_ints  # noqa: E402
 from engine.measure.timing import copies_beyond_l2  # noqa: E402
 
 
-def time_products(cfg, batch: int, choice_name: str, tile: tuple | None = None) -> float:
+def time_products(cfg, batch: int, choice_name: str) -> float:
     """µs per decoder layer's four products (qkv with its norm, o with the residual, gate_up with the norm and
-    SwiGLU, down with the residual) at `batch` rows, the products forced to `choice_name` ("rows": at `tile`, the
-    custom ops called as they are, nothing left for Inductor to fuse)."""
+    SwiGLU, down with the residual) at `batch` rows, the products forced to `choice_name`."""
     from engine.kernels import choice
-    from engine.kernels.triton import gemv_rows
     from engine.kernels.triton.gemv import FusedDecodeOps as Ops
     from engine.measure.timing import time_in_graph
 
@@ -49,19 +45,17 @@ def time_products(cfg, batch: int, choice_name: str, tile: tuple | None = None) 
         h = Ops.linear_add(a, o, x)
         return Ops.linear_add(Ops.norm_swiglu(h, g, 1e-5, gate_up), down, h)
 
-    was = choice.GEMV_MAX_BATCH, choice.ROWS_MAX_BATCH, gemv_rows.TILE
+    was = choice.GEMV_MAX_BATCH
     choice.GEMV_MAX_BATCH = 1 << 30 if choice_name == "gemv" else 0
-    choice.ROWS_MAX_BATCH = 1 << 30 if choice_name == "rows" else 0
-    gemv_rows.TILE = tile or gemv_rows.TILE
     try:
         torch._dynamo.reset()
-        compiled = step if choice_name == "rows" else torch.compile(step, dynamic=False, fullgraph=True)
+        compiled = torch.compile(step, dynamic=False, fullgraph=True)
         for lay in layers:
             compiled(x, *lay)  # compile and tune outside the capture
         calls = [lambda lay=lay: compiled(x, *lay) for lay in layers]
         return time_in_graph(calls, replays=10).stats.median
     finally:
-        choice.GEMV_MAX_BATCH, choice.ROWS_MAX_BATCH, gemv_rows.TILE = was
+        choice.GEMV_MAX_BATCH = was
 
 
 def time_attention(cfg, batch: int, context: int, splits: int | None) -> tuple[float, int]:
@@ -100,7 +94,6 @@ def main() -> int:
         print("decode_envelope: needs a CUDA device", file=sys.stderr)
         return 2
     from engine.kernels.choice import decode_products
-    from engine.kernels.triton import gemv_rows
     from engine.measure.ceilings import measure
     from engine.workloads.llama import preset
 
@@ -112,20 +105,18 @@ def main() -> int:
     pct = lambda nbytes, us: 100 * nbytes / (us * 1e-6) / copy_bw  # noqa: E731
     print(f"copy bandwidth (this call): {copy_bw / 1e12:.2f} TB/s")
     if "products" not in args.skip:
-        print(f"{args.preset}: products per layer (µs; % of the copy bandwidth on the layer's {layer_bytes / 1e6:.1f} "
-              f"MB of weights); rows at its fastest tile (BLOCK_N, BLOCK_K, warps, STAGES)")
-        print(f"{'B':>4} {'gemv':>16} {'rows':>16} {'tile':>16} {'gemm':>16} {'fastest':>8} {'rule':>5}")
-        fmt = lambda us: f"{us:>8.1f} ({pct(layer_bytes, us):4.1f} %)" if us else f"{'–':>16}"  # noqa: E731
+        print(f"{args.preset}: products per layer (µs; % of the copy bandwidth on the layer's "
+              f"{layer_bytes / 1e6:.1f} MB of weights)\n{'B':>4} {'gemv':>16} {'gemm':>16} {'faster':>7} {'rule':>5}")
+        crossover = None
         for b in args.batch:
-            times = {"gemv": time_products(cfg, b, "gemv") if b == 1 else None, "gemm": time_products(cfg, b, "gemm")}
-            tiles = {tile: time_products(cfg, b, "rows", tile) for tile in gemv_rows.AOT_TILES}
-            best_tile = min(tiles, key=tiles.get)
-            times["rows"] = tiles[best_tile]
-            fastest = min((k for k in times if times[k]), key=times.get)
-            print(f"{b:>4} {fmt(times['gemv'])} {fmt(times['rows'])} {'x'.join(map(str, best_tile)):>16} "
-                  f"{fmt(times['gemm'])} {fastest:>8} {decode_products(b):>5}")
-            print("      rows per tile: " + "  ".join(f"{'x'.join(map(str, t))} {us:.1f}" for t, us in tiles.items()))
-        print("ROWS_MAX_BATCH = the largest B at which rows is the fastest (and every B below it above 1)\n")
+            gemv_us, gemm_us = time_products(cfg, b, "gemv"), time_products(cfg, b, "gemm")
+            faster = "gemv" if gemv_us < gemm_us else "gemm"
+            if faster == "gemm" and crossover is None:
+                crossover = b
+            print(f"{b:>4} {gemv_us:>8.1f} ({pct(layer_bytes, gemv_us):4.1f} %) {gemm_us:>8.1f} "
+                  f"({pct(layer_bytes, gemm_us):4.1f} %) {faster:>7} {decode_products(b):>5}")
+        print(f"crossover: the GEMM is faster from B={crossover} (GEMV_MAX_BATCH = the largest B below it)\n"
+              if crossover else "crossover: the fused GEMV is faster at every B timed\n")
     if "attention" in args.skip:
         return 0
     print(f"{args.preset}: decode attention (µs) per split count asked for; * the fastest ({sms} SMs)")

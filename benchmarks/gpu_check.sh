@@ -34,9 +34,9 @@ quant          weight-only quantized decode: 1B and 7B, bf16 triton-fused beside
                then the prefill's dequantization per tile (prefill_dequant_bench.py; QUANT_PREFILL=0 leaves it out)
 frontier       the targets: L5 attention variants vs SDPA (unverified ones in a child first), attention levels (FRONTIER_DEEP=1:
                with ncu per kernel), 1B/7B MBU (FRONTIER_PRESETS)
-envelope-kernels decode's kernels across batch and context: per layer's products as the GEMV, the rows kernel at
-               each tile and the GEMM (decode_envelope.py, 7B and 1B), the int4 rows kernel against dequantize+cuBLAS
-               (quant_rows_bench.py), the decode attention's tiles at 8k context (decode_attention_bench.py --long)
+envelope-kernels decode's kernels across batch and context: the int4 rows kernel against dequantize+cuBLAS
+               (quant_rows_bench.py, 7B and 1B), the decode attention's tiles and split counts at long contexts
+               (decode_attention_bench.py --long, decode_envelope.py's attention table)
 gluon-l4       the L4 attention's Gluon kernel: checked against float64 in a child process, then, if it passed, timed
                beside SDPA and the tl kernel, and the causal-attention L4 level (its per-shape choice between the two
                kernels in the runs' notes)
@@ -199,15 +199,18 @@ case $part in
            tail -5 "$out/prefill_dequant.log"
          fi ;;
   envelope-kernels)
-         t timeout 200 python3 benchmarks/decode_envelope.py --preset 7B --batch ${ROWS_BATCH_7B:-2,4,8,16,32} \
-           --skip attention >"$out/envelope_7b.log" 2>&1; cat "$out/envelope_7b.log"
-         t timeout 150 python3 benchmarks/decode_envelope.py --preset 1B --batch ${ROWS_BATCH_1B:-2,8,32,64} \
-           --skip attention >"$out/envelope_1b.log" 2>&1; cat "$out/envelope_1b.log"
-         t timeout 100 python3 benchmarks/quant_rows_bench.py --preset 7B --batch 2,4,8,16 >"$out/quant_rows_7b.log" 2>&1
-         tail -30 "$out/quant_rows_7b.log"
-         t timeout 150 python3 benchmarks/decode_attention_bench.py --long --preset ${ATTN_PRESETS:-7B} \
-           --batch ${ATTN_BATCH:-1} --context ${ATTN_CONTEXT:-8320} --top 8 >"$out/attention_long.log" 2>&1
-         cat "$out/attention_long.log" ;;
+         for preset in ${ROWS_PRESETS:-7B 1B}; do
+           t timeout 100 python3 benchmarks/quant_rows_bench.py --preset $preset --batch ${ROWS_BATCH:-2,4,8,16} \
+             >"$out/quant_rows_$preset.log" 2>&1; tail -8 "$out/quant_rows_$preset.log"
+         done
+         t timeout 200 python3 benchmarks/decode_attention_bench.py --long --preset ${ATTN_PRESETS:-7B,1B} \
+           --batch ${ATTN_BATCH:-1,8} --context ${ATTN_CONTEXT:-8320} --top 6 >"$out/attention_long.log" 2>&1
+         cat "$out/attention_long.log"
+         for preset in ${ATTN_PRESETS:-7B,1B}; do
+           t timeout 150 python3 benchmarks/decode_envelope.py --preset $preset --batch ${ATTN_BATCH:-1,8} \
+             --prompt 512,8192 --skip products >"$out/envelope_attention_$preset.log" 2>&1
+           tail -6 "$out/envelope_attention_$preset.log"
+         done ;;
   gluon-l4) if PYTEST_LIMIT=320 t pytest_q tests/engine/kernels/test_triton_kernels.py -k "gluon or l4_"; then
               t timeout 200 python3 benchmarks/triton_kernels_gpu.py --only attn --gluon >"$out/gluon_attn.log" 2>&1
               grep -E "gluon|SDPA" "$out/gluon_attn.log" | tail -16

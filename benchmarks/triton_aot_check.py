@@ -1,6 +1,6 @@
 """Compile the LLM lab's Triton kernels for a GPU target offline, without a GPU (Triton's bundled ptxas).
 
-    python benchmarks/triton_aot_check.py [--arch 90] [--kernels FAMILY|all, or a comma list of FAMILIES]
+    python benchmarks/triton_aot_check.py [--arch 90] [--kernels bf16|quant|mp|attn|gluon|all, or a comma list]
 
 A check, not a timing: tests/engine/kernels/test_decode_attention.py runs it on every `make test` (10-20 s on a
 2-core CPU), and `benchmarks/gpu_check.sh decode` on the GPU machine.
@@ -85,22 +85,6 @@ def rows_jobs(arch: int):
                    {"BLOCK_M": block_m, "BLOCK_N": n, "GROUPS": groups, "ASM": True, "IEEE": False}, warps)
 
 
-def gemv_rows_jobs(arch: int):
-    """The bf16 rows kernel (engine/kernels/triton/gemv_rows.py: a few rows on the tensor cores, the weight streamed
-    through a pipelined loop) at every tile the benchmark times, with each fusion the decode step uses."""
-    from engine.kernels.triton import gemv_rows as gr
-
-    sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "g_ptr": "*bf16", "r_ptr": "*bf16", "M": "i32",
-           "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32", "eps": "fp32"}
-    fusions = {"": {}, " +norm": {"NORM": True}, " +norm +swiglu": {"NORM": True, "GLU": True},
-               " +residual": {"ADD": True}}
-    for n, k, warps, stages in gr.AOT_TILES:
-        for name, flags in fusions.items():
-            yield (f"gemv_rows 16x{n}x{k} s{stages} w{warps}{name}", gr._rows_kernel, sig,
-                   {"BLOCK_M": 16, "BLOCK_N": n, "BLOCK_K": k, "STAGES": stages, "NORM": False, "ADD": False,
-                    "GLU": False, **flags}, warps)
-
-
 def quant_job_count(arch: int = 90) -> int:
     return sum(1 for _ in quant_jobs(arch))
 
@@ -115,33 +99,22 @@ def jobs(arch: int):
                  "NUM_SPLITS": "i32"}
     combine_sig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "o_ptr": "*fp32", "out_ptr": "*bf16", "NUM_SPLITS": "i32"}
     for preset, rep, d in (("1B", 4, 64), ("7B", 1, 128)):
-        dot = rep >= 2  # the GPU's bf16 path for GQA groups: tl.dot on rows padded to 16 (_attend's use_dot)
-        rep_pad = max(16, 1 << (rep - 1).bit_length()) if dot else 1 << (rep - 1).bit_length()
-        split, block_s, split_warps, stages = da.TILE_DOT if dot else da.TILE_ROWS
+        dot = True  # the GPU's bf16 path: tl.dot on the query rows padded to 16 (_attend's use_dot)
+        rep_pad = max(16, 1 << (rep - 1).bit_length())
+        split, block_s, split_warps = da.TILE_DOT if rep >= 2 else da.TILE_ROWS
         yield (f"decode_attention split {preset}", da._split_kernel, split_sig,
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split, "BLOCK_S": block_s, "PDL": pdl,
-                "USE_DOT": dot, "STAGES": stages}, split_warps)
+                "USE_DOT": dot}, split_warps)
         yield (f"decode_attention split+rope {preset}", da._split_kernel,
                {**split_sig, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32"},
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split, "BLOCK_S": block_s, "PDL": pdl,
-                "FROM_QKV": True, "USE_DOT": dot, "STAGES": stages}, split_warps)
-        # the pipelined loop (STAGES 3) that benchmarks/decode_attention_bench.py --long times beside it
-        yield (f"decode_attention split+rope pipelined {preset}", da._split_kernel,
-               {**split_sig, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32"},
-               {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split, "BLOCK_S": block_s, "PDL": pdl,
-                "FROM_QKV": True, "USE_DOT": dot, "STAGES": 3}, split_warps)
-        if not dot:  # one query row on the tensor cores too (padded to 16), pipelined: the bench's --long DOT tiles
-            yield (f"decode_attention split+rope dot pipelined {preset}", da._split_kernel,
-                   {**split_sig, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32"},
-                   {"REP": rep, "REP_PAD": 16, "D": d, "SPLIT": 64, "BLOCK_S": 64, "PDL": pdl,
-                    "FROM_QKV": True, "USE_DOT": True, "STAGES": 3}, 4)
+                "FROM_QKV": True, "USE_DOT": dot}, split_warps)
         # one split over the whole cache (a cache of at most SPLIT positions): the split kernel writes the output
         final_sig = {k: v for k, v in split_sig.items() if k not in ("m_ptr", "l_ptr", "o_ptr")}
         yield (f"decode_attention one split+rope {preset}", da._split_kernel,
                {**final_sig, "cos_ptr": "*bf16", "sin_ptr": "*bf16", "QKV_ROW": "i32", "out_ptr": "*bf16"},
                {"m_ptr": None, "l_ptr": None, "o_ptr": None, "REP": rep, "REP_PAD": rep_pad, "D": d, "SPLIT": split,
-                "BLOCK_S": block_s, "PDL": pdl, "FROM_QKV": True, "USE_DOT": dot, "FINAL": True, "STAGES": stages},
-               split_warps)
+                "BLOCK_S": block_s, "PDL": pdl, "FROM_QKV": True, "USE_DOT": dot, "FINAL": True}, split_warps)
         yield (f"decode_attention combine {preset}", da._combine_kernel, combine_sig,
                {"REP": rep, "REP_PAD": rep_pad, "D": d, "SPLITS_PAD": 1 << (640 // split - 1).bit_length(),
                 "PDL": pdl}, 4)  # the splits of the lab's P + N = 640 cached positions
@@ -267,7 +240,7 @@ def resource_usage(cubin: bytes) -> tuple[str, str]:
     return (found.group(1), found.group(2)) if found else ("?", "?")
 
 
-FAMILIES = ("bf16", "quant", "rows", "gemv_rows", "mp", "attn", "gluon")
+FAMILIES = ("bf16", "quant", "rows", "mp", "attn", "gluon")
 
 
 def selected_jobs(arch: int, kernels: str):
@@ -279,8 +252,6 @@ def selected_jobs(arch: int, kernels: str):
         yield from quant_jobs(arch)
     if "rows" in wanted:
         yield from rows_jobs(arch)
-    if "gemv_rows" in wanted:
-        yield from gemv_rows_jobs(arch)
     if "mp" in wanted:
         yield from message_passing_jobs(arch)
     if "attn" in wanted:

@@ -7,9 +7,7 @@ weight-streaming GEMVs, and the fused Triton GEMVs (RMSNorm in the prologue, Swi
 epilogue) save a kernel and its ramp per op. With more rows the hand-written GEMV (one row per launch) is not the
 product any more: plain torch ops — rms_norm, F.linear (a cuBLAS GEMM that reads W once for all rows), SwiGLU and the
 residual add — let Inductor fuse the element-wise ops inside the compiled step, where the fused custom ops would run
-them opaquely one by one. Between the two, a few rows (2 ≤ B ≤ ROWS_MAX_BATCH) can take the rows kernel
-(engine.kernels.triton.gemv_rows: W streamed once through a pipelined loop, all rows on the tensor cores, the
-GEMV's fusions kept) where it streams W faster than cuBLAS's GEMM tiles for so few rows.
+them opaquely one by one.
 
 Decode attention: flash-decoding gives every (sequence, kv head, split of the cache) a program. At B = 1 the
 sequence × kv-head programs are few, so the cache is split to fill the device; at B = 32 they already fill it, and
@@ -37,23 +35,17 @@ MIN_SPLIT_POSITIONS = 64
 # cuBLAS. 1 (no batch): the kernel is checked interpreted and compiled for sm_90 offline but not yet timed on a GPU;
 # benchmarks/quant_rows_bench.py times both forms per B, and its crossover sets this.
 QUANT_ROWS_MAX_BATCH = 1
-# The most rows for which a bf16 decode step's products take engine.kernels.triton.gemv_rows (above
-# GEMV_MAX_BATCH). 1 (no batch) until benchmarks/decode_envelope.py has timed it against the GEMM on a GPU.
-ROWS_MAX_BATCH = 1
 
-PRODUCTS = ("gemv", "rows", "gemm")
+PRODUCTS = ("gemv", "gemm")
 QUANT_PRODUCTS = ("rows", "dequantize")
 
 
 def decode_products(batch: int) -> str:
-    """"gemv" (the fused Triton GEMVs) for B ≤ GEMV_MAX_BATCH rows, "rows" (the fused rows kernel) up to
-    ROWS_MAX_BATCH, else "gemm" (rms_norm + F.linear + SwiGLU or the residual add as plain torch ops, fused by
-    Inductor)."""
+    """"gemv" (the fused Triton GEMVs) for B ≤ GEMV_MAX_BATCH rows, else "gemm" (rms_norm + F.linear + SwiGLU or the
+    residual add as plain torch ops, fused by Inductor)."""
     if batch < 1:
         raise ValueError(f"decode_products: batch must be at least 1, got {batch}")
-    if batch <= GEMV_MAX_BATCH:
-        return "gemv"
-    return "rows" if batch <= ROWS_MAX_BATCH else "gemm"
+    return "gemv" if batch <= GEMV_MAX_BATCH else "gemm"
 
 
 def quant_products(rows: int) -> str:
@@ -88,8 +80,6 @@ def describe(batch: int, context: int, splits: int, products: tuple[str, ...] = 
     if products:
         if decode_products(batch) == "gemv":
             how = "the fused Triton GEMV"
-        elif decode_products(batch) == "rows" and not int4:
-            how = "the fused rows kernel (tensor cores, W streamed once)"
         elif int4 and quant_products(batch) == "rows":
             how = "the int4 rows kernel (codes dequantized in its loads)"
         elif int4:

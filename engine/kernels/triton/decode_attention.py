@@ -49,35 +49,13 @@ def _rope(ptr, dims, rot, sign, cos, sin, mask):
 
 
 @triton.jit
-def _softmax_step(q, q_low, k_tile, v_tile, ok, m_i, l_i, acc, scale, USE_DOT: tl.constexpr):
-    """One tile of the online softmax: the tile's scores for the query rows (positions where `ok` is false masked
-    out), the running max m_i and sum l_i rescaled, P·V added to acc. Returns (m_i, l_i, acc)."""
-    if USE_DOT:  # (REP_PAD ≥ 16 rows, padded) · kᵀ on the tensor cores
-        s = tl.dot(q_low, tl.trans(k_tile)) * scale
-    else:
-        s = tl.sum(q[:, None, :] * k_tile.to(tl.float32)[None, :, :], axis=2)  # (REP_PAD, BLOCK_S)
-    s = tl.where(ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    # A row that has seen only masked positions keeps m = -inf: exp(-inf - -inf) would be NaN, so use 0 there.
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m_i - m_safe)
-    p = tl.exp(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    if USE_DOT:
-        pv = tl.dot(p.to(v_tile.dtype), v_tile)
-    else:
-        pv = tl.sum(p[:, :, None] * v_tile.to(tl.float32)[None, :, :], axis=1)
-    return m_new, l_i, acc * alpha[:, None] + pv
-
-
-@triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
                   KVH, S_MAX, NUM_SPLITS,
                   REP: tl.constexpr, REP_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
                   BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
                   FROM_QKV: tl.constexpr = False, cos_ptr=None, sin_ptr=None, QKV_ROW=0,
                   USE_DOT: tl.constexpr = False, out_ptr=None, FINAL: tl.constexpr = False,
-                  RAGGED: tl.constexpr = False, STAGES: tl.constexpr = 0):
+                  RAGGED: tl.constexpr = False):
     """FROM_QKV: q_ptr is the qkv projection's output row per sequence, [q heads | k heads | v heads] before
     RoPE; each program applies RoPE to its q rows, and the program whose split holds the new position also applies it
     to that position's k and writes k and v into the cache (no other program reads that position).
@@ -85,10 +63,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
     and P rounded to the cache's dtype for P·V (as flash attention does); else fp32 broadcast-multiply-and-sum.
     FINAL (one split covers the whole cache): the program normalises its rows and writes the attention output to
     out_ptr itself, so no combine kernel runs.
-    RAGGED: sequence b at its own position pos_ptr[b] (a ragged batch); else every sequence at pos_ptr[0].
-    STAGES: 0 — each tile's successor is loaded into registers while the tile is used (the first before the PDL
-    wait); ≥ 2 — the loads sit in the loop and Triton's pipeliner keeps STAGES − 1 tiles in flight through shared
-    memory (asynchronous copies), the new position patched into whichever tile holds it."""
+    RAGGED: sequence b at its own position pos_ptr[b] (a ragged batch); else every sequence at pos_ptr[0]."""
     bk = tl.program_id(0)  # b * KVH + kv head
     split = tl.program_id(1)
     b = bk // KVH
@@ -110,15 +85,14 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
         # This kernel writes the new position itself; the position and the cached positions before it were written
         # before this step's first kernel, which PDL never overlaps: the first tile is loaded before waiting for the
         # previous kernel (q, the new k and v), and the new position patched in below.
-        if STAGES == 0:
-            k_next = tl.load(k_ptr + first, mask=(first_pos < hi)[:, None], other=0.0)
-            v_next = tl.load(v_ptr + first, mask=(first_pos < hi)[:, None], other=0.0)
+        k_next = tl.load(k_ptr + first, mask=(first_pos < hi)[:, None], other=0.0)
+        v_next = tl.load(v_ptr + first, mask=(first_pos < hi)[:, None], other=0.0)
         # the rotary tables' row for the new position: static tables, so also read before the wait
         cos = tl.load(cos_ptr + (length - 1) * D + dims).to(tl.float32)
         sin = tl.load(sin_ptr + (length - 1) * D + dims).to(tl.float32)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    if not FROM_QKV and STAGES == 0:  # the new position was written by the kernels just before: only after the wait
+    if not FROM_QKV:  # the new position was written by the kernels just before: only after the wait
         k_next = tl.load(k_ptr + first, mask=(first_pos < hi)[:, None], other=0.0)
         v_next = tl.load(v_ptr + first, mask=(first_pos < hi)[:, None], other=0.0)
     if FROM_QKV:
@@ -133,11 +107,10 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
         if split == (length - 1) // SPLIT:
             tl.store(k_ptr + kv_base + (length - 1) * D + dims, k_new)
             tl.store(v_ptr + kv_base + (length - 1) * D + dims, v_new)
-        if STAGES == 0:
-            tl.debug_barrier()  # the new position's k and v, stored by some threads, may be read below by others
-            is_new = (first_pos == length - 1)[:, None]  # the prefetched tile predates the store: patch it in
-            k_next = tl.where(is_new, k_new[None, :], k_next)
-            v_next = tl.where(is_new, v_new[None, :], v_next)
+        tl.debug_barrier()  # the new position's k and v, stored by some threads, may be read below by others
+        is_new = (first_pos == length - 1)[:, None]  # the prefetched tile predates the store: patch it in
+        k_next = tl.where(is_new, k_new[None, :], k_next)
+        v_next = tl.where(is_new, v_new[None, :], v_next)
     else:
         # q is (B, H, D) with H = KVH * REP: this kv head's query rows are contiguous.
         q = tl.load(q_ptr + (bk * REP + rows)[:, None] * D + dims[None, :], mask=row_ok[:, None], other=0.0)
@@ -146,28 +119,31 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, o_ptr, scale,
     m_i = tl.full((REP_PAD,), float("-inf"), tl.float32)
     l_i = tl.zeros((REP_PAD,), tl.float32)
     acc = tl.zeros((REP_PAD, D), tl.float32)
-    if STAGES == 0:
-        for s0 in range(lo, hi, BLOCK_S):
-            pos = s0 + tl.arange(0, BLOCK_S)
-            k_tile = k_next
-            v_tile = v_next
-            after = pos + BLOCK_S  # the next tile, loaded while this one is used
-            k_next = tl.load(k_ptr + kv_base + after[:, None] * D + dims[None, :], mask=(after < hi)[:, None],
-                             other=0.0)
-            v_next = tl.load(v_ptr + kv_base + after[:, None] * D + dims[None, :], mask=(after < hi)[:, None],
-                             other=0.0)
-            m_i, l_i, acc = _softmax_step(q, q_low, k_tile, v_tile, pos < hi, m_i, l_i, acc, scale, USE_DOT)
-    else:
-        for s0 in tl.range(lo, hi, BLOCK_S, num_stages=STAGES):
-            pos = s0 + tl.arange(0, BLOCK_S)
-            ok = pos < hi
-            k_tile = tl.load(k_ptr + kv_base + pos[:, None] * D + dims[None, :], mask=ok[:, None], other=0.0)
-            v_tile = tl.load(v_ptr + kv_base + pos[:, None] * D + dims[None, :], mask=ok[:, None], other=0.0)
-            if FROM_QKV:  # the copy may predate this program's store of the new position: patch it in
-                is_new = (pos == length - 1)[:, None]
-                k_tile = tl.where(is_new, k_new[None, :], k_tile)
-                v_tile = tl.where(is_new, v_new[None, :], v_tile)
-            m_i, l_i, acc = _softmax_step(q, q_low, k_tile, v_tile, ok, m_i, l_i, acc, scale, USE_DOT)
+    for s0 in range(lo, hi, BLOCK_S):
+        pos = s0 + tl.arange(0, BLOCK_S)
+        ok = pos < hi
+        k_tile = k_next
+        v_tile = v_next
+        after = pos + BLOCK_S  # the next tile, loaded while this one is used
+        k_next = tl.load(k_ptr + kv_base + after[:, None] * D + dims[None, :], mask=(after < hi)[:, None], other=0.0)
+        v_next = tl.load(v_ptr + kv_base + after[:, None] * D + dims[None, :], mask=(after < hi)[:, None], other=0.0)
+        if USE_DOT:  # (REP_PAD ≥ 16 rows, padded) · kᵀ on the tensor cores
+            s = tl.dot(q_low, tl.trans(k_tile)) * scale
+        else:
+            s = tl.sum(q[:, None, :] * k_tile.to(tl.float32)[None, :, :], axis=2)  # (REP_PAD, BLOCK_S)
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # A row that has seen only masked positions keeps m = -inf: exp(-inf - -inf) would be NaN, so use 0 there.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if USE_DOT:
+            pv = tl.dot(p.to(v_tile.dtype), v_tile)
+        else:
+            pv = tl.sum(p[:, :, None] * v_tile.to(tl.float32)[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
     if FINAL:  # position 0 is in this (only) split, so every real row has l > 0
         rows_out = (bk * REP + rows)[:, None] * D + dims[None, :]  # (B, H, 1, D): this kv head's query rows
         tl.store(out_ptr + rows_out, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -201,20 +177,23 @@ def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, NUM_SPLITS,
     tl.store(out_ptr + bh * D + dims, out.to(out_ptr.dtype.element_ty))
 
 
-# The split kernel's tile: (SPLIT positions per program, BLOCK_S positions per inner step, num_warps, STAGES: 0 for the
-# registers' one-tile prefetch, ≥ 2 for Triton's pipelined loop). A tile passed with SPLIT 0 keeps the split count
-# of the rule (or of `splits`) and sets only the rest (benchmarks/decode_attention_bench.py --long).
+# The split kernel's tile: (SPLIT positions per program, BLOCK_S positions per inner step, num_warps). A tile passed
+# with SPLIT 0 keeps the split count of the rule (or of `splits`) and sets the rest
+# (benchmarks/decode_attention_bench.py --long).
 # With tl.dot (GQA groups, 16-bit cache) one 64-position tile per split: the fastest in the 1B decode step, and
 # within a few percent of the fastest of the 39 tiles `python benchmarks/decode_attention_bench.py --preset 1B` times
 # alone. Many short splits keep their loads in flight at once, where a few long ones wait on memory at every tile.
-TILE_DOT = (64, 64, 4, 0)
-# One query row per kv head (the 7B): the broadcast products. The fastest of the 39 tiles the same bench times for the
-# 7B: a program's fixed work (RoPE of its rows, the new position's write, m / l / o out) is what the short splits
-# pay, and more of them in flight at 2 warps each hide it better.
-TILE_ROWS = (32, 32, 2, 0)
+TILE_DOT = (64, 64, 4)
+# One query row per kv head (the 7B), on the tensor cores (the row padded to 16) for a 16-bit cache and as broadcast
+# products for a float32 one. The fastest tile of `decode_attention_bench.py --long --preset 7B` at P = 8192 (of
+# BLOCK_S 32–128 × 2–8 warps, with and without the tensor cores, with and without a pipelined loop): 42.4 µs, 76 % of
+# the copy bandwidth on the 136 MB cache, where the broadcast products at this tile took 59.8 µs (54 %) — a
+# program's fixed work (RoPE of its rows, the new position's write, m / l / o out) is what the short splits pay,
+# and more of them in flight at 2 warps each hide it better.
+TILE_ROWS = (32, 32, 2)
 # GQA groups on the broadcast path (a float32 cache): REP rows × BLOCK_S × D products per step, so registers bound the
 # tile (the bench does not sweep this path).
-TILE_GROUPS = (64, 32, 4, 0)
+TILE_GROUPS = (64, 32, 4)
 INTERPRETER = {"SPLIT": 16, "BLOCK_S": 8}  # small tiles under the interpreter: CPU tests use short caches
 INTERPRETER_SMS = 2  # the "device" the split count fills under the interpreter (engine.kernels.choice)
 
@@ -226,34 +205,31 @@ def _sms(device: torch.device) -> int:
 
 
 def split_plan(batch: int, kv_heads: int, rep: int, s_max: int, dtype: torch.dtype, device: torch.device | str,
-               splits: int | None = None, tile: tuple[int, ...] | None = None
-               ) -> tuple[int, int, int, int, bool, int]:
-    """(SPLIT positions per program, number of splits, BLOCK_S, num_warps, USE_DOT, STAGES) of the split kernel for
-    this shape. The split count is engine.kernels.choice.attention_splits (a power of two: batch × kv heads × splits
+               splits: int | None = None, tile: tuple[int, int, int] | None = None
+               ) -> tuple[int, int, int, int, bool]:
+    """(SPLIT positions per program, number of splits, BLOCK_S, num_warps, USE_DOT) of the split kernel for this
+    shape. The split count is engine.kernels.choice.attention_splits (a power of two: batch × kv heads × splits
     fills the device, never splits shorter than the tile's own SPLIT) unless `splits` asks for one or `tile` forces
-    the tile (benchmarks/decode_attention_bench.py; (SPLIT, BLOCK_S, num_warps[, STAGES[, DOT]]), SPLIT 0: the count
-    as without a tile; DOT: tl.dot even for one query row per kv head). A split's length is rounded up to whole
-    BLOCK_S steps, so the count that runs may be below the one asked for where it does not divide the cache; the last
-    split is the short one."""
+    the tile (benchmarks/decode_attention_bench.py; SPLIT 0: the count as without a tile). A split's length is
+    rounded up to whole BLOCK_S steps, so the count that runs may be below the one asked for where it does not divide
+    the cache; the last split is the short one."""
     from engine.kernels.choice import attention_splits
 
     device = torch.device(device)
     interpreted = is_interpreted(_split_kernel)
-    # Compiled, with a 16-bit cache and GQA groups: tl.dot on rows padded to 16 (the broadcast products of a
-    # 4 × 32 × 64 tile need 255 registers per thread, the dot 113, and the split is slower for it). The interpreter
-    # keeps the broadcast form (it mishandles bf16 dot operands), as do float32 caches (a dot would round them to
-    # tf32) and one query row per kv head (the 7B: 15 of 16 padded rows would be waste).
-    use_dot = not interpreted and dtype in (torch.bfloat16, torch.float16) and rep >= 2
-    split, block_s, warps, stages = (*tile, 0)[:4] if tile else (
-        TILE_DOT if use_dot else TILE_ROWS if rep == 1 else TILE_GROUPS)
-    if tile and len(tile) > 4:  # the tile says whether the products go on the tensor cores (compiled 16-bit only)
-        use_dot = bool(tile[4]) and not interpreted and dtype in (torch.bfloat16, torch.float16)
+    # Compiled, with a 16-bit cache: tl.dot on the query rows padded to 16, even for one row per kv head (the
+    # broadcast products of a 4 × 32 × 64 tile need 255 registers per thread, the dot 113; for one row the dot
+    # keeps the cache's tile in the layout its loads give, and the 7B's split runs 1.4× faster for it: TILE_ROWS).
+    # The interpreter keeps the broadcast form (it mishandles bf16 dot operands), as do float32 caches (a dot would
+    # round them to tf32).
+    use_dot = not interpreted and dtype in (torch.bfloat16, torch.float16)
+    split, block_s, warps = tile or (TILE_ROWS if rep == 1 else TILE_DOT if use_dot else TILE_GROUPS)
     if interpreted and tile is None:
         split, block_s = INTERPRETER["SPLIT"], INTERPRETER["BLOCK_S"]
     if tile is None or split == 0:
         count = splits or attention_splits(batch, s_max, _sms(device), kv_heads, min_positions=split or block_s)
         split = max(block_s, triton.cdiv(triton.cdiv(s_max, max(1, count)), block_s) * block_s)
-    return split, triton.cdiv(s_max, split), block_s, warps, use_dot, stages
+    return split, triton.cdiv(s_max, split), block_s, warps, use_dot
 
 
 def decode_attention_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, input_pos: torch.Tensor,
@@ -284,18 +260,17 @@ def _positions(input_pos: torch.Tensor, positions: torch.Tensor | None, b: int) 
 
 
 def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: torch.Tensor, b: int, h: int, d: int,
-            rope: dict | None = None, tile: tuple[int, ...] | None = None, splits: int | None = None
+            rope: dict | None = None, tile: tuple[int, int, int] | None = None, splits: int | None = None
             ) -> torch.Tensor:
     """Both kernels over q (B, H·D: q rows, or with `rope` the qkv rows) and the cache → (B, H, 1, D). `pos`: one
-    position for every sequence, or one per sequence. `tile` (SPLIT, BLOCK_S, num_warps[, STAGES] of the split
-    kernel) forces one (benchmarks/decode_attention_bench.py's sweep); `splits` asks for a split count (split_plan)."""
+    position for every sequence, or one per sequence. `tile` (SPLIT, BLOCK_S, num_warps of the split kernel) forces
+    one (benchmarks/decode_attention_bench.py's sweep); `splits` asks for a split count (split_plan)."""
     _, kvh, s_max, _ = k_c.shape
     rep = h // kvh
     interpreted = is_interpreted(_split_kernel)
-    split, num_splits, block_s, warps, use_dot, stages = split_plan(b, kvh, rep, s_max, k_c.dtype, q.device, splits,
-                                                                    tile)
+    split, num_splits, block_s, warps, use_dot = split_plan(b, kvh, rep, s_max, k_c.dtype, q.device, splits, tile)
     rep_pad = max(16, triton.next_power_of_2(rep)) if use_dot else triton.next_power_of_2(rep)
-    tiles = {"SPLIT": split, "BLOCK_S": block_s, "STAGES": stages}
+    tiles = {"SPLIT": split, "BLOCK_S": block_s}
     pos = input_pos
     out = torch.empty(b, h, 1, d, device=q.device, dtype=q.dtype)
     pdl = {} if interpreted or not pdl_enabled(q.device) else {"PDL": True, "launch_pdl": True}
@@ -315,7 +290,7 @@ def _attend(q: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, input_pos: to
 
 
 def decode_attention_qkv_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                             v_cache: torch.Tensor, input_pos: torch.Tensor, tile: tuple[int, ...] | None = None,
+                             v_cache: torch.Tensor, input_pos: torch.Tensor, tile: tuple[int, int, int] | None = None,
                              splits: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
     """The decode step's attention from the qkv projection's output (B, 1, (H + 2·KVH)·D), before RoPE: RoPE on q
     and the new k (cos, sin: the rotary tables, (positions ≥ S_max, D), read at input_pos[-1] on the device, so no

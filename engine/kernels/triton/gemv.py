@@ -388,20 +388,10 @@ def _plain(x: torch.Tensor, proj: torch.nn.Module, norm_weight: torch.Tensor | N
     return y if residual is None else residual + y
 
 
-def _several(x: torch.Tensor, proj: torch.nn.Module, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-             residual: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor | None:
-    """The product of more rows than the GEMV takes (engine.kernels.choice.decode_products, decided when the step
-    is traced, from the static batch): the fused rows kernel for a 16-bit weight where the rule says "rows", plain
-    torch ops (`_plain`) where it says "gemm"; None at the GEMV's batches."""
-    products = decode_products(_rows(x))
-    if products == "gemv":
-        return None
-    if products == "rows" and not _quantized(proj):
-        from engine.kernels.triton import gemv_rows
-
-        if gemv_rows.takes(x):
-            return gemv_rows.rows_linear(x, proj.weight, norm_weight, eps, residual, glu)
-    return _plain(x, proj, norm_weight, eps, residual, glu)
+def _as_gemm(x: torch.Tensor) -> bool:
+    """This many rows take plain torch ops (engine.kernels.choice.decode_products); decided when the step is
+    traced, from the static batch."""
+    return decode_products(_rows(x)) == "gemm"
 
 
 class FusedDecodeOps:
@@ -412,14 +402,13 @@ class FusedDecodeOps:
     triton-int8-wo / -fp8-wo / -int4-wo modes) the same fusions in engine.kernels.triton.quant_gemv, dequantizing
     inside the weight loads; an int4 one holding tile-order codes (by default on an H100 for K >= 2048:
     $MODELAB_INT4_GEMV) the tensor-core kernel engine.kernels.cuda_quant. Batches above
-    engine.kernels.choice.GEMV_MAX_BATCH rows take the fused rows kernel (engine.kernels.triton.gemv_rows) or plain
-    torch ops (`_plain`: cuBLAS GEMMs, Inductor's fusions), as engine.kernels.choice.decode_products says
-    (`_several`)."""
+    engine.kernels.choice.GEMV_MAX_BATCH rows take plain torch ops instead (`_plain`: cuBLAS GEMMs, Inductor's
+    fusions), chosen by engine.kernels.choice.decode_products."""
 
     @staticmethod
     def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, proj: torch.nn.Module) -> torch.Tensor:
-        if (y := _several(x, proj, norm_weight, eps)) is not None:
-            return y
+        if _as_gemm(x):
+            return _plain(x, proj, norm_weight, eps)
         if _tiled(proj, x, glu=False):
             return cuda_quant.tile_gemv(x, proj.tile_q, proj.tile_s, proj.out_features, False, norm_weight, eps, None)
         if _quantized(proj):
@@ -430,8 +419,8 @@ class FusedDecodeOps:
 
     @staticmethod
     def norm_swiglu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, proj: torch.nn.Module) -> torch.Tensor:
-        if (y := _several(x, proj, norm_weight, eps, glu=True)) is not None:
-            return y
+        if _as_gemm(x):
+            return _plain(x, proj, norm_weight, eps, glu=True)
         if _tiled(proj, x, glu=True):
             return cuda_quant.tile_gemv(x, proj.tile_q, proj.tile_s, proj.out_features, True, norm_weight, eps, None)
         if _quantized(proj):
@@ -442,8 +431,8 @@ class FusedDecodeOps:
 
     @staticmethod
     def linear_add(x: torch.Tensor, proj: torch.nn.Module, residual: torch.Tensor) -> torch.Tensor:
-        if (y := _several(x, proj, residual=residual)) is not None:
-            return y
+        if _as_gemm(x):
+            return _plain(x, proj, residual=residual)
         if _tiled(proj, x, glu=False):
             return cuda_quant.tile_gemv(x, proj.tile_q, proj.tile_s, proj.out_features, False, None, 0.0, residual)
         if _quantized(proj):

@@ -4,16 +4,19 @@ the loads, the products on the tensor cores. W is never materialised.
 Why: at B = 1 the int4 products are GEMVs (engine/kernels/triton/quant_gemv.py). With a few more rows, the lab's
 other path dequantizes the whole weight into a bf16 copy and hands it to cuBLAS: a decode step then writes and reads
 the model in 16 bits (for a 7B: 3.8 GB of codes read, 13.5 GB written and read again) where the codes alone would do.
-Here each program owns BLOCK_N output features and walks K GROUPS groups of 64 at a time: it loads the (GROUPS,
-BLOCK_N, 8) int32 words of its rows once, turns every nibble into (code − 8) · scale in fp32 (the same bits as
-dequantize_int4), rounds that to X's dtype and multiplies the tile by all rows of X at once with tl.dot (the rows
-padded to 16, the smallest tensor-core tile): the bytes a step reads stay the codes' 3.8 GB whatever B is, and the
-unpacking work per weight is the GEMV's, shared by every row.
+Here each program owns BLOCK_N output features and walks K GROUPS groups of 64 at a time: it loads the (BLOCK_N,
+GROUPS · 8) int32 words of its rows once, turns every nibble into (code − 8) · scale in fp32 (the same bits as
+dequantize_int4), rounds that to X's dtype and multiplies it by all rows of X at once with tl.dot (the rows padded
+to 16, the smallest tensor-core tile): the bytes a step reads stay the codes' 3.8 GB whatever B is, and the unpacking
+work per weight is the GEMV's, shared by every row.
 
-The words hold k = 64·g + 8·j + t in nibble j of word t (engine/kernels/int4_layout.py). The tile is assembled in
-that order — position 64·g + 8·t + j — and X's columns are loaded in the same order, so the dot sums the right pairs
-with no shuffle of the weights. The nibbles become floats as in the GEMV (`_int4_words_to_f32`: on the GPU one LOP3
-each into the mantissa of 2^23).
+The words hold k = 64·g + 8·j + t in nibble j of word t (engine/kernels/int4_layout.py). Nibble j of every word a
+step loads is a (BLOCK_N, GROUPS · 8) operand as it stands — column 8·g + t holds k = 64·g + 8·j + t — so the step
+runs eight dots, one per nibble position, each against X's columns at those k: no tile is joined, permuted or
+reshaped (that shuffle through shared memory cost more than the unpacking). The features are the dots' M side and
+the rows their N side (Yᵀ is accumulated: BLOCK_N can grow to the 64 a warpgroup's MMA wants while the rows stay
+16). The nibbles become floats as in the GEMV (`_int4_words_to_f32`: on the GPU one LOP3 each into the mantissa of
+2^23).
 
 `int4_rows(x, q, scales)` launches it; `int4_rows_linear` is the torch custom op (`modelab::quant_rows_int4`)
 engine.llm.quant.QuantLinear calls where engine.kernels.choice.quant_products says "rows". `tile` (BLOCK_N, GROUPS,
@@ -32,14 +35,24 @@ from engine.kernels.triton._common import is_interpreted
 from engine.kernels.triton.quant_gemv import GROUP, _int4_operands, _int4_words_to_f32
 
 MAX_ROWS = 64  # the most rows one call takes: beyond it the padded dot wastes nothing and a GEMM is the right tool
-# (BLOCK_N, GROUPS, num_warps) on the GPU: 16 features a program fills 132 SMs twice over even at N = 4096, and 4
-# groups (256 weights of a row, 128 bytes of codes) a step keep each row's loads 128-byte wide.
+# (BLOCK_N, GROUPS, num_warps) on the GPU. GROUPS ≥ 2: each nibble's dot then has K = 16, the tensor cores' least.
 TILE = (16, 4, 4)
 INTERPRETER_TILE = (16, 2, 1)  # ragged K and N tails at the test shapes
 # what benchmarks/quant_rows_bench.py times (TILE among them) and benchmarks/triton_aot_check.py builds for sm_90,
 # at the rows of a batch up to 16 (BLOCK_M 16)
-AOT_TILES = (TILE, (32, 4, 4), (16, 8, 4), (64, 2, 4))
+AOT_TILES = (TILE, (32, 4, 4), (64, 4, 4), (64, 2, 4), (128, 2, 4), (32, 8, 4))
 AOT_ROWS = (16,)
+
+
+@triton.jit
+def _nibble_dot(acc, f, shift_scale, offset, s, x_rows, k_j, x_ok, IEEE: tl.constexpr):
+    """acc (BLOCK_N, BLOCK_M) += v · X[:, k_j]ᵀ for one nibble position: v = (f · shift_scale − offset) · s is
+    code − 8 times the group's scale (f as _int4_words_to_f32 gives it), rounded to X's dtype."""
+    v = ((f * shift_scale - offset) * s).to(x_rows.dtype.element_ty)
+    x = tl.load(x_rows + k_j[None, :], mask=x_ok, other=0.0)  # (BLOCK_M, GROUPS · 8)
+    if IEEE:
+        return tl.dot(v, tl.trans(x), acc, input_precision="ieee")
+    return tl.dot(v, tl.trans(x), acc)
 
 
 @triton.jit
@@ -53,42 +66,32 @@ def _int4_rows_kernel(x_ptr, q_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_qn,
     m_ok = offs_m < M
     n_ok = offs_n < N
     groups = (K + 63) // 64
-    offs_g = tl.arange(0, GROUPS)
-    # tile position c = 64·g + 8·t + j holds k = 64·g + 8·j + t: X's columns in that order
-    c = tl.arange(0, GROUPS * 64)
-    k_of_c = (c // 64) * 64 + (c % 8) * 8 + (c // 8) % 8
-    words = q_ptr + offs_n[None, :, None].to(tl.int64) * stride_qn + tl.arange(0, 8)[None, None, :]
-    scales = s_ptr + offs_n[None, :].to(tl.int64) * stride_sn
+    # column c = 8·g + t of a step's (BLOCK_N, GROUPS · 8) words: word t of group g0 + g, whose nibble j holds
+    # k = 64·(g0 + g) + 8·j + t
+    c = tl.arange(0, GROUPS * 8)
+    words = q_ptr + offs_n[:, None].to(tl.int64) * stride_qn + c[None, :]
+    scales = s_ptr + offs_n[:, None].to(tl.int64) * stride_sn + (c // 8)[None, :]  # each group's scale, 8 times
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # Yᵀ: the features are the dot's M side (swap AB)
     for g0 in range(0, groups, GROUPS):
-        gs = g0 + offs_g
-        g_ok = gs < groups
-        w = tl.load(words + gs[:, None, None] * 8, mask=g_ok[:, None, None] & n_ok[None, :, None], other=0,
-                    eviction_policy="evict_first")
-        s = tl.load(scales + gs[:, None], mask=g_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)[:, :, None]
+        g_ok = (g0 + c // 8) < groups
+        ok = n_ok[:, None] & g_ok[None, :]
+        w = tl.load(words + g0 * 8, mask=ok, other=0, eviction_policy="evict_first")
+        s = tl.load(scales + g0, mask=ok, other=0.0).to(tl.float32)
         f0, f1, f2, f3, f4, f5, f6, f7 = _int4_words_to_f32(w, ASM)
+        k0 = 64 * (g0 + c // 8) + c % 8  # nibble 0's k per column; nibble j's is k0 + 8·j
+        x_ok = m_ok[:, None] & g_ok[None, :]
         # f_j = 2^23 + code_j · 16^i (i = j mod 4): f_j · 16^-i − (2^23 · 16^-i + 8) is code_j − 8 exactly
-        v0 = (f0 - 8388616.0) * s
-        v1 = (f1 * 0.0625 - 524296.0) * s
-        v2 = (f2 * 0.00390625 - 32776.0) * s
-        v3 = (f3 * 0.000244140625 - 2056.0) * s
-        v4 = (f4 - 8388616.0) * s
-        v5 = (f5 * 0.0625 - 524296.0) * s
-        v6 = (f6 * 0.00390625 - 32776.0) * s
-        v7 = (f7 * 0.000244140625 - 2056.0) * s
-        # joined along a new last axis, three times: index b0·4 + b1·2 + b2 holds nibble j = b2 + 2·b1 + 4·b0, i.e. j
-        v = tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)), tl.join(tl.join(v1, v5), tl.join(v3, v7)))
-        v = tl.reshape(v, (GROUPS, BLOCK_N, 64))  # [g, n, 8·t + j]
-        w_tile = tl.reshape(tl.permute(v, (0, 2, 1)), (GROUPS * 64, BLOCK_N)).to(x_ptr.dtype.element_ty)
-        ks = g0 * 64 + k_of_c
-        x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & (ks < K)[None, :], other=0.0)
-        if IEEE:
-            acc = tl.dot(x, w_tile, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, w_tile, acc)
-    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
+        acc = _nibble_dot(acc, f0, 1.0, 8388616.0, s, x_rows, k0, x_ok & (k0 < K)[None, :], IEEE)
+        acc = _nibble_dot(acc, f1, 0.0625, 524296.0, s, x_rows, k0 + 8, x_ok & (k0 + 8 < K)[None, :], IEEE)
+        acc = _nibble_dot(acc, f2, 0.00390625, 32776.0, s, x_rows, k0 + 16, x_ok & (k0 + 16 < K)[None, :], IEEE)
+        acc = _nibble_dot(acc, f3, 0.000244140625, 2056.0, s, x_rows, k0 + 24, x_ok & (k0 + 24 < K)[None, :], IEEE)
+        acc = _nibble_dot(acc, f4, 1.0, 8388616.0, s, x_rows, k0 + 32, x_ok & (k0 + 32 < K)[None, :], IEEE)
+        acc = _nibble_dot(acc, f5, 0.0625, 524296.0, s, x_rows, k0 + 40, x_ok & (k0 + 40 < K)[None, :], IEEE)
+        acc = _nibble_dot(acc, f6, 0.00390625, 32776.0, s, x_rows, k0 + 48, x_ok & (k0 + 48 < K)[None, :], IEEE)
+        acc = _nibble_dot(acc, f7, 0.000244140625, 2056.0, s, x_rows, k0 + 56, x_ok & (k0 + 56 < K)[None, :], IEEE)
+    tl.store(y_ptr + offs_m[None, :].to(tl.int64) * stride_ym + offs_n[:, None], acc.to(y_ptr.dtype.element_ty),
+             mask=n_ok[:, None] & m_ok[None, :])
 
 
 def int4_rows(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,

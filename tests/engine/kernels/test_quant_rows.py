@@ -59,7 +59,7 @@ def test_a_tile_passed_and_leading_dims_give_the_same_product() -> None:
     """The benchmark passes tiles (BLOCK_N, GROUPS, num_warps); a (B, 1, K) decode input keeps its leading dims."""
     qw = _int4(70, 333, torch.float32)
     x = torch.randn(4, 1, 333, generator=torch.Generator().manual_seed(3)).to(DEVICE)
-    out = qr.int4_rows(x, qw.q, qw.scales, tile=(32, 1, 1))
+    out = qr.int4_rows(x, qw.q, qw.scales, tile=(32, 2, 1))
     assert out.shape == (4, 1, 70)
     assert rel_err(out.reshape(4, 70), _reference(x.reshape(4, 333), qw)) < TOL[torch.float32]
 
