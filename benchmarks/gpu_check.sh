@@ -206,7 +206,7 @@ case $part in
          t timeout 200 python3 benchmarks/decode_attention_bench.py --long --preset ${ATTN_PRESETS:-7B,1B} \
            --batch ${ATTN_BATCH:-1,8} --context ${ATTN_CONTEXT:-8320} --top 6 >"$out/attention_long.log" 2>&1
          cat "$out/attention_long.log"
-         for preset in ${ATTN_PRESETS:-7B,1B}; do
+         for preset in $(echo ${ATTN_PRESETS:-7B,1B} | tr , ' '); do
            t timeout 150 python3 benchmarks/decode_envelope.py --preset $preset --batch ${ATTN_BATCH:-1,8} \
              --prompt 512,8192 --skip products >"$out/envelope_attention_$preset.log" 2>&1
            tail -6 "$out/envelope_attention_$preset.log"

@@ -35,12 +35,17 @@ from engine.kernels.triton._common import is_interpreted
 from engine.kernels.triton.quant_gemv import GROUP, _int4_operands, _int4_words_to_f32
 
 MAX_ROWS = 64  # the most rows one call takes: beyond it the padded dot wastes nothing and a GEMM is the right tool
-# (BLOCK_N, GROUPS, num_warps) on the GPU. GROUPS ≥ 2: each nibble's dot then has K = 16, the tensor cores' least.
-TILE = (16, 4, 4)
+# (BLOCK_N, GROUPS, num_warps) on the GPU, the widest that still gives the product MIN_PROGRAMS programs: wide tiles
+# unpack more words per program (gate_up, qkv), narrow ones keep ~one program per SM on the 2048- and 4096-wide
+# products. GROUPS ≥ 2: each nibble's dot then has K = 16, the tensor cores' least. By benchmarks/quant_rows_bench.py
+# on an H200 this picks the fastest of the six AOT_TILES (or one within 1 %) for all eight 1B and 7B weight shapes at
+# B = 2..16 (7B gate_up 64x2g 71.4-81.0 µs, the next tile 123.0; 1B down 16x4g 40.5-48.6, 32x4g 63.6-71.3).
+TILES = ((64, 2, 4), (32, 8, 4), (16, 4, 4))
+MIN_PROGRAMS = 96
 INTERPRETER_TILE = (16, 2, 1)  # ragged K and N tails at the test shapes
-# what benchmarks/quant_rows_bench.py times (TILE among them) and benchmarks/triton_aot_check.py builds for sm_90,
+# what benchmarks/quant_rows_bench.py times (TILES among them) and benchmarks/triton_aot_check.py builds for sm_90,
 # at the rows of a batch up to 16 (BLOCK_M 16)
-AOT_TILES = (TILE, (32, 4, 4), (64, 4, 4), (64, 2, 4), (128, 2, 4), (32, 8, 4))
+AOT_TILES = (*TILES, (32, 4, 4), (64, 4, 4), (128, 2, 4))
 AOT_ROWS = (16,)
 
 
@@ -97,7 +102,8 @@ def _int4_rows_kernel(x_ptr, q_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_qn,
 def int4_rows(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
               tile: tuple[int, int, int] | None = None) -> torch.Tensor:
     """x (..., K) of at most MAX_ROWS rows · dequant(q).T for q (N, ceil(K/64)·32) packed uint8 and scales (N,
-    ceil(K/64)): (..., N) in x's dtype, accumulated in fp32. `tile` (BLOCK_N, GROUPS, num_warps) overrides TILE."""
+    ceil(K/64)): (..., N) in x's dtype, accumulated in fp32. `tile` (BLOCK_N, GROUPS, num_warps) overrides
+    tile_for(N)."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     m, n = x2.shape[0], q.shape[0]
@@ -108,12 +114,18 @@ def int4_rows(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
     words, scales = _int4_operands(q, scales, k, f"x's {k} features")
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     interpreted = is_interpreted(_int4_rows_kernel)
-    bn, groups, warps = tile or (INTERPRETER_TILE if interpreted else TILE)
+    bn, groups, warps = tile or (INTERPRETER_TILE if interpreted else tile_for(n))
     _int4_rows_kernel[(triton.cdiv(n, bn),)](
         x2, words, scales, y, m, n, k, x2.stride(0), words.stride(0), scales.stride(0), y.stride(0),
         BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=bn, GROUPS=groups, ASM=not interpreted,
         IEEE=x.dtype == torch.float32, num_warps=warps)
     return y.reshape(*x.shape[:-1], n)
+
+
+def tile_for(n: int) -> tuple[int, int, int]:
+    """The tile for N output features: the first of TILES that gives at least MIN_PROGRAMS programs (else the
+    narrowest)."""
+    return next((t for t in TILES if n // t[0] >= MIN_PROGRAMS), TILES[-1])
 
 
 def takes(x: torch.Tensor) -> bool:

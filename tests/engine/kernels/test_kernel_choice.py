@@ -44,7 +44,9 @@ def test_the_note_names_the_choice() -> None:
     assert choice.describe(1, 640, 1) == "B=1: decode attention 1 split over 640 positions"
     assert "fused Triton GEMV" in choice.describe(1, 640, 10, ("qkv",))
     assert "fused Triton GEMV" in choice.describe(1, 640, 10, ("qkv",), int4=True)  # one row: the quantized GEMV
-    assert "via the weight dequantized each step, then GEMM" in choice.describe(8, 640, 2, ("qkv",), int4=True)
+    assert "via the int4 rows kernel" in choice.describe(choice.QUANT_ROWS_MAX_BATCH, 640, 2, ("qkv",), int4=True)
+    more = choice.QUANT_ROWS_MAX_BATCH + 1
+    assert "via the weight dequantized each step, then GEMM" in choice.describe(more, 640, 2, ("qkv",), int4=True)
 
 
 triton = pytest.importorskip("triton")

@@ -274,8 +274,11 @@ def test_a_quantized_step_compiles_without_a_graph_break(name: str) -> None:
 def test_the_labs_compiled_prefill_forms_its_weight_with_the_kernel(scheme: str) -> None:
     """The lab's compiled prefill traces the triton_op (quant_dequantize) into its graph and multiplies by the same
     weight, bit for bit, as the eager layer."""
+    from engine.kernels.choice import QUANT_ROWS_MAX_BATCH
+
     layer = quant.QuantLinear(quant.quantize(_weight(48, 200), scheme), impl="triton", dtype=torch.float32)
-    x = torch.randn(5, 200, generator=torch.Generator().manual_seed(1))
+    # a prefill's rows: more than a decode step's that int4 sends to its rows kernel
+    x = torch.randn(QUANT_ROWS_MAX_BATCH + 5, 200, generator=torch.Generator().manual_seed(1))
     graphs: list[str] = []
 
     def record(gm, _inputs):
