@@ -28,7 +28,8 @@ def best_table(best: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "B": best["batch"], "P": best["prompt_len"], "best mode": best["best mode"],
         "TPOT": [fmt_time(v) for v in best["tpot_median_us"]], "MBU": [fmt_pct(v) for v in best["mbu_pct"]],
-        f"vs {BASELINE}": [f"{v:.2f}×" if v == v and v is not None else "—" for v in best[f"vs {BASELINE}"]]})
+        f"vs {BASELINE}": [f"{v:.2f}×" if v == v and v is not None else "—" for v in best[f"vs {BASELINE}"]],
+        "flag": best["flag"]})
 
 
 def render(runs: pd.DataFrame) -> None:
@@ -41,8 +42,10 @@ def render(runs: pd.DataFrame) -> None:
                          help="python -m engine llm --sweep batch=1,8,32 --sweep prompt=512,8192 --mode …")
     cells = envelope_cells(runs, group)
     st.dataframe(best_table(best_per_cell(cells)), hide_index=True)
-    st.caption(f"Best mode per cell: the lowest median TPOT; vs {BASELINE}: its TPOT over the best's in the same "
-               "cell. Cells that did not fit the device were skipped when the sweep was queued.")
+    st.caption(f"Best mode per cell: the lowest median TPOT among the cell's unflagged runs; vs {BASELINE}: its "
+               "TPOT over the best's in the same cell. A flag (noisy, interfered) marks a cell whose best or baseline "
+               "was timed under disturbance: no headline. Cells that did not fit the device were skipped when the "
+               "sweep was queued.")
     for mode in sorted(cells["mode"].unique()):
         cols = st.columns(2)
         for col, metric in zip(cols, METRICS):

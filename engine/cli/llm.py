@@ -199,6 +199,7 @@ def _llm(args: argparse.Namespace, launcher) -> int:
     for line in flag_lines(store, ids):  # timings flagged noisy or interfered (engine.measure.noise)
         print(line)
     _print_quantized(store, ids)
+    _print_envelope(store, ids, group)
     _print_native_vs_transformers(store, ids)
     if args.tp > 1:
         _print_scaling(store, ids, statuses)
@@ -355,6 +356,20 @@ def _print_quantized(store: Store, ids: list[int]) -> None:
         return
     print()
     print(modes_table(runs).to_string(index=False))
+
+
+def _print_envelope(store: Store, ids: list[int], group: str | None) -> None:
+    """A two-axis sweep: the best mode per (B, P) cell and its ratio to compile-cudagraph (engine.llm.envelope)."""
+    from engine.llm.envelope import envelope_cells, envelope_lines
+    from engine.llm.report import llm_runs
+
+    if group is None:
+        return
+    runs = llm_runs(store, status="ok", limit=max(500, len(ids)))
+    if runs.empty:
+        return
+    for line in envelope_lines(envelope_cells(runs[runs["id"].isin(ids)], group)):
+        print(line)
 
 
 def _print_native_vs_transformers(store: Store, ids: list[int]) -> None:

@@ -29,6 +29,10 @@ def test_two_axis_sweep_runs_every_cell_and_mode(store: Store, capsys: pytest.Ca
     assert cells == sorted((m, b, p) for m in ("eager", "sdpa-math") for b, p in ((1, 4), (1, 6), (2, 4)))
     assert set(runs["sweep"]) == {"batch,prompt"} and runs["group_id"].nunique() == 1
     assert (runs["tpot_median_us"] > 0).all()
+    # then the envelope: one line per cell that ran, its best mode among eager and sdpa-math
+    table = captured.out[captured.out.index("envelope: the best mode"):].splitlines()[2:5]
+    assert [line.split()[:2] for line in table] == [["1", "4"], ["1", "6"], ["2", "4"]]
+    assert all(line.split()[2] in ("eager", "sdpa-math") for line in table), table
 
 
 def test_sweep_points_are_the_cells_of_both_axes() -> None:

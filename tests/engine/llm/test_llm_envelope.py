@@ -19,15 +19,18 @@ TPOT = {("compile-cudagraph", 1, 512): 200.0, ("triton-fused", 1, 512): 160.0,
         ("triton-fused", 8, 8192): 900.0}
 
 
-def add_envelope(store: Store, group: str = "env1", tpot: dict | None = None) -> dict[tuple, int]:
+def add_envelope(store: Store, group: str = "env1", tpot: dict | None = None, noisy: tuple = ()) -> dict[tuple, int]:
+    """The cells of `tpot` as one sweep group; those in `noisy` with their timing judged noisy."""
     ids = {}
     for (mode, batch, prompt), us in (tpot or TPOT).items():
         params = {"preset": "tiny", "mode": mode, "batch": batch, "prompt_len": prompt, "new_tokens": 4,
                   "device": "cpu", "sweep": "batch,prompt"}
         run_id = store.create_run("llm", "llama-tiny", mode, "cpu", params, group_id=group)
         store.start_run(run_id)
+        flagged = {"state": "noisy", "flags": [f"decode B={batch}: 3 of 16 samples far out"]}
         store.record_result(run_id, RunResult(env={}, metrics=[
-            Metric("tpot_median_us", us, "us", "decode"), Metric("mbu_pct", 1e4 / us, "%", "decode")]))
+            Metric("tpot_median_us", us, "us", "decode"), Metric("mbu_pct", 1e4 / us, "%", "decode")],
+            conditions=flagged if (mode, batch, prompt) in noisy else None))
         ids[(mode, batch, prompt)] = run_id
     return ids
 
@@ -66,6 +69,23 @@ def test_a_rerun_cell_takes_the_newest_run(lab_store: Store) -> None:
     newer = add_envelope(lab_store, tpot={("triton-fused", 1, 512): 120.0})
     cells = envelope_cells(llm_runs(lab_store), "env1")
     assert list(cells["id"]) == [newer[("triton-fused", 1, 512)]] and list(cells["tpot_median_us"]) == [120.0]
+
+
+def test_a_flagged_run_is_no_cells_best_while_a_clean_one_ran_there(lab_store: Store) -> None:
+    """triton-fused's faster run at (1, 512) was timed noisy: compile-cudagraph, slower but clean, is the best and
+    the cell says the baseline is clean; where every run is flagged the fastest stands, with its flag; the printed
+    lines carry both."""
+    from engine.llm.envelope import envelope_lines
+
+    ids = add_envelope(lab_store, noisy=(("triton-fused", 1, 512), ("triton-fused", 8, 8192)))
+    cells = envelope_cells(llm_runs(lab_store), "env1")
+    assert set(cells[cells["flag"] == "noisy"]["id"]) == {ids[("triton-fused", 1, 512)], ids[("triton-fused", 8, 8192)]}
+    best = best_per_cell(cells).set_index(["batch", "prompt_len"])
+    assert best.loc[(1, 512), "best mode"] == BASELINE and best.loc[(1, 512), "flag"] == ""
+    assert best.loc[(8, 8192), "best mode"] == "triton-fused" and best.loc[(8, 8192), "flag"] == "best noisy"
+    lines = envelope_lines(cells)
+    assert len(lines) == 3 + 4 and lines[-1].rstrip().endswith("best noisy")
+    assert "1.00×" in next(line for line in lines if line.split()[:2] == ["1", "512"])
 
 
 @pytest.fixture
