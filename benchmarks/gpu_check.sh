@@ -37,6 +37,9 @@ frontier       the targets: L5 attention variants vs SDPA (unverified ones in a 
 envelope-kernels decode's kernels across batch and context: the int4 rows kernel against dequantize+cuBLAS
                (quant_rows_bench.py, 7B and 1B), the decode attention's tiles and split counts at long contexts
                (decode_attention_bench.py --long, decode_envelope.py's attention table)
+envelope       the decode envelope: `llm --sweep batch=… --sweep prompt=…` for ENV_PRESET (7B) in ENV_MODES
+               (compile-cudagraph,triton-fused) over ENV_BATCH × ENV_PROMPT (1,8,32 × 512,8192), then its envelope
+               table; runs on past a call like llm-7b-all (WAIT_S): call the part again to go on waiting
 gluon-l4       the L4 attention's Gluon kernel: checked against float64 in a child process, then, if it passed, timed
                beside SDPA and the tl kernel, and the causal-attention L4 level (its per-shape choice between the two
                kernels in the runs' notes)
@@ -211,6 +214,26 @@ case $part in
              --prompt 512,8192 --skip products >"$out/envelope_attention_$preset.log" 2>&1
            tail -6 "$out/envelope_attention_$preset.log"
          done ;;
+  envelope) # in a process session of its own, as llm-7b-all: one folder per preset, the store copied to OUT at the end
+            home=/tmp/envelope/${ENV_PRESET:-7B}; mkdir -p "$home"
+            if [ ! -e "$home/rc" ] && ! { [ -s "$home/pid" ] && kill -0 "$(cat "$home/pid")" 2>/dev/null; }; then
+              RESULTS_DB="$home/gpu.duckdb" setsid bash -c 'python3 -m engine llm --preset "$1" --new-tokens 128 \
+                --device cuda --no-profile --mode "$2" --sweep batch="$3" --sweep prompt="$4" >"$0/envelope.log" 2>&1
+                echo $? >"$0/rc"' "$home" "${ENV_PRESET:-7B}" "${ENV_MODES:-compile-cudagraph,triton-fused}" \
+                "${ENV_BATCH:-1,8,32}" "${ENV_PROMPT:-512,8192}" </dev/null &
+              echo $! >"$home/pid"
+              echo "started: pid $(cat "$home/pid"), its store $home/gpu.duckdb"
+            fi
+            deadline=$((SECONDS + ${WAIT_S:-570}))
+            while [ ! -e "$home/rc" ] && [ $SECONDS -lt $deadline ]; do sleep 2; done
+            cp "$home/envelope.log" "$out/envelope_${ENV_PRESET:-7B}.log" 2>/dev/null
+            if [ -e "$home/rc" ]; then
+              cp "$home/gpu.duckdb" "$out/envelope_${ENV_PRESET:-7B}.duckdb"
+              echo "[rc $(cat "$home/rc")] the sweep ended"; grep -v "^\s*$" "$home/envelope.log" | tail -45
+            else
+              echo "still running after ${WAIT_S:-570} s: call this part again within the machine's idle time"
+              tail -5 "$home/envelope.log"
+            fi ;;
   gluon-l4) if PYTEST_LIMIT=320 t pytest_q tests/engine/kernels/test_triton_kernels.py -k "gluon or l4_"; then
               t timeout 200 python3 benchmarks/triton_kernels_gpu.py --only attn --gluon >"$out/gluon_attn.log" 2>&1
               grep -E "gluon|SDPA" "$out/gluon_attn.log" | tail -16
