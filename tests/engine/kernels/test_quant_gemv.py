@@ -111,6 +111,7 @@ import torch
 from functorch.compile import aot_function
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 from torch._subclasses.fake_tensor import FakeTensorMode
+from engine.kernels.choice import QUANT_ROWS_MAX_BATCH
 from engine.llm import quant
 
 for scheme in ("int4-wo", "int8-wo", "fp8-wo"):
@@ -118,7 +119,8 @@ for scheme in ("int4-wo", "int8-wo", "fp8-wo"):
     graphs = []
     layer = quant.QuantLinear(qw, impl="triton")
     with FakeTensorMode():
-        x = torch.empty(8, 256, device="cuda", dtype=torch.bfloat16)
+        # a prefill's rows: more than int4 sends to its rows kernel at decode
+        x = torch.empty(QUANT_ROWS_MAX_BATCH + 8, 256, device="cuda", dtype=torch.bfloat16)
         q = torch.empty_strided(qw.q.shape, qw.q.stride(), device="cuda", dtype=qw.q.dtype)
         s = torch.empty_strided(qw.scales.shape, qw.scales.stride(), device="cuda", dtype=qw.scales.dtype)
         # the buffers passed in, as torch.compile lifts them
