@@ -60,6 +60,24 @@ t() { local s=$SECONDS; "$@"; local rc=$?; echo "[$((SECONDS - s)) s, rc $rc] $*
 # functions, so `timeout` cannot run them: PYTEST_LIMIT / LLM_LIMIT bound them instead
 pytest_q() { timeout "${PYTEST_LIMIT:-1800}" python3 -m pytest -q -x -p no:cacheprovider "$@" 2>&1 | tail -3; }
 llm() { timeout "${LLM_LIMIT:-1800}" python3 -m engine llm --prompt-len 512 --new-tokens 128 --device cuda "$@"; }
+# `in_session HOME LOG CMD…`: CMD in a process session of its own (setsid), its output in HOME/LOG and its exit
+# status in HOME/rc, so it can outlive one call; started unless it already ran or runs there. Waits for it up to
+# WAIT_S seconds (default 570); true once it has ended. Called again while it runs (the machine still warm), it goes
+# on waiting.
+in_session() {
+  local home=$1 log=$2; shift 2
+  mkdir -p "$home"
+  if [ ! -e "$home/rc" ] && ! { [ -s "$home/pid" ] && kill -0 "$(cat "$home/pid")" 2>/dev/null; }; then
+    setsid bash -c 'home=$0 log=$1; shift; "$@" >"$home/$log" 2>&1; echo $? >"$home/rc"' "$home" "$log" "$@" \
+      </dev/null &
+    echo $! >"$home/pid"
+    echo "started: pid $(cat "$home/pid"), its output $home/$log"
+  fi
+  local deadline=$((SECONDS + ${WAIT_S:-570}))
+  while [ ! -e "$home/rc" ] && [ $SECONDS -lt $deadline ]; do sleep 2; done
+  [ -e "$home/rc" ] || { echo "still running after ${WAIT_S:-570} s: call this part again within the machine's idle \
+time"; tail -5 "$home/$log"; return 1; }
+}
 seconds_per_run() {
   python3 -m engine sql "SELECT id, mode, status, round(epoch(finished_at) - epoch(started_at), 1) AS s FROM runs
     WHERE kind = '$1' ORDER BY id"
@@ -158,29 +176,19 @@ case $part in
   llm-1b-all) t timeout 580 python3 -m engine llm --preset 1B --prompt-len 512 --new-tokens 128 --mode all \
                 --device cuda >"$out/llm1b_all.log" 2>&1; tail -30 "$out/llm1b_all.log"
               python3 benchmarks/run_timelines.py --kind llm ;;
-  llm-7b-all) # in a process session of its own (setsid), so it can outlive one call: the part waits for it up to
-              # WAIT_S seconds (default 570); called again while it runs (on the same machine, still warm), it goes on
-              # waiting. Both variants (all the device's memory, DEVICE_MEMORY) keep one store, /tmp/llm7b-all's, so
-              # the second plans with the peaks the first measured; it is copied to OUT with the variant's log.
-              store=/tmp/llm7b-all; home=$store/${DEVICE_MEMORY:-whole}; mkdir -p "$home"
-              if [ ! -e "$home/rc" ] && ! { [ -s "$home/pid" ] && kill -0 "$(cat "$home/pid")" 2>/dev/null; }; then
-                RESULTS_DB="$store/gpu.duckdb" setsid bash -c 'python3 -m engine llm --preset 7B --prompt-len 512 \
-                  --new-tokens 128 --mode all --device cuda ${1:+--device-memory "$1"} >"$0/llm7b_all.log" 2>&1
-                  echo $? >"$0/rc"' "$home" "${DEVICE_MEMORY:-}" </dev/null &
-                echo $! >"$home/pid"
-                echo "started: pid $(cat "$home/pid"), its store $store/gpu.duckdb"
-              fi
-              deadline=$((SECONDS + ${WAIT_S:-570}))
-              while [ ! -e "$home/rc" ] && [ $SECONDS -lt $deadline ]; do sleep 2; done
-              if [ -e "$home/rc" ]; then
+  llm-7b-all) # in a process session of its own (in_session), so it can outlive one call. Both variants (all the
+              # device's memory, DEVICE_MEMORY) keep one store, /tmp/llm7b-all's, so the second plans with the peaks
+              # the first measured; it is copied to OUT with the variant's log.
+              store=/tmp/llm7b-all
+              if in_session "$store/${DEVICE_MEMORY:-whole}" llm7b_all.log env RESULTS_DB="$store/gpu.duckdb" \
+                  python3 -m engine llm --preset 7B --prompt-len 512 --new-tokens 128 --mode all --device cuda \
+                  ${DEVICE_MEMORY:+--device-memory "$DEVICE_MEMORY"}; then
+                home=$store/${DEVICE_MEMORY:-whole}
                 cp "$home/llm7b_all.log" "$out/"
                 [ -e "$store/gpu.duckdb" ] && cp "$store/gpu.duckdb" "$out/"
                 echo "[rc $(cat "$home/rc")] the group ended; the runs' own times are in the store"
                 tail -40 "$out/llm7b_all.log"
                 RESULTS_DB="$out/gpu.duckdb" python3 benchmarks/run_timelines.py --kind llm
-              else
-                echo "still running after ${WAIT_S:-570} s: call this part again within the machine's idle time"
-                tail -5 "$home/llm7b_all.log"
               fi ;;
   levels) t python3 -m engine levels --component "${LEVEL_COMPONENTS:-all}" --level all --device cuda \
             >"$out/levels.log" 2>&1
@@ -214,25 +222,15 @@ case $part in
              --prompt 512,8192 --skip products >"$out/envelope_attention_$preset.log" 2>&1
            tail -6 "$out/envelope_attention_$preset.log"
          done ;;
-  envelope) # in a process session of its own, as llm-7b-all: one folder per preset, the store copied to OUT at the end
-            home=/tmp/envelope/${ENV_PRESET:-7B}; mkdir -p "$home"
-            if [ ! -e "$home/rc" ] && ! { [ -s "$home/pid" ] && kill -0 "$(cat "$home/pid")" 2>/dev/null; }; then
-              RESULTS_DB="$home/gpu.duckdb" setsid bash -c 'python3 -m engine llm --preset "$1" --new-tokens 128 \
-                --device cuda --no-profile --mode "$2" --sweep batch="$3" --sweep prompt="$4" >"$0/envelope.log" 2>&1
-                echo $? >"$0/rc"' "$home" "${ENV_PRESET:-7B}" "${ENV_MODES:-compile-cudagraph,triton-fused}" \
-                "${ENV_BATCH:-1,8,32}" "${ENV_PROMPT:-512,8192}" </dev/null &
-              echo $! >"$home/pid"
-              echo "started: pid $(cat "$home/pid"), its store $home/gpu.duckdb"
-            fi
-            deadline=$((SECONDS + ${WAIT_S:-570}))
-            while [ ! -e "$home/rc" ] && [ $SECONDS -lt $deadline ]; do sleep 2; done
-            cp "$home/envelope.log" "$out/envelope_${ENV_PRESET:-7B}.log" 2>/dev/null
-            if [ -e "$home/rc" ]; then
+  envelope) # in a process session of its own (in_session), one folder per preset; the store copied to OUT at the end
+            home=/tmp/envelope/${ENV_PRESET:-7B}
+            if in_session "$home" envelope.log env RESULTS_DB="$home/gpu.duckdb" python3 -m engine llm \
+                --preset "${ENV_PRESET:-7B}" --new-tokens 128 --device cuda --no-profile \
+                --mode "${ENV_MODES:-compile-cudagraph,triton-fused}" --sweep batch="${ENV_BATCH:-1,8,32}" \
+                --sweep prompt="${ENV_PROMPT:-512,8192}"; then
+              cp "$home/envelope.log" "$out/envelope_${ENV_PRESET:-7B}.log"
               cp "$home/gpu.duckdb" "$out/envelope_${ENV_PRESET:-7B}.duckdb"
               echo "[rc $(cat "$home/rc")] the sweep ended"; grep -v "^\s*$" "$home/envelope.log" | tail -45
-            else
-              echo "still running after ${WAIT_S:-570} s: call this part again within the machine's idle time"
-              tail -5 "$home/envelope.log"
             fi ;;
   gluon-l4) if PYTEST_LIMIT=320 t pytest_q tests/engine/kernels/test_triton_kernels.py -k "gluon or l4_"; then
               t timeout 200 python3 benchmarks/triton_kernels_gpu.py --only attn --gluon >"$out/gluon_attn.log" 2>&1

@@ -57,8 +57,6 @@ def best_per_cell(cells: pd.DataFrame) -> pd.DataFrame:
     columns = ["batch", "prompt_len", "best mode", "tpot_median_us", "mbu_pct", f"{BASELINE} tpot_us",
                f"vs {BASELINE}", "flag"]
     timed = cells[cells["tpot_median_us"].notna() & (cells["tpot_median_us"] > 0)]
-    if "flag" not in timed:
-        timed = timed.assign(flag="")
     rows = []
     for (batch, prompt), cell in timed.groupby(["batch", "prompt_len"], sort=True):
         clean = cell[cell["flag"].fillna("") == ""]

@@ -218,8 +218,8 @@ def split_plan(batch: int, kv_heads: int, rep: int, s_max: int, dtype: torch.dty
     device = torch.device(device)
     interpreted = is_interpreted(_split_kernel)
     # Compiled, with a 16-bit cache: tl.dot on the query rows padded to 16, even for one row per kv head (the
-    # broadcast products of a 4 × 32 × 64 tile need 255 registers per thread, the dot 113; for one row the dot
-    # keeps the cache's tile in the layout its loads give, and the 7B's split runs 1.4× faster for it: TILE_ROWS).
+    # broadcast products of a 4 × 32 × 64 tile need 255 registers per thread, the dot 113; for one row the 15
+    # padded rows cost the tensor cores nothing, and the 7B's split runs 1.4× faster on them: TILE_ROWS).
     # The interpreter keeps the broadcast form (it mishandles bf16 dot operands), as do float32 caches (a dot would
     # round them to tf32).
     use_dot = not interpreted and dtype in (torch.bfloat16, torch.float16)

@@ -13,10 +13,11 @@ work per weight is the GEMV's, shared by every row.
 The words hold k = 64·g + 8·j + t in nibble j of word t (engine/kernels/int4_layout.py). Nibble j of every word a
 step loads is a (BLOCK_N, GROUPS · 8) operand as it stands — column 8·g + t holds k = 64·g + 8·j + t — so the step
 runs eight dots, one per nibble position, each against X's columns at those k: no tile is joined, permuted or
-reshaped (that shuffle through shared memory cost more than the unpacking). The features are the dots' M side and
-the rows their N side (Yᵀ is accumulated: BLOCK_N can grow to the 64 a warpgroup's MMA wants while the rows stay
-16). The nibbles become floats as in the GEMV (`_int4_words_to_f32`: on the GPU one LOP3 each into the mantissa of
-2^23).
+reshaped. With its tile per product (tile_for) a 7B layer's four products take 209–243 µs for B = 2..16 on an H200,
+where a form that assembled one (GROUPS · 64)-long tile through those shuffles took 269–448 µs at its best tile
+(benchmarks/quant_rows_bench.py). Yᵀ is accumulated: the features are the dots' M side, the rows (padded to 16)
+their N side. The nibbles become floats as in the GEMV (`_int4_words_to_f32`: on the GPU one LOP3 each into the
+mantissa of 2^23).
 
 `int4_rows(x, q, scales)` launches it; `int4_rows_linear` is the torch custom op (`modelab::quant_rows_int4`)
 engine.llm.quant.QuantLinear calls where engine.kernels.choice.quant_products says "rows". `tile` (BLOCK_N, GROUPS,
