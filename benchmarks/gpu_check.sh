@@ -211,8 +211,8 @@ case $part in
          fi ;;
   envelope-kernels)
          for preset in ${ROWS_PRESETS:-7B 1B}; do
-           t timeout 100 python3 benchmarks/quant_rows_bench.py --preset $preset --batch ${ROWS_BATCH:-2,4,8,16} \
-             >"$out/quant_rows_$preset.log" 2>&1; tail -8 "$out/quant_rows_$preset.log"
+           t timeout 200 python3 benchmarks/quant_rows_bench.py --preset $preset --batch ${ROWS_BATCH:-2,4,8,16} \
+             >"$out/quant_rows_$preset.log" 2>&1; tail -12 "$out/quant_rows_$preset.log"
          done
          t timeout 200 python3 benchmarks/decode_attention_bench.py --long --preset ${ATTN_PRESETS:-7B,1B} \
            --batch ${ATTN_BATCH:-1,8} --context ${ATTN_CONTEXT:-8320} --top 6 >"$out/attention_long.log" 2>&1

@@ -1,7 +1,8 @@
 """An int4 layer's product over a few rows (a decode step at 2 ≤ B ≤ 16), both ways, per weight shape of a preset:
 the rows kernel (engine/kernels/triton/quant_rows.py, at each tile of its AOT_TILES) against the weight dequantized
 into a bf16 copy for cuBLAS (what engine.kernels.choice.quant_products sends rows to above QUANT_ROWS_MAX_BATCH),
-beside cuBLAS on the unquantized bf16 weight. Prints each table, then the crossover that sets QUANT_ROWS_MAX_BATCH.
+beside cuBLAS on the unquantized bf16 weight, and the kernel's multiply-add form (a candidate, at its FMA_TILES).
+Prints each table, the crossover that sets QUANT_ROWS_MAX_BATCH, and the fma form against the dot form and bf16.
 
     python benchmarks/quant_rows_bench.py --preset 7B --batch 2,4,8,16     (CUDA only)
 
@@ -64,7 +65,10 @@ def main() -> int:
 
     copy_bw = measure("cuda")["copy_bw"]
     print(f"copy bandwidth (this call): {copy_bw / 1e12:.2f} TB/s; µs per call (% of it on the bytes read)")
-    tiles = {f"rows {n}x{g}g w{w}": (n, g, w) for n, g, w in qr.AOT_TILES}
+    # the dot form at tile_for's tile per shape (what the lab runs) and at each of its tiles; the multiply-add form
+    # (a candidate) at each of its tiles, up to its FMA_MAX_ROWS rows
+    tiles = {"rows tile_for": (None, "dot"), **{f"rows {n}x{g}g w{w}": ((n, g, w), "dot") for n, g, w in qr.AOT_TILES},
+             **{f"fma {n}x{g}g w{w}": ((n, g, w), "fma") for n, g, w in qr.FMA_TILES}}
     totals: dict[tuple[int, str], float] = {}
     for name, (n, k) in shapes(args.preset).items():
         gen = torch.Generator().manual_seed(n + k)
@@ -90,25 +94,35 @@ def main() -> int:
                                    w.numel() * 2),
                    "int4 dequantize+cuBLAS": (_timed(lambda x, q, s: F.linear(x, qg.dequantized_weight(
                        q, s, k, torch.bfloat16)), codes, x, check), code_bytes)}
-            for label, tile in tiles.items():
-                row[label] = (_timed(lambda x, q, s, tile=tile: qr.int4_rows(x, q, s, tile=tile), codes, x, check),
-                              code_bytes)
+            for label, (tile, form) in tiles.items():
+                if form == "fma" and b > qr.FMA_MAX_ROWS:
+                    row[label] = (float("nan"), code_bytes)
+                    continue
+                row[label] = (_timed(lambda x, q, s, tile=tile, form=form: qr.int4_rows(x, q, s, tile=tile,
+                                                                                        form=form),
+                                     codes, x, check), code_bytes)
+            best_fma = min((row[label][0] for label in tiles if label.startswith("fma")), default=float("nan"))
+            totals[b, "fma best per shape"] = totals.get((b, "fma best per shape"), 0.0) + best_fma
             for label, (us, _) in row.items():
                 totals[b, label] = totals.get((b, label), 0.0) + us
             print(f"{b:>4} " + " ".join(f"{us:>13.1f} ({100 * nbytes / (us * 1e-6) / copy_bw:4.1f} %)"
                                         for us, nbytes in row.values()))
     print(f"\n{args.preset}: a layer's four products, µs")
-    labels = ["bf16 cuBLAS", "int4 dequantize+cuBLAS", *tiles]
+    labels = ["bf16 cuBLAS", "int4 dequantize+cuBLAS", *tiles, "fma best per shape"]
     print(f"{'B':>4} " + " ".join(f"{label:>22}" for label in labels))
     for b in args.batch:
         print(f"{b:>4} " + " ".join(f"{totals[b, label]:>22.1f}" for label in labels))
     largest = 1
     for b in sorted(args.batch):
-        if min(totals[b, label] for label in tiles) >= totals[b, "int4 dequantize+cuBLAS"]:
+        if totals[b, "rows tile_for"] >= totals[b, "int4 dequantize+cuBLAS"]:
             break
         largest = b
-    print(f"QUANT_ROWS_MAX_BATCH: {largest} (the largest B timed up to which the rows kernel's best tile is faster "
-          "than dequantize+cuBLAS at every B timed)")
+    print(f"QUANT_ROWS_MAX_BATCH: {largest} (the largest B timed up to which the rows kernel at tile_for's tiles is "
+          "faster than dequantize+cuBLAS at every B timed)")
+    for b in args.batch:  # the candidate against what runs (nan: more rows than the fma form takes)
+        fma, dot, bf16 = totals[b, "fma best per shape"], totals[b, "rows tile_for"], totals[b, "bf16 cuBLAS"]
+        print(f"B={b}: the fma form at its best tile per shape {fma:.1f} µs against the dot form {dot:.1f} "
+              f"({dot / fma:.2f}×) and bf16 cuBLAS {bf16:.1f} ({bf16 / fma:.2f}×)")
     return 0
 
 

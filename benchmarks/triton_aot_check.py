@@ -83,6 +83,10 @@ def rows_jobs(arch: int):
         for n, groups, warps in qr.AOT_TILES:
             yield (f"quant_rows int4 {block_m}x{n}x{groups}g w{warps}", qr._int4_rows_kernel, sig,
                    {"BLOCK_M": block_m, "BLOCK_N": n, "GROUPS": groups, "ASM": True, "IEEE": False}, warps)
+    for block_m in qr.FMA_AOT_ROWS:  # the multiply-add form the benchmark times beside it
+        for n, groups, warps in qr.FMA_TILES:
+            yield (f"quant_rows int4 fma {block_m}x{n}x{groups}g w{warps}", qr._int4_rows_fma_kernel, sig,
+                   {"BLOCK_M": block_m, "BLOCK_N": n, "GROUPS": groups, "ASM": True}, warps)
 
 
 def quant_job_count(arch: int = 90) -> int:

@@ -48,6 +48,13 @@ INTERPRETER_TILE = (16, 2, 1)  # ragged K and N tails at the test shapes
 # at the rows of a batch up to 16 (BLOCK_M 16)
 AOT_TILES = (*TILES, (32, 4, 4), (64, 4, 4), (128, 2, 4))
 AOT_ROWS = (16,)
+FORMS = ("dot", "fma")
+# The multiply-add form (_int4_rows_fma_kernel): its accumulator holds BLOCK_M rows × the word tile in registers, so
+# its tiles are small and it takes at most FMA_MAX_ROWS rows. Not yet timed on a GPU: quant_rows_bench.py times it
+# beside the dot form; the lab runs the dot form until it has.
+FMA_MAX_ROWS = 16
+FMA_TILES = ((8, 2, 4), (16, 1, 4), (4, 4, 4), (32, 1, 4), (16, 2, 8), (8, 4, 8), (64, 1, 8), (32, 2, 8))
+FMA_AOT_ROWS = (8, 16)
 
 
 @triton.jit
@@ -100,11 +107,66 @@ def _int4_rows_kernel(x_ptr, q_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_qn,
              mask=n_ok[:, None] & m_ok[None, :])
 
 
+@triton.jit
+def _int4_rows_fma_kernel(x_ptr, q_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn, stride_ym,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+                          ASM: tl.constexpr = False):
+    """The same product as _int4_rows_kernel by multiply-adds, as the one-row GEMV forms it (quant_gemv's
+    _wo_int4_kernel) with a leading row axis: each code − 8 is formed once in fp32 and multiplied by every row's x
+    (M ≤ BLOCK_M rows), the group's scale applied to the sums; no operand is converted for the tensor cores and the
+    weight is never rounded to x's dtype. Tiles are [row, group, feature, word]."""
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_m = tl.arange(0, BLOCK_M)
+    m_ok = offs_m < M
+    groups = (K + 63) // 64
+    offs_g = tl.arange(0, GROUPS)
+    words = q_ptr + offs_n[None, :, None].to(tl.int64) * stride_qn + tl.arange(0, 8)[None, None, :]
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+    acc = tl.zeros((BLOCK_M, GROUPS, BLOCK_N, 8), dtype=tl.float32)
+    for g0 in range(0, groups, GROUPS):
+        gs = g0 + offs_g
+        g_mask = gs < groups
+        w = tl.load(words + gs[:, None, None] * 8, mask=n_mask[None, :, None] & g_mask[:, None, None], other=0,
+                    eviction_policy="evict_first")
+        offs_k = g0 * 64 + tl.arange(0, GROUPS * 64)
+        x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & (offs_k < K)[None, :], other=0.0).to(tl.float32)
+        # x[m, 64 g + 8 j + t] for each nibble position j, as (BLOCK_M, GROUPS, 8 t): split out of [m, g, t, j]
+        x = tl.reshape(tl.permute(tl.reshape(x, (BLOCK_M, GROUPS, 8, 8)), (0, 1, 3, 2)), (BLOCK_M, GROUPS, 8, 2, 2, 2))
+        xa, xb = tl.split(x)  # j % 2 = 0, 1
+        xa0, xa1 = tl.split(xa)
+        xb0, xb1 = tl.split(xb)
+        x0, x4 = tl.split(xa0)
+        x2, x6 = tl.split(xa1)
+        x1, x5 = tl.split(xb0)
+        x3, x7 = tl.split(xb1)
+        f0, f1, f2, f3, f4, f5, f6, f7 = _int4_words_to_f32(w, ASM)
+        # f_j · 16^-i − (2^23 + 8 · 16^i) · 16^-i is code_j − 8 exactly (i = j mod 4), once for every row
+        part = (f0 - 8388616.0)[None] * x0[:, :, None, :]
+        part += (f1 * 0.0625 - 524296.0)[None] * x1[:, :, None, :]
+        part += (f2 * 0.00390625 - 32776.0)[None] * x2[:, :, None, :]
+        part += (f3 * 0.000244140625 - 2056.0)[None] * x3[:, :, None, :]
+        part += (f4 - 8388616.0)[None] * x4[:, :, None, :]
+        part += (f5 * 0.0625 - 524296.0)[None] * x5[:, :, None, :]
+        part += (f6 * 0.00390625 - 32776.0)[None] * x6[:, :, None, :]
+        part += (f7 * 0.000244140625 - 2056.0)[None] * x7[:, :, None, :]
+        s = tl.load(s_ptr + offs_n[None, :].to(tl.int64) * stride_sn + gs[:, None],
+                    mask=n_mask[None, :] & g_mask[:, None], other=0.0).to(tl.float32)
+        acc += part * s[None, :, :, None]
+    y = tl.sum(tl.sum(acc, axis=3), axis=1)  # (BLOCK_M, BLOCK_N)
+    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_mask[None, :])
+
+
 def int4_rows(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
-              tile: tuple[int, int, int] | None = None) -> torch.Tensor:
+              tile: tuple[int, int, int] | None = None, form: str = "dot") -> torch.Tensor:
     """x (..., K) of at most MAX_ROWS rows · dequant(q).T for q (N, ceil(K/64)·32) packed uint8 and scales (N,
     ceil(K/64)): (..., N) in x's dtype, accumulated in fp32. `tile` (BLOCK_N, GROUPS, num_warps) overrides
-    tile_for(N)."""
+    tile_for(N). `form`: "dot" (the tensor cores, what the lab runs) or "fma" (multiply-adds, at most FMA_MAX_ROWS
+    rows: a candidate benchmarks/quant_rows_bench.py times beside it, at its FMA_TILES)."""
+    if form not in FORMS:
+        raise ValueError(f"int4_rows: form {form!r}; use one of {', '.join(FORMS)}")
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     m, n = x2.shape[0], q.shape[0]
@@ -115,10 +177,17 @@ def int4_rows(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
     words, scales = _int4_operands(q, scales, k, f"x's {k} features")
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     interpreted = is_interpreted(_int4_rows_kernel)
+    args = (x2, words, scales, y, m, n, k, x2.stride(0), words.stride(0), scales.stride(0), y.stride(0))
+    if form == "fma":
+        if m > FMA_MAX_ROWS:
+            raise ValueError(f"int4_rows: the fma form takes at most {FMA_MAX_ROWS} rows; x has {m}")
+        bn, groups, warps = tile or (INTERPRETER_TILE if interpreted else FMA_TILES[0])
+        _int4_rows_fma_kernel[(triton.cdiv(n, bn),)](*args, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=bn,
+                                                     GROUPS=groups, ASM=not interpreted, num_warps=warps)
+        return y.reshape(*x.shape[:-1], n)
     bn, groups, warps = tile or (INTERPRETER_TILE if interpreted else tile_for(n))
     _int4_rows_kernel[(triton.cdiv(n, bn),)](
-        x2, words, scales, y, m, n, k, x2.stride(0), words.stride(0), scales.stride(0), y.stride(0),
-        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=bn, GROUPS=groups, ASM=not interpreted,
+        *args, BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=bn, GROUPS=groups, ASM=not interpreted,
         IEEE=x.dtype == torch.float32, num_warps=warps)
     return y.reshape(*x.shape[:-1], n)
 

@@ -55,6 +55,22 @@ def test_rows_match_float64_dequantize_then_matmul(rows: int, n: int, k: int, dt
     assert rel_err(out, _reference(x, qw)) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, HALF], ids=["fp32", "16-bit"])
+@pytest.mark.parametrize("rows, n, k", [shape for shape in SHAPES if shape[0] <= qr.FMA_MAX_ROWS])
+def test_the_multiply_add_form_matches_float64(rows: int, n: int, k: int, dtype: torch.dtype) -> None:
+    """The candidate form the benchmark times beside the dot (codes − 8 formed once, multiplied by every row), at
+    the same ragged shapes; it refuses more rows than its registers hold."""
+    qw = _int4(n, k, dtype)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(DEVICE, dtype)
+    out = qr.int4_rows(x, qw.q, qw.scales, form="fma")
+    assert out.shape == (rows, n) and out.dtype == dtype
+    assert rel_err(out, _reference(x, qw)) < TOL[dtype]
+    with pytest.raises(ValueError, match=f"at most {qr.FMA_MAX_ROWS} rows"):
+        qr.int4_rows(x[:1].expand(qr.FMA_MAX_ROWS + 1, k), qw.q, qw.scales, form="fma")
+    with pytest.raises(ValueError, match="form 'wmma'"):
+        qr.int4_rows(x, qw.q, qw.scales, form="wmma")
+
+
 def test_a_tile_passed_and_leading_dims_give_the_same_product() -> None:
     """The benchmark passes tiles (BLOCK_N, GROUPS, num_warps); a (B, 1, K) decode input keeps its leading dims."""
     qw = _int4(70, 333, torch.float32)
@@ -100,9 +116,12 @@ def test_a_quantized_layer_takes_the_rule_s_path_with_the_same_values(
 
 @pytest.mark.sm90_offline
 def test_the_rows_kernel_compiles_for_sm90(aot_check_rows) -> None:
-    """Its GPU form (bf16 dot, the LOP3 unpacking) at the launched tile and the tiles the benchmark times, built by
+    """Its GPU form (bf16 dot, the LOP3 unpacking) at the launched tiles and the tiles the benchmark times, and the
+    multiply-add form at its tiles for 8 and 16 rows, built by
     Triton's own ptxas for sm_90 without a GPU (benchmarks/triton_aot_check.py --kernels rows): no spills."""
     rows = aot_check_rows("--kernels", "rows")
     built = [r for r in rows if r.startswith("quant_rows int4")]
-    assert len(built) == len(qr.AOT_TILES) * len(qr.AOT_ROWS), rows
+    fma = [r for r in built if r.startswith("quant_rows int4 fma")]
+    assert len(built) - len(fma) == len(qr.AOT_TILES) * len(qr.AOT_ROWS), rows
+    assert len(fma) == len(qr.FMA_TILES) * len(qr.FMA_AOT_ROWS), rows  # the multiply-add form the bench times
     assert all(r.split()[-1] == "ok" and r.split()[-3] == "0" for r in built), built  # built, stack bytes 0
