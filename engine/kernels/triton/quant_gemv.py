@@ -281,6 +281,20 @@ def _int4_words_to_f32(w, ASM: tl.constexpr):
 
 
 @triton.jit
+def _by_nibble(x):
+    """x[..., t, b0, b1, b2], the inputs of nibble position j = 4·b0 + 2·b1 + b2 of word t, split into the eight
+    x[..., t] of j = 0 … 7 (three splits of the last axis, in registers)."""
+    xa, xb = tl.split(x)  # j % 2 = 0, 1
+    xa0, xa1 = tl.split(xa)
+    xb0, xb1 = tl.split(xb)
+    x0, x4 = tl.split(xa0)
+    x2, x6 = tl.split(xa1)
+    x1, x5 = tl.split(xb0)
+    x3, x7 = tl.split(xb1)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
 def _wo_int4_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, stride_sn, eps, BLOCK_N: tl.constexpr,
                     GROUPS: tl.constexpr, NORM: tl.constexpr = False, ADD: tl.constexpr = False,
                     PDL: tl.constexpr = False, ASM: tl.constexpr = False, GLU: tl.constexpr = False):
@@ -317,13 +331,7 @@ def _wo_int4_kernel(x_ptr, q_ptr, s_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_qn, s
         x, sumsq = load_fused_x(x_ptr, g_ptr, offs_k, offs_k < K, sumsq, NORM)
         # x[64 g + 8 j + t] for each nibble position j, as (GROUPS, 8 t): split out of [g, t, j] in registers
         x = tl.reshape(tl.permute(tl.reshape(x, (GROUPS, 8, 8)), (0, 2, 1)), (GROUPS, 8, 2, 2, 2))
-        xa, xb = tl.split(x)  # j % 2 = 0, 1
-        xa0, xa1 = tl.split(xa)
-        xb0, xb1 = tl.split(xb)
-        x0, x4 = tl.split(xa0)
-        x2, x6 = tl.split(xa1)
-        x1, x5 = tl.split(xb0)
-        x3, x7 = tl.split(xb1)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _by_nibble(x)
         f0, f1, f2, f3, f4, f5, f6, f7 = _int4_words_to_f32(w, ASM)
         # f_j · 16^-i − (2^23 + 8 · 16^i) · 16^-i is code_j − 8 exactly, in one FMA (for i = 0 a subtract)
         part = (f0 - 8388616.0) * x0[:, None, :]

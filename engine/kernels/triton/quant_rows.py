@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.triton._common import is_interpreted
-from engine.kernels.triton.quant_gemv import GROUP, _int4_operands, _int4_words_to_f32
+from engine.kernels.triton.quant_gemv import GROUP, _by_nibble, _int4_operands, _int4_words_to_f32
 
 MAX_ROWS = 64  # the most rows one call takes: beyond it the padded dot wastes nothing and a GEMM is the right tool
 # (BLOCK_N, GROUPS, num_warps) on the GPU, the widest that still gives the product MIN_PROGRAMS programs: wide tiles
@@ -134,13 +134,7 @@ def _int4_rows_fma_kernel(x_ptr, q_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride
         x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & (offs_k < K)[None, :], other=0.0).to(tl.float32)
         # x[m, 64 g + 8 j + t] for each nibble position j, as (BLOCK_M, GROUPS, 8 t): split out of [m, g, t, j]
         x = tl.reshape(tl.permute(tl.reshape(x, (BLOCK_M, GROUPS, 8, 8)), (0, 1, 3, 2)), (BLOCK_M, GROUPS, 8, 2, 2, 2))
-        xa, xb = tl.split(x)  # j % 2 = 0, 1
-        xa0, xa1 = tl.split(xa)
-        xb0, xb1 = tl.split(xb)
-        x0, x4 = tl.split(xa0)
-        x2, x6 = tl.split(xa1)
-        x1, x5 = tl.split(xb0)
-        x3, x7 = tl.split(xb1)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _by_nibble(x)
         f0, f1, f2, f3, f4, f5, f6, f7 = _int4_words_to_f32(w, ASM)
         # f_j · 16^-i − (2^23 + 8 · 16^i) · 16^-i is code_j − 8 exactly (i = j mod 4), once for every row
         part = (f0 - 8388616.0)[None] * x0[:, :, None, :]
