@@ -35,7 +35,7 @@ quant          weight-only quantized decode: 1B and 7B, bf16 triton-fused beside
 frontier       the targets: L5 attention variants vs SDPA (unverified ones in a child first), attention levels (FRONTIER_DEEP=1:
                with ncu per kernel), 1B/7B MBU (FRONTIER_PRESETS)
 envelope-kernels decode's kernels across batch and context: the int4 rows kernel against dequantize+cuBLAS
-               (quant_rows_bench.py, 7B and 1B), the decode attention's tiles and split counts at long contexts
+               (quant_rows_bench.py, 7B and 1B), the split-K bf16 rows kernel against cuBLAS (rows_gemm_bench.py), the decode attention's tiles and split counts at long contexts
                (decode_attention_bench.py --long, decode_envelope.py's attention table)
 envelope       the decode envelope: `llm --sweep batch=… --sweep prompt=…` for ENV_PRESET (7B) in ENV_MODES
                (compile-cudagraph,triton-fused) over ENV_BATCH × ENV_PROMPT (1,8,32 × 512,8192), then its envelope
@@ -213,6 +213,8 @@ case $part in
          for preset in ${ROWS_PRESETS:-7B 1B}; do
            t timeout 200 python3 benchmarks/quant_rows_bench.py --preset $preset --batch ${ROWS_BATCH:-2,4,8,16} \
              >"$out/quant_rows_$preset.log" 2>&1; tail -12 "$out/quant_rows_$preset.log"
+           t timeout 200 python3 benchmarks/rows_gemm_bench.py --preset $preset --batch 2,8,16,32 \
+             >"$out/rows_gemm_$preset.log" 2>&1; tail -6 "$out/rows_gemm_$preset.log"
          done
          t timeout 200 python3 benchmarks/decode_attention_bench.py --long --preset ${ATTN_PRESETS:-7B,1B} \
            --batch ${ATTN_BATCH:-1,8} --context ${ATTN_CONTEXT:-8320} --top 6 >"$out/attention_long.log" 2>&1

@@ -89,6 +89,21 @@ def rows_jobs(arch: int):
                    {"BLOCK_M": block_m, "BLOCK_N": n, "GROUPS": groups, "ASM": True}, warps)
 
 
+def gemv_rows_jobs(arch: int):
+    """The split-K rows kernel (engine/kernels/triton/gemv_rows.py, a candidate rows_gemm_bench.py times) at every
+    tile, for 16 and 32 rows, and its reduce."""
+    from engine.kernels.triton import gemv_rows as gr
+
+    sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "K_PER": "i32",
+           "stride_xm": "i32", "stride_wn": "i32"}
+    for block_m in (16, 32):
+        for n, k, warps, stages in gr.TILES:
+            yield (f"gemv_rows {block_m}x{n}x{k} s{stages} w{warps}", gr._split_kernel, sig,
+                   {"BLOCK_M": block_m, "BLOCK_N": n, "BLOCK_K": k, "STAGES": stages}, warps)
+    yield ("gemv_rows reduce", gr._reduce_kernel, {"ws_ptr": "*fp32", "y_ptr": "*bf16", "MN": "i32", "SPLIT_K": "i32"},
+           {"BLOCK": gr.REDUCE_BLOCK}, 4)
+
+
 def quant_job_count(arch: int = 90) -> int:
     return sum(1 for _ in quant_jobs(arch))
 
@@ -244,7 +259,7 @@ def resource_usage(cubin: bytes) -> tuple[str, str]:
     return (found.group(1), found.group(2)) if found else ("?", "?")
 
 
-FAMILIES = ("bf16", "quant", "rows", "mp", "attn", "gluon")
+FAMILIES = ("bf16", "quant", "rows", "gemv_rows", "mp", "attn", "gluon")
 
 
 def selected_jobs(arch: int, kernels: str):
@@ -256,6 +271,8 @@ def selected_jobs(arch: int, kernels: str):
         yield from quant_jobs(arch)
     if "rows" in wanted:
         yield from rows_jobs(arch)
+    if "gemv_rows" in wanted:
+        yield from gemv_rows_jobs(arch)
     if "mp" in wanted:
         yield from message_passing_jobs(arch)
     if "attn" in wanted:
