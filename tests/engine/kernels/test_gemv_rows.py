@@ -11,21 +11,12 @@ import torch.nn.functional as F
 triton = pytest.importorskip("triton")
 
 from engine.kernels.triton import gemv_rows as gr  # noqa: E402
-from engine.kernels.triton._common import is_interpreted  # noqa: E402
+from tests.engine.kernels.dot_device import DEVICE, HALF, rel_err, skip_unless_it_runs  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.gpu  # every test runs on DEVICE: compiled on a GPU, under the interpreter without one
-if DEVICE == "cpu" and not is_interpreted(gr._split_kernel):
-    pytest.skip("the rows kernel was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
-
-# The interpreter mishandles bf16 dot operands, so on a CPU the 16-bit case is fp16; on a GPU the decode step's bf16.
-HALF = torch.bfloat16 if DEVICE == "cuda" else torch.float16
+skip_unless_it_runs(gr._split_kernel)
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
 SHAPES = [(2, 38, 300), (3, 130, 129), (17, 40, 100), (32, 6, 65)]  # (rows, N, K)
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.double().cpu() - ref).norm() / ref.norm())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, HALF], ids=["fp32", "16-bit"])

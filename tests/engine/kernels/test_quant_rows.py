@@ -14,17 +14,12 @@ triton = pytest.importorskip("triton")
 from engine.kernels import choice  # noqa: E402
 from engine.kernels.triton import quant_gemv as qg  # noqa: E402
 from engine.kernels.triton import quant_rows as qr  # noqa: E402
-from engine.kernels.triton._common import is_interpreted  # noqa: E402
 from engine.llm import quant  # noqa: E402
+from tests.engine.kernels.dot_device import DEVICE, HALF, rel_err, skip_unless_it_runs  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.gpu  # every test runs on DEVICE: compiled on a GPU, under the interpreter without one
-if DEVICE == "cpu" and not is_interpreted(qr._int4_rows_kernel):
-    pytest.skip("the rows kernel was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
-
-# The interpreter mishandles bf16 dot operands (it reads them as integers), so on a CPU the 16-bit case is fp16; on a
-# GPU it is the decode step's bf16. The reference multiplies the weight rounded to x's dtype, as the kernel does.
-HALF = torch.bfloat16 if DEVICE == "cuda" else torch.float16
+skip_unless_it_runs(qr._int4_rows_kernel)
+# The reference multiplies the weight rounded to x's dtype, as the kernel does.
 TOL = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 8e-3}
 SHAPES = [(2, 37, 300), (3, 130, 129), (16, 16, 64), (17, 40, 1000), (5, 3, 65)]  # (rows, N, K)
 
@@ -39,10 +34,6 @@ def _int4(n: int, k: int, dtype: torch.dtype) -> quant.QuantWeight:
 def _reference(x: torch.Tensor, qw: quant.QuantWeight) -> torch.Tensor:
     w = qg.dequantize_int4(qw.q.cpu(), qw.scales.cpu(), x.shape[-1], x.dtype)  # rounded to x's dtype, as the kernel
     return F.linear(x.double().cpu(), w.double())
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.double().cpu() - ref).norm() / ref.norm())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, HALF], ids=["fp32", "16-bit"])
